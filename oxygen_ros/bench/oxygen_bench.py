@@ -1,0 +1,239 @@
+"""The OxyGen benchmark matrix: five settings side by side on one model, over decode length, k, denoise steps and
+arrival pattern. Writes results.json (one record per setting and sweep point), results.md and PNG plots.
+
+Every point runs all its settings back to back in this process on the same weights and frames, so ratios are
+measured side by side; absolute times on a CPU are only a compass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..engine.settings import RUNNERS, SETTINGS, SettingRun, Workload
+from ..engine.workloads import arrivals, synthetic_frames
+from ..model.config import Pi05Config, get_preset
+from ..model.pi05 import build_model
+
+MB = 2**20
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    sweep: str
+    decode_len: int
+    tokens_per_frame: int | str  # an int, or "adaptive"
+    num_steps: int
+    arrival: str
+    settings: tuple[str, ...]
+
+
+def matrix(quick: bool) -> list[SweepPoint]:
+    everything = SETTINGS
+    if quick:
+        points = [SweepPoint("decode_len", n, 8, 10, "every_frame", everything) for n in (10, 50, 200)]
+        points += [SweepPoint("tokens_per_frame", 50, k, 10, "every_frame", ("continuous_batching",))
+                   for k in (2, "adaptive")]
+        points += [SweepPoint("arrival", 50, 8, 10, "burst", ("baseline", "continuous_batching"))]
+        return points
+    points = [SweepPoint("decode_len", n, 8, 10, "every_frame", everything) for n in (10, 25, 50, 100, 200)]
+    points += [SweepPoint("num_steps", 50, 8, 5, "every_frame", everything)]
+    points += [SweepPoint("tokens_per_frame", 50, k, 10, "every_frame", ("continuous_batching",))
+               for k in (1, 2, 4, 16, "adaptive")]
+    points += [SweepPoint("arrival", 50, 8, 10, a, ("baseline", "shared_kv", "continuous_batching"))
+               for a in ("every_4", "burst")]
+    return points
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def summarize(run: SettingRun, workload: Workload, model_bytes: int) -> dict:
+    frames = len(run.action_done_s)
+    gaps = [b - a for a, b in zip([0.0] + run.action_done_s[:-1], run.action_done_s)]
+    finished = [r for f, r in run.requests.items() if f >= workload.warmup_frames and r.finish_time is not None]
+    completion = [r.finish_time - r.arrival_time for r in finished]
+    copies = 2 if run.setting == "parallel" else 1  # the parallel setting holds a second model copy
+    return {
+        "setting": run.setting,
+        "frames": frames,
+        "action_hz": frames / run.elapsed_s,
+        "action_latency_p50_ms": 1e3 * percentile(run.action_latency_s, 50),
+        "action_latency_p99_ms": 1e3 * percentile(run.action_latency_s, 99),
+        # a miss: the arm waited longer than one control period for its next chunk
+        "deadline_misses": sum(g > workload.control_period_s for g in gaps),
+        "tokens_per_s": run.tokens_generated / run.elapsed_s,
+        "requests_finished": len(finished),
+        "request_completion_p50_ms": 1e3 * percentile(completion, 50),
+        "peak_memory_mb": (copies * model_bytes + run.pool_bytes) / MB,
+        "kv_pool_mb": run.pool_bytes / MB,
+    }
+
+
+def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control_period_s: float, seed: int,
+              device: str) -> list[dict]:
+    k = point.tokens_per_frame
+    tokens_per_frame = max(1, k) if isinstance(k, int) else 64
+    warmup = 2 + -(-point.decode_len // (k if isinstance(k, int) else 8))
+    inputs, noises = synthetic_frames(config, warmup + frames, seed=seed, device=device, dtype=model.dtype)
+    workload = Workload(inputs, noises, arrivals(point.arrival, warmup + frames), point.decode_len,
+                        num_steps=point.num_steps, tokens_per_frame=tokens_per_frame, adaptive_k=k == "adaptive",
+                        control_period_s=control_period_s, warmup_frames=warmup)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    records = []
+    for setting in point.settings:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        run = RUNNERS[setting](model, workload)
+        record = summarize(run, workload, model_bytes)
+        if device.startswith("cuda"):
+            record["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / MB
+        record.update(sweep=point.sweep, decode_len=point.decode_len, tokens_per_frame=k,
+                      denoise_steps=point.num_steps, arrival=point.arrival)
+        records.append(record)
+        print(f"  {setting:20s} action {record['action_hz']:7.1f} Hz  p99 {record['action_latency_p99_ms']:7.1f} ms"
+              f"  tokens {record['tokens_per_s']:8.1f}/s  misses {record['deadline_misses']}", flush=True)
+    return records
+
+
+def measure_action_only_period(model, config, device, seed) -> float:
+    """The control period the deadline counts against: 1.25x the action-only frame time (80% of its rate)."""
+    inputs, noises = synthetic_frames(config, 6, seed=seed, device=device, dtype=model.dtype)
+    workload = Workload(inputs, noises, [False] * 6, 1, warmup_frames=2)
+    run = RUNNERS["action_only"](model, workload)
+    return 1.25 * run.elapsed_s / len(run.action_done_s)
+
+
+def write_markdown(records: list[dict], path: Path, header: str) -> None:
+    lines = [header, "", "| sweep | decode len | k | steps | arrival | setting | action Hz | p50 ms | p99 ms | misses"
+             " | tok/s | speedup Hz | speedup tok/s | memory MB |", "|" + "---|" * 14]
+    base = {(r["sweep"], r["decode_len"], str(r["tokens_per_frame"]), r["denoise_steps"], r["arrival"]): r
+            for r in records if r["setting"] == "baseline"}
+    for r in records:
+        key = (r["sweep"], r["decode_len"], str(r["tokens_per_frame"]), r["denoise_steps"], r["arrival"])
+        b = base.get(key) or next((x for x in records if x["setting"] == "baseline"
+                                   and x["decode_len"] == r["decode_len"] and x["denoise_steps"] == r["denoise_steps"]
+                                   and x["arrival"] == r["arrival"]), None)
+        hz = f"{r['action_hz'] / b['action_hz']:.2f}x" if b else "-"
+        tok = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and b["tokens_per_s"] and r["tokens_per_s"] else "-"
+        lines.append(f"| {r['sweep']} | {r['decode_len']} | {r['tokens_per_frame']} | {r['denoise_steps']} | "
+                     f"{r['arrival']} | {r['setting']} | {r['action_hz']:.1f} | {r['action_latency_p50_ms']:.1f} | "
+                     f"{r['action_latency_p99_ms']:.1f} | {r['deadline_misses']} | {r['tokens_per_s']:.1f} | {hz} | "
+                     f"{tok} | {r['peak_memory_mb']:.1f} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plots(records: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = [r for r in records if r["sweep"] == "decode_len"]
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for setting in SETTINGS:
+        points = sorted((r["decode_len"], r["action_hz"]) for r in sweep if r["setting"] == setting)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=setting)
+    ax.set_xlabel("decode length per request (tokens)")
+    ax.set_ylabel("action rate (Hz)")
+    ax.set_title("Action rate under language load")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "action_hz_vs_decode_len.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for setting in SETTINGS:
+        points = [(r["action_hz"], r["tokens_per_s"]) for r in records if r["setting"] == setting]
+        if points:
+            ax.scatter(*zip(*points), label=setting)
+    ax.set_xlabel("action rate (Hz)")
+    ax.set_ylabel("language throughput (tokens/s)")
+    ax.set_title("Throughput trade-off")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "tokens_per_s_vs_action_hz.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="oxygen-ros bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="small", help="model preset (tiny, small, pi05)")
+    parser.add_argument("--model-config", help="JSON file with model shapes (overrides --preset)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
+    parser.add_argument("--frames", type=int, help="measured frames per setting and point")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="output folder")
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = Pi05Config.load_json(args.model_config) if args.model_config else get_preset(args.preset)
+    preset = args.model_config or args.preset
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)
+    frames = args.frames or (12 if args.quick else 40)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    period = measure_action_only_period(model, config, args.device, args.seed)
+    meta = {"preset": preset, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or
+            platform.machine(), "control_period_ms": 1e3 * period, "frames_per_point": frames}
+    print(f"oxygen bench: {meta}", flush=True)
+    records = []
+    started = time.perf_counter()
+    for point in matrix(args.quick):
+        print(f"[{point.sweep}] decode_len={point.decode_len} k={point.tokens_per_frame} steps={point.num_steps} "
+              f"arrival={point.arrival}", flush=True)
+        for record in run_point(model, config, point, frames, period, args.seed, args.device):
+            records.append({**meta, **record})
+    (out / "results.json").write_text(json.dumps(records, indent=2) + "\n")
+    header = (f"OxyGen benchmark: preset {preset}, {args.device} ({meta['dtype']}), torch {meta['torch']}, "
+              f"{meta['threads']} threads, control period {meta['control_period_ms']:.1f} ms, {frames} measured "
+              f"frames per point, {time.perf_counter() - started:.0f} s")
+    write_markdown(records, out / "results.md", header)
+    plots = write_plots(records, out)
+    print((out / "results.md").read_text())
+    print("wrote", out / "results.json", out / "results.md", *plots)
+    ratios = headline(records)
+    if ratios:
+        print(ratios)
+    return 0
+
+
+def headline(records: list[dict]) -> str:
+    """The paper's comparison at the default point (decode_len 50, k 8, 10 steps, a request every frame)."""
+    at = {r["setting"]: r for r in records if r["sweep"] == "decode_len" and r["decode_len"] == 50}
+    if not {"baseline", "continuous_batching", "action_only"} <= at.keys():
+        return ""
+    base, cb, only = at["baseline"], at["continuous_batching"], at["action_only"]
+    text = (f"headline (decode_len 50): continuous_batching vs baseline {cb['action_hz'] / base['action_hz']:.2f}x "
+            f"action Hz, {cb['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s; action Hz under language "
+            f"load {cb['action_hz'] / only['action_hz']:.2f}x action_only; memory "
+            f"{cb['peak_memory_mb'] / only['peak_memory_mb']:.2f}x action_only")
+    if "shared_kv" in at:
+        text += f"; shared_kv vs baseline {at['shared_kv']['action_hz'] / base['action_hz']:.2f}x action Hz"
+    return text
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

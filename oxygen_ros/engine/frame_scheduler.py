@@ -1,0 +1,224 @@
+"""OxyGen's per-frame schedule: one prefill, the action now, then a few batched decode steps for all narrations.
+
+The action has a hard deadline (the control period) and the text a soft one, so the order inside a frame is fixed:
+prefill once -> denoise the action chunk -> admit this frame's language request (handing it the frame's slot, no
+copy) -> decode `k` steps over every active request, whichever frame it came from -> free finished slots.
+With `adaptive_k` the number of decode steps is whatever fits in the slack left in the control period.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..model.inputs import ModelInputs
+from .kv_pool import KVPool
+from .language import LanguageRequest, decode_batch, start_request
+
+ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    num_steps: int = 10  # Euler steps of the action expert
+    tokens_per_frame: int = 4  # decode steps per frame (k) when not adaptive; the cap when adaptive
+    adaptive_k: bool = False
+    control_period_s: float = 0.1
+    deadline_margin_s: float = 0.0
+    max_new_tokens: int = 64
+    admission: str = "drop_oldest"  # what to do with a new language request when the pool is full
+    ignore_eos: bool = False  # benchmarks decode exactly max_new_tokens so every setting does the same work
+
+    def __post_init__(self):
+        if self.admission not in ADMISSION_POLICIES:
+            raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
+        if self.tokens_per_frame < 0 or self.num_steps < 1:
+            raise ValueError("tokens_per_frame must be >= 0 and num_steps >= 1")
+
+
+@dataclass
+class FrameResult:
+    frame_id: int
+    actions: Tensor  # [horizon, action_dim], normalized space
+    action_latency_s: float
+    request: LanguageRequest | None  # the request this frame started, if any
+    finished: list[LanguageRequest] = field(default_factory=list)  # finished during this frame (any frame's)
+    dropped: list[LanguageRequest] = field(default_factory=list)  # evicted or refused during this frame
+    tokens_decoded: int = 0
+    decode_steps: int = 0
+
+
+@dataclass
+class _Preempted:
+    """A request whose slot was taken back; it resumes by recomputing its prefix and replaying its tokens."""
+
+    request: LanguageRequest
+    inputs: ModelInputs
+
+
+class FrameScheduler:
+    """Runs frames on one model and one pool; single-threaded (the threaded runtime builds on the same parts)."""
+
+    def __init__(self, model, pool: KVPool, config: SchedulerConfig):
+        if pool.max_new_tokens < config.max_new_tokens:
+            raise ValueError("the pool's slots have less room than max_new_tokens")
+        self.model = model
+        self.pool = pool
+        self.config = config
+        self.active: list[LanguageRequest] = []  # oldest first
+        self.preempted: deque[_Preempted] = deque()
+        self._inputs: dict[int, ModelInputs] = {}  # request id -> its frame's inputs, kept only for preemption
+        self._frame_ids = itertools.count()
+        self._request_ids = itertools.count(1)
+        self.frames = 0
+        self.requests_dropped = 0
+        self._step_time_s = 0.0  # running estimate of one decode step, for adaptive k
+
+    @property
+    def eos_id(self) -> int:
+        return -1 if self.config.ignore_eos else self.model.config.eos_id
+
+    @property
+    def max_active(self) -> int:
+        """Language requests may hold every slot but one: the next frame's action must always find a slot."""
+        return self.pool.slots_total - 1
+
+    # ---- one frame ----------------------------------------------------------------------------------------------
+
+    def run_frame(self, inputs: ModelInputs, noise: Tensor, narrate: bool, stamp_ns: int = 0,
+                  frame_start: float | None = None, max_new_tokens: int | None = None) -> FrameResult:
+        """The single-threaded OxyGen frame: the action first, then up to k batched decode steps."""
+        start = time.perf_counter() if frame_start is None else frame_start
+        result = self.act(inputs, noise, narrate, stamp_ns, start, max_new_tokens)
+        self._decode(start, result)
+        return result
+
+    def act(self, inputs: ModelInputs, noise: Tensor, narrate: bool, stamp_ns: int = 0,
+            frame_start: float | None = None, max_new_tokens: int | None = None) -> FrameResult:
+        """The control path: prefill into a fresh slot, denoise the chunk, then admit or free the slot.
+
+        `max_new_tokens` caps this frame's request below the configured budget (the slot's room)."""
+        start = time.perf_counter() if frame_start is None else frame_start
+        budget = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not 0 <= budget <= self.config.max_new_tokens:
+            raise ValueError(f"max_new_tokens must lie in [0, {self.config.max_new_tokens}], got {budget}")
+        frame_id = next(self._frame_ids)
+        slot = self.pool.allocate(f"frame {frame_id}")
+        if slot is None:  # cannot happen while max_active holds; a bug, not a load condition
+            raise RuntimeError("no KV slot left for the action path")
+        slots = torch.tensor([slot])
+        try:
+            prefill = self.model.prefill(inputs, self.pool.cache, slots, want_logits=narrate)
+            actions = self.model.sample_actions(self.pool.cache, slots, noise, self.config.num_steps)[0]
+        except Exception:
+            self.pool.free(slot)
+            raise
+        result = FrameResult(frame_id, actions, time.perf_counter() - start, None)
+        self.frames += 1
+        if narrate:
+            result.request = self._admit(slot, frame_id, stamp_ns, int(prefill.num_valid[0]), prefill.logits[0],
+                                         inputs, result, budget)
+        else:
+            self.pool.free(slot)
+        self._retire(result)
+        return result
+
+    def decode_step(self, result: FrameResult) -> bool:
+        """One batched decode step over every active request (preempted ones resume first if room allows).
+
+        Tokens, finished and evicted requests are added to `result`; returns False when there was nothing to do.
+        """
+        self._resume_preempted()
+        if not self.active:
+            return False
+        t0 = time.perf_counter()
+        result.tokens_decoded += decode_batch(self.model, self.pool.cache, self.active)
+        result.decode_steps += 1
+        elapsed = time.perf_counter() - t0
+        self._step_time_s = elapsed if self._step_time_s == 0 else 0.8 * self._step_time_s + 0.2 * elapsed
+        self._retire(result)
+        return True
+
+    @property
+    def step_time_s(self) -> float:
+        """Running estimate of one decode step at the current batch (0 before the first step)."""
+        return self._step_time_s
+
+    def _admit(self, slot, frame_id, stamp_ns, num_valid, logits, inputs, result, budget) -> LanguageRequest | None:
+        cfg = self.config
+        full = len(self.active) >= self.max_active
+        if full and (cfg.admission == "drop_new" or self.max_active == 0):
+            self.pool.free(slot)
+            self.requests_dropped += 1
+            refused = LanguageRequest(next(self._request_ids), -1, frame_id, stamp_ns, self.model.config.prefix_len,
+                                      num_valid, budget, self.eos_id)
+            refused.finish("evicted", time.perf_counter())
+            result.dropped.append(refused)
+            return None
+        while len(self.active) >= self.max_active:
+            victim = self.active.pop(0)
+            self.pool.free(victim.slot)
+            if cfg.admission == "preempt":
+                self.preempted.append(_Preempted(victim, self._inputs.pop(victim.request_id)))
+            else:
+                victim.finish("evicted", time.perf_counter())
+                self._inputs.pop(victim.request_id, None)
+                self.requests_dropped += 1
+                result.dropped.append(victim)
+        request = start_request(next(self._request_ids), slot, frame_id, stamp_ns, self.model.config.prefix_len,
+                                num_valid, logits, budget, self.eos_id)
+        self.pool.transfer(slot, f"request {request.request_id}")
+        self.active.append(request)
+        if cfg.admission == "preempt":
+            self._inputs[request.request_id] = inputs
+        return request
+
+    def _decode(self, frame_start: float, result: FrameResult) -> None:
+        cfg = self.config
+        for _ in range(cfg.tokens_per_frame):
+            if cfg.adaptive_k:
+                left = frame_start + cfg.control_period_s - cfg.deadline_margin_s - time.perf_counter()
+                if left < self._step_time_s:
+                    break
+            if not self.decode_step(result):
+                break
+
+    def _retire(self, result: FrameResult) -> None:
+        still = []
+        for request in self.active:
+            if request.done:
+                self.pool.free(request.slot)
+                self._inputs.pop(request.request_id, None)
+                result.finished.append(request)
+            else:
+                still.append(request)
+        self.active = still
+
+    def _resume_preempted(self) -> None:
+        """Bring preempted requests back while slots allow: recompute the prefix, replay the generated tokens."""
+        while self.preempted and len(self.active) < self.max_active:
+            item = self.preempted.popleft()
+            request = item.request
+            slot = self.pool.allocate(f"request {request.request_id}")
+            request.slot = slot
+            self.model.prefill(item.inputs, self.pool.cache, torch.tensor([slot]), want_logits=False)
+            prefix = self.model.config.prefix_len
+            for i, token in enumerate(request.tokens[:-1]):  # the last token is fed by the next decode step
+                self.model.decode_step(self.pool.cache, torch.tensor([slot]), torch.tensor([token]),
+                                       torch.tensor([prefix + i]), torch.tensor([request.num_valid_prefix + i]))
+            self._inputs[request.request_id] = item.inputs
+            self.active.append(request)
+
+    # ---- draining -----------------------------------------------------------------------------------------------
+
+    def drain(self) -> list[LanguageRequest]:
+        """Decode until every request (preempted ones too) is finished; returns them."""
+        result = FrameResult(-1, torch.empty(0), 0.0, None)
+        while self.decode_step(result):
+            pass
+        return result.finished

@@ -1,0 +1,101 @@
+"""Language requests as resumable states, and one batched decode step over any set of them.
+
+A request is born from a frame's prefill (its slot already holds the prefix K/V, and the prefill's last-token logits
+give the first token) and then advances one token per decode step, in whatever batch the scheduler puts it in. All it
+needs to resume is in the dataclass, so requests from different frames decode together (cross-frame continuous
+batching) and a request can wait any number of frames between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..model.kv_cache import KVCache
+
+
+@dataclass
+class LanguageRequest:
+    """One narration being generated from the prefix in `slot`.
+
+    `tokens` are the generated ids so far (EOS excluded). The last generated token has not been fed to the model
+    yet; feeding it writes its K/V at cache index `prefix_len + len(tokens) - 1` with RoPE position
+    `num_valid_prefix + len(tokens) - 1`.
+    """
+
+    request_id: int
+    slot: int
+    frame_id: int
+    stamp_ns: int
+    prefix_len: int
+    num_valid_prefix: int
+    max_new_tokens: int
+    eos_id: int
+    arrival_time: float = field(default_factory=time.perf_counter)
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "eos", "length" or "evicted"
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def accept(self, token: int, now: float) -> None:
+        """Record the model's next token; finishes the request on EOS or when the budget is spent."""
+        if self.done:
+            raise RuntimeError(f"request {self.request_id} is already finished")
+        if self.first_token_time is None:
+            self.first_token_time = now
+        if token == self.eos_id:
+            self.finish("eos", now)
+            return
+        self.tokens.append(token)
+        if len(self.tokens) >= self.max_new_tokens:
+            self.finish("length", now)
+
+    def finish(self, reason: str, now: float) -> None:
+        self.finish_reason = reason
+        self.finish_time = now
+
+
+def start_request(
+    request_id: int,
+    slot: int,
+    frame_id: int,
+    stamp_ns: int,
+    prefix_len: int,
+    num_valid_prefix: int,
+    first_logits: Tensor,
+    max_new_tokens: int,
+    eos_id: int,
+) -> LanguageRequest:
+    """A request whose first token comes from the prefill's last-prefix-token logits (greedy)."""
+    request = LanguageRequest(request_id, slot, frame_id, stamp_ns, prefix_len, num_valid_prefix, max_new_tokens,
+                              eos_id)
+    if max_new_tokens == 0:
+        request.finish("length", time.perf_counter())
+    else:
+        request.accept(int(first_logits.argmax()), time.perf_counter())
+    return request
+
+
+def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
+    """Advance every unfinished request by one greedy token in a single model call; returns tokens produced."""
+    active = [r for r in requests if not r.done]
+    if not active:
+        return 0
+    slots = torch.tensor([r.slot for r in active], dtype=torch.long)
+    fed = torch.tensor([r.tokens[-1] for r in active], dtype=torch.long)
+    offsets = torch.tensor([len(r.tokens) - 1 for r in active], dtype=torch.long)
+    cache_index = torch.tensor([r.prefix_len for r in active], dtype=torch.long) + offsets
+    positions = torch.tensor([r.num_valid_prefix for r in active], dtype=torch.long) + offsets
+    logits = model.decode_step(cache, slots, fed, cache_index, positions)
+    next_tokens = logits.argmax(dim=-1).tolist()
+    now = time.perf_counter()
+    for request, token in zip(active, next_tokens):
+        request.accept(token, now)
+    return len(active)

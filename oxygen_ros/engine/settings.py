@@ -1,0 +1,254 @@
+"""The five ways to run action + language on one model that the OxyGen benchmark compares.
+
+Every setting sees the same frames, noise, sampler (greedy), prompt, decode length and EOS handling, and the same
+model weights, so the only thing that differs is how work is shared and scheduled:
+
+- `action_only`: prefill + denoise per frame, no language (the ceiling for the action rate);
+- `baseline`: sequential and isolated: prefill + denoise for the action, then a second prefill of the same frame
+  into its own cache and decoding to completion before the next frame;
+- `shared_kv`: one prefill; the action and the text both read it; text still decoded to completion in-frame;
+- `parallel`: two workers with their own model copies and prefills (as separate processes or MPS would);
+- `continuous_batching`: OxyGen: one prefill, the action now, language from many frames decoded together, k steps
+  per frame (`FrameScheduler`).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..model.inputs import ModelInputs
+from .frame_scheduler import FrameScheduler, SchedulerConfig
+from .kv_pool import KVPool
+from .language import LanguageRequest, decode_batch, start_request
+
+SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")
+
+
+@dataclass
+class Workload:
+    inputs: list[ModelInputs]  # one batch-1 observation per frame
+    noises: list[Tensor]  # [1, horizon, action_dim] per frame
+    narrate: list[bool]  # which frames start a language request
+    decode_len: int  # tokens per request (EOS ignored when ignore_eos, so every setting does the same work)
+    num_steps: int = 10
+    tokens_per_frame: int = 4
+    adaptive_k: bool = False
+    control_period_s: float = 0.1
+    ignore_eos: bool = True
+    pool_slots: int = 0  # continuous batching pool size; 0 = enough for every request in flight
+    warmup_frames: int = 0  # processed first but not measured (continuous batching reaches steady state there)
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.inputs)
+
+
+@dataclass
+class SettingRun:
+    """What one setting did: per-frame action timing and results, and every finished request's tokens."""
+
+    setting: str
+    elapsed_s: float = 0.0
+    action_done_s: list[float] = field(default_factory=list)  # time each action was ready, from the run's start
+    action_latency_s: list[float] = field(default_factory=list)  # frame start -> action ready
+    actions: dict[int, Tensor] = field(default_factory=dict)  # frame index -> [horizon, action_dim]
+    requests: dict[int, LanguageRequest] = field(default_factory=dict)  # frame index -> finished request
+    tokens_generated: int = 0
+    pool_bytes: int = 0
+
+
+def _eos(model, workload: Workload) -> int:
+    return -1 if workload.ignore_eos else model.config.eos_id
+
+
+def _decode_alone(model, cache, slot: int, frame: int, num_valid: int, logits: Tensor, workload: Workload
+                  ) -> LanguageRequest:
+    """Decode one request to completion by itself (batch 1): what a sequential stack does."""
+    request = start_request(frame, slot, frame, 0, model.config.prefix_len, num_valid, logits,
+                            workload.decode_len, _eos(model, workload))
+    while not request.done:
+        decode_batch(model, cache, [request])
+    return request
+
+
+class _Window:
+    """The measured part of a run: frames from `workload.warmup_frames` on; the clock starts at that frame."""
+
+    def __init__(self, workload: Workload):
+        self.first = workload.warmup_frames
+        self.start = time.perf_counter()
+
+    def begin(self, frame: int) -> float:
+        now = time.perf_counter()
+        if frame == self.first:
+            self.start = now
+        return now
+
+    def measured(self, frame: int) -> bool:
+        return frame >= self.first
+
+
+def _record_action(run: SettingRun, window: _Window, frame: int, actions: Tensor, frame_start: float) -> None:
+    now = time.perf_counter()
+    run.actions[frame] = actions
+    if window.measured(frame):
+        run.action_latency_s.append(now - frame_start)
+        run.action_done_s.append(now - window.start)
+
+
+def _record_request(run: SettingRun, window: _Window, frame: int, request: LanguageRequest) -> None:
+    run.requests[frame] = request
+    if window.measured(frame):
+        run.tokens_generated += len(request.tokens)
+
+
+def run_action_only(model, workload: Workload) -> SettingRun:
+    run = SettingRun("action_only")
+    pool = KVPool(model.config, 1, 0, model.dtype, model.device)
+    run.pool_bytes = pool.bytes_total
+    slot = torch.tensor([0])
+    window = _Window(workload)
+    for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
+        t0 = window.begin(frame)
+        model.prefill(inputs, pool.cache, slot)
+        _record_action(run, window, frame, model.sample_actions(pool.cache, slot, noise, workload.num_steps)[0], t0)
+    run.elapsed_s = time.perf_counter() - window.start
+    return run
+
+
+def run_baseline(model, workload: Workload) -> SettingRun:
+    run = SettingRun("baseline")
+    action_pool = KVPool(model.config, 1, 0, model.dtype, model.device)
+    language_pool = KVPool(model.config, 1, workload.decode_len, model.dtype, model.device)
+    run.pool_bytes = action_pool.bytes_total + language_pool.bytes_total
+    slot = torch.tensor([0])
+    window = _Window(workload)
+    for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
+        t0 = window.begin(frame)
+        model.prefill(inputs, action_pool.cache, slot)
+        actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
+        _record_action(run, window, frame, actions, t0)
+        if workload.narrate[frame]:
+            prefill = model.prefill(inputs, language_pool.cache, slot, want_logits=True)
+            request = _decode_alone(model, language_pool.cache, 0, frame, int(prefill.num_valid[0]),
+                                    prefill.logits[0], workload)
+            _record_request(run, window, frame, request)
+    run.elapsed_s = time.perf_counter() - window.start
+    return run
+
+
+def run_shared_kv(model, workload: Workload) -> SettingRun:
+    run = SettingRun("shared_kv")
+    pool = KVPool(model.config, 1, workload.decode_len, model.dtype, model.device)
+    run.pool_bytes = pool.bytes_total
+    slot = torch.tensor([0])
+    window = _Window(workload)
+    for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
+        t0 = window.begin(frame)
+        narrate = workload.narrate[frame]
+        prefill = model.prefill(inputs, pool.cache, slot, want_logits=narrate)
+        _record_action(run, window, frame, model.sample_actions(pool.cache, slot, noise, workload.num_steps)[0], t0)
+        if narrate:
+            request = _decode_alone(model, pool.cache, 0, frame, int(prefill.num_valid[0]), prefill.logits[0],
+                                    workload)
+            _record_request(run, window, frame, request)
+    run.elapsed_s = time.perf_counter() - window.start
+    return run
+
+
+def run_parallel(model, workload: Workload) -> SettingRun:
+    """Action and language workers on their own threads, each with its own model copy, pool and prefill.
+
+    The language worker always takes the newest frame that asked for language and was not yet taken, as a second
+    process following the same camera stream would.
+    """
+    run = SettingRun("parallel")
+    language_model = copy.deepcopy(model)
+    action_pool = KVPool(model.config, 1, 0, model.dtype, model.device)
+    language_pool = KVPool(model.config, 1, workload.decode_len, model.dtype, model.device)
+    run.pool_bytes = action_pool.bytes_total + language_pool.bytes_total
+    slot = torch.tensor([0])
+    newest_frame = -1
+    taken = -1
+    done = threading.Event()
+    progress = threading.Condition()
+
+    def language_worker():
+        nonlocal taken
+        while True:
+            with progress:
+                candidates = [f for f in range(taken + 1, newest_frame + 1) if workload.narrate[f]]
+                if not candidates:
+                    if done.is_set():
+                        return
+                    progress.wait(timeout=0.01)
+                    continue
+                frame = candidates[-1]
+                taken = frame
+            prefill = language_model.prefill(workload.inputs[frame], language_pool.cache, slot, want_logits=True)
+            request = _decode_alone(language_model, language_pool.cache, 0, frame, int(prefill.num_valid[0]),
+                                    prefill.logits[0], workload)
+            if not done.is_set():  # count only what finished inside the measured window
+                _record_request(run, window, frame, request)
+
+    window = _Window(workload)
+    worker = threading.Thread(target=language_worker, name="language-worker")
+    worker.start()
+    try:
+        for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
+            t0 = window.begin(frame)
+            model.prefill(inputs, action_pool.cache, slot)
+            actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
+            _record_action(run, window, frame, actions, t0)
+            with progress:
+                newest_frame = frame
+                progress.notify()
+        run.elapsed_s = time.perf_counter() - window.start
+    finally:
+        done.set()
+        worker.join()
+    return run
+
+
+def run_continuous_batching(model, workload: Workload, drain: bool = False) -> SettingRun:
+    """OxyGen. With `drain`, unfinished requests are decoded to the end after the measured window (for tests)."""
+    run = SettingRun("continuous_batching")
+    per_request_frames = -(-workload.decode_len // max(workload.tokens_per_frame, 1))
+    slots = workload.pool_slots or per_request_frames + 2
+    pool = KVPool(model.config, slots, workload.decode_len, model.dtype, model.device)
+    run.pool_bytes = pool.bytes_total
+    config = SchedulerConfig(num_steps=workload.num_steps, tokens_per_frame=workload.tokens_per_frame,
+                             adaptive_k=workload.adaptive_k, control_period_s=workload.control_period_s,
+                             max_new_tokens=workload.decode_len, ignore_eos=workload.ignore_eos)
+    scheduler = FrameScheduler(model, pool, config)
+    window = _Window(workload)
+    for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
+        t0 = window.begin(frame)
+        result = scheduler.run_frame(inputs, noise, workload.narrate[frame], frame_start=t0)
+        run.actions[frame] = result.actions
+        if window.measured(frame):
+            run.action_latency_s.append(result.action_latency_s)
+            run.action_done_s.append(t0 + result.action_latency_s - window.start)
+            run.tokens_generated += result.tokens_decoded + (1 if result.request else 0)
+        for request in result.finished:
+            run.requests[request.frame_id] = request
+    run.elapsed_s = time.perf_counter() - window.start
+    if drain:
+        for request in scheduler.drain():
+            run.requests[request.frame_id] = request
+    return run
+
+
+RUNNERS = {
+    "action_only": run_action_only,
+    "baseline": run_baseline,
+    "shared_kv": run_shared_kv,
+    "parallel": run_parallel,
+    "continuous_batching": run_continuous_batching,
+}
