@@ -1,0 +1,96 @@
+"""The threaded runtime: control path on the caller's thread, batched language on a worker, never overlapping."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from oxygen_ros.engine.frame_scheduler import SchedulerConfig
+from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.preprocess import Observation
+from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+
+CONFIG = get_preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(train_tokenizer(tmp_path_factory.mktemp("tok") / "tiny.model", CONFIG.vocab_size))
+
+
+def observation(i: int) -> Observation:
+    rng = np.random.default_rng(i)
+    images = {name: rng.integers(0, 255, (48, 64, 3), dtype=np.uint8) for name in CONFIG.camera_names}
+    return Observation(images=images, state=rng.uniform(-1, 1, 3), task="pick up the cube")
+
+
+def test_language_never_runs_inside_the_control_critical_section(tokenizer):
+    model = build_model(CONFIG, seed=1)
+    period = 0.04
+    updates = []
+    lock = threading.Lock()
+
+    def on_text(update):
+        with lock:
+            updates.append(update)
+
+    scheduler = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True)
+    runtime = OxygenRuntime(model, tokenizer, RuntimeConfig(scheduler=scheduler, pool_slots=6, stream_every=4),
+                            robot_action_dim=3, on_text=on_text, trace=True).start()
+    chunks = []
+    try:
+        next_tick = time.perf_counter()
+        for i in range(30):
+            next_tick += period
+            chunks.append(runtime.act(observation(i), stamp_ns=1000 + i, narrate=i % 2 == 0))
+            time.sleep(max(0.0, next_tick - time.perf_counter()))
+        deadline = time.perf_counter() + 10
+        while time.perf_counter() < deadline:
+            with lock:
+                if sum(u.final for u in updates) == 15:
+                    break
+            time.sleep(0.02)
+    finally:
+        runtime.close()
+    assert runtime.worker_error is None
+
+    assert all(c.actions.shape == (CONFIG.action_horizon, 3) and np.isfinite(c.actions).all() for c in chunks)
+    assert [c.request_id is not None for c in chunks] == [i % 2 == 0 for i in range(30)]
+    finals = {u.request_id: u for u in updates if u.final}
+    assert sorted(finals) == sorted(c.request_id for c in chunks if c.request_id is not None)
+    for chunk in chunks:
+        if chunk.request_id is not None:
+            final = finals[chunk.request_id]
+            assert final.stamp_ns == chunk.stamp_ns and final.num_tokens == 12 and final.finish_reason == "length"
+    assert any(not u.final for u in updates), "partial text should stream every 4 tokens"
+
+    control = [(s, e) for kind, s, e in runtime.gate.trace if kind == "control"]
+    decode = [(s, e) for kind, s, e in runtime.gate.trace if kind == "decode"]
+    assert len(control) == 30 and len(decode) >= 15 * 11 / 6  # many batched steps happened
+    for c_start, c_end in control:
+        for d_start, d_end in decode:
+            assert d_end <= c_start or d_start >= c_end, "a decode step overlapped the control path"
+
+    stats = runtime.stats(window_s=60)
+    assert stats.actions == 30 and stats.active_requests == 0 and stats.slots_used == 0
+    assert stats.slots_total == 6 and stats.bytes_total == runtime.pool.bytes_total
+    assert 0 < stats.action_latency_p50_ms <= stats.action_latency_p99_ms
+
+
+def test_bad_observation_raises_and_leaves_the_runtime_usable(tokenizer):
+    model = build_model(CONFIG, seed=1)
+    runtime = OxygenRuntime(model, tokenizer, RuntimeConfig(SchedulerConfig(num_steps=1, max_new_tokens=4)),
+                            robot_action_dim=3).start()
+    try:
+        bad = observation(0)
+        bad.state = np.array([0.1, np.nan, 0.2])
+        with pytest.raises(ValueError, match="NaN"):
+            runtime.act(bad, 0, narrate=True)
+        assert runtime.pool.slots_used == 0
+        chunk = runtime.act(observation(1), 1, narrate=False)
+        assert chunk.actions.shape == (CONFIG.action_horizon, 3)
+    finally:
+        runtime.close()
