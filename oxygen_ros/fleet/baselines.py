@@ -74,7 +74,9 @@ class StaticSplitScheduler(QueuedDevice):
             share = self.shares[stage]
             lut_s = self.lut.latency(batch.model_id, stage, batch.bucket, share)
             self.busy[stage] = True
-            started.append(Work(stage.value, now, [StageSlot(batch, share, lut_s)], self.guard * lut_s, co_run=True))
+            started.append(
+                Work(stage.value, now, [StageSlot(batch, share, lut_s)], self.guard * lut_s, co_run=True)
+            )
         return started
 
     def finish(self, work: Work, now: float) -> list[FleetRequest]:
@@ -95,7 +97,10 @@ def best_static_share(lut: ProfileTable, bucket: int) -> float:
 
     def mean_bottleneck(share: float) -> float:
         return sum(
-            max(lut.latency(m, Stage.VLM, bucket, share), lut.latency(m, Stage.ACTION, bucket, round(1 - share, 6)))
+            max(
+                lut.latency(m, Stage.VLM, bucket, share),
+                lut.latency(m, Stage.ACTION, bucket, round(1 - share, 6)),
+            )
             for m in models
         ) / len(models)
 

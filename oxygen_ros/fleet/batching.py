@@ -51,7 +51,9 @@ def form_batch(queues: StageQueues, model_id: str, max_batch: int, now: float) -
     requests = queues.pop_earliest(model_id, bucket)
     for request in requests:
         if request.arrival > now + 1e-12:
-            raise RuntimeError(f"request {request.request_id} arrives at {request.arrival} after stage start {now}")
+            raise RuntimeError(
+                f"request {request.request_id} arrives at {request.arrival} after stage start {now}"
+            )
         if queues.stage is Stage.VLM:
             request.vlm_start = now
         else:

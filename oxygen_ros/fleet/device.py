@@ -130,7 +130,8 @@ def execute_work(work: Work, runner: StageRunner) -> float:
     else:
         with ThreadPoolExecutor(max_workers=len(work.slots)) as pool:
             futures = [
-                pool.submit(runner, s.batch.model_id, s.batch.stage, s.batch.requests, s.share) for s in work.slots
+                pool.submit(runner, s.batch.model_id, s.batch.stage, s.batch.requests, s.share)
+                for s in work.slots
             ]
             for future in futures:
                 future.result()

@@ -25,7 +25,11 @@ from oxygen_ros.fleet.traffic import (
 from oxygen_ros.fleet.workload import make_fleet, model_scales
 
 TARGET = 0.98
-ASSIGNERS = {"milp": assign_milp_relaxed, "even": assign_even_split, "one_model_per_gpu": assign_one_model_per_gpu}
+ASSIGNERS = {
+    "milp": assign_milp_relaxed,
+    "even": assign_even_split,
+    "one_model_per_gpu": assign_one_model_per_gpu,
+}
 
 
 def _floats(text: str) -> list[float]:
@@ -38,7 +42,9 @@ def _names(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oxygen-ros fleet-sim", description=__doc__.splitlines()[0])
-    p.add_argument("--robots", default="8,16,24,32,40,48,56,64", help="robot counts to sweep (comma separated)")
+    p.add_argument(
+        "--robots", default="8,16,24,32,40,48,56,64", help="robot counts to sweep (comma separated)"
+    )
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--models", type=int, default=8)
     p.add_argument("--policy", default="esf,rr,lqf", help="queue policies to compare on the lockstep design")
@@ -95,7 +101,8 @@ def run_sweep(args: argparse.Namespace) -> dict:
         placed = {name: ASSIGNERS[name](robots, loads, args.gpus) for name in ["milp", *_names(args.assign)]}
         milp = placed["milp"]
         assignments[n] = {
-            name: {"pairs": a.pairs, "max_load": a.max_load, "capacity": a.capacity} for name, a in placed.items()
+            name: {"pairs": a.pairs, "max_load": a.max_load, "capacity": a.capacity}
+            for name, a in placed.items()
         }
         runs = [("design", d, milp, {"design": d}) for d in _names(args.designs)]
         runs += [("policy", p, milp, {"design": "lockstep", "policy": p}) for p in _names(args.policy)]
@@ -105,7 +112,10 @@ def run_sweep(args: argparse.Namespace) -> dict:
             result = simulate(robots, assignment.gpu_of, lut, config)
             groups[group].setdefault(name, {})[n] = result.summary()
     at_target = {
-        group: {name: robots_at_target({n: s["attainment"] for n, s in pts.items()}) for name, pts in series.items()}
+        group: {
+            name: robots_at_target({n: s["attainment"] for n, s in pts.items()})
+            for name, pts in series.items()
+        }
         for group, series in groups.items()
     }
     return {
@@ -119,12 +129,13 @@ def run_sweep(args: argparse.Namespace) -> dict:
     }
 
 
-def print_report(report: dict, out=sys.stdout) -> None:
+def print_report(report: dict, out=None) -> None:
+    out = out or sys.stdout
     source = report["lut"].get("source", "unknown")
-    if source == "synthetic":
+    if report["config"]["profile"] is None:
         print("LUT: SYNTHETIC latency model (no --profile given): " + report["lut"]["formula"], file=out)
     else:
-        print(f"LUT: {source} profile from {report['config']['profile']}", file=out)
+        print(f"LUT: {report['config']['profile']} (source: {source})", file=out)
     print(f"{report['gpus']} GPUs, {len(report['models'])} models; SLO attainment per robot count", file=out)
     titles = {"design": "design", "policy": "queue policy (lockstep)", "assign": "assignment (robion)"}
     for group, series in report["results"].items():

@@ -92,7 +92,9 @@ class LockstepScheduler(QueuedDevice):
             lut_s = self.lut.latency(vlm_batch.model_id, Stage.VLM, vlm_batch.bucket, choice.vlm_share)
             slots.append(StageSlot(vlm_batch, choice.vlm_share, lut_s))
         if action_batch:
-            lut_s = self.lut.latency(action_batch.model_id, Stage.ACTION, action_batch.bucket, choice.action_share)
+            lut_s = self.lut.latency(
+                action_batch.model_id, Stage.ACTION, action_batch.bucket, choice.action_share
+            )
             slots.append(StageSlot(action_batch, choice.action_share, lut_s))
         self.busy = True
         return [

@@ -26,7 +26,9 @@ class EarliestSloFirst:
     """Serve the queue whose head request has the least slack (deadline - now - remaining service time).
 
     Slack rather than the bare deadline, because a request for a heavy model needs to start earlier than a
-    request for a light model with the same deadline."""
+    request for a light model with the same deadline. A head whose slack is already negative cannot be saved by
+    going first, and serving it would make the next most urgent queue late as well (the overload cascade of
+    plain earliest-deadline-first), so such queues rank after every queue that can still make it."""
 
     name = "esf"
 
@@ -34,7 +36,12 @@ class EarliestSloFirst:
         models = queues.models_with_work()
         if not models:
             return None
-        return min(models, key=lambda m: (queues.head(m).slack(now, remaining(m)), m))
+
+        def rank(model_id: str) -> tuple[bool, float, str]:
+            slack = queues.head(model_id).slack(now, remaining(model_id))
+            return (slack < 0, slack, model_id)
+
+        return min(models, key=rank)
 
 
 class RoundRobin:

@@ -65,7 +65,9 @@ class ProfileTable:
         if batch < sizes[0]:
             raise KeyError(f"batch {batch} below the smallest profiled batch {sizes[0]}")
         if len(sizes) == 1:
-            raise KeyError(f"batch {batch} not profiled and only batch {sizes[0]} is known to interpolate from")
+            raise KeyError(
+                f"batch {batch} not profiled and only batch {sizes[0]} is known to interpolate from"
+            )
         upper = next((s for s in sizes if s > batch), None)
         lo, hi = (sizes[-2], sizes[-1]) if upper is None else (max(s for s in sizes if s < batch), upper)
         t_lo = self.entries[(model_id, stage.value, lo, _share_key(share))]
@@ -157,7 +159,11 @@ class SyntheticLatencyModel:
         if Stage(stage) is Stage.VLM:
             overhead, per_item, exponent = self.vlm_overhead_s, self.vlm_per_item_s, self.vlm_share_exponent
         else:
-            overhead, per_item, exponent = self.action_overhead_s, self.action_per_item_s, self.action_share_exponent
+            overhead, per_item, exponent = (
+                self.action_overhead_s,
+                self.action_per_item_s,
+                self.action_share_exponent,
+            )
         return overhead + scale * per_item * batch**self.batch_exponent * share ** (-exponent)
 
 
@@ -181,5 +187,7 @@ def synthetic_table(
         for stage in Stage:
             for bucket in buckets:
                 for share in shares:
-                    table.add(model_id, stage, bucket, share, latency_model.latency(stage, bucket, share, scale))
+                    table.add(
+                        model_id, stage, bucket, share, latency_model.latency(stage, bucket, share, scale)
+                    )
     return table

@@ -102,7 +102,9 @@ def _arrivals(robots: list[RobotSpec], config: SimConfig) -> list[FleetRequest]:
         t = float(rng.uniform(0.0, robot.period_s))
         while t < config.duration_s:
             arrival = t + (float(rng.uniform(0.0, config.jitter_s)) if config.jitter_s else 0.0)
-            requests.append(FleetRequest(next(ids), robot.robot_id, robot.model_id, arrival, arrival + robot.slo_s))
+            requests.append(
+                FleetRequest(next(ids), robot.robot_id, robot.model_id, arrival, arrival + robot.slo_s)
+            )
             t += robot.period_s
     return requests
 
@@ -156,6 +158,8 @@ def _result(robots, requests, devices, works, arrivals) -> SimResult:
     per_robot = {rid: (float(np.mean(flags)) if flags else 1.0) for rid, flags in met.items()}
     latencies = np.array([r.latency for r in requests if r.finish is not None])
     overall = float(np.mean([r.met_slo for r in requests])) if requests else 1.0
-    p50, p99 = (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies.size else (float("nan"),) * 2
+    p50, p99 = (
+        (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies.size else (float("nan"),) * 2
+    )
     dropped = sum(len(d.dropped) for d in devices)
     return SimResult(requests, per_robot, overall, p50, p99, dropped, works, arrivals)

@@ -64,7 +64,12 @@ def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guar
 
 
 def _assignment(
-    method: str, robots: list[RobotSpec], loads: np.ndarray, gpus: list[int], n_gpus: int, capacity: float = 1.0
+    method: str,
+    robots: list[RobotSpec],
+    loads: np.ndarray,
+    gpus: list[int],
+    n_gpus: int,
+    capacity: float = 1.0,
 ) -> Assignment:
     per_gpu = [0.0] * n_gpus
     for robot_load, gpu in zip(loads, gpus):
@@ -92,7 +97,9 @@ def assign_milp(
         return _assignment("milp", robots, loads, [], n_gpus, capacity)
     if (loads > capacity).any():
         worst = robots[int(np.argmax(loads))].robot_id
-        raise InfeasibleAssignment(f"robot {worst} alone needs {loads.max():.2f} of a GPU (capacity {capacity})")
+        raise InfeasibleAssignment(
+            f"robot {worst} alone needs {loads.max():.2f} of a GPU (capacity {capacity})"
+        )
     members: dict[tuple[str, float], list[int]] = defaultdict(list)
     for i, robot in enumerate(robots):
         members[(robot.model_id, round(float(loads[i]), 12))].append(i)
@@ -179,7 +186,9 @@ def assign_milp_relaxed(
             return assign_milp(robots, loads, n_gpus, capacity=capacity, **kwargs)
         except InfeasibleAssignment:
             capacity *= step
-    raise InfeasibleAssignment("no placement exists at any capacity (too many models for the per-GPU model limit)")
+    raise InfeasibleAssignment(
+        "no placement exists at any capacity (too many models for the per-GPU model limit)"
+    )
 
 
 def assign_even_split(robots: list[RobotSpec], loads: np.ndarray, n_gpus: int) -> Assignment:
