@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=5.0, help="simulated seconds of arrivals")
     p.add_argument("--guard", type=float, default=1.1, help="latency inflation assumed for co-running stages")
     p.add_argument("--interference", type=float, default=1.05, help="actual slowdown of co-running stages")
+    p.add_argument(
+        "--capacity", type=float, default=1.0, help="MILP per-GPU load limit (below 1 leaves SLO headroom)"
+    )
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output folder for results.json and plots")
@@ -98,7 +101,12 @@ def run_sweep(args: argparse.Namespace) -> dict:
         robots = make_fleet(n, len(models), args.seed, tuple(args.rate), tuple(args.slo))
         robots = [r.__class__(r.robot_id, rename[r.model_id], r.rate_hz, r.slo_s) for r in robots]
         loads = robot_loads(robots, lut, guard=args.guard)
-        placed = {name: ASSIGNERS[name](robots, loads, args.gpus) for name in ["milp", *_names(args.assign)]}
+        placed = {
+            name: ASSIGNERS[name](
+                robots, loads, args.gpus, **({"capacity": args.capacity} if name == "milp" else {})
+            )
+            for name in ["milp", *_names(args.assign)]
+        }
         milp = placed["milp"]
         assignments[n] = {
             name: {"pairs": a.pairs, "max_load": a.max_load, "capacity": a.capacity}

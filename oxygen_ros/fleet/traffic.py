@@ -170,17 +170,22 @@ def assign_milp(
 
 
 def assign_milp_relaxed(
-    robots: list[RobotSpec], loads: np.ndarray, n_gpus: int, step: float = 1.05, **kwargs
+    robots: list[RobotSpec],
+    loads: np.ndarray,
+    n_gpus: int,
+    capacity: float = 1.0,
+    step: float = 1.05,
+    **kwargs,
 ) -> Assignment:
-    """``assign_milp`` at capacity 1; when that is infeasible (an overloaded sweep point), raise the capacity in
+    """``assign_milp`` at ``capacity``; when that is infeasible (an overloaded sweep point), raise the capacity in
     ``step`` increments from the tightest possible value until a placement exists. The returned assignment's
     ``capacity`` says how far it had to go, so an overload is reported, never hidden."""
     try:
-        return assign_milp(robots, loads, n_gpus, **kwargs)
+        return assign_milp(robots, loads, n_gpus, capacity=capacity, **kwargs)
     except InfeasibleAssignment:
         pass
     kwargs.setdefault("time_limit_s", 2.0)
-    capacity = max(1.0, float(np.max(loads)), float(np.sum(loads)) / n_gpus) * step
+    capacity = max(capacity, float(np.max(loads)), float(np.sum(loads)) / n_gpus) * step
     while capacity <= float(np.sum(loads)) * step:
         try:
             return assign_milp(robots, loads, n_gpus, capacity=capacity, **kwargs)
