@@ -3,13 +3,13 @@
 import time
 
 import numpy as np
-from oxygen_ros.msg import Narration
 from rclpy.qos import DurabilityPolicy, QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from test_replay_node import Child
 
 from oxygen_ros.data import bag_topics, read_messages
+from oxygen_ros.msg import Narration
 
 
 def wait_until(condition, timeout: float) -> bool:
