@@ -245,3 +245,23 @@ def test_rewritten_index_ignores_later_tokens(model):
     )
     reference = reference_logits(model, select(two, 0), torch.tensor([[40, 50]]))
     torch.testing.assert_close(again[0], reference[0, P + 1], **TOL)
+
+
+@torch.inference_mode()
+def test_bfloat16_model_and_cache_track_float32():
+    """The CUDA configuration (bf16 weights and cache) runs through the same code and stays close to fp32."""
+    slots = torch.tensor([0, 1, 2])
+    noise = torch.randn(3, CFG.action_horizon, CFG.action_dim, generator=torch.Generator().manual_seed(2))
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(CFG, seed=1, dtype=dtype)
+        cache = KVCache(CFG, num_slots=3, max_len=P + 1, dtype=dtype)
+        prefill = model.prefill(BATCH, cache, slots, want_logits=True)
+        actions = model.sample_actions(cache, slots, noise)
+        logits = model.decode_step(
+            cache, slots, torch.tensor([4, 5, 6]), torch.full((3,), P), prefill.num_valid
+        )
+        assert cache.k.dtype == dtype and actions.dtype == logits.dtype == torch.float32
+        results.append((actions, prefill.logits, logits))
+    for fp32, bf16 in zip(*results):
+        torch.testing.assert_close(bf16, fp32, atol=0.1, rtol=0.05)
