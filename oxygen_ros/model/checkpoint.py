@@ -23,7 +23,7 @@ from .preprocess import NormStats
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-STATS_FILE = "policy_preprocessor_step_normalizer_processor.safetensors"
+STATS_FILE = "policy_preprocessor_step_0_normalizer_processor.safetensors"  # stats only, no pipeline JSON
 STATS_GLOB = "policy_*processor*.safetensors"
 
 _PALIGEMMA = "model.paligemma_with_expert.paligemma."
