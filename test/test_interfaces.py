@@ -2,9 +2,9 @@
 
 import textwrap
 
-from ros_test_utils import spin_until, start_python, stop_process
-
 from oxygen_ros.msg import EngineStatus, Narration
+
+from ros_test_utils import spin_until, start_python, stop_process
 
 PUBLISHER = textwrap.dedent("""
     import rclpy

@@ -1,0 +1,113 @@
+"""Model benchmark: parameter counts per preset, and CPU latency of prefill, denoising and decoding.
+
+    python -m oxygen_ros.bench.model_bench [--presets tiny small] [--batches 1 4 16] [--repeats 5]
+
+The full pi05 model is counted on the `meta` device (no memory); timings run the random-init `tiny` and `small`
+presets in float32 with random inputs (latency does not depend on the weights). Each figure is the median of
+`--repeats` timed runs after one warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
+from oxygen_ros.model.inputs import ModelInputs
+from oxygen_ros.model.kv_cache import KVCache
+from oxygen_ros.model.pi05 import Pi05Model, build_model, parameter_counts
+
+DECODE_TOKENS = 16
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def random_inputs(config: Pi05Config, batch: int, seed: int = 0) -> ModelInputs:
+    """All cameras present, prompts using half of the token budget."""
+    gen = torch.Generator().manual_seed(seed)
+    size, length = config.vision.image_size, config.max_token_len
+    return ModelInputs(
+        images=torch.rand(batch, config.num_cameras, 3, size, size, generator=gen) * 2 - 1,
+        image_masks=torch.ones(batch, config.num_cameras, dtype=torch.bool),
+        tokens=torch.randint(4, config.vocab_size, (batch, length), generator=gen),
+        token_masks=(torch.arange(length) < length // 2).expand(batch, length).clone(),
+    )
+
+
+def time_model(model: Pi05Model, batch: int, repeats: int) -> dict[str, float]:
+    """prefill ms, denoise ms per Euler step, decode ms per token, for one batch size."""
+    cfg = model.config
+    cache = KVCache(cfg, num_slots=batch, max_len=cfg.prefix_len + DECODE_TOKENS)
+    slots = torch.arange(batch)
+    inputs = random_inputs(cfg, batch)
+    noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim)
+    prefill_ms = median_ms(lambda: model.prefill(inputs, cache, slots, want_logits=True), repeats)
+    denoise_ms = median_ms(lambda: model.sample_actions(cache, slots, noise), repeats) / cfg.num_steps
+
+    num_valid = model.prefill(inputs, cache, slots).num_valid
+    tokens = torch.full((batch,), 5)
+
+    def decode_run() -> None:
+        for n in range(DECODE_TOKENS):
+            index = torch.full((batch,), cfg.prefix_len + n)
+            model.decode_step(cache, slots, tokens, index, num_valid + n)
+
+    decode_ms = median_ms(decode_run, repeats) / DECODE_TOKENS
+    return {"prefill_ms": prefill_ms, "denoise_step_ms": denoise_ms, "decode_token_ms": decode_ms}
+
+
+def print_parameter_counts() -> None:
+    print("Parameters (millions; pi05 counted on the meta device)")
+    print(f"{'preset':<8}{'vision':>10}{'backbone':>10}{'expert':>10}{'heads':>8}{'total':>10}")
+    for name, cfg in PRESETS.items():
+        with torch.device("meta"):
+            counts = parameter_counts(Pi05Model(cfg))
+        m = {k: v / 1e6 for k, v in counts.items()}
+        print(
+            f"{name:<8}{m['vision']:>10.2f}{m['backbone']:>10.2f}{m['expert']:>10.2f}"
+            f"{m['action_heads']:>8.2f}{m['total']:>10.2f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print_parameter_counts()
+    print(
+        f"\nCPU float32, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"
+    )
+    print(
+        f"{'preset':<8}{'batch':>6}{'prefix':>8}{'prefill ms':>12}{'denoise ms/step':>17}{'decode ms/token':>17}"
+    )
+    for name in args.presets:
+        cfg = get_preset(name)
+        model = build_model(cfg)
+        for batch in args.batches:
+            r = time_model(model, batch, args.repeats)
+            print(
+                f"{name:<8}{batch:>6}{cfg.prefix_len:>8}{r['prefill_ms']:>12.2f}"
+                f"{r['denoise_step_ms']:>17.2f}{r['decode_token_ms']:>17.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The `oxygen-ros` command: one entry point, one subcommand per job, each implemented where its layer lives.
+
+Subcommands are imported only when run, so `oxygen-ros bench` does not load rclpy and `oxygen-ros replay` does not
+load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("oxygen_ros.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
+    "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
+    "model-bench": ("oxygen_ros.bench.model_bench", "parameter counts and per-call model timings"),
+    "convert": ("oxygen_ros.data.convert", "ALOHA HDF5 / LeRobot v3 episode -> rosbag2"),
+    "replay": ("oxygen_ros.nodes.replay_node", "publish a rosbag2 with its timing (raw CDR, optional /clock)"),
+    "record": ("oxygen_ros.nodes.record_node", "record topics into a rosbag2"),
+    "report": ("oxygen_ros.data.report", "rates, action latency, narration timeline and plots from a bag"),
+    "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: oxygen-ros <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"oxygen-ros: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,360 @@
+"""LeRobot dataset v3.0 (the layout ALOHA and DROID are published in), read and written with pyarrow + PyAV.
+
+v3.0 packs many episodes per file: frames live in `data/chunk-XXX/file-XXX.parquet`, camera streams in
+`videos/<key>/chunk-XXX/file-XXX.mp4`, and `meta/episodes/...parquet` says where each episode sits (row range,
+video time range). Only the fields LeRobot's own loader needs are written; stats cover min/max/mean/std/count.
+
+Feature keys: `observation.state` (or DROID's `observation.state.joint_position` + `.gripper_position`),
+`action` (or DROID's `action.joint_position` + `action.gripper_position`), `observation.images.<camera>`
+(video or image), optional `observation.velocity` / `observation.effort`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .atomic import atomic_output
+from .episode import DataError, Episode
+from .jpeg import decode_image
+from .video import decode_video, encode_video
+
+CODEBASE_VERSION = "v3.0"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+IMAGE_PREFIX = "observation.images."
+STATE_KEYS = ("observation.state",)
+DROID_STATE_PARTS = ("observation.state.joint_position", "observation.state.gripper_position")
+DROID_ACTION_PARTS = ("action.joint_position", "action.gripper_position")
+_INDEX_FEATURES = {
+    "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+    "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+    "index": {"dtype": "int64", "shape": [1], "names": None},
+    "task_index": {"dtype": "int64", "shape": [1], "names": None},
+}
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+
+def lerobot_info(root: str | os.PathLike) -> dict:
+    """meta/info.json, checked to be a v3.x dataset."""
+    path = Path(root) / "meta" / "info.json"
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise DataError(f"{path}: missing (not a LeRobot dataset)") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: invalid JSON ({err})") from err
+    version = str(info.get("codebase_version", ""))
+    if not version.startswith("v3."):
+        raise DataError(f"{path}: codebase_version {version!r} is not v3.x (older layouts are not supported)")
+    for key in ("fps", "features"):
+        if key not in info:
+            raise DataError(f"{path}: no {key!r} entry")
+    return info
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError as err:
+        raise DataError(f"{path}: missing") from err
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path}: not a readable parquet file ({err})") from err
+
+
+def lerobot_episodes(root: str | os.PathLike) -> list[dict]:
+    """All rows of meta/episodes/*/*.parquet (stats columns dropped), sorted by episode_index."""
+    files = sorted((Path(root) / "meta" / "episodes").glob("*/*.parquet"))
+    if not files:
+        raise DataError(f"{Path(root) / 'meta' / 'episodes'}: no episode metadata files")
+    rows = []
+    for path in files:
+        table = _read_parquet(path)
+        keep = [c for c in table.column_names if not c.startswith("stats/")]
+        rows.extend(table.select(keep).to_pylist())
+    return sorted(rows, key=lambda r: r["episode_index"])
+
+
+def _vector(table: pa.Table, key: str) -> np.ndarray:
+    """A list<float> (or scalar) column as (N, D) float32."""
+    column = table.column(key).combine_chunks()
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(
+        column.type
+    ):
+        flat = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+        return flat.reshape(len(table), -1)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(table), 1)
+
+
+def _names(feature: dict) -> list[str]:
+    names = feature.get("names")
+    if isinstance(names, dict):  # older hub datasets: {"motors": [...]} or {"axes": [...]}
+        names = [n for group in names.values() for n in group]
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def _select(table: pa.Table, features: dict, keys: Sequence[str], what: str, where: Path) -> tuple:
+    present = [k for k in keys if k in table.column_names]
+    if not present:
+        raise DataError(f"{where}: no {what} column (looked for {list(keys)})")
+    values = np.concatenate([_vector(table, k) for k in present], axis=1)
+    names = [n for k in present for n in _names(features.get(k, {}))]
+    return values, names if len(names) == values.shape[1] else []
+
+
+def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
+    """Read episode `episode` of a LeRobot v3 dataset into an Episode (videos decoded to RGB frames)."""
+    root = Path(root)
+    info = lerobot_info(root)
+    fps = float(info["fps"])
+    features = info["features"]
+    rows = lerobot_episodes(root)
+    meta = next((r for r in rows if r["episode_index"] == episode), None)
+    if meta is None:
+        raise DataError(f"{root}: episode {episode} out of range (dataset has {len(rows)} episodes)")
+    data_path = root / info.get("data_path", DATA_PATH).format(
+        chunk_index=meta["data/chunk_index"], file_index=meta["data/file_index"]
+    )
+    table = _read_parquet(data_path)
+    if "episode_index" not in table.column_names:
+        raise DataError(f"{data_path}: no episode_index column")
+    table = table.filter(pc.equal(table.column("episode_index"), episode))
+    if "frame_index" in table.column_names:
+        table = table.sort_by("frame_index")
+    length = int(meta["length"])
+    if len(table) != length:
+        raise DataError(f"{data_path}: episode {episode} has {len(table)} frames, metadata says {length}")
+
+    state_keys = [k for k in STATE_KEYS if k in table.column_names] or list(DROID_STATE_PARTS)
+    state, joint_names = _select(table, features, state_keys, "state", data_path)
+    action_keys = ["action"] if "action" in table.column_names else list(DROID_ACTION_PARTS)
+    actions, _ = _select(table, features, action_keys, "action", data_path)
+    timestamps = _timestamps(table, fps)
+    images = {}
+    for key, feature in features.items():
+        if not key.startswith(IMAGE_PREFIX):
+            continue
+        camera = key[len(IMAGE_PREFIX) :]
+        if feature.get("dtype") == "video":
+            images[camera] = _read_video_feature(root, info, meta, key, length, fps)
+        elif feature.get("dtype") == "image" and key in table.column_names:
+            images[camera] = _read_image_column(table, key, data_path)
+    task = _episode_task(root, table, meta)
+    try:
+        return Episode(
+            images=images, state=state, actions=actions, fps=fps, task=task, joint_names=tuple(joint_names),
+            timestamps=timestamps,
+            velocity=_vector(table, "observation.velocity") if "observation.velocity" in table.column_names else None,
+            effort=_vector(table, "observation.effort") if "observation.effort" in table.column_names else None,
+        )
+    except DataError as err:
+        raise DataError(f"{root}: episode {episode}: {err}") from err
+
+
+def _timestamps(table: pa.Table, fps: float) -> np.ndarray | None:
+    """Frame times; None (nominal i / fps) when they match it to LeRobot's 1e-4 s tolerance.
+
+    The column is float32, so even a perfectly regular episode is off by up to ~1e-7 s per frame; snapping
+    keeps stamps in converted bags exact instead of a nanosecond off.
+    """
+    if "timestamp" not in table.column_names:
+        return None
+    times = np.asarray(table.column("timestamp").to_numpy(), dtype=np.float64)
+    nominal = np.arange(len(times)) / fps
+    return None if np.allclose(times, nominal, rtol=0, atol=1e-4) else times
+
+
+def _read_video_feature(root: Path, info: dict, meta: dict, key: str, length: int, fps: float) -> np.ndarray:
+    prefix = f"videos/{key}/"
+    if prefix + "chunk_index" not in meta:
+        raise DataError(f"{root}: episode metadata has no video location for {key!r}")
+    path = root / info.get("video_path", VIDEO_PATH).format(
+        video_key=key, chunk_index=meta[prefix + "chunk_index"], file_index=meta[prefix + "file_index"]
+    )
+    if not path.exists():
+        raise DataError(f"{path}: missing video file")
+    return decode_video(path, float(meta[prefix + "from_timestamp"]), length, fps)
+
+
+def _read_image_column(table: pa.Table, key: str, where: Path) -> np.ndarray:
+    frames = []
+    for i, cell in enumerate(table.column(key).to_pylist()):
+        try:
+            frames.append(decode_image(cell["bytes"]))
+        except (ValueError, TypeError) as err:
+            raise DataError(f"{where}: {key} frame {i}: {err}") from err
+    return np.stack(frames)
+
+
+def _episode_task(root: Path, table: pa.Table, meta: dict) -> str:
+    path = root / "meta" / "tasks.parquet"
+    if path.exists() and "task_index" in table.column_names and len(table):
+        tasks = _read_parquet(path)
+        text_column = "task" if "task" in tasks.column_names else "__index_level_0__"
+        if text_column in tasks.column_names:
+            by_index = dict(zip(tasks.column("task_index").to_pylist(), tasks.column(text_column).to_pylist()))
+            task_index = table.column("task_index")[0].as_py()
+            if task_index in by_index:
+                return str(by_index[task_index])
+    listed = meta.get("tasks") or []
+    return str(listed[0]) if listed else ""
+
+
+# ----------------------------------------------------------------------------------------------- writing
+
+
+def _check_compatible(episodes: Sequence[Episode]) -> None:
+    if not episodes:
+        raise DataError("no episodes to write")
+    first = episodes[0]
+    for i, ep in enumerate(episodes[1:], 1):
+        same = (
+            ep.fps == first.fps
+            and ep.cameras == first.cameras
+            and ep.state.shape[1] == first.state.shape[1]
+            and ep.actions.shape[1] == first.actions.shape[1]
+            and all(ep.images[c].shape[1:] == first.images[c].shape[1:] for c in first.cameras)
+            and (ep.velocity is None) == (first.velocity is None)
+            and (ep.effort is None) == (first.effort is None)
+        )
+        if not same:
+            raise DataError(f"episode {i} differs from episode 0 in fps, cameras, shapes or optional fields")
+
+
+def _vector_feature(dim: int, names: Sequence[str]) -> dict:
+    return {"dtype": "float32", "shape": [dim], "names": list(names)}
+
+
+def _stats(values: np.ndarray) -> dict:
+    return {
+        "min": values.min(0).tolist(),
+        "max": values.max(0).tolist(),
+        "mean": values.mean(0).tolist(),
+        "std": values.std(0).tolist(),
+        "count": [int(len(values))],
+    }
+
+
+def _image_stats(frames: np.ndarray) -> dict:
+    """Per-channel stats in [0, 1], shaped (3, 1, 1) like LeRobot's; every 10th frame is enough."""
+    pixels = frames[::10].reshape(-1, 3).astype(np.float32) / 255.0
+    stats = _stats(pixels)
+    return {k: (np.asarray(v).reshape(3, 1, 1).tolist() if k != "count" else v) for k, v in stats.items()}
+
+
+def _tasks_table(tasks: list[str]) -> pa.Table:
+    """tasks.parquet as pandas writes a DataFrame indexed by task text, so pandas readers get that index."""
+    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": pa.array(tasks, pa.string())})
+    pandas_meta = {
+        "index_columns": ["task"],
+        "column_indexes": [],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
+             "metadata": None},
+            {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": None},
+        ],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+    }
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
+
+
+def write_lerobot(root: str | os.PathLike, episodes: Sequence[Episode], codec: str = "h264",
+                  robot_type: str = "unknown") -> Path:
+    """Write episodes as a LeRobot v3.0 dataset in one data file and one video file per camera.
+
+    `codec` is "h264" (default), "av1" or "mpeg4"; the dataset appears at `root` only once complete.
+    """
+    _check_compatible(episodes)
+    first = episodes[0]
+    fps = first.fps
+    tasks = list(dict.fromkeys(ep.task for ep in episodes))
+    vectors = {"observation.state": [ep.state for ep in episodes], "action": [ep.actions for ep in episodes]}
+    if first.velocity is not None:
+        vectors["observation.velocity"] = [np.asarray(ep.velocity, np.float32) for ep in episodes]
+    if first.effort is not None:
+        vectors["observation.effort"] = [np.asarray(ep.effort, np.float32) for ep in episodes]
+    lengths = [ep.length for ep in episodes]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    total = int(starts[-1])
+
+    columns: dict[str, pa.Array] = {}
+    for key, parts in vectors.items():
+        stacked = np.concatenate(parts).astype(np.float32)
+        columns[key] = pa.FixedSizeListArray.from_arrays(pa.array(stacked.reshape(-1)), stacked.shape[1])
+    columns["timestamp"] = pa.array(np.concatenate([ep.times() for ep in episodes]).astype(np.float32))
+    columns["frame_index"] = pa.array(np.concatenate([np.arange(n) for n in lengths]).astype(np.int64))
+    columns["episode_index"] = pa.array(np.repeat(np.arange(len(episodes)), lengths).astype(np.int64))
+    columns["index"] = pa.array(np.arange(total, dtype=np.int64))
+    columns["task_index"] = pa.array(np.repeat([tasks.index(ep.task) for ep in episodes], lengths).astype(np.int64))
+
+    features: dict[str, dict] = {}
+    for key, parts in vectors.items():
+        names = first.joint_names if parts[0].shape[1] == len(first.joint_names) else ()
+        features[key] = _vector_feature(parts[0].shape[1], names or [f"dim_{i}" for i in range(parts[0].shape[1])])
+    stats = {key: _stats(np.concatenate(parts)) for key, parts in vectors.items()}
+
+    with atomic_output(root) as out:
+        for camera in first.cameras:
+            key = IMAGE_PREFIX + camera
+            frames = np.concatenate([ep.images[camera] for ep in episodes])
+            video = out / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
+            video.parent.mkdir(parents=True)
+            codec_name = encode_video(video, frames, fps, codec)
+            h, w = frames.shape[1:3]
+            features[key] = {
+                "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
+                "info": {"video.height": h, "video.width": w, "video.codec": codec_name, "video.pix_fmt": "yuv420p",
+                         "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False},
+            }
+            stats[key] = _image_stats(frames)
+        features.update(_INDEX_FEATURES)
+
+        data_file = out / DATA_PATH.format(chunk_index=0, file_index=0)
+        data_file.parent.mkdir(parents=True)
+        pq.write_table(pa.table(columns), data_file)
+
+        episode_rows = []
+        for i, ep in enumerate(episodes):
+            row = {
+                "episode_index": i, "tasks": [ep.task], "length": ep.length,
+                "data/chunk_index": 0, "data/file_index": 0,
+                "dataset_from_index": int(starts[i]), "dataset_to_index": int(starts[i + 1]),
+                "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0,
+            }
+            for camera in first.cameras:
+                prefix = f"videos/{IMAGE_PREFIX}{camera}/"
+                row.update({prefix + "chunk_index": 0, prefix + "file_index": 0,
+                            prefix + "from_timestamp": float(starts[i] / fps),
+                            prefix + "to_timestamp": float(starts[i + 1] / fps)})
+            for key, parts in vectors.items():
+                for stat, value in _stats(parts[i]).items():
+                    row[f"stats/{key}/{stat}"] = value
+            episode_rows.append(row)
+        episodes_file = out / EPISODES_PATH.format(chunk_index=0, file_index=0)
+        episodes_file.parent.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(episode_rows), episodes_file)
+        pq.write_table(_tasks_table(tasks), out / "meta" / "tasks.parquet")
+
+        info = {
+            "codebase_version": CODEBASE_VERSION, "robot_type": robot_type,
+            "total_episodes": len(episodes), "total_frames": total, "total_tasks": len(tasks),
+            "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 500,
+            "fps": fps, "splits": {"train": f"0:{len(episodes)}"},
+            "data_path": DATA_PATH, "video_path": VIDEO_PATH if first.cameras else None,
+            "features": features,
+        }
+        (out / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+        (out / "meta" / "stats.json").write_text(json.dumps(stats, indent=4))
+    return Path(root)

@@ -1,0 +1,245 @@
+"""`oxygen-ros report BAG [--episode-bag EBAG | --episode SRC] --out DIR`: what did the VLA node do on an episode?
+
+BAG is what `oxygen-ros record` captured while an episode bag was replayed into the node. The report gives
+per-topic rates, action latency (chunk receive time minus the chunk's header stamp, which the node sets to the
+stamp of the camera frame it acted on), the narration timeline, and a plot of every action chunk against the
+episode's recorded actions (`actions.png`), written with report.json and report.md into DIR.
+
+Replayed frames keep the episode's stamps, so receive times are converted to bag time first: through the
+recorded /clock (replay with --clock) when present, otherwise used as they are when they are on the same clock
+as the stamps (recording with use_sim_time, or a live robot). Otherwise latency is reported as unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .aloha import aloha_episode_path, read_aloha
+from .bag import read_messages
+from .episode import DataError
+from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS
+from .lerobot import read_lerobot
+
+CHUNK_TYPE = "trajectory_msgs/msg/JointTrajectory"
+NARRATION_TYPE = "oxygen_ros/msg/Narration"
+CLOCK_TYPE = "rosgraph_msgs/msg/Clock"
+SAME_CLOCK_LIMIT_NS = 3600 * 10**9  # stamps more than an hour from receive times are on another clock
+
+
+def _stamp_ns(stamp) -> int:
+    return int(stamp.sec) * 10**9 + int(stamp.nanosec)
+
+
+@dataclass
+class Recording:
+    """What the report needs from the recorded bag, decoded once."""
+
+    log_times: dict[str, list[int]] = field(default_factory=dict)
+    chunks: list[dict] = field(default_factory=list)  # receive_ns, stamp_ns, joint_names, times_s, positions
+    narration: list[dict] = field(default_factory=list)
+    clock: list[tuple[int, int]] = field(default_factory=list)  # (log time, clock value)
+
+
+def load_recording(bag: str | os.PathLike) -> Recording:
+    rec = Recording()
+    for raw, msg in read_messages(bag):
+        rec.log_times.setdefault(raw.topic, []).append(raw.log_time_ns)
+        if raw.msgtype == CHUNK_TYPE and len(msg.points):
+            rec.chunks.append({
+                "topic": raw.topic, "receive_ns": raw.log_time_ns, "stamp_ns": _stamp_ns(msg.header.stamp),
+                "joint_names": list(msg.joint_names),
+                "times_s": np.array([p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]),
+                "positions": np.stack([np.asarray(p.positions, dtype=np.float64) for p in msg.points]),
+            })
+        elif raw.msgtype == NARRATION_TYPE:
+            rec.narration.append({
+                "topic": raw.topic, "receive_ns": raw.log_time_ns, "stamp_ns": _stamp_ns(msg.header.stamp),
+                "request_id": int(msg.request_id), "text": str(msg.text), "num_tokens": int(msg.num_tokens),
+                "final": bool(msg.final),
+            })
+        elif raw.msgtype == CLOCK_TYPE:
+            rec.clock.append((raw.log_time_ns, _stamp_ns(msg.clock)))
+    return rec
+
+
+def topic_rates(rec: Recording) -> dict[str, dict]:
+    rates = {}
+    for topic, times in sorted(rec.log_times.items()):
+        span = (times[-1] - times[0]) / 1e9 if len(times) > 1 else 0.0
+        rates[topic] = {"count": len(times), "duration_s": span,
+                        "rate_hz": (len(times) - 1) / span if span > 0 else None}
+    return rates
+
+
+def receive_in_bag_time(rec: Recording, receive_ns: np.ndarray, stamps_ns: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """Receive times on the stamps' clock, and how they were obtained (or why they could not be)."""
+    if len(rec.clock) >= 2:
+        log, value = (np.array(x, dtype=np.float64) for x in zip(*sorted(rec.clock)))
+        return np.interp(receive_ns.astype(np.float64), log, value), "recorded /clock"
+    if len(stamps_ns) and np.median(np.abs(receive_ns - stamps_ns)) < SAME_CLOCK_LIMIT_NS:
+        return receive_ns.astype(np.float64), "receive times (same clock as stamps)"
+    return None, "stamps and receive times are on different clocks; replay with --clock and record /clock"
+
+
+def action_latency(rec: Recording) -> dict:
+    if not rec.chunks:
+        return {"available": False, "reason": f"no {CHUNK_TYPE} messages in the bag"}
+    receive = np.array([c["receive_ns"] for c in rec.chunks], dtype=np.int64)
+    stamps = np.array([c["stamp_ns"] for c in rec.chunks], dtype=np.int64)
+    bag_time, source = receive_in_bag_time(rec, receive, stamps)
+    if bag_time is None:
+        return {"available": False, "reason": source}
+    ms = (bag_time - stamps) / 1e6
+    return {"available": True, "source": source, "count": len(ms),
+            **{f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)},
+            "mean_ms": float(ms.mean()), "max_ms": float(ms.max()), "min_ms": float(ms.min())}
+
+
+def narration_timeline(rec: Recording) -> list[dict]:
+    """One entry per request: first/last message times relative to the first recorded message, final text."""
+    start = min((t[0] for t in rec.log_times.values()), default=0)
+    requests: dict[int, dict] = {}
+    for n in rec.narration:
+        entry = requests.setdefault(n["request_id"], {"request_id": n["request_id"], "frame_stamp_ns": n["stamp_ns"],
+                                                      "first_s": (n["receive_ns"] - start) / 1e9, "messages": 0})
+        entry.update(last_s=(n["receive_ns"] - start) / 1e9, text=n["text"], num_tokens=n["num_tokens"],
+                     final=n["final"])
+        entry["messages"] += 1
+    return sorted(requests.values(), key=lambda e: e["first_s"])
+
+
+@dataclass
+class RecordedActions:
+    stamps_ns: np.ndarray  # (T,)
+    actions: np.ndarray  # (T, A)
+    joint_names: list[str]
+
+
+def actions_from_episode_bag(bag: str | os.PathLike) -> RecordedActions:
+    msgs = [m for _, m in read_messages(bag, [ACTION_TOPIC])]
+    if not msgs:
+        raise DataError(f"{bag}: no messages on {ACTION_TOPIC}")
+    return RecordedActions(np.array([_stamp_ns(m.header.stamp) for m in msgs]),
+                           np.stack([np.asarray(m.position) for m in msgs]), list(msgs[0].name))
+
+
+def actions_from_source(src: str, index: int, base_time_ns: int) -> RecordedActions:
+    path = Path(src)
+    if (path / "meta" / "info.json").exists():
+        episode = read_lerobot(path, index)
+    else:
+        episode = read_aloha(aloha_episode_path(path, index))
+    stamps = base_time_ns + np.round(episode.times() * 1e9).astype(np.int64)
+    names = list(episode.joint_names) if episode.actions.shape[1] == len(episode.joint_names) else []
+    return RecordedActions(stamps, episode.actions.astype(np.float64), names)
+
+
+def plot_actions(rec: Recording, recorded: RecordedActions | None, path: Path, max_joints: int = 14) -> None:
+    """Per joint: the episode's recorded action (black) and every chunk's trajectory (colour = chunk order)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = recorded.joint_names if recorded and recorded.joint_names else (
+        rec.chunks[0]["joint_names"] if rec.chunks else [])
+    dim = recorded.actions.shape[1] if recorded else (rec.chunks[0]["positions"].shape[1] if rec.chunks else 0)
+    dim = max(1, min(dim, max_joints))
+    t0 = recorded.stamps_ns[0] if recorded else (rec.chunks[0]["stamp_ns"] if rec.chunks else 0)
+    cols = 2 if dim > 1 else 1
+    rows = (dim + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 1.8 * rows + 0.6), squeeze=False, sharex=True)
+    colours = plt.cm.viridis(np.linspace(0, 1, max(1, len(rec.chunks))))
+    for j in range(dim):
+        ax = axes[j // cols][j % cols]
+        name = names[j] if j < len(names) else f"joint {j}"
+        for c, chunk in enumerate(rec.chunks):
+            column = chunk["joint_names"].index(name) if name in chunk["joint_names"] else j
+            if column < chunk["positions"].shape[1]:
+                t = (chunk["stamp_ns"] - t0) / 1e9 + chunk["times_s"]
+                ax.plot(t, chunk["positions"][:, column], color=colours[c], lw=0.8, alpha=0.6)
+        if recorded is not None:
+            ax.plot((recorded.stamps_ns - t0) / 1e9, recorded.actions[:, j], color="black", lw=1.4, label="recorded")
+        ax.set_title(name, fontsize=8)
+        ax.tick_params(labelsize=7)
+    for j in range(dim, rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.supxlabel("episode time [s]", fontsize=9)
+    fig.suptitle(f"{len(rec.chunks)} action chunks vs recorded actions", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def write_report(bag: str | os.PathLike, out: str | os.PathLike, recorded: RecordedActions | None) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = load_recording(bag)
+    report = {"bag": str(bag), "topics": topic_rates(rec), "action_latency": action_latency(rec),
+              "action_chunks": len(rec.chunks), "narration": narration_timeline(rec)}
+    plot_actions(rec, recorded, out / "actions.png")
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(_markdown(report))
+    return report
+
+
+def _markdown(report: dict) -> str:
+    lines = [f"# Run report: {report['bag']}", "", "| topic | messages | rate (Hz) |", "|---|---|---|"]
+    for topic, r in report["topics"].items():
+        rate = f"{r['rate_hz']:.1f}" if r["rate_hz"] else "-"
+        lines.append(f"| {topic} | {r['count']} | {rate} |")
+    lat = report["action_latency"]
+    lines += ["", "## Action latency (frame stamp -> chunk received)", ""]
+    if lat["available"]:
+        lines.append(f"{lat['count']} chunks, p50 {lat['p50_ms']:.1f} ms, p90 {lat['p90_ms']:.1f} ms, "
+                     f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms (via {lat['source']})")
+    else:
+        lines.append(f"unavailable: {lat['reason']}")
+    lines += ["", "## Narration", ""]
+    for n in report["narration"]:
+        lines.append(f"- {n['first_s']:.2f}-{n['last_s']:.2f} s, request {n['request_id']}, {n['num_tokens']} tokens"
+                     f"{'' if n['final'] else ' (unfinished)'}: {n['text']}")
+    lines += ["", "![actions](actions.png)", ""]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oxygen-ros report", description=__doc__.splitlines()[0])
+    parser.add_argument("bag", help="recorded rosbag2 of the node's outputs")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--episode-bag", help="the episode bag that was replayed (has episode/action)")
+    source.add_argument("--episode", metavar="SRC", help="ALOHA .hdf5 / folder or LeRobot v3 dataset")
+    parser.add_argument("--episode-index", type=int, default=0, help="episode within SRC")
+    parser.add_argument("--base-time", type=float, default=DEFAULT_BASE_TIME_NS / 1e9,
+                        help="stamp of SRC's first frame (as given to convert)")
+    parser.add_argument("--out", required=True, help="output folder")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        recorded = None
+        if args.episode_bag:
+            recorded = actions_from_episode_bag(args.episode_bag)
+        elif args.episode:
+            recorded = actions_from_source(args.episode, args.episode_index, int(round(args.base_time * 1e9)))
+        report = write_report(args.bag, args.out, recorded)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    lat = report["action_latency"]
+    summary = f"p50 {lat['p50_ms']:.1f} ms" if lat["available"] else lat["reason"]
+    print(f"wrote {args.out}: {report['action_chunks']} chunks, latency {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

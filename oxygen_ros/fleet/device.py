@@ -1,0 +1,138 @@
+"""What every per-device scheduler shares: stage queues, queue policies, and the unit of work it hands out.
+
+A device scheduler never looks at a clock. It is told ``now`` when asked to start work and when work finishes,
+so the same object runs under the discrete-event simulator (simulated clock) and under a real executor
+(wall clock, with ``execute_work`` calling the engine's stage runner).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from oxygen_ros.fleet.batching import Batch, bucket_for, form_batch
+from oxygen_ros.fleet.policies import RemainingTime, make_policy
+from oxygen_ros.fleet.profile_table import ProfileTable, StageRunner
+from oxygen_ros.fleet.requests import FleetRequest, Stage, StageQueues
+
+
+@dataclass
+class StageSlot:
+    """One batch placed on ``share`` of the device, with its LUT latency there."""
+
+    batch: Batch
+    share: float
+    lut_s: float
+
+
+@dataclass
+class Work:
+    """What one execution unit of a device runs from ``start`` until it completes.
+
+    ``sequential``: the slots run one after the other (monolithic call, or a time-sliced lockstep);
+    otherwise they run side by side and the work lasts as long as its slowest slot.
+    ``co_run``: slots share the device with other running work, so they suffer interference."""
+
+    unit: str
+    start: float
+    slots: list[StageSlot]
+    predicted_s: float
+    sequential: bool = False
+    co_run: bool = False
+    tags: dict = field(default_factory=dict)
+
+    def duration(self, interference: float = 1.0) -> float:
+        """Latency from the LUT, inflated by ``interference`` (>= 1) when the work co-runs with other work."""
+        factor = interference if self.co_run else 1.0
+        times = [slot.lut_s * factor for slot in self.slots]
+        return sum(times) if self.sequential else max(times)
+
+
+class QueuedDevice:
+    """Base for the device schedulers: requests enter the VLM queues, batches are cut by the stage's policy."""
+
+    def __init__(
+        self,
+        lut: ProfileTable,
+        policy: str = "esf",
+        max_batch: int = 8,
+        guard: float = 1.1,
+        drop_expired: bool = True,
+    ):
+        if guard < 1.0:
+            raise ValueError("the interference guard is a latency inflation factor and must be >= 1")
+        self.lut = lut
+        self.max_batch = max_batch
+        self.guard = guard
+        self.drop_expired = drop_expired
+        self.queues = {Stage.VLM: StageQueues(Stage.VLM), Stage.ACTION: StageQueues(Stage.ACTION)}
+        self.policies = {Stage.VLM: make_policy(policy), Stage.ACTION: make_policy(policy)}
+        self.dropped: list[FleetRequest] = []
+
+    def submit(self, request: FleetRequest) -> None:
+        self.queues[Stage.VLM].push(request)
+
+    def pending(self) -> int:
+        return sum(q.total() for q in self.queues.values())
+
+    def remaining_estimate(self, stage: Stage) -> RemainingTime:
+        """Guarded service time still ahead of a model's head request, at the batch its queue would form,
+        on the whole device. Used by ESF to rank queues; the exact partition is decided later."""
+        queues = self.queues[stage]
+
+        def remaining(model_id: str) -> float:
+            bucket = bucket_for(max(queues.length(model_id), 1), self.max_batch)
+            seconds = self.lut.latency(model_id, Stage.ACTION, bucket, 1.0)
+            if stage is Stage.VLM:
+                seconds += self.lut.latency(model_id, Stage.VLM, bucket, 1.0)
+            return self.guard * seconds
+
+        return remaining
+
+    def next_batch(self, stage: Stage, now: float) -> Batch | None:
+        """Cut the next batch for ``stage`` at stage start ``now`` (expired requests are dropped first)."""
+        queues = self.queues[stage]
+        if self.drop_expired:
+            self.dropped.extend(queues.drop_expired(now))
+        model_id = self.policies[stage].choose(queues, now, self.remaining_estimate(stage))
+        return None if model_id is None else form_batch(queues, model_id, self.max_batch, now)
+
+    def complete_slot(self, slot: StageSlot, now: float) -> list[FleetRequest]:
+        """VLM outputs move on to the action queues; action outputs finish their requests."""
+        if slot.batch.stage is Stage.VLM:
+            for request in slot.batch.requests:
+                request.vlm_done = now
+                self.queues[Stage.ACTION].push(request)
+            return []
+        for request in slot.batch.requests:
+            request.finish = now
+        return list(slot.batch.requests)
+
+    def start(self, now: float) -> list[Work]:
+        """Start work on every idle unit that has something to do; the caller reports each back to ``finish``."""
+        raise NotImplementedError
+
+    def finish(self, work: Work, now: float) -> list[FleetRequest]:
+        """Mark ``work`` done at ``now``; returns the requests that completed."""
+        raise NotImplementedError
+
+
+def execute_work(work: Work, runner: StageRunner) -> float:
+    """Run ``work`` for real with a stage runner and return the wall time it took.
+
+    Side-by-side slots each get their own thread (on a GPU the runner maps a share to an SM-limited stream /
+    green context; on a CPU to a thread budget); sequential slots run one after the other."""
+    start = time.perf_counter()
+    if work.sequential or len(work.slots) == 1:
+        for slot in work.slots:
+            runner(slot.batch.model_id, slot.batch.stage, slot.batch.requests, slot.share)
+    else:
+        with ThreadPoolExecutor(max_workers=len(work.slots)) as pool:
+            futures = [
+                pool.submit(runner, s.batch.model_id, s.batch.stage, s.batch.requests, s.share)
+                for s in work.slots
+            ]
+            for future in futures:
+                future.result()
+    return time.perf_counter() - start

@@ -1,0 +1,117 @@
+"""The per-device lockstep scheduler with guarded compute partitioning (the Robion device design).
+
+Every lockstep runs one VLM batch and one action batch at the same time on complementary partitions of the
+device, and both end together: a lockstep lasts as long as the slower of the two. Outputs of a VLM batch feed the
+action queues for a later lockstep, so the two stages of consecutive batches pipeline on one device.
+
+The partition is picked per lockstep from the LUT, never preempted. "Guarded": a co-running stage is predicted
+at its LUT latency times ``guard`` (>= 1, headroom for interference between the partitions, which the offline
+profile did not see), and the scheduler only splits the device when the guarded split beats running the two
+batches back to back on the whole device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
+from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.requests import FleetRequest, Stage
+
+StageLoad = tuple[str, int]
+"""(model id, batch bucket) of a batch waiting to be placed."""
+
+
+@dataclass(frozen=True)
+class PartitionChoice:
+    """How one lockstep uses the device. ``mode``: "single" (one stage, whole device), "split" (both stages side
+    by side on vlm_share / action_share) or "serial" (both stages back to back on the whole device)."""
+
+    mode: str
+    vlm_share: float
+    action_share: float
+    vlm_s: float
+    action_s: float
+    predicted_s: float
+
+
+def split_candidates(lut: ProfileTable, vlm_model: str, action_model: str) -> list[float]:
+    """VLM shares s with 0 < s < 1 for which both s (VLM) and 1 - s (action) were profiled."""
+    action_shares = {round(s, 6) for s in lut.shares(action_model, Stage.ACTION)}
+    return [s for s in lut.shares(vlm_model, Stage.VLM) if 0 < s < 1 and round(1 - s, 6) in action_shares]
+
+
+def choose_partition(
+    lut: ProfileTable, vlm: StageLoad | None, action: StageLoad | None, guard: float
+) -> PartitionChoice:
+    """The LUT-optimal way to run this lockstep: minimum guarded predicted lockstep time."""
+    if vlm is None and action is None:
+        raise ValueError("a lockstep needs at least one batch")
+    if vlm is None or action is None:
+        model_id, bucket = vlm or action
+        stage = Stage.VLM if vlm else Stage.ACTION
+        seconds = lut.latency(model_id, stage, bucket, 1.0)
+        if vlm:
+            return PartitionChoice("single", 1.0, 0.0, seconds, 0.0, seconds)
+        return PartitionChoice("single", 0.0, 1.0, 0.0, seconds, seconds)
+    (vm, vb), (am, ab) = vlm, action
+    tv_full, ta_full = lut.latency(vm, Stage.VLM, vb, 1.0), lut.latency(am, Stage.ACTION, ab, 1.0)
+    best = PartitionChoice("serial", 1.0, 1.0, tv_full, ta_full, tv_full + ta_full)
+    for share in split_candidates(lut, vm, am):
+        tv = guard * lut.latency(vm, Stage.VLM, vb, share)
+        ta = guard * lut.latency(am, Stage.ACTION, ab, round(1 - share, 6))
+        if max(tv, ta) < best.predicted_s:
+            best = PartitionChoice("split", share, round(1 - share, 6), tv, ta, max(tv, ta))
+    return best
+
+
+class LockstepScheduler(QueuedDevice):
+    """One device, one lockstep at a time: VLM batch and action batch start together and finish together."""
+
+    unit = "lockstep"
+
+    def __init__(self, lut: ProfileTable, **kwargs):
+        super().__init__(lut, **kwargs)
+        self.busy = False
+
+    def start(self, now: float) -> list[Work]:
+        if self.busy:
+            return []
+        vlm_batch = self.next_batch(Stage.VLM, now)
+        action_batch = self.next_batch(Stage.ACTION, now)
+        if vlm_batch is None and action_batch is None:
+            return []
+        choice = choose_partition(
+            self.lut,
+            (vlm_batch.model_id, vlm_batch.bucket) if vlm_batch else None,
+            (action_batch.model_id, action_batch.bucket) if action_batch else None,
+            self.guard,
+        )
+        slots = []
+        if vlm_batch:
+            lut_s = self.lut.latency(vlm_batch.model_id, Stage.VLM, vlm_batch.bucket, choice.vlm_share)
+            slots.append(StageSlot(vlm_batch, choice.vlm_share, lut_s))
+        if action_batch:
+            lut_s = self.lut.latency(
+                action_batch.model_id, Stage.ACTION, action_batch.bucket, choice.action_share
+            )
+            slots.append(StageSlot(action_batch, choice.action_share, lut_s))
+        self.busy = True
+        return [
+            Work(
+                self.unit,
+                now,
+                slots,
+                choice.predicted_s,
+                sequential=choice.mode == "serial",
+                co_run=choice.mode == "split",
+                tags={"partition": choice},
+            )
+        ]
+
+    def finish(self, work: Work, now: float) -> list[FleetRequest]:
+        self.busy = False
+        finished: list[FleetRequest] = []
+        for slot in work.slots:
+            finished.extend(self.complete_slot(slot, now))
+        return finished

@@ -1,0 +1,193 @@
+"""The offline profile table (LUT): stage latency per (model, stage, batch bucket, partition share).
+
+Schedulers never time anything at decision time; they look latencies up here. A *share* is the fraction of the
+device a stage gets (SM share on a GPU, thread budget on a CPU). The table comes from either
+``profile_stages`` timing a real stage runner, or ``synthetic_table`` (a documented latency model, used when no
+measured profile is available). Batch sizes between profiled buckets are linearly interpolated; shares are
+discrete partition choices and must be looked up exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oxygen_ros.fleet.requests import FleetRequest, Stage
+
+StageRunner = Callable[[str, Stage, Sequence[FleetRequest], float], None]
+"""``run(model_id, stage, batch_of_requests, share) -> None``: executes one stage of one batch on ``share`` of the
+device and returns when the outputs are ready. The engine supplies the real one; tests and profiling use others."""
+
+
+def _share_key(share: float) -> float:
+    return round(float(share), 6)
+
+
+@dataclass
+class ProfileTable:
+    """Latency lookup table; ``meta`` records where the numbers came from (measured or synthetic, and how)."""
+
+    entries: dict[tuple[str, str, int, float], float] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    def add(self, model_id: str, stage: Stage, batch: int, share: float, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError("a stage latency must be positive")
+        self.entries[(model_id, Stage(stage).value, int(batch), _share_key(share))] = float(seconds)
+
+    def models(self) -> list[str]:
+        return sorted({key[0] for key in self.entries})
+
+    def shares(self, model_id: str, stage: Stage) -> list[float]:
+        stage = Stage(stage).value
+        return sorted({k[3] for k in self.entries if k[0] == model_id and k[1] == stage})
+
+    def batches(self, model_id: str, stage: Stage, share: float) -> list[int]:
+        stage, share = Stage(stage).value, _share_key(share)
+        return sorted(k[2] for k in self.entries if k[0] == model_id and k[1] == stage and k[3] == share)
+
+    def latency(self, model_id: str, stage: Stage, batch: int, share: float = 1.0) -> float:
+        """Seconds for one ``stage`` batch of ``batch`` requests on ``share`` of the device.
+
+        Exact hit if profiled; otherwise linear in batch between the neighbouring buckets, and linear
+        extrapolation from the last two buckets beyond the largest (batch cost is close to affine there)."""
+        stage = Stage(stage)
+        key = (model_id, stage.value, int(batch), _share_key(share))
+        if key in self.entries:
+            return self.entries[key]
+        sizes = self.batches(model_id, stage, share)
+        if not sizes:
+            raise KeyError(f"no profile for model={model_id} stage={stage.value} share={share}")
+        if batch < sizes[0]:
+            raise KeyError(f"batch {batch} below the smallest profiled batch {sizes[0]}")
+        if len(sizes) == 1:
+            raise KeyError(
+                f"batch {batch} not profiled and only batch {sizes[0]} is known to interpolate from"
+            )
+        upper = next((s for s in sizes if s > batch), None)
+        lo, hi = (sizes[-2], sizes[-1]) if upper is None else (max(s for s in sizes if s < batch), upper)
+        t_lo = self.entries[(model_id, stage.value, lo, _share_key(share))]
+        t_hi = self.entries[(model_id, stage.value, hi, _share_key(share))]
+        return t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
+
+    def to_dict(self) -> dict:
+        rows = [
+            {"model": m, "stage": s, "batch": b, "share": sh, "seconds": t}
+            for (m, s, b, sh), t in sorted(self.entries.items())
+        ]
+        return {"meta": self.meta, "entries": rows}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProfileTable:
+        table = cls(meta=dict(data.get("meta", {})))
+        for row in data["entries"]:
+            table.add(row["model"], Stage(row["stage"]), row["batch"], row["share"], row["seconds"])
+        return table
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileTable:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def profile_stages(
+    run_stage: StageRunner,
+    models: Iterable[str],
+    buckets: Iterable[int],
+    partitions: Iterable[float],
+    repeats: int = 5,
+    warmup: int = 1,
+    stages: Iterable[Stage] = (Stage.VLM, Stage.ACTION),
+    clock: Callable[[], float] = time.perf_counter,
+) -> ProfileTable:
+    """Time ``run_stage`` for every (model, stage, bucket, share) and keep the median of ``repeats`` runs.
+
+    The batches handed to the runner are placeholder requests of the right size: a stage's cost depends on the
+    batch shape, not on which robot sent it. Warm-up calls are discarded (first-call allocation and compilation
+    are not part of the steady state the scheduler plans with)."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    table = ProfileTable(meta={"source": "measured", "repeats": repeats, "statistic": "median"})
+    stages, buckets, partitions = list(stages), list(buckets), list(partitions)
+    for model_id in models:
+        for stage in stages:
+            for bucket in buckets:
+                batch = [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)]
+                for share in partitions:
+                    for _ in range(warmup):
+                        run_stage(model_id, stage, batch, share)
+                    samples = []
+                    for _ in range(repeats):
+                        start = clock()
+                        run_stage(model_id, stage, batch, share)
+                        samples.append(clock() - start)
+                    table.add(model_id, stage, bucket, share, max(statistics.median(samples), 1e-9))
+    return table
+
+
+@dataclass(frozen=True)
+class SyntheticLatencyModel:
+    """Latency model for the synthetic LUT (used only when no measured profile is given).
+
+    ``t(b, s) = overhead + scale * per_item * b**batch_exponent * s**(-share_exponent)`` per stage, where
+
+    - ``overhead`` is a fixed per-call cost (launches, host work) that neither batching nor compute removes;
+    - ``batch_exponent < 1``: sublinear batching, a bigger batch uses the device better;
+    - ``share_exponent``: how much a stage slows down on a fraction ``s`` of the device. The VLM prefill (hundreds
+      of prefix tokens through the 2B backbone) is compute bound, close to 1; the action expert (a small model,
+      a few dozen tokens, ten denoising steps) is launch/latency bound and barely notices a smaller share.
+      That asymmetry is what makes running both stages side by side on partitions beat running them back to
+      back on the whole device.
+    Defaults are of the order of a ~3B pi0.5 on one data-center GPU (tens of ms per call); ``scale`` per model
+    stands for variants / architectures of different size."""
+
+    vlm_overhead_s: float = 0.004
+    vlm_per_item_s: float = 0.016
+    vlm_share_exponent: float = 0.9
+    action_overhead_s: float = 0.004
+    action_per_item_s: float = 0.008
+    action_share_exponent: float = 0.35
+    batch_exponent: float = 0.6
+
+    def latency(self, stage: Stage, batch: int, share: float, scale: float = 1.0) -> float:
+        if Stage(stage) is Stage.VLM:
+            overhead, per_item, exponent = self.vlm_overhead_s, self.vlm_per_item_s, self.vlm_share_exponent
+        else:
+            overhead, per_item, exponent = (
+                self.action_overhead_s,
+                self.action_per_item_s,
+                self.action_share_exponent,
+            )
+        return overhead + scale * per_item * batch**self.batch_exponent * share ** (-exponent)
+
+
+def synthetic_table(
+    model_scales: dict[str, float],
+    buckets: Iterable[int] = (1, 2, 4, 8),
+    shares: Iterable[float] = tuple(round(0.1 * i, 1) for i in range(1, 11)),
+    latency_model: SyntheticLatencyModel = SyntheticLatencyModel(),
+) -> ProfileTable:
+    """A LUT computed from ``latency_model`` instead of measured; ``meta`` says so, and how."""
+    table = ProfileTable(
+        meta={
+            "source": "synthetic",
+            "formula": "overhead + scale*per_item*b**batch_exponent*share**(-share_exponent)",
+            "latency_model": latency_model.__dict__,
+            "model_scales": dict(model_scales),
+        }
+    )
+    buckets, shares = list(buckets), list(shares)
+    for model_id, scale in model_scales.items():
+        for stage in Stage:
+            for bucket in buckets:
+                for share in shares:
+                    table.add(
+                        model_id, stage, bucket, share, latency_model.latency(stage, bucket, share, scale)
+                    )
+    return table

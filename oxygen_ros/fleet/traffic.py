@@ -1,0 +1,246 @@
+"""Traffic controller: which GPU serves which robot.
+
+A robot's load on a GPU is its request rate times the per-request service time from the profile; a GPU's
+normalized load is the sum over its robots divided by its capacity and must stay <= 1. Among feasible
+assignments the MILP keeps robots of the same model together (fewest (model, GPU) pairs), because a model's
+requests can only be batched with requests of the same model on the same GPU, and fewer resident models also
+means less memory. Ties are broken by the lowest maximum GPU load. Two simple baselines are provided for
+comparison: an even split (every model spread over every GPU) and one model per GPU.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from oxygen_ros.fleet.lockstep import choose_partition
+from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.requests import RobotSpec
+
+
+class InfeasibleAssignment(ValueError):
+    """The robots' demand cannot be placed on the GPUs without some GPU's load exceeding its capacity."""
+
+
+@dataclass
+class Assignment:
+    """Robot -> GPU placement with the resulting normalized GPU loads."""
+
+    method: str
+    gpu_of: dict[str, int]
+    model_of: dict[str, str]
+    loads: list[float]
+    capacity: float = 1.0
+    optimal: bool = True
+
+    @property
+    def model_gpu_pairs(self) -> list[tuple[str, int]]:
+        """(model, GPU) pairs in use: each is one resident model copy with its own queues."""
+        return sorted({(self.model_of[r], g) for r, g in self.gpu_of.items()})
+
+    @property
+    def pairs(self) -> int:
+        return len(self.model_gpu_pairs)
+
+    @property
+    def max_load(self) -> float:
+        return max(self.loads, default=0.0)
+
+
+def per_request_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = 1.1) -> float:
+    """Device-seconds one request of ``model_id`` costs when served in lockstep batches of ``batch``: one
+    lockstep carries ``batch`` VLM and ``batch`` action requests, so a request costs lockstep time / batch."""
+    choice = choose_partition(lut, (model_id, batch), (model_id, batch), guard)
+    return choice.predicted_s / batch
+
+
+def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guard: float = 1.1) -> np.ndarray:
+    """Fraction of one GPU each robot needs (rate x per-request cost at the reference ``batch``)."""
+    cost = {m: per_request_cost(lut, m, batch, guard) for m in {r.model_id for r in robots}}
+    return np.array([r.rate_hz * cost[r.model_id] for r in robots])
+
+
+def _assignment(
+    method: str,
+    robots: list[RobotSpec],
+    loads: np.ndarray,
+    gpus: list[int],
+    n_gpus: int,
+    capacity: float = 1.0,
+) -> Assignment:
+    per_gpu = [0.0] * n_gpus
+    for robot_load, gpu in zip(loads, gpus):
+        per_gpu[gpu] += float(robot_load)
+    gpu_of = {r.robot_id: g for r, g in zip(robots, gpus)}
+    return Assignment(method, gpu_of, {r.robot_id: r.model_id for r in robots}, per_gpu, capacity)
+
+
+def assign_milp(
+    robots: list[RobotSpec],
+    loads: np.ndarray,
+    n_gpus: int,
+    capacity: float = 1.0,
+    max_models_per_gpu: int | None = None,
+    time_limit_s: float = 10.0,
+) -> Assignment:
+    """Fewest (model, GPU) pairs with every robot placed and every GPU load <= capacity; ties -> lowest max load.
+
+    Robots with the same model and the same load are interchangeable, so they form one class and the program
+    counts them instead of naming them (far fewer variables and no symmetry between identical robots):
+    n[c, g] >= 0 integer robots of class c on GPU g, y[m, g] binary model m resident on GPU g, L >= every GPU
+    load. Objective: sum(y) + eps * L with eps * L < 1, so the pair count dominates and L only breaks ties."""
+    loads = np.asarray(loads, dtype=float)
+    if len(robots) == 0:
+        return _assignment("milp", robots, loads, [], n_gpus, capacity)
+    if (loads > capacity).any():
+        worst = robots[int(np.argmax(loads))].robot_id
+        raise InfeasibleAssignment(
+            f"robot {worst} alone needs {loads.max():.2f} of a GPU (capacity {capacity})"
+        )
+    members: dict[tuple[str, float], list[int]] = defaultdict(list)
+    for i, robot in enumerate(robots):
+        members[(robot.model_id, round(float(loads[i]), 12))].append(i)
+    classes = sorted(members)
+    models = sorted({m for m, _ in classes})
+    n_c, n_g, n_m = len(classes), n_gpus, len(models)
+    n_n = n_c * n_g
+    n_vars = n_n + n_m * n_g + 1
+    col_n = lambda c, g: c * n_g + g  # noqa: E731
+    col_y = lambda m, g: n_n + m * n_g + g  # noqa: E731
+    col_l = n_vars - 1
+
+    rows, lower, upper = [], [], []
+
+    def constrain(coeffs: dict[int, float], lo: float, hi: float) -> None:
+        row = np.zeros(n_vars)
+        for index, value in coeffs.items():
+            row[index] = value
+        rows.append(row)
+        lower.append(lo)
+        upper.append(hi)
+
+    for c, key in enumerate(classes):
+        constrain({col_n(c, g): 1.0 for g in range(n_g)}, len(members[key]), len(members[key]))
+        m = models.index(key[0])
+        for g in range(n_g):
+            constrain({col_n(c, g): 1.0, col_y(m, g): -len(members[key])}, -np.inf, 0.0)
+    for g in range(n_g):
+        gpu_load = {col_n(c, g): key[1] for c, key in enumerate(classes)}
+        constrain(gpu_load, -np.inf, capacity)
+        constrain({**gpu_load, col_l: -1.0}, -np.inf, 0.0)
+        if max_models_per_gpu is not None:
+            constrain({col_y(m, g): 1.0 for m in range(n_m)}, -np.inf, max_models_per_gpu)
+
+    cost = np.zeros(n_vars)
+    cost[n_n:col_l] = 1.0
+    cost[col_l] = 0.5 / capacity
+    integrality = np.ones(n_vars)
+    integrality[col_l] = 0
+    upper_bounds = np.ones(n_vars)
+    for c, key in enumerate(classes):
+        upper_bounds[c * n_g : (c + 1) * n_g] = len(members[key])
+    upper_bounds[col_l] = np.inf
+    result = milp(
+        cost,
+        integrality=integrality,
+        bounds=Bounds(np.zeros(n_vars), upper_bounds),
+        constraints=LinearConstraint(np.array(rows), lower, upper),
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
+    )
+    if result.status == 2:
+        raise InfeasibleAssignment(
+            f"{len(robots)} robots need {loads.sum():.2f} GPUs of load in total; {n_g} GPUs at capacity {capacity}"
+            + (f" with at most {max_models_per_gpu} models each" if max_models_per_gpu else "")
+            + " cannot hold them"
+        )
+    if result.x is None:
+        raise InfeasibleAssignment(f"no placement found within {time_limit_s} s ({result.message})")
+    counts = np.rint(result.x[:n_n]).astype(int).reshape(n_c, n_g)
+    gpus = [0] * len(robots)
+    for c, key in enumerate(classes):
+        slots = [g for g in range(n_g) for _ in range(counts[c, g])]
+        for i, g in zip(members[key], slots, strict=True):
+            gpus[i] = g
+    assignment = _assignment("milp", robots, loads, gpus, n_gpus, capacity)
+    assignment.optimal = result.status == 0
+    return assignment
+
+
+def assign_milp_relaxed(
+    robots: list[RobotSpec],
+    loads: np.ndarray,
+    n_gpus: int,
+    capacity: float = 1.0,
+    step: float = 1.05,
+    **kwargs,
+) -> Assignment:
+    """``assign_milp`` at ``capacity``; when that is infeasible (an overloaded sweep point), raise the capacity in
+    ``step`` increments from the tightest possible value until a placement exists. The returned assignment's
+    ``capacity`` says how far it had to go, so an overload is reported, never hidden."""
+    try:
+        return assign_milp(robots, loads, n_gpus, capacity=capacity, **kwargs)
+    except InfeasibleAssignment:
+        pass
+    kwargs.setdefault("time_limit_s", 2.0)
+    capacity = max(capacity, float(np.max(loads)), float(np.sum(loads)) / n_gpus) * step
+    while capacity <= float(np.sum(loads)) * step:
+        try:
+            return assign_milp(robots, loads, n_gpus, capacity=capacity, **kwargs)
+        except InfeasibleAssignment:
+            capacity *= step
+    raise InfeasibleAssignment(
+        "no placement exists at any capacity (too many models for the per-GPU model limit)"
+    )
+
+
+def assign_even_split(robots: list[RobotSpec], loads: np.ndarray, n_gpus: int) -> Assignment:
+    """Deal robots to GPUs in turn, model by model: load-balanced by count, every model spread everywhere."""
+    order = sorted(range(len(robots)), key=lambda i: (robots[i].model_id, robots[i].robot_id))
+    gpus = [0] * len(robots)
+    for position, index in enumerate(order):
+        gpus[index] = position % n_gpus
+    return _assignment("even", robots, np.asarray(loads), gpus, n_gpus)
+
+
+def assign_one_model_per_gpu(robots: list[RobotSpec], loads: np.ndarray, n_gpus: int) -> Assignment:
+    """Each GPU serves whole models only. With more models than GPUs, models are packed heaviest first onto the
+    least-loaded GPU; with fewer, the spare GPUs go to the models with the highest load per GPU and a model's
+    robots are spread over its own GPUs."""
+    loads = np.asarray(loads, dtype=float)
+    model_load: dict[str, float] = defaultdict(float)
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, robot in enumerate(robots):
+        model_load[robot.model_id] += loads[i]
+        members[robot.model_id].append(i)
+    by_load = sorted(model_load, key=lambda m: (-model_load[m], m))
+    gpus_of: dict[str, list[int]] = {}
+    if len(by_load) >= n_gpus:
+        gpu_load = [0.0] * n_gpus
+        for model_id in by_load:
+            g = min(range(n_gpus), key=lambda k: (gpu_load[k], k))
+            gpus_of[model_id] = [g]
+            gpu_load[g] += model_load[model_id]
+    else:
+        counts = {m: 1 for m in by_load}
+        for _ in range(n_gpus - len(by_load)):
+            neediest = max(by_load, key=lambda m: (model_load[m] / counts[m], m))
+            counts[neediest] += 1
+        next_gpu = 0
+        for model_id in by_load:
+            gpus_of[model_id] = list(range(next_gpu, next_gpu + counts[model_id]))
+            next_gpu += counts[model_id]
+    gpus = [0] * len(robots)
+    for model_id, indices in members.items():
+        own = gpus_of[model_id]
+        own_load = dict.fromkeys(own, 0.0)
+        for i in sorted(indices, key=lambda i: -loads[i]):
+            g = min(own, key=lambda k: (own_load[k], k))
+            gpus[i] = g
+            own_load[g] += loads[i]
+    return _assignment("one_model_per_gpu", robots, loads, gpus, n_gpus)
+
+
+ASSIGNERS = {"milp": assign_milp, "even": assign_even_split, "one_model_per_gpu": assign_one_model_per_gpu}

@@ -1,0 +1,71 @@
+"""The static key/value cache the model writes into: one preallocated buffer per tensor, owned by the caller.
+
+OxyGen's point is that one prefill per camera frame serves both the action expert and language decoding. So the
+cache is not per call: the engine's pool owns a `KVCache` with a fixed number of slots, hands slot indices to the
+model, and the model writes prefix K/V (and later generated tokens) in place. Nothing here allocates per frame.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .config import Pi05Config
+
+
+class KVCache:
+    """K/V of every backbone layer for `num_slots` sequences of up to `max_len` tokens.
+
+    `k`, `v`: [depth, num_slots, kv_heads, max_len, head_dim]; `valid`: [num_slots, max_len] marks positions that
+    hold real tokens (prefix padding and unused room are False). Buffers start zeroed, so masked-out positions
+    never hold NaN that could leak through attention.
+    """
+
+    def __init__(
+        self,
+        config: Pi05Config,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        if max_len < config.prefix_len:
+            raise ValueError(f"max_len {max_len} is shorter than the prefix ({config.prefix_len} tokens)")
+        g = config.backbone
+        shape = (g.depth, num_slots, g.num_kv_heads, max_len, g.head_dim)
+        self.config = config
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.valid = torch.zeros((num_slots, max_len), dtype=torch.bool, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.valid))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+
+def slot_index(slots: Tensor, num_slots: int) -> slice | Tensor:
+    """Index for the slot dimension: a `slice` when the slots are one ascending contiguous range, else the tensor.
+
+    Indexing with a slice gives views of the cache (no copy); a tensor index gathers. Callers decide once per call.
+    """
+    if slots.ndim != 1 or slots.numel() == 0:
+        raise ValueError("slots must be a non-empty 1-D tensor of slot indices")
+    values = slots.tolist()
+    if min(values) < 0 or max(values) >= num_slots:
+        raise ValueError(f"slot indices {values} out of range for {num_slots} slots")
+    if len(set(values)) != len(values):
+        raise ValueError(f"slot indices must be distinct, got {values}")
+    start = values[0]
+    if values == list(range(start, start + len(values))):
+        return slice(start, start + len(values))
+    return slots.to(torch.long)

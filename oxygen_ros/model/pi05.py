@@ -1,0 +1,273 @@
+"""The pi0.5 Mixture-of-Transformers, split into the three calls OxyGen schedules separately.
+
+- `prefill`: images + prompt through the VLM backbone once per frame; every layer's K/V goes into a cache slot.
+- `sample_actions`: the action expert denoises an action chunk against that slot's prefix K/V (read only).
+- `decode_step`: the backbone generates text one token per request, appending to the request's own slot.
+
+Every layer of the original model is one joint attention over [prefix ; actions] with Q/K/V from each token's own
+expert. Because the prefix never attends to the actions (prefix-LM mask), the prefix half does not depend on the
+actions at all, so computing it once and caching its K/V gives exactly the joint model's result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import Pi05Config
+from .gemma import GemmaStack, attend, rope_cos_sin
+from .inputs import ModelInputs
+from .kv_cache import KVCache, slot_index
+from .vision import VisionEncoder
+
+
+@dataclass
+class PrefillResult:
+    """num_valid [B] long: valid prefix tokens per sample, which is also the first free RoPE position.
+    logits [B, vocab] float32 of the last valid prefix token when asked for, else None."""
+
+    num_valid: Tensor
+    logits: Tensor | None
+
+
+def time_embedding(t: Tensor, width: int, min_period: float, max_period: float) -> Tensor:
+    """Sin-cos embedding of flow-matching times t [B] -> [B, width], periods spaced geometrically."""
+    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t.to(torch.float64)[:, None] * (2.0 * math.pi / period)[None, :]
+    return torch.cat([angle.sin(), angle.cos()], dim=-1)
+
+
+class Pi05Model(nn.Module):
+    """SigLIP + Gemma backbone (prefix) and a time-conditioned Gemma action expert (suffix)."""
+
+    def __init__(self, config: Pi05Config):
+        super().__init__()
+        self.config = config
+        width = config.expert.width
+        self.vision = VisionEncoder(config.vision, config.backbone.width)
+        self.backbone = GemmaStack(config.backbone, vocab_size=config.vocab_size)
+        self.expert = GemmaStack(config.expert, cond_dim=width)
+        self.action_in_proj = nn.Linear(config.action_dim, width)
+        self.action_out_proj = nn.Linear(width, config.action_dim)
+        self.time_mlp_in = nn.Linear(width, width)
+        self.time_mlp_out = nn.Linear(width, width)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.action_in_proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device
+
+    # ---- embeddings -------------------------------------------------------------------------------------------
+
+    def embed_prefix(self, batch: ModelInputs) -> tuple[Tensor, Tensor]:
+        """Prefix embeddings [B, prefix_len, W] and validity [B, prefix_len]: camera tokens, then prompt tokens."""
+        b, n_cams = batch.image_masks.shape
+        if n_cams != self.config.num_cameras or batch.tokens.shape[1] != self.config.max_token_len:
+            raise ValueError(
+                f"expected {self.config.num_cameras} cameras and {self.config.max_token_len} tokens, "
+                f"got {n_cams} and {batch.tokens.shape[1]}"
+            )
+        per_image = self.config.tokens_per_image
+        images = self.vision(batch.images.flatten(0, 1).to(self.dtype))
+        images = images.reshape(b, n_cams * per_image, -1)
+        image_valid = batch.image_masks.repeat_interleave(per_image, dim=1)
+        text = self.backbone.embed(batch.tokens)
+        return torch.cat([images, text], dim=1), torch.cat([image_valid, batch.token_masks.bool()], dim=1)
+
+    def time_condition(self, t: Tensor) -> Tensor:
+        """The adaRMS condition for times t [B]: sin-cos embedding -> MLP with swish after both layers."""
+        cfg = self.config
+        emb = time_embedding(t, cfg.expert.width, cfg.time_min_period, cfg.time_max_period).to(self.dtype)
+        return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
+
+    # ---- prefill ----------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(
+        self, batch: ModelInputs, cache: KVCache, slots: Tensor, want_logits: bool = False
+    ) -> PrefillResult:
+        """Run the prefix through the backbone, writing every layer's K/V into `cache[:, slots, :, :prefix_len]`.
+
+        The slot's room after the prefix is marked invalid, so a reused slot forgets the previous frame's text.
+        """
+        cfg = self.config
+        length = cfg.prefix_len
+        idx = slot_index(slots, cache.num_slots)
+        x, valid = self.embed_prefix(batch)
+        if len(slots) != x.shape[0]:
+            raise ValueError(f"{len(slots)} slots for a batch of {x.shape[0]}")
+        if not bool(valid.any(dim=1).all()):
+            raise ValueError("every prefix needs at least one valid token")
+        positions = valid.long().cumsum(dim=1) - 1
+        cos, sin = rope_cos_sin(positions, cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
+        # Bidirectional among valid tokens. Padding rows also see themselves so no softmax row is empty;
+        # no valid token ever reads a padding key, so this does not change any real output.
+        eye = torch.eye(length, dtype=torch.bool, device=x.device)
+        mask = ((valid[:, None, :] & valid[:, :, None]) | eye)[:, None]
+        last = length - 1 - valid.flip(1).long().argmax(dim=1)  # index of the last valid token
+        rows = torch.arange(x.shape[0], device=x.device)
+
+        layers = self.backbone.layers
+        for i, layer in enumerate(layers):
+            q, k, v, gate = layer.project_qkv(x, None, cos, sin)
+            cache.k[i, idx, :, :length] = k.to(cache.dtype)
+            cache.v[i, idx, :, :length] = v.to(cache.dtype)
+            if i == len(layers) - 1:
+                # The cache is complete; the last layer's outputs matter only for the next-token logits.
+                if not want_logits:
+                    break
+                q, x, mask = (
+                    q[rows, :, last][:, :, None],
+                    x[rows, last][:, None],
+                    mask[rows, :, last][:, :, None],
+                )
+            x = layer.finish(x, attend(q, k, v, mask), gate, None)
+
+        cache.valid[idx, :length] = valid
+        cache.valid[idx, length:] = False
+        logits = self.backbone.logits(x[:, -1]).float() if want_logits else None
+        return PrefillResult(num_valid=valid.sum(dim=1), logits=logits)
+
+    # ---- actions ----------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def sample_actions(
+        self, cache: KVCache, slots: Tensor, noise: Tensor, num_steps: int | None = None
+    ) -> Tensor:
+        """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim] float32.
+
+        Reads each slot's prefix K/V and never writes the cache. The prefix K/V is read once per call (a view for a
+        contiguous slot range, a gather otherwise) into a workspace that also holds the actions' own K/V, so each
+        step is one attention call per layer over [prefix ; actions].
+        """
+        cfg = self.config
+        steps = cfg.num_steps if num_steps is None else num_steps
+        if steps < 1:
+            raise ValueError("num_steps must be at least 1")
+        expected = (len(slots), cfg.action_horizon, cfg.action_dim)
+        if tuple(noise.shape) != expected:
+            raise ValueError(f"noise must have shape {expected}, got {tuple(noise.shape)}")
+        length, horizon = cfg.prefix_len, cfg.action_horizon
+        idx = slot_index(slots, cache.num_slots)
+
+        prefix_valid = cache.valid[idx, :length]
+        num_valid = prefix_valid.sum(dim=1)
+        work_k = _with_room(cache.k[:, idx, :, :length], horizon, self.dtype)
+        work_v = _with_room(cache.v[:, idx, :, :length], horizon, self.dtype)
+        positions = num_valid[:, None].to(self.device) + torch.arange(horizon, device=self.device)
+        cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta, self.dtype)
+        # Actions see the valid prefix and each other; the prefix rows are not computed at all.
+        mask = torch.cat(
+            [
+                prefix_valid[:, None, None, :].expand(-1, 1, horizon, -1),
+                torch.ones(len(slots), 1, horizon, horizon, dtype=torch.bool, device=prefix_valid.device),
+            ],
+            dim=-1,
+        )
+
+        dt = -1.0 / steps
+        times = 1.0 + dt * torch.arange(steps, device=self.device, dtype=torch.float64)
+        conds = self.time_condition(times)  # [steps, W], same time for every sample
+        x = noise.to(self.device, torch.float32)
+        for step in range(steps):
+            cond = conds[step].expand(len(slots), -1)
+            velocity = self._velocity(x, cond, work_k, work_v, mask, cos, sin)
+            x = x + dt * velocity
+        return x
+
+    def _velocity(
+        self, x: Tensor, cond: Tensor, work_k: Tensor, work_v: Tensor, mask: Tensor, cos: Tensor, sin: Tensor
+    ) -> Tensor:
+        """One expert forward pass: noisy actions [B, H, A] -> velocity [B, H, A] float32."""
+        length = work_k.shape[3] - x.shape[1]
+        h = self.action_in_proj(x.to(self.dtype))
+        for i, layer in enumerate(self.expert.layers):
+            q, k, v, gate = layer.project_qkv(h, cond, cos, sin)
+            work_k[i, :, :, length:] = k
+            work_v[i, :, :, length:] = v
+            h = layer.finish(h, attend(q, work_k[i], work_v[i], mask), gate, cond)
+        h, _ = self.expert.norm(h, cond)
+        return self.action_out_proj(h).float()
+
+    # ---- text ---------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def decode_step(
+        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
+    ) -> Tensor:
+        """Feed one token per request; returns next-token logits [B, vocab] float32.
+
+        Request b's token is written at `cache_index[b]` of slot `slots[b]` (marked valid) with RoPE position
+        `positions[b]`, and attends to the valid positions of its own slot up to and including that index.
+        Requests may sit at different lengths.
+        """
+        cfg = self.config
+        b = len(slots)
+        for name, t in (("tokens", tokens), ("cache_index", cache_index), ("positions", positions)):
+            if tuple(t.shape) != (b,):
+                raise ValueError(f"{name} must have shape ({b},), got {tuple(t.shape)}")
+        lo, hi = int(cache_index.min()), int(cache_index.max())
+        if lo < cfg.prefix_len or hi >= cache.max_len:
+            raise ValueError(f"cache_index must lie in [{cfg.prefix_len}, {cache.max_len}), got {lo}..{hi}")
+        idx = slot_index(slots, cache.num_slots)
+        slots = slots.to(cache.device, torch.long)
+        cache_index = cache_index.to(cache.device, torch.long)
+        span = hi + 1  # attend over the first `span` positions of each slot only
+
+        cache.valid[slots, cache_index] = True
+        causal = torch.arange(span, device=cache.device)[None, :] <= cache_index[:, None]
+        mask = (cache.valid[idx, :span] & causal)[:, None, None, :]
+        x = self.backbone.embed(tokens.to(self.device)[:, None])
+        cos, sin = rope_cos_sin(
+            positions.to(self.device)[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype
+        )
+        for i, layer in enumerate(self.backbone.layers):
+            q, k, v, gate = layer.project_qkv(x, None, cos, sin)
+            cache.k[i, slots, :, cache_index] = k[:, :, 0].to(cache.dtype)
+            cache.v[i, slots, :, cache_index] = v[:, :, 0].to(cache.dtype)
+            keys = cache.k[i, idx, :, :span].to(x.dtype)
+            values = cache.v[i, idx, :, :span].to(x.dtype)
+            x = layer.finish(x, attend(q, keys, values, mask), gate, None)
+        return self.backbone.logits(x[:, 0]).float()
+
+
+def _with_room(prefix: Tensor, extra: int, dtype: torch.dtype) -> Tensor:
+    """Copy prefix K or V [depth, B, KV, P, D] into a new buffer with `extra` free positions after it."""
+    room = prefix.new_zeros((*prefix.shape[:3], extra, prefix.shape[4]), dtype=dtype)
+    return torch.cat([prefix.to(dtype), room], dim=3)
+
+
+def build_model(
+    config: Pi05Config,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> Pi05Model:
+    """A randomly initialised model; the same seed gives the same weights whatever the target device."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Pi05Model(config)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def parameter_counts(model: Pi05Model) -> dict[str, int]:
+    """Parameters per part; works on a model built on the `meta` device (no memory is allocated)."""
+    parts = {
+        "vision": model.vision,
+        "backbone": model.backbone,
+        "expert": model.expert,
+        "action_heads": nn.ModuleList(
+            [model.action_in_proj, model.action_out_proj, model.time_mlp_in, model.time_mlp_out]
+        ),
+    }
+    counts = {name: sum(p.numel() for p in part.parameters()) for name, part in parts.items()}
+    counts["total"] = sum(counts.values())
+    return counts

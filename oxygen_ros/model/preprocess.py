@@ -1,0 +1,133 @@
+"""Robot observations (numpy, as they arrive from ROS) -> `ModelInputs`, and model actions -> robot actions.
+
+The conventions are pi0.5's: each camera image is resized with padding (aspect ratio kept, centred, black
+borders) to the model resolution and scaled to [-1, 1]; a camera the robot lacks becomes a zero image with mask
+False; state and actions use quantile normalisation (q01 -> -1, q99 -> 1) from the checkpoint's norm stats; the
+model's padded action dimensions are cut back to the robot's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import Pi05Config
+from .inputs import ModelInputs
+from .prompt import tokenize_prompt
+from .tokenizer import Tokenizer
+
+# {"observation.state": {"q01": array, "q99": array, ...}, "action": {...}} as in LeRobot's stats files.
+NormStats = dict[str, dict[str, np.ndarray]]
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+_EPS = 1e-6  # keeps a constant dimension (q01 == q99) from dividing by zero, as openpi does
+
+
+@dataclass
+class Observation:
+    """One robot observation: camera name -> HxWx3 RGB image (uint8, or float in [0, 1]), raw state, task text."""
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    task: str
+
+
+def resize_with_pad(image: np.ndarray, size: int) -> torch.Tensor:
+    """HxWx3 image -> [3, size, size] float32 in [-1, 1], aspect ratio kept, centred on a black background."""
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected an HxWx3 RGB image, got shape {image.shape}")
+    pixels = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float()
+    if image.dtype != np.uint8:
+        pixels = pixels * 255.0
+    height, width = image.shape[:2]
+    if (height, width) != (size, size):
+        ratio = max(height / size, width / size)
+        new_h, new_w = int(height / ratio), int(width / ratio)
+        resized = F.interpolate(
+            pixels[None], size=(new_h, new_w), mode="bilinear", antialias=True, align_corners=False
+        )
+        top, left = (size - new_h) // 2, (size - new_w) // 2
+        pixels = torch.zeros(3, size, size)
+        pixels[:, top : top + new_h, left : left + new_w] = resized[0].clamp(0.0, 255.0)
+    return pixels / 127.5 - 1.0
+
+
+def quantile_normalize(x: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.ndarray:
+    return (x - q01) / (q99 - q01 + _EPS) * 2.0 - 1.0
+
+
+def quantile_unnormalize(y: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.ndarray:
+    return (y + 1.0) / 2.0 * (q99 - q01 + _EPS) + q01
+
+
+def normalized_state(state: np.ndarray, config: Pi05Config, norm_stats: NormStats | None) -> np.ndarray:
+    """Raw robot state -> quantile-normalised state zero-padded to the model's `state_dim`."""
+    state = np.asarray(state, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(state)):
+        raise ValueError(f"robot state contains NaN or infinite values: {state.tolist()}")
+    if state.size > config.state_dim:
+        raise ValueError(f"robot state has {state.size} dims, the model takes at most {config.state_dim}")
+    if norm_stats is not None:
+        stats = norm_stats[STATE_KEY]
+        state = quantile_normalize(state, _stat(stats, "q01", state.size), _stat(stats, "q99", state.size))
+    return np.pad(state, (0, config.state_dim - state.size))
+
+
+def prepare_inputs(
+    observations: list[Observation],
+    config: Pi05Config,
+    tokenizer: Tokenizer,
+    norm_stats: NormStats | None = None,
+) -> ModelInputs:
+    """A batch of observations -> CPU `ModelInputs` (float32 images); the caller moves them to the model."""
+    size = config.vision.image_size
+    batch_images, batch_masks, batch_tokens, batch_token_masks = [], [], [], []
+    for obs in observations:
+        unknown = sorted(set(obs.images) - set(config.camera_names))
+        if unknown:
+            raise ValueError(f"unknown cameras {unknown}; the model takes {list(config.camera_names)}")
+        images, masks = [], []
+        for name in config.camera_names:
+            present = name in obs.images
+            images.append(resize_with_pad(obs.images[name], size) if present else torch.zeros(3, size, size))
+            masks.append(present)
+        if not any(masks):
+            raise ValueError("an observation needs at least one camera image")
+        state = normalized_state(obs.state, config, norm_stats)
+        tokens, token_mask = tokenize_prompt(tokenizer, obs.task, state, config.max_token_len)
+        batch_images.append(torch.stack(images))
+        batch_masks.append(torch.tensor(masks))
+        batch_tokens.append(torch.from_numpy(tokens))
+        batch_token_masks.append(torch.from_numpy(token_mask))
+    return ModelInputs(
+        images=torch.stack(batch_images),
+        image_masks=torch.stack(batch_masks),
+        tokens=torch.stack(batch_tokens),
+        token_masks=torch.stack(batch_token_masks),
+    )
+
+
+def robot_actions(
+    actions: torch.Tensor, robot_action_dim: int, norm_stats: NormStats | None = None
+) -> np.ndarray:
+    """Model actions [B, horizon, action_dim] (normalised) -> robot actions [B, horizon, robot_action_dim]."""
+    if robot_action_dim > actions.shape[-1]:
+        raise ValueError(f"robot has {robot_action_dim} action dims, the model only {actions.shape[-1]}")
+    out = actions[..., :robot_action_dim].detach().float().cpu().numpy().astype(np.float64)
+    if norm_stats is not None:
+        stats = norm_stats[ACTION_KEY]
+        out = quantile_unnormalize(
+            out, _stat(stats, "q01", robot_action_dim), _stat(stats, "q99", robot_action_dim)
+        )
+    return out
+
+
+def _stat(stats: dict[str, np.ndarray], name: str, dims: int) -> np.ndarray:
+    value = np.asarray(stats[name], dtype=np.float64).reshape(-1)
+    if value.size < dims:
+        raise ValueError(f"norm stat {name} has {value.size} dims, need {dims}")
+    return value[:dims]

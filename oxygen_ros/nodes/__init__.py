@@ -1,0 +1,1 @@
+"""rclpy nodes: the VLA node and the bag replay/record tools used to evaluate it."""

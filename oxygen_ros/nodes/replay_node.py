@@ -1,0 +1,178 @@
+"""Replay a rosbag2 onto live topics with the bag's timing, so the VLA node can be evaluated on recorded episodes.
+
+`oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...] [--delay S]`
+
+Messages are republished as the raw CDR bytes stored in the bag (never deserialized), each at
+`start + (log_time - first_log_time) / rate` on the monotonic clock; one plain thread does the scheduling because
+publishing from outside the executor is safe and a timer per message would add executor latency. Camera-like types
+go out with sensor-data QoS (best effort), topics with a single message (e.g. the instruction) are latched
+(transient local) so late subscribers still get them, everything else is reliable. `--clock` publishes
+rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
+from rclpy.utilities import remove_ros_args
+
+from oxygen_ros.data.bag import TopicInfo, bag_topics, iter_raw
+from oxygen_ros.data.episode import DataError
+from oxygen_ros.nodes.topic_types import TopicTypeError, is_sensor_stream, message_class
+
+
+def select_topics(bag: str, topics: Sequence[str] | None) -> list[tuple[TopicInfo, type]]:
+    """The bag's topics to replay with their rclpy classes; missing topics or unknown types raise with names."""
+    available = {t.name: t for t in bag_topics(bag)}
+    if topics:
+        missing = [t for t in topics if t not in available]
+        if missing:
+            raise DataError(f"{bag}: requested topics not in bag: {missing} (bag has {sorted(available)})")
+        chosen = [available[t] for t in topics]
+    else:
+        chosen = list(available.values())
+    if not chosen:
+        raise DataError(f"{bag}: bag has no topics")
+    return [(info, message_class(info.msgtype, info.name)) for info in chosen]
+
+
+def qos_for(info: TopicInfo) -> QoSProfile:
+    if is_sensor_stream(info.msgtype):
+        return qos_profile_sensor_data
+    if info.count == 1:
+        return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    return QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+
+
+class ReplayNode(Node):
+    """Publishers for a bag's topics plus the playback loop (`play`), run from the caller's thread."""
+
+    def __init__(self, bag: str, rate: float = 1.0, loop: bool = False, clock: bool = False,
+                 topics: Sequence[str] | None = None, clock_hz: float = 100.0,
+                 wait_for: Sequence[str] = (), context=None):
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate}")
+        selected = select_topics(bag, topics)
+        unknown = [t for t in wait_for if t not in {info.name for info, _ in selected}]
+        if unknown:
+            raise DataError(f"--wait-for topics are not being replayed: {unknown}")
+        self.wait_for = list(wait_for)
+        clock_class = message_class("rosgraph_msgs/msg/Clock", "/clock") if clock else None
+        super().__init__("replay", context=context)
+        self.bag, self.rate, self.loop = bag, rate, loop
+        self.topics = [info.name for info, _ in selected]
+        self._topic_publishers = {info.name: self.create_publisher(cls, info.name, qos_for(info)) for info, cls in selected}
+        self._clock_class = clock_class
+        self._clock_pub = self.create_publisher(clock_class, "/clock", QoSProfile(depth=1)) if clock else None
+        self._clock_period = 1.0 / clock_hz
+        self.published = 0
+
+    def wait_for_subscribers(self, stop: threading.Event) -> bool:
+        """Block until each `wait_for` topic has a matched subscriber (e.g. the node under test is up)."""
+        while not all(self._topic_publishers[t].get_subscription_count() > 0 for t in self.wait_for):
+            if stop.wait(0.05):
+                return False
+        return True
+
+    def _publish_clock(self, bag_ns: int) -> None:
+        msg = self._clock_class()
+        msg.clock.sec, msg.clock.nanosec = divmod(int(bag_ns), 1_000_000_000)
+        self._clock_pub.publish(msg)
+
+    def _wait_until(self, target: float, bag_start_ns: int, wall_start: float, stop: threading.Event) -> bool:
+        """Sleep until monotonic `target`, publishing /clock on its period meanwhile; False if stopped."""
+        next_clock = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= target:
+                return not stop.is_set()
+            if self._clock_pub is not None and now >= next_clock:
+                self._publish_clock(bag_start_ns + (now - wall_start) * self.rate * 1e9)
+                next_clock = now + self._clock_period
+            wake = min(target, next_clock) if self._clock_pub is not None else target
+            if stop.wait(max(0.0, wake - now)):
+                return False
+
+    def play(self, stop: threading.Event) -> int:
+        """Publish the bag (repeatedly with loop) until done or `stop` is set; returns messages published."""
+        while not stop.is_set():
+            first_ns = wall_start = None
+            for raw in iter_raw(self.bag, self.topics):
+                if first_ns is None:  # time zero is the first message, not the (slower) opening of the bag
+                    first_ns, wall_start = raw.log_time_ns, time.monotonic()
+                target = wall_start + (raw.log_time_ns - first_ns) / 1e9 / self.rate
+                if not self._wait_until(target, first_ns, wall_start, stop):
+                    return self.published
+                if self._clock_pub is not None:
+                    self._publish_clock(raw.log_time_ns)
+                self._topic_publishers[raw.topic].publish(raw.data)
+                self.published += 1
+            if not self.loop:
+                break
+        return self.published
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oxygen-ros replay", description=__doc__.splitlines()[0])
+    parser.add_argument("bag", help="rosbag2 folder (MCAP or sqlite3)")
+    parser.add_argument("--rate", type=float, default=1.0, help="playback speed factor (2 = twice as fast)")
+    parser.add_argument("--loop", action="store_true", help="start over at the end")
+    parser.add_argument("--clock", action="store_true", help="publish /clock with the bag time")
+    parser.add_argument("--clock-hz", type=float, default=100.0, help="/clock rate between messages")
+    parser.add_argument("--topics", nargs="+", default=None, help="only these topics (default: all)")
+    parser.add_argument("--wait-for", nargs="+", default=[], metavar="TOPIC",
+                        help="start only once these topics have subscribers")
+    parser.add_argument("--delay", type=float, default=0.5,
+                        help="seconds to wait (after --wait-for) so subscribers finish matching")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(remove_ros_args(argv))
+    if args.rate <= 0 or args.clock_hz <= 0:
+        print("error: --rate and --clock-hz must be positive", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    context = rclpy.Context()
+    rclpy.init(args=["replay", *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            node = ReplayNode(args.bag, rate=args.rate, loop=args.loop, clock=args.clock, topics=args.topics,
+                              clock_hz=args.clock_hz, wait_for=args.wait_for, context=context)
+        except (DataError, TopicTypeError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        executor = SingleThreadedExecutor(context=context)
+        executor.add_node(node)
+        spin = threading.Thread(target=executor.spin, daemon=True)
+        spin.start()
+        try:
+            node.get_logger().info(f"replaying {args.bag}: {node.topics} at rate {args.rate}")
+            if node.wait_for_subscribers(stop) and not stop.wait(args.delay):
+                node.play(stop)
+            node.get_logger().info(f"published {node.published} messages")
+        finally:
+            executor.shutdown()
+            spin.join()
+            node.destroy_node()
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        context.try_shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The run report recovers known latencies, rates and narration from a recorded bag and plots the chunks."""
+
+import json
+
+import numpy as np
+import pytest
+from rosbags.rosbag2 import StoragePlugin, Writer
+
+from oxygen_ros.data import synthetic_episode, write_aloha, write_episode_bag
+from oxygen_ros.data.msgtypes import bag_typestore
+from oxygen_ros.data.report import main as report_main
+
+BAG_T0 = 1_700_000_000 * 10**9  # the episode's stamps (convert's default base time)
+WALL_T0 = 1_800_000_000 * 10**9  # when the replay happened (another clock)
+
+
+def write_recording(path, with_clock=True):
+    """What record_node would capture: /clock, 10 Hz action chunks with latency 30 + k ms, two narrations."""
+    store = bag_typestore()
+    T = store.types
+    latencies_ms = []
+
+    def time(ns):
+        return T["builtin_interfaces/msg/Time"](sec=ns // 10**9, nanosec=ns % 10**9)
+
+    def duration(s):
+        ns = int(round(s * 1e9))
+        return T["builtin_interfaces/msg/Duration"](sec=ns // 10**9, nanosec=ns % 10**9)
+
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        clock = writer.add_connection("/clock", "rosgraph_msgs/msg/Clock", typestore=store)
+        chunks = writer.add_connection("/vla/action_chunk", "trajectory_msgs/msg/JointTrajectory", typestore=store)
+        narration = writer.add_connection("/vla/narration", "oxygen_ros/msg/Narration", typestore=store)
+        messages = []
+        if with_clock:
+            for k in range(101):
+                bag_ns = BAG_T0 + k * 10_000_000
+                msg = T["rosgraph_msgs/msg/Clock"](clock=time(bag_ns))
+                messages.append((WALL_T0 + k * 10_000_000, clock, msg, "rosgraph_msgs/msg/Clock"))
+        names = [f"j{i}" for i in range(14)]
+        for k in range(9):
+            stamp = BAG_T0 + k * 100_000_000
+            latency = 30 + k
+            latencies_ms.append(latency)
+            points = [T["trajectory_msgs/msg/JointTrajectoryPoint"](
+                positions=np.full(14, 0.1 * k + 0.02 * p), velocities=np.zeros(0), accelerations=np.zeros(0),
+                effort=np.zeros(0), time_from_start=duration(0.02 * p)) for p in range(10)]
+            header = T["std_msgs/msg/Header"](stamp=time(stamp), frame_id="cam_high")
+            msg = T["trajectory_msgs/msg/JointTrajectory"](header=header, joint_names=names, points=points)
+            messages.append((WALL_T0 + (stamp - BAG_T0) + latency * 1_000_000, chunks, msg,
+                             "trajectory_msgs/msg/JointTrajectory"))
+        for k, (rid, text, final) in enumerate([(1, "reaching", False), (1, "reaching for the cube", True)]):
+            header = T["std_msgs/msg/Header"](stamp=time(BAG_T0), frame_id="cam_high")
+            msg = T["oxygen_ros/msg/Narration"](header=header, request_id=rid, text=text, num_tokens=2 + 3 * k,
+                                                final=final)
+            messages.append((WALL_T0 + 200_000_000 + k * 100_000_000, narration, msg, "oxygen_ros/msg/Narration"))
+        for log_ns, conn, msg, typename in sorted(messages, key=lambda m: m[0]):
+            writer.write(conn, log_ns, store.serialize_cdr(msg, typename))
+    return latencies_ms
+
+
+@pytest.fixture(scope="module")
+def episode():
+    return synthetic_episode(seconds=1.0, fps=50, cameras=("cam_high",), height=32, width=32)
+
+
+def test_report_with_episode_bag(tmp_path, episode):
+    latencies = write_recording(tmp_path / "rec")
+    write_episode_bag(episode, tmp_path / "episode")
+    assert report_main([str(tmp_path / "rec"), "--episode-bag", str(tmp_path / "episode"),
+                        "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out/report.json").read_text())
+    lat = report["action_latency"]
+    assert lat["available"] and lat["source"] == "recorded /clock" and lat["count"] == 9
+    assert lat["p50_ms"] == pytest.approx(np.median(latencies), abs=0.01)
+    assert lat["max_ms"] == pytest.approx(38, abs=0.01)
+    assert report["topics"]["/vla/action_chunk"]["rate_hz"] == pytest.approx(10, rel=0.02)
+    assert report["topics"]["/clock"]["count"] == 101
+    [request] = report["narration"]
+    assert request["text"] == "reaching for the cube" and request["final"] and request["messages"] == 2
+    png = (tmp_path / "out/actions.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "p50 34.0 ms" in (tmp_path / "out/report.md").read_text()
+
+
+def test_report_with_aloha_source_and_no_clock(tmp_path, episode):
+    write_recording(tmp_path / "rec", with_clock=False)
+    write_aloha(tmp_path / "episode_0.hdf5", episode)
+    assert report_main([str(tmp_path / "rec"), "--episode", str(tmp_path / "episode_0.hdf5"),
+                        "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out/report.json").read_text())
+    assert not report["action_latency"]["available"]
+    assert "different clocks" in report["action_latency"]["reason"]
+    assert (tmp_path / "out/actions.png").exists()
+
+
+def test_report_names_a_bad_episode_source(tmp_path, capsys):
+    write_recording(tmp_path / "rec")
+    assert report_main([str(tmp_path / "rec"), "--episode", str(tmp_path / "missing.hdf5"),
+                        "--out", str(tmp_path / "out")]) == 1
+    assert "missing.hdf5: no such file" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+"""Fleet simulator: attainment trends, Robion vs monolithic, determinism and scale (synthetic LUT)."""
+
+import time
+
+from oxygen_ros.fleet.fleet_sim_cli import robots_at_target
+from oxygen_ros.fleet.profile_table import synthetic_table
+from oxygen_ros.fleet.simulator import SimConfig, simulate
+from oxygen_ros.fleet.traffic import assign_milp_relaxed, robot_loads
+from oxygen_ros.fleet.workload import make_fleet, model_scales
+
+LUT8 = synthetic_table(model_scales(8))
+LUT2 = synthetic_table(model_scales(2))
+
+
+def sweep(design, counts, n_models, n_gpus, lut, duration_s=3.0):
+    points = {}
+    for n in counts:
+        robots = make_fleet(n, n_models, seed=0)
+        if n_gpus == 1:
+            gpu_of = {r.robot_id: 0 for r in robots}
+        else:
+            gpu_of = assign_milp_relaxed(robots, robot_loads(robots, lut), n_gpus).gpu_of
+        points[n] = simulate(robots, gpu_of, lut, SimConfig(design=design, duration_s=duration_s)).attainment
+    return points
+
+
+def test_more_robots_never_raise_attainment():
+    points = sweep("robion", [8, 16, 32, 48, 56, 64, 80], 8, 4, LUT8)
+    values = [points[n] for n in sorted(points)]
+    assert values[0] == 1.0 and values[-1] < 0.9
+    assert all(b <= a for a, b in zip(values, values[1:])), points
+
+
+def test_robion_serves_more_robots_than_monolithic_at_98_percent():
+    counts = list(range(2, 17, 2))
+    robion = robots_at_target(sweep("robion", counts, 2, 1, LUT2))
+    monolithic = robots_at_target(sweep("monolithic", counts, 2, 1, LUT2))
+    assert robion > monolithic >= 2, (robion, monolithic)
+
+
+def test_per_robot_and_overall_metrics_are_consistent_and_deterministic():
+    robots = make_fleet(24, 4, seed=3)
+    gpu_of = {r.robot_id: i % 2 for i, r in enumerate(robots)}
+    lut = synthetic_table(model_scales(4))
+    a = simulate(robots, gpu_of, lut, SimConfig(duration_s=2.0, seed=5))
+    b = simulate(robots, gpu_of, lut, SimConfig(duration_s=2.0, seed=5))
+    assert a.summary() == b.summary() and a.per_robot == b.per_robot
+    assert len(a.per_robot) == 24 and 0 < a.attainment <= 1
+    met = sum(r.met_slo for r in a.requests)
+    assert a.attainment == met / len(a.requests) and a.miss_ratio == 1 - a.attainment
+    for r in a.requests:
+        assert r.dropped or (r.finish is not None and r.finish >= r.arrival)
+    assert a.latency_p50_s <= a.latency_p99_s
+
+
+def test_64_robots_8_models_4_gpus_runs_in_seconds():
+    started = time.perf_counter()
+    robots = make_fleet(64, 8, seed=0)
+    assignment = assign_milp_relaxed(robots, robot_loads(robots, LUT8), 4)
+    result = simulate(robots, assignment.gpu_of, LUT8, SimConfig(design="robion", duration_s=5.0))
+    elapsed = time.perf_counter() - started
+    assert len(result.requests) > 1500 and len({r.model_id for r in robots}) == 8
+    assert elapsed < 10.0, elapsed

@@ -1,0 +1,228 @@
+"""Replay over real DDS: a subscriber in this process measures when the replay process's messages arrive.
+
+Also holds the child-process helpers the record tests use (start with the test's DDS domain, stop with SIGINT,
+remove any Fast DDS shared-memory files a killed child leaves behind).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import QoSProfile, qos_profile_sensor_data
+from rclpy.serialization import deserialize_message
+from rosbags.rosbag2 import StoragePlugin, Writer
+from rosbags.typesys import Stores, get_typestore
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+
+from oxygen_ros.data import iter_raw, synthetic_episode, write_episode_bag
+from oxygen_ros.nodes.replay_node import main as replay_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shm_paths_of(pid: int) -> set[str]:
+    """/dev/shm files a process has mapped or open (Fast DDS segments, their lock files, port semaphores)."""
+    paths = set()
+    try:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "/dev/shm/" in line:
+                paths.add(line[line.index("/dev/shm/"):].replace(" (deleted)", ""))
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("/dev/shm/"):
+                paths.add(target)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return paths
+
+
+def remove_orphaned_shm(paths: set[str]) -> None:
+    """Delete the given /dev/shm files unless some live process still maps or holds them."""
+    in_use = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            in_use |= shm_paths_of(int(proc.name))
+    for path in paths - in_use:
+        Path(path).unlink(missing_ok=True)
+
+
+class Child:
+    """A node process on the test's DDS domain; `stop()` sends SIGINT, then kills, then cleans /dev/shm."""
+
+    def __init__(self, args: list[str], env: dict):
+        env = dict(env)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        self.process = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.shm: set[str] = set()
+
+    def note_shm(self) -> None:
+        self.shm |= shm_paths_of(self.process.pid)
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        """Wait for the child to exit by itself (SIGINT after `timeout`); returns (exit status, output)."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        return self.stop()
+
+    def stop(self, timeout: float = 10.0) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.note_shm()
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        output = self.process.stdout.read() if self.process.stdout else ""
+        remove_orphaned_shm(self.shm)
+        return self.process.returncode, output
+
+
+class Receiver:
+    """Subscriptions (raw bytes + monotonic receive time) spun on a SingleThreadedExecutor thread."""
+
+    def __init__(self, context, subscriptions: dict[str, tuple[type, QoSProfile]]):
+        self.node = rclpy.create_node("receiver", context=context)
+        self.received = {topic: [] for topic in subscriptions}
+        for topic, (cls, qos) in subscriptions.items():
+            self.node.create_subscription(
+                cls, topic, lambda data, t=topic: self.received[t].append((time.monotonic(), data)), qos, raw=True
+            )
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, condition, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            time.sleep(0.05)
+        return condition()
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.thread.join()
+        self.node.destroy_node()
+
+
+def timing_errors(received: list[tuple[float, bytes]], log_times_ns: list[int], rate: float) -> np.ndarray:
+    """|receive offset - bag offset / rate| per message, in seconds, relative to the first message."""
+    recv = np.array([t for t, _ in received])
+    bag = np.array(log_times_ns, dtype=np.float64) / 1e9
+    return np.abs((recv - recv[0]) - (bag - bag[0]) / rate)
+
+
+@pytest.fixture(scope="module")
+def episode_bag(tmp_path_factory):
+    bag = tmp_path_factory.mktemp("replay") / "bag"
+    write_episode_bag(synthetic_episode(seconds=1.0, fps=50, cameras=("cam_high",), height=48, width=64), bag)
+    return bag
+
+
+def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episode_bag):
+    receiver = Receiver(ros_context, {
+        "joint_states": (JointState, QoSProfile(depth=100)),
+        "camera/cam_high/image_raw": (Image, qos_profile_sensor_data),
+        "instruction": (String, QoSProfile(depth=1)),
+    })
+    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(episode_bag), "--wait-for", "joint_states",
+                   "camera/cam_high/image_raw", "instruction", "--delay", "0.3"], ros_env)
+    try:
+        got = receiver.wait_for(lambda: len(receiver.received["joint_states"]) >= 50, timeout=20)
+        child.note_shm()
+        rc, output = child.wait(timeout=10)
+        assert rc == 0, output
+    finally:
+        receiver.close()
+        child.stop()
+    assert got, {t: len(v) for t, v in receiver.received.items()}
+    expected = [raw for raw in iter_raw(episode_bag, ["joint_states"])]
+    joints = receiver.received["joint_states"]
+    assert [data for _, data in joints] == [raw.data for raw in expected]  # raw CDR passes through untouched
+    errors = timing_errors(joints, [raw.log_time_ns for raw in expected], rate=1.0)
+    assert np.median(errors) < 0.004 and np.percentile(errors, 90) < 0.015, errors
+    assert len(receiver.received["camera/cam_high/image_raw"]) >= 45  # best effort: a rare drop is allowed
+    instruction = [deserialize_message(d, String).data for _, d in receiver.received["instruction"]]
+    assert instruction == ["pick up the red cube"]  # (the wire pads CDR to 4 bytes, so compare decoded)
+
+
+def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path):
+    """A bag written directly with rosbags (not our converter), standard types, absolute topic names."""
+    store = get_typestore(Stores.ROS2_KILTED)
+    string_cls = store.types["std_msgs/msg/String"]
+    start = 5_000_000_000
+    with Writer(tmp_path / "bag", version=9, storage_plugin=StoragePlugin.SQLITE3) as writer:
+        conn = writer.add_connection("/chatter", "std_msgs/msg/String", typestore=store)
+        for i in range(30):
+            msg = string_cls(data=f"hello {i}")
+            writer.write(conn, start + i * 40_000_000, store.serialize_cdr(msg, "std_msgs/msg/String"))
+    receiver = Receiver(ros_context, {"/chatter": (String, QoSProfile(depth=100)),
+                                      "/clock": (Clock, QoSProfile(depth=100))})
+    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(tmp_path / "bag"), "--rate", "2", "--clock",
+                   "--wait-for", "/chatter", "--delay", "0.3"], ros_env)
+    try:
+        got = receiver.wait_for(lambda: len(receiver.received["/chatter"]) >= 30, timeout=20)
+        child.note_shm()
+        rc, output = child.wait(timeout=10)
+        assert rc == 0, output
+    finally:
+        receiver.close()
+        child.stop()
+    assert got
+    chatter = receiver.received["/chatter"]
+    decoded = [deserialize_message(d, String).data for _, d in chatter]
+    assert decoded == [f"hello {i}" for i in range(30)]
+    errors = timing_errors(chatter, [start + i * 40_000_000 for i in range(30)], rate=2.0)
+    assert np.median(errors) < 0.004 and np.percentile(errors, 90) < 0.015, errors
+    span = chatter[-1][0] - chatter[0][0]
+    assert abs(span - 29 * 0.020) < 0.02, span  # 1.16 s of bag time in 0.58 s
+    clocks = [deserialize_message(d, Clock).clock for _, d in receiver.received["/clock"]]
+    clock_ns = [c.sec * 10**9 + c.nanosec for c in clocks]
+    assert clock_ns == sorted(clock_ns) and clock_ns[-1] == start + 29 * 40_000_000
+    assert len(clock_ns) > 30  # ticks between messages too, not only at them
+    assert all(start <= c for c in clock_ns)
+
+
+def test_sigint_stops_a_looping_replay_with_exit_0(ros_context, ros_env, episode_bag):
+    receiver = Receiver(ros_context, {"joint_states": (JointState, QoSProfile(depth=100))})
+    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(episode_bag), "--loop", "--topics", "joint_states",
+                   "--wait-for", "joint_states", "--delay", "0.3"], ros_env)
+    try:
+        assert receiver.wait_for(lambda: len(receiver.received["joint_states"]) >= 70, timeout=20)  # into loop 2
+        started = time.monotonic()
+        rc, output = child.stop(timeout=5)
+        assert rc == 0, output
+        assert time.monotonic() - started < 3
+    finally:
+        receiver.close()
+        child.stop()
+
+
+def test_missing_topic_and_unknown_type_are_clear_errors(tmp_path, episode_bag, capsys):
+    assert replay_main([str(episode_bag), "--topics", "joint_states", "camera/nope"]) == 1
+    assert "requested topics not in bag: ['camera/nope']" in capsys.readouterr().err
+    with Writer(tmp_path / "bag", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        conn = writer.add_connection("gizmo", "acme_msgs/msg/Gizmo", msgdef="uint8 x", rihs01="RIHS01_" + "0" * 64)
+        writer.write(conn, 1, b"\x00\x01\x00\x00\x07")
+    assert replay_main([str(tmp_path / "bag")]) == 1
+    err = capsys.readouterr().err
+    assert "acme_msgs/msg/Gizmo (topic 'gizmo') is unknown to rclpy" in err
+    assert replay_main([str(episode_bag), "--topics", "joint_states", "--wait-for", "instruction"]) == 1
+    assert "--wait-for topics are not being replayed: ['instruction']" in capsys.readouterr().err
+    assert replay_main([str(tmp_path / "nothing")]) == 1
+    assert "no such bag" in capsys.readouterr().err
