@@ -63,7 +63,7 @@ def test_nan_state_is_rejected_with_a_clear_error(tokenizer):
 def test_state_is_quantile_normalized_and_padded():
     stats = {"observation.state": {"q01": np.array([0.0, -2.0]), "q99": np.array([10.0, 2.0])}}
     out = normalized_state(np.array([5.0, 2.0]), CFG, stats)
-    np.testing.assert_allclose(out, [0.0, 1.0, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(out, [0.0, 1.0] + [0.0] * (CFG.state_dim - 2), atol=1e-6)
     with pytest.raises(ValueError, match="at most"):
         normalized_state(np.zeros(CFG.state_dim + 1), CFG, None)
 

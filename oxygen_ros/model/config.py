@@ -160,7 +160,7 @@ PRESETS: dict[str, Pi05Config] = {
         max_token_len=64,
         action_horizon=50,
         action_dim=32,
-        state_dim=8,
+        state_dim=16,  # room for a 14-joint ALOHA state
         camera_names=PI05_CAMERAS,
     ),
     # For tests: every code path, well under a second per call.
@@ -168,11 +168,11 @@ PRESETS: dict[str, Pi05Config] = {
         backbone=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),
         expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16),
         vision=VisionConfig(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=14, image_size=56),
-        vocab_size=512,
-        max_token_len=32,
+        vocab_size=1024,
+        max_token_len=64,
         action_horizon=8,
-        action_dim=8,
-        state_dim=4,
+        action_dim=16,
+        state_dim=16,  # room for a 14-joint ALOHA state (and its prompt)
         camera_names=PI05_CAMERAS[:2],
         num_steps=4,
     ),
