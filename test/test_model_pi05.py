@@ -129,6 +129,29 @@ def test_sample_actions_leaves_cache_bitwise_unchanged(model):
 
 
 @torch.inference_mode()
+def test_action_expert_reads_the_prefix_in_place(model, monkeypatch):
+    """For one slot or a contiguous range the expert attends to views of the shared cache, never to a copy."""
+    import oxygen_ros.model.pi05 as pi05
+
+    cache = KVCache(CFG, num_slots=4, max_len=P + 4)
+    model.prefill(BATCH, cache, torch.tensor([1, 2, 3]))
+    seen = []
+    real = pi05.attend_prefix_and_self
+
+    def spy(q, prefix_k, prefix_v, bias, self_k, self_v):
+        seen.append((prefix_k.untyped_storage().data_ptr(), prefix_v.untyped_storage().data_ptr()))
+        return real(q, prefix_k, prefix_v, bias, self_k, self_v)
+
+    monkeypatch.setattr(pi05, "attend_prefix_and_self", spy)
+    noise = torch.randn(1, CFG.action_horizon, CFG.action_dim)
+    model.sample_actions(cache, torch.tensor([2]), noise, num_steps=2)
+    model.sample_actions(cache, torch.tensor([1, 2, 3]), noise.expand(3, -1, -1), num_steps=2)
+    cache_ptrs = (cache.k.untyped_storage().data_ptr(), cache.v.untyped_storage().data_ptr())
+    assert len(seen) == 2 * 2 * CFG.expert.depth
+    assert all(ptrs == cache_ptrs for ptrs in seen)
+
+
+@torch.inference_mode()
 def test_prefill_touches_only_its_slots_and_clears_old_text(model):
     cache = KVCache(CFG, num_slots=4, max_len=P + 4)
     cache.k.normal_()

@@ -88,6 +88,36 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
 
 
+def prefix_attention_bias(prefix_valid: Tensor, group: int, queries: int, dtype: torch.dtype) -> Tensor:
+    """Additive mask [B, 1, group*queries, P] (0 = visible, -inf = padding) for `attend_prefix_and_self`.
+
+    Built once per call and shared by every layer and denoising step. prefix_valid [B, P] bool.
+    """
+    b, length = prefix_valid.shape
+    bias = torch.zeros(b, 1, 1, 1, length, dtype=dtype, device=prefix_valid.device)
+    bias = bias.masked_fill(~prefix_valid.reshape(b, 1, 1, 1, length), float("-inf"))
+    return bias.expand(b, 1, group, queries, length).reshape(b, 1, group * queries, length)
+
+
+def attend_prefix_and_self(
+    q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_bias: Tensor, self_k: Tensor, self_v: Tensor
+) -> Tensor:
+    """Attention over [prefix ; self] that reads the prefix K/V in place instead of concatenating it.
+
+    The action expert attends to a frame's prefix K/V, which lives in the shared cache, and to its own tokens; not
+    copying the prefix is what lets one prefill serve the action and the text at no extra memory. Only the small
+    score matrices are joined for one softmax. q [B, H, T, D]; prefix_k/v [B, KV, P, D]; prefix_bias from
+    `prefix_attention_bias`; self_k/v [B, KV, T, D] (every query sees every self key).
+    """
+    b, heads, t, d = q.shape
+    kv_heads, length = prefix_k.shape[1], prefix_k.shape[2]
+    q = q.reshape(b, kv_heads, (heads // kv_heads) * t, d) * (d**-0.5)  # rows: (head in group, position)
+    scores = torch.cat([q @ prefix_k.transpose(-1, -2) + prefix_bias, q @ self_k.transpose(-1, -2)], dim=-1)
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    out = weights[..., :length] @ prefix_v + weights[..., length:] @ self_v
+    return out.reshape(b, heads, t, d)
+
+
 class GeGLU(nn.Module):
     """Gemma MLP: gate and up projections, tanh-approximated GELU on the gate, down projection."""
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import Pi05Config
-from .gemma import GemmaStack, attend, rope_cos_sin
+from .gemma import GemmaStack, attend, attend_prefix_and_self, prefix_attention_bias, rope_cos_sin
 from .inputs import ModelInputs
 from .kv_cache import KVCache, slot_index
 from .vision import VisionEncoder
@@ -144,9 +144,8 @@ class Pi05Model(nn.Module):
     ) -> Tensor:
         """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim] float32.
 
-        Reads each slot's prefix K/V and never writes the cache. The prefix K/V is read once per call (a view for a
-        contiguous slot range, a gather otherwise) into a workspace that also holds the actions' own K/V, so each
-        step is one attention call per layer over [prefix ; actions].
+        Reads each slot's prefix K/V in place and never writes the cache: for one slot or a contiguous range of
+        slots the expert attends to views of the cache (zero copy); other slot sets are gathered once per call.
         """
         cfg = self.config
         steps = cfg.num_steps if num_steps is None else num_steps
@@ -158,20 +157,17 @@ class Pi05Model(nn.Module):
         length, horizon = cfg.prefix_len, cfg.action_horizon
         idx = slot_index(slots, cache.num_slots)
 
+        # Actions see the valid prefix and each other; the prefix rows are not computed at all.
         prefix_valid = cache.valid[idx, :length]
         num_valid = prefix_valid.sum(dim=1)
-        work_k = _with_room(cache.k[:, idx, :, :length], horizon, self.dtype)
-        work_v = _with_room(cache.v[:, idx, :, :length], horizon, self.dtype)
+        prefix_k = cache.k[:, idx, :, :length]
+        prefix_v = cache.v[:, idx, :, :length]
+        if prefix_k.dtype != self.dtype:  # a cache kept in another precision than the weights
+            prefix_k, prefix_v = prefix_k.to(self.dtype), prefix_v.to(self.dtype)
         positions = num_valid[:, None].to(self.device) + torch.arange(horizon, device=self.device)
         cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta, self.dtype)
-        # Actions see the valid prefix and each other; the prefix rows are not computed at all.
-        mask = torch.cat(
-            [
-                prefix_valid[:, None, None, :].expand(-1, 1, horizon, -1),
-                torch.ones(len(slots), 1, horizon, horizon, dtype=torch.bool, device=prefix_valid.device),
-            ],
-            dim=-1,
-        )
+        group = cfg.expert.num_heads // cfg.expert.num_kv_heads
+        bias = prefix_attention_bias(prefix_valid.to(self.device), group, horizon, self.dtype)
 
         dt = -1.0 / steps
         times = 1.0 + dt * torch.arange(steps, device=self.device, dtype=torch.float64)
@@ -179,21 +175,22 @@ class Pi05Model(nn.Module):
         x = noise.to(self.device, torch.float32)
         for step in range(steps):
             cond = conds[step].expand(len(slots), -1)
-            velocity = self._velocity(x, cond, work_k, work_v, mask, cos, sin)
+            velocity = self._velocity(x, cond, prefix_k, prefix_v, bias, cos, sin)
             x = x + dt * velocity
         return x
 
     def _velocity(
-        self, x: Tensor, cond: Tensor, work_k: Tensor, work_v: Tensor, mask: Tensor, cos: Tensor, sin: Tensor
+        self, x: Tensor, cond: Tensor, prefix_k: Tensor, prefix_v: Tensor, bias: Tensor, cos: Tensor, sin: Tensor
     ) -> Tensor:
-        """One expert forward pass: noisy actions [B, H, A] -> velocity [B, H, A] float32."""
-        length = work_k.shape[3] - x.shape[1]
+        """One expert forward pass: noisy actions [B, H, A] -> velocity [B, H, A] float32.
+
+        prefix_k/v [depth, B, KV, P, D] (views of the cache when possible); bias masks the prefix's padding.
+        """
         h = self.action_in_proj(x.to(self.dtype))
         for i, layer in enumerate(self.expert.layers):
             q, k, v, gate = layer.project_qkv(h, cond, cos, sin)
-            work_k[i, :, :, length:] = k
-            work_v[i, :, :, length:] = v
-            h = layer.finish(h, attend(q, work_k[i], work_v[i], mask), gate, cond)
+            attn = attend_prefix_and_self(q, prefix_k[i], prefix_v[i], bias, k, v)
+            h = layer.finish(h, attn, gate, cond)
         h, _ = self.expert.norm(h, cond)
         return self.action_out_proj(h).float()
 
@@ -237,12 +234,6 @@ class Pi05Model(nn.Module):
             values = cache.v[i, idx, :, :span].to(x.dtype)
             x = layer.finish(x, attend(q, keys, values, mask), gate, None)
         return self.backbone.logits(x[:, 0]).float()
-
-
-def _with_room(prefix: Tensor, extra: int, dtype: torch.dtype) -> Tensor:
-    """Copy prefix K or V [depth, B, KV, P, D] into a new buffer with `extra` free positions after it."""
-    room = prefix.new_zeros((*prefix.shape[:3], extra, prefix.shape[4]), dtype=dtype)
-    return torch.cat([prefix.to(dtype), room], dim=3)
 
 
 def build_model(
