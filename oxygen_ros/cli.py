@@ -10,7 +10,6 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("oxygen_ros.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
     "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
     "model-bench": ("oxygen_ros.bench.model_bench", "parameter counts and per-call model timings"),
     "convert": ("oxygen_ros.data.convert", "ALOHA HDF5 / LeRobot v3 episode -> rosbag2"),

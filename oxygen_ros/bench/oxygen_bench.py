@@ -58,30 +58,38 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def summarize(run: SettingRun, workload: Workload, model_bytes: int) -> dict:
-    frames = len(run.action_done_s)
-    gaps = [b - a for a, b in zip([0.0] + run.action_done_s[:-1], run.action_done_s)]
-    finished = [r for f, r in run.requests.items() if f >= workload.warmup_frames and r.finish_time is not None]
-    completion = [r.finish_time - r.arrival_time for r in finished]
-    copies = 2 if run.setting == "parallel" else 1  # the parallel setting holds a second model copy
-    return {
-        "setting": run.setting,
-        "frames": frames,
-        "action_hz": frames / run.elapsed_s,
-        "action_latency_p50_ms": 1e3 * percentile(run.action_latency_s, 50),
-        "action_latency_p99_ms": 1e3 * percentile(run.action_latency_s, 99),
+def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> dict:
+    """One record from the rounds of one setting at one point (rounds interleave settings against noise)."""
+    elapsed = sum(run.elapsed_s for run in runs)
+    frames = sum(len(run.action_done_s) for run in runs)
+    latencies = [x for run in runs for x in run.action_latency_s]
+    misses = 0
+    completion = []
+    for run in runs:
+        gaps = [b - a for a, b in zip([0.0] + run.action_done_s[:-1], run.action_done_s)]
         # a miss: the arm waited longer than one control period for its next chunk
-        "deadline_misses": sum(g > workload.control_period_s for g in gaps),
-        "tokens_per_s": run.tokens_generated / run.elapsed_s,
-        "requests_finished": len(finished),
+        misses += sum(g > workload.control_period_s for g in gaps)
+        completion += [r.finish_time - r.arrival_time for f, r in run.requests.items()
+                       if f >= workload.warmup_frames and r.finish_time is not None]
+    copies = 2 if runs[0].setting == "parallel" else 1  # the parallel setting holds a second model copy
+    return {
+        "setting": runs[0].setting,
+        "frames": frames,
+        "rounds": len(runs),
+        "action_hz": frames / elapsed,
+        "action_latency_p50_ms": 1e3 * percentile(latencies, 50),
+        "action_latency_p99_ms": 1e3 * percentile(latencies, 99),
+        "deadline_misses": misses,
+        "tokens_per_s": sum(run.tokens_generated for run in runs) / elapsed,
+        "requests_finished": len(completion),
         "request_completion_p50_ms": 1e3 * percentile(completion, 50),
-        "peak_memory_mb": (copies * model_bytes + run.pool_bytes) / MB,
-        "kv_pool_mb": run.pool_bytes / MB,
+        "peak_memory_mb": (copies * model_bytes + runs[0].pool_bytes) / MB,
+        "kv_pool_mb": runs[0].pool_bytes / MB,
     }
 
 
 def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control_period_s: float, seed: int,
-              device: str) -> list[dict]:
+              device: str, rounds: int) -> list[dict]:
     k = point.tokens_per_frame
     tokens_per_frame = max(1, k) if isinstance(k, int) else 64
     warmup = 2 + -(-point.decode_len // (k if isinstance(k, int) else 8))
@@ -90,15 +98,21 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
                         num_steps=point.num_steps, tokens_per_frame=tokens_per_frame, adaptive_k=k == "adaptive",
                         control_period_s=control_period_s, warmup_frames=warmup)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    runs: dict[str, list[SettingRun]] = {setting: [] for setting in point.settings}
+    cuda_peak: dict[str, float] = {}
+    for _ in range(rounds):  # settings interleaved round by round, so a burst of load hits them all alike
+        for setting in point.settings:
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            runs[setting].append(RUNNERS[setting](model, workload))
+            if device.startswith("cuda"):
+                cuda_peak[setting] = max(cuda_peak.get(setting, 0.0), torch.cuda.max_memory_allocated() / MB)
     records = []
     for setting in point.settings:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        run = RUNNERS[setting](model, workload)
-        record = summarize(run, workload, model_bytes)
-        if device.startswith("cuda"):
-            record["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / MB
+        record = summarize(runs[setting], workload, model_bytes)
+        if setting in cuda_peak:
+            record["cuda_max_allocated_mb"] = cuda_peak[setting]
         record.update(sweep=point.sweep, decode_len=point.decode_len, tokens_per_frame=k,
                       denoise_steps=point.num_steps, arrival=point.arrival)
         records.append(record)
@@ -180,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--rounds", type=int, help="rounds per point; settings are interleaved round by round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output folder")
     args = parser.parse_args(argv)
@@ -190,26 +205,27 @@ def main(argv: list[str] | None = None) -> int:
     preset = args.model_config or args.preset
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)
-    frames = args.frames or (12 if args.quick else 40)
+    frames = args.frames or (8 if args.quick else 16)
+    rounds = args.rounds or (2 if args.quick else 3)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     period = measure_action_only_period(model, config, args.device, args.seed)
     meta = {"preset": preset, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or
-            platform.machine(), "control_period_ms": 1e3 * period, "frames_per_point": frames}
+            platform.machine(), "control_period_ms": 1e3 * period, "frames_per_round": frames, "rounds": rounds}
     print(f"oxygen bench: {meta}", flush=True)
     records = []
     started = time.perf_counter()
     for point in matrix(args.quick):
         print(f"[{point.sweep}] decode_len={point.decode_len} k={point.tokens_per_frame} steps={point.num_steps} "
               f"arrival={point.arrival}", flush=True)
-        for record in run_point(model, config, point, frames, period, args.seed, args.device):
+        for record in run_point(model, config, point, frames, period, args.seed, args.device, rounds):
             records.append({**meta, **record})
     (out / "results.json").write_text(json.dumps(records, indent=2) + "\n")
     header = (f"OxyGen benchmark: preset {preset}, {args.device} ({meta['dtype']}), torch {meta['torch']}, "
-              f"{meta['threads']} threads, control period {meta['control_period_ms']:.1f} ms, {frames} measured "
-              f"frames per point, {time.perf_counter() - started:.0f} s")
+              f"{meta['threads']} threads, control period {meta['control_period_ms']:.1f} ms, {rounds} interleaved "
+              f"rounds x {frames} measured frames per setting and point, {time.perf_counter() - started:.0f} s")
     write_markdown(records, out / "results.md", header)
     plots = write_plots(records, out)
     print((out / "results.md").read_text())

@@ -1,0 +1,25 @@
+"""The benchmark command runs the whole quick matrix end to end and writes what the docs promise."""
+
+import json
+
+from oxygen_ros.bench.oxygen_bench import main
+from oxygen_ros.engine.settings import SETTINGS
+
+REQUIRED = {"setting", "preset", "device", "denoise_steps", "decode_len", "tokens_per_frame", "action_hz",
+            "action_latency_p50_ms", "action_latency_p99_ms", "deadline_misses", "tokens_per_s", "peak_memory_mb"}
+
+
+def test_quick_bench_writes_results_table_and_plots(tmp_path, capsys):
+    assert main(["--preset", "tiny", "--quick", "--frames", "2", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "results.json").read_text())
+    assert records and all(REQUIRED <= set(r) for r in records)
+    assert {r["setting"] for r in records} == set(SETTINGS)
+    assert {r["decode_len"] for r in records if r["sweep"] == "decode_len"} == {10, 50, 200}
+    for r in records:
+        assert r["action_hz"] > 0 and r["frames"] == 2 and r["preset"] == "tiny"
+        assert (r["tokens_per_s"] > 0) == (r["setting"] != "action_only")
+    table = (tmp_path / "results.md").read_text()
+    assert table.count("| continuous_batching |") == 6 and "speedup" in table
+    for plot in ("action_hz_vs_decode_len.png", "tokens_per_s_vs_action_hz.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "headline (decode_len 50)" in capsys.readouterr().out
