@@ -4,7 +4,8 @@ Chunk values are a known function of absolute sim step, `target(base, t)`, so a 
 that the sim executed chunk[t - source_step] at every step t (any misalignment shifts the sinusoid). The chunk
 for the frame at step k is published when the frame of step k + delay arrives: an injected model delay of
 `delay` control steps. Joint names go out reversed, to exercise the sim's by-name mapping. Runnable as a script
-(`python sim_chunk_responder.py --ros-args -p delay_steps:=2`) so the demo can use it as its policy process.
+(`python sim_chunk_responder.py --ros-args -p delay_steps:=2`) so the demo can use it as its policy process;
+there `mismatch:=0.03` adds a random per-chunk offset (rad) so successive chunks disagree as a real policy's do.
 """
 
 import math
@@ -45,6 +46,8 @@ class ChunkResponder(Node):
         self.camera = self.declare_parameter("camera", camera).value
         self.delay = self.declare_parameter("delay_steps", delay_steps).value
         self.horizon = self.declare_parameter("horizon", horizon).value
+        self.mismatch = self.declare_parameter("mismatch", 0.0).value
+        self.rng = np.random.default_rng(0)
         self.send_malformed = send_malformed_first
         self.base: np.ndarray | None = None
         self.frames = 0
@@ -70,7 +73,10 @@ class ChunkResponder(Node):
             bad.points = [JointTrajectoryPoint(positions=[0.0] * 7)]
             self.pub.publish(bad)
         names = list(reversed(ALOHA_JOINT_NAMES))
-        actions = target(self.base, np.arange(source, source + self.horizon))[:, ::-1]
+        actions = target(self.base, np.arange(source, source + self.horizon))
+        if self.mismatch:
+            actions[:, list(MOVING)] += self.rng.normal(0.0, self.mismatch, len(MOVING))
+        actions = actions[:, ::-1]
         chunk = JointTrajectory(joint_names=names)
         chunk.header.stamp.sec, chunk.header.stamp.nanosec = divmod(source * STEP_NS, 1_000_000_000)
         for i, row in enumerate(actions):

@@ -4,6 +4,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,10 +22,11 @@ from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.nodes.sim_node import chunk_from_msg
 
 SIM = ["-m", "oxygen_ros.nodes.sim_node", "--ros-args"]
+PARAMS_FILE = Path(__file__).resolve().parents[1] / "config" / "sim_aloha.yaml"
 
 
-def sim_args(**params) -> list[str]:
-    args = list(SIM)
+def sim_args(params_file: Path | None = None, **params) -> list[str]:
+    args = list(SIM) + (["--params-file", str(params_file)] if params_file else [])
     for name, value in params.items():
         args += ["-p", f"{name}:={value}"]
     return args
@@ -108,7 +110,7 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
 
 def test_sigint_exits_cleanly_and_writes_the_partial_episode(ros_context, ros_env, tmp_path):
     ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
-    sim = Child(sim_args(cameras="[top]", image_height=48, image_width=64, blending="newest_wins",
+    sim = Child(sim_args(PARAMS_FILE, cameras="[top]", image_height=48, image_width=64, blending="newest_wins",
                          rate_hz=0.0, record_path=tmp_path / "rec", record_compress="true"), ros_env)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (tmp_path / "rec" / "episode_0.hdf5").exists():
