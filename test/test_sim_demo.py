@@ -28,7 +28,8 @@ def test_sim_demo_runs_the_closed_loop_and_writes_its_outputs(tmp_path, capsys, 
     assert code == 0, printed.err
     assert "control rate:" in printed.out and "switch discontinuity (rtc)" in printed.out
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["step"] == 100 and summary["chunk_latency_steps"]["median"] == 3
+    # Injected delay 3; a loaded machine can make a chunk miss its tick by one step.
+    assert summary["step"] == 100 and summary["chunk_latency_steps"]["median"] in (3, 4)
     sheet = np.asarray(Image.open(out / "contact_sheet.png"))
     assert sheet.shape == (6 * 64 + 5 * 4, 2 * 96 + 4, 3)
     assert (out / "sim_demo.mp4").stat().st_size > 1000

