@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One-command, idempotent development setup: system build tools, .venv (Python 3.11), ROS 2 kilted wheels,
-# torch (pinned CPU wheel), the Python dependencies, the msg/ interfaces (built by CMake into .venv) and the
-# package itself (editable). Re-running it only does what is missing or changed.
+# One-command, idempotent development setup: system build tools and EGL, .venv (Python 3.11), ROS 2 kilted wheels,
+# torch (pinned CPU wheel), the Python dependencies (with the gym-aloha `sim` extra), the msg/ interfaces (built by
+# CMake into .venv) and the package itself (editable). Re-running it only does what is missing or changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -11,6 +11,10 @@ PY=${PYTHON:-python3.11}
 need_apt=()
 for tool_pkg in cmake:cmake ninja:ninja-build g++:g++ make:make; do
   command -v "${tool_pkg%%:*}" >/dev/null 2>&1 || need_apt+=("${tool_pkg#*:}")
+done
+# Headless MuJoCo rendering (the sim extra) uses EGL through Mesa.
+for lib_pkg in libegl1 libegl-mesa0 libgl1-mesa-dri; do
+  dpkg -s "$lib_pkg" >/dev/null 2>&1 || need_apt+=("$lib_pkg")
 done
 if ((${#need_apt[@]})); then
   echo "setup: installing system packages: ${need_apt[*]}"
@@ -23,7 +27,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned, so that nothing below can resolve a different (multi-GB CUDA) build.
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" -r scripts/requirements-ros.txt
-"${PIP[@]}" --config-settings editable_mode=compat -e ".[test]"
+"${PIP[@]}" --config-settings editable_mode=compat -e ".[test,sim]"
 
 # Interfaces: rosidl via CMake into the venv prefix (OXYGEN_ROS_INSTALL_PYTHON=OFF: the Python code comes from the
 # editable install above). The wheels need the include-directory fix-up described in cmake/.

@@ -1,0 +1,291 @@
+"""Run a gym-aloha task as a robot on ROS 2: cameras and joint states out, action chunks in, on sim time.
+
+Each control step (50 Hz of sim time, paced to the wall clock at `rate_hz`):
+  1. publish /clock (sim time of the current frame), `camera/<cam>/image_raw` (rgb8, sensor-data QoS) and
+     `joint_states` (the 14 ALOHA joints), all stamped with that sim time;
+  2. wait for the step's tick; chunks that arrive meanwhile are handed to the chunk executor;
+  3. take the executor's command for this step (time-aligned to each chunk's source stamp, blended across chunks),
+     record it with the frame, and step the physics.
+
+`action_chunk` is a trajectory_msgs/JointTrajectory: header.stamp = the camera stamp the chunk was computed from,
+point i meant for header.stamp + points[i].time_from_start, joint_names mapped to the sim joints by name. A chunk
+that names other joints, has ragged points or non-uniform timing is rejected (counted, with a throttled warning).
+`instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
+achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
+
+Stepping runs on the main thread (the renderer's GL context lives there) and publishes from it, which is safe;
+the subscription is served by a SingleThreadedExecutor on a second thread. SIGINT/SIGTERM stop the loop, write
+the episode being recorded (if any) and exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv
+from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor
+from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
+
+STEP_NS = round(DT * 1e9)
+MAX_LEAD_S = 1.0  # a chunk stamped further ahead of sim time than this is not on sim time at all
+
+
+def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOINT_NAMES
+                   ) -> tuple[np.ndarray, float, float]:
+    """(actions [H, 14] in `joint_names` order, stamp of point 0 in seconds, time step) or ValueError why not."""
+    names = list(msg.joint_names)
+    if sorted(names) != sorted(joint_names):
+        missing = sorted(set(joint_names) - set(names))
+        extra = sorted(set(names) - set(joint_names))
+        raise ValueError(f"joint_names do not match the sim's joints (missing {missing}, unknown {extra})")
+    if not msg.points:
+        raise ValueError("no points")
+    if any(len(p.positions) != len(names) for p in msg.points):
+        raise ValueError(f"every point needs {len(names)} positions")
+    order = [names.index(j) for j in joint_names]
+    actions = np.array([p.positions for p in msg.points], dtype=np.float64)[:, order]
+    offsets = np.array([p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points])
+    time_step = DT
+    if len(offsets) > 1:
+        gaps = np.diff(offsets)
+        time_step = float(gaps[0])
+        if time_step <= 0 or np.abs(gaps - time_step).max() > 1e-6:
+            raise ValueError("points must be evenly spaced in time_from_start")
+    stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9 + offsets[0]
+    return actions, float(stamp), time_step
+
+
+def image_msg(frame: np.ndarray, camera: str, stamp_ns: int) -> Image:
+    msg = Image()
+    msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    msg.header.frame_id = camera
+    msg.height, msg.width = frame.shape[:2]
+    msg.encoding = "rgb8"
+    msg.step = frame.shape[1] * 3
+    msg.data = frame.tobytes()
+    return msg
+
+
+class SimNode(Node):
+    """Parameters, publishers and the chunk subscription; `run(stop)` is the stepping loop."""
+
+    def __init__(self, context=None):
+        super().__init__("sim", context=context)
+        p = {name: self.declare_parameter(name, default).value for name, default in (
+            ("task", "transfer_cube"), ("instruction", ""), ("blending", "rtc"), ("temporal_ensemble_m", 0.01),
+            ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
+            ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
+            ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
+            ("status_period_s", 1.0))}
+        if p["blending"] not in BLENDING_MODES:
+            raise ValueError(f"blending must be one of {BLENDING_MODES}, got {p['blending']!r}")
+        self.params = p
+        self.env = AlohaSimEnv(p["task"], cameras=list(p["cameras"]), height=p["image_height"],
+                               width=p["image_width"], max_steps=p["episode_steps"])
+        self.instruction = p["instruction"] or self.env.instruction
+        self.chunks = ChunkExecutor(len(ALOHA_JOINT_NAMES), DT, mode=p["blending"],
+                                    ensemble_m=p["temporal_ensemble_m"], rtc_overlap=p["rtc_overlap"])
+        self.lock = threading.Lock()
+        self.recorder = EpisodeRecorder(self.env.cameras, self.instruction) if p["record_path"] else None
+        self.written: list[str] = []
+        self.episode, self.successes = 0, 0
+        self.chunks_received, self.chunks_malformed = 0, 0
+        self._ticks: deque[float] = deque(maxlen=101)
+        self._step_ms: deque[float] = deque(maxlen=500)
+
+        self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
+        self._image_pubs = {cam: self.create_publisher(Image, f"camera/{cam}/image_raw", qos_profile_sensor_data)
+                            for cam in self.env.cameras}
+        self._joint_pub = self.create_publisher(JointState, "joint_states", QoSProfile(depth=10))
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self._instruction_pub = self.create_publisher(String, "instruction", latched)
+        self._status_pub = self.create_publisher(String, "sim/status", QoSProfile(depth=10))
+        # Best effort matches both reliable and best-effort chunk publishers.
+        self._chunk_sub = self.create_subscription(
+            JointTrajectory, "action_chunk", self._on_chunk,
+            QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
+
+    # -- chunks in -------------------------------------------------------------------------------------------
+    def _on_chunk(self, msg: JointTrajectory) -> None:
+        self.chunks_received += 1
+        try:
+            actions, stamp, time_step = chunk_from_msg(msg)
+            with self.lock:
+                ahead = stamp - self.chunks.step * DT
+                if ahead > MAX_LEAD_S:
+                    raise ValueError(f"stamped {ahead:.2f} s ahead of sim time (is the policy on use_sim_time?)")
+                arrival = self.chunks.add_chunk(actions, stamp, time_step)
+        except ValueError as err:
+            self.chunks_malformed += 1
+            self.get_logger().warning(f"rejected action chunk: {err} ({self.chunks_malformed} so far)",
+                                      throttle_duration_sec=5.0)
+            return
+        if not arrival.accepted:
+            self.get_logger().warning(f"dropped action chunk: {arrival.reason}", throttle_duration_sec=5.0)
+
+    # -- observations out ------------------------------------------------------------------------------------
+    def _publish_observation(self, obs, step: int) -> None:
+        stamp_ns = step * STEP_NS
+        clock = Clock()
+        clock.clock.sec, clock.clock.nanosec = divmod(stamp_ns, 1_000_000_000)
+        self._clock_pub.publish(clock)
+        for cam, pub in self._image_pubs.items():
+            pub.publish(image_msg(obs.images[cam], cam, stamp_ns))
+        joints = JointState()
+        joints.header.stamp = clock.clock
+        joints.name = list(ALOHA_JOINT_NAMES)
+        joints.position = obs.qpos.tolist()
+        joints.velocity = obs.qvel.tolist()
+        self._joint_pub.publish(joints)
+
+    def _publish_instruction(self) -> None:
+        self._instruction_pub.publish(String(data=self.instruction))
+
+    def status(self) -> dict:
+        with self.lock:
+            summary = self.chunks.stats.summary()
+            step = self.chunks.step
+        ticks = list(self._ticks)
+        rate = (len(ticks) - 1) / (ticks[-1] - ticks[0]) if len(ticks) > 1 and ticks[-1] > ticks[0] else 0.0
+        step_ms = np.array(self._step_ms) if self._step_ms else np.zeros(1)
+        return {
+            "task": self.env.task, "blending": self.chunks.mode, "episode": self.episode, "step": step,
+            "episode_step": self.env.steps, "sim_time": step * DT, "successes": self.successes,
+            "target_rate_hz": self.params["rate_hz"], "achieved_rate_hz": rate,
+            "step_ms_p50": float(np.median(step_ms)), "step_ms_max": float(step_ms.max()),
+            "chunks_received": self.chunks_received, "chunks_malformed": self.chunks_malformed,
+            "chunks_accepted": summary["chunks_accepted"], "chunks_rejected": summary["chunks_rejected"],
+            "chunk_latency_steps": summary["latency_steps"], "switch_discontinuity": summary["switch_discontinuity"],
+            "jerk_rms": summary["jerk_rms"], "jerk_max": summary["jerk_max"], "held_steps": summary["held_steps"],
+            "episodes_written": list(self.written),
+        }
+
+    def _publish_status(self) -> None:
+        self._status_pub.publish(String(data=json.dumps(self.status())))
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def _wait_for_policy(self, stop: threading.Event) -> bool:
+        """Block until something publishes chunks and subscribes to a camera (e.g. a model still loading)."""
+        self.get_logger().info("waiting for a policy (an action_chunk publisher and a camera subscriber)")
+        while not stop.is_set():
+            if (self.count_publishers(self._chunk_sub.topic_name) > 0
+                    and any(pub.get_subscription_count() > 0 for pub in self._image_pubs.values())):
+                return True
+            stop.wait(0.05)
+        return False
+
+    def _start_episode(self):
+        obs = self.env.reset(seed=self.params["seed"] + self.episode)
+        with self.lock:
+            self.chunks.reset(obs.qpos)
+        self._publish_instruction()
+        return obs
+
+    def _end_episode(self, success: bool) -> None:
+        self.successes += int(success)
+        if self.recorder is not None and len(self.recorder):
+            path = self.recorder.write(next_episode_path(self.params["record_path"]),
+                                       compress=self.params["record_compress"])
+            self.written.append(str(path))
+            self.get_logger().info(f"wrote {path} ({len(self.recorder)} steps, success {success})")
+            self.recorder.clear()
+        self.episode += 1
+
+    def run(self, stop: threading.Event) -> None:
+        if self.params["wait_for_policy"] and not self._wait_for_policy(stop):
+            return
+        period = 1.0 / self.params["rate_hz"] if self.params["rate_hz"] > 0 else 0.0
+        obs = self._start_episode()
+        next_tick = next_status = time.monotonic()
+        while not stop.is_set():
+            self._publish_observation(obs, self.chunks.step)
+            if period:
+                next_tick += period
+                delay = next_tick - time.monotonic()
+                if delay > 0:
+                    if stop.wait(delay):
+                        break
+                elif delay < -period:  # fell behind by more than a step: carry on, do not burst to catch up
+                    next_tick = time.monotonic()
+            now = time.monotonic()
+            self._ticks.append(now)
+            with self.lock:
+                command = self.chunks.next_command()
+            if self.recorder is not None:
+                self.recorder.add(obs.images, obs.qpos, obs.qvel, command)
+            started = time.perf_counter()
+            result = self.env.step(command)
+            self._step_ms.append((time.perf_counter() - started) * 1e3)
+            obs = result.observation
+            if result.success or result.truncated:
+                self._end_episode(result.success)
+                if 0 < self.params["max_episodes"] <= self.episode:
+                    break
+                obs = self._start_episode()
+            if now >= next_status:
+                self._publish_status()
+                next_status = now + self.params["status_period_s"]
+        if self.recorder is not None and len(self.recorder):
+            self._end_episode(self.env.success)
+        self._publish_status()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stop = threading.Event()
+    context = rclpy.Context()
+    rclpy.init(args=["sim_node", *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            node = SimNode(context=context)
+        except (ValueError, ImportError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        executor = SingleThreadedExecutor(context=context)
+        executor.add_node(node)
+        spin = threading.Thread(target=executor.spin, daemon=True)
+        spin.start()
+        try:
+            p = node.params
+            node.get_logger().info(
+                f"sim {p['task']} ({node.instruction!r}), cameras {list(node.env.cameras)} at "
+                f"{p['image_height']}x{p['image_width']}, blending {p['blending']}, rate {p['rate_hz']} Hz")
+            node.run(stop)
+            node.get_logger().info("sim summary: " + json.dumps(node.status()))
+        finally:
+            executor.shutdown()
+            spin.join()
+            node.close()
+            node.destroy_node()
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        context.try_shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

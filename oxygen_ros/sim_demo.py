@@ -1,0 +1,212 @@
+"""`oxygen-ros sim-demo`: the VLA node driving a simulated ALOHA in closed loop, on sim time.
+
+Starts `sim_node` (gym-aloha, 50 Hz, waits for the policy) and the policy node (by default the VLA node with the
+tiny preset and random weights; any executable that subscribes `camera/<cam>/image_raw` + `joint_states` and
+publishes `action_chunk` will do), lets the sim run one episode of `--seconds`, then prints the control rate the
+sim achieved, chunk latency in sim steps, the discontinuity at chunk switches and jerk, and writes into `--out`:
+the recorded ALOHA episode, a contact sheet PNG of the camera frames, an mp4 of them, both nodes' logs and
+summary.json. Random weights do not solve the task; the demo shows the plumbing and the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from oxygen_ros.data.aloha import read_aloha
+from oxygen_ros.data.video import encode_video
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+# pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
+MODEL_CAMERA_KEYS = {"top": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
+
+
+def find_config(name: str) -> Path | None:
+    """A parameter file from the source tree's config/ or an installed share/oxygen_ros/config/."""
+    candidates = [PACKAGE_ROOT / "config" / name]
+    for prefix in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep):
+        if prefix:
+            candidates.append(Path(prefix) / "share" / "oxygen_ros" / "config" / name)
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def python_command(target: str) -> list[str]:
+    """`python -m module` for a module name, `python file` for a path to a script."""
+    return [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
+
+
+def sim_command(args: argparse.Namespace, record: Path) -> list[str]:
+    params = {
+        "task": args.task, "blending": args.blending, "cameras": f"[{','.join(args.cameras)}]",
+        "image_height": args.size[0], "image_width": args.size[1], "seed": args.seed,
+        "episode_steps": int(round(args.seconds * 50)), "max_episodes": 1, "record_path": record,
+        "wait_for_policy": "true",
+    }
+    return [*python_command("oxygen_ros.nodes.sim_node"), "--ros-args",
+            *(x for name, value in params.items() for x in ("-p", f"{name}:={value}"))]
+
+
+def policy_command(args: argparse.Namespace) -> list[str]:
+    """The policy node with the VLA node's parameter file and overrides (sim time, our cameras, tiny preset)."""
+    command = [*python_command(args.policy), "--ros-args"]
+    params_file = Path(args.params_file) if args.params_file else find_config("aloha.yaml")
+    if params_file is not None:
+        command += ["--params-file", str(params_file)]
+    topics = ",".join(f"camera/{cam}/image_raw" for cam in args.cameras)
+    keys = ",".join(MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras)
+    overrides = [f"model.preset:={args.preset}", "use_sim_time:=true", f"cameras.topics:=[{topics}]",
+                 f"cameras.keys:=[{keys}]", f"control.rate_hz:={args.policy_rate}", *args.policy_param]
+    for override in overrides:
+        command += ["-p", override]
+    return command
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("MUJOCO_GL", "egl")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def stop(process: subprocess.Popen, timeout: float = 15.0) -> int:
+    """SIGINT, then SIGKILL if it does not exit in time."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+def sim_summary(log: str) -> dict | None:
+    match = re.search(r"sim summary: (\{.*\})", log)
+    return json.loads(match.group(1)) if match else None
+
+
+def contact_sheet(images: dict[str, np.ndarray], path: Path, rows: int = 6) -> Path:
+    """Frames at evenly spaced times (rows) for every camera (columns), with 4-pixel gaps."""
+    from PIL import Image
+
+    length = next(iter(images.values())).shape[0]
+    picks = np.linspace(0, length - 1, min(rows, length)).round().astype(int)
+    height = max(frames.shape[1] for frames in images.values())
+    width = sum(frames.shape[2] for frames in images.values()) + 4 * (len(images) - 1)
+    sheet = np.full((len(picks) * (height + 4) - 4, width, 3), 255, dtype=np.uint8)
+    for r, t in enumerate(picks):
+        x = 0
+        for frames in images.values():
+            h, w = frames.shape[1:3]
+            sheet[r * (height + 4): r * (height + 4) + h, x: x + w] = frames[t]
+            x += w + 4
+    Image.fromarray(sheet).save(path)
+    return path
+
+
+def side_by_side(images: dict[str, np.ndarray]) -> np.ndarray:
+    """[T, H, sum W, 3]: all cameras next to each other (cropped/padded to even sizes for yuv420p)."""
+    height = max(frames.shape[1] for frames in images.values())
+    parts = []
+    for frames in images.values():
+        pad = height - frames.shape[1]
+        parts.append(np.pad(frames, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else frames)
+    video = np.concatenate(parts, axis=2)
+    return video[:, : video.shape[1] // 2 * 2, : video.shape[2] // 2 * 2]
+
+
+def report_lines(summary: dict) -> list[str]:
+    latency, switch = summary["chunk_latency_steps"], summary["switch_discontinuity"]
+    return [
+        f"control rate: {summary['achieved_rate_hz']:.1f} Hz achieved (target {summary['target_rate_hz']:.0f} Hz), "
+        f"sim step {summary['step_ms_p50']:.1f} ms median",
+        f"chunks: {summary['chunks_accepted']} executed, {summary['chunks_rejected']} dropped (stale/out of order), "
+        f"{summary['chunks_malformed']} malformed",
+        f"chunk latency: median {latency['median']:.1f} sim steps ({latency['median'] * 20:.0f} ms), "
+        f"max {latency['max']:.1f}",
+        f"switch discontinuity ({summary['blending']}): mean {switch['mean']:.4f} rad, max {switch['max']:.4f} rad "
+        f"over {switch['count']} switches; jerk rms {summary['jerk_rms']:.0f} rad/s^3",
+        f"held steps (no chunk covering): {summary['held_steps']} of {summary['step']}",
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oxygen-ros sim-demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
+    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube")
+    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc")
+    parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist", "right_wrist"])
+    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="out/sim_demo", help="output folder")
+    parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
+                        help="policy node: a module run with -m, or a .py script")
+    parser.add_argument("--preset", default="tiny", help="model.preset for the VLA node")
+    parser.add_argument("--policy-rate", type=float, default=10.0, help="control.rate_hz for the VLA node")
+    parser.add_argument("--params-file", default=None, help="policy parameter file (default: config/aloha.yaml)")
+    parser.add_argument("--policy-param", nargs="*", default=[], metavar="NAME:=VALUE", help="extra -p overrides")
+    parser.add_argument("--timeout", type=float, default=180.0, help="give up after this many wall seconds")
+    parser.add_argument("--no-video", action="store_true", help="skip the mp4")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.seconds <= 0:
+        print("error: --seconds must be positive", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / "episodes"
+    env = child_env()
+    sim_log, policy_log = out / "sim_node.log", out / "policy.log"
+    print(f"sim-demo: {args.task}, {args.blending}, cameras {args.cameras} at {args.size[0]}x{args.size[1]}, "
+          f"policy {args.policy}")
+    with open(sim_log, "w") as sim_out, open(policy_log, "w") as policy_out:
+        sim = subprocess.Popen(sim_command(args, record), env=env, stdout=sim_out, stderr=subprocess.STDOUT)
+        policy = subprocess.Popen(policy_command(args), env=env, stdout=policy_out, stderr=subprocess.STDOUT)
+        failure = None
+        try:
+            deadline = time.monotonic() + args.timeout
+            while sim.poll() is None:
+                if policy.poll() is not None:
+                    failure = f"policy exited with status {policy.returncode} (see {policy_log})"
+                    break
+                if time.monotonic() > deadline:
+                    failure = f"timed out after {args.timeout:.0f} s"
+                    break
+                time.sleep(0.2)
+        finally:
+            sim_status = stop(sim)
+            stop(policy)
+    summary = sim_summary(sim_log.read_text())
+    if failure or sim_status != 0 or summary is None:
+        tail = "\n".join(policy_log.read_text().splitlines()[-15:])
+        print(f"error: {failure or f'sim_node exited with status {sim_status} (see {sim_log})'}\n{tail}",
+              file=sys.stderr)
+        return 1
+    for line in report_lines(summary):
+        print(line)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if summary["episodes_written"]:
+        episode = read_aloha(summary["episodes_written"][0])
+        print(f"wrote {contact_sheet(episode.images, out / 'contact_sheet.png')}")
+        if not args.no_video:
+            codec = encode_video(out / "sim_demo.mp4", side_by_side(episode.images), fps=episode.fps)
+            print(f"wrote {out / 'sim_demo.mp4'} ({codec})")
+        print(f"wrote {summary['episodes_written'][0]} ({episode.length} steps)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
