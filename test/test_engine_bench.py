@@ -17,7 +17,8 @@ def test_quick_bench_writes_results_table_and_plots(tmp_path, capsys):
     assert {r["decode_len"] for r in records if r["sweep"] == "decode_len"} == {10, 50, 200}
     for r in records:
         assert r["action_hz"] > 0 and r["frames"] == 2 and r["preset"] == "tiny"
-        assert (r["tokens_per_s"] > 0) == (r["setting"] != "action_only")
+        if r["arrival"] == "every_frame":  # (2 frames of a burst pattern may all be quiet ones)
+            assert (r["tokens_per_s"] > 0) == (r["setting"] != "action_only"), r
     table = (tmp_path / "results.md").read_text()
     assert table.count("| continuous_batching |") == 6 and "speedup" in table
     for plot in ("action_hz_vs_decode_len.png", "tokens_per_s_vs_action_hz.png"):

@@ -83,11 +83,13 @@ class _Window:
     def __init__(self, workload: Workload):
         self.first = workload.warmup_frames
         self.start = time.perf_counter()
+        self.open = self.first == 0  # measuring has begun
 
     def begin(self, frame: int) -> float:
         now = time.perf_counter()
         if frame == self.first:
             self.start = now
+            self.open = True
         return now
 
     def measured(self, frame: int) -> bool:
@@ -192,10 +194,17 @@ def run_parallel(model, workload: Workload) -> SettingRun:
                 frame = candidates[-1]
                 taken = frame
             prefill = language_model.prefill(workload.inputs[frame], language_pool.cache, slot, want_logits=True)
-            request = _decode_alone(language_model, language_pool.cache, 0, frame, int(prefill.num_valid[0]),
-                                    prefill.logits[0], workload)
-            if not done.is_set():  # count only what finished inside the measured window
-                _record_request(run, window, frame, request)
+            request = start_request(frame, 0, frame, 0, model.config.prefix_len, int(prefill.num_valid[0]),
+                                    prefill.logits[0], workload.decode_len, _eos(model, workload))
+            produced = 1
+            while not request.done:
+                # tokens count when they are produced inside the measured window, finished or not
+                if window.open and not done.is_set():
+                    run.tokens_generated += produced
+                produced = decode_batch(language_model, language_pool.cache, [request])
+            if window.open and not done.is_set():
+                run.tokens_generated += produced
+                run.requests[frame] = request
 
     window = _Window(workload)
     worker = threading.Thread(target=language_worker, name="language-worker")
