@@ -22,6 +22,7 @@ from ..model.config import Pi05Config, get_preset
 from ..model.pi05 import build_model
 
 MB = 2**20
+DEFAULT_K = 4  # decode steps per frame for continuous batching unless a sweep varies it
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,16 @@ class SweepPoint:
 def matrix(quick: bool) -> list[SweepPoint]:
     everything = SETTINGS
     if quick:
-        points = [SweepPoint("decode_len", n, 8, 10, "every_frame", everything) for n in (10, 50, 200)]
+        points = [SweepPoint("decode_len", n, DEFAULT_K, 10, "every_frame", everything) for n in (10, 50, 200)]
         points += [SweepPoint("tokens_per_frame", 50, k, 10, "every_frame", ("continuous_batching",))
-                   for k in (2, "adaptive")]
-        points += [SweepPoint("arrival", 50, 8, 10, "burst", ("baseline", "continuous_batching"))]
+                   for k in (1, "adaptive")]
+        points += [SweepPoint("arrival", 50, DEFAULT_K, 10, "burst", ("baseline", "continuous_batching"))]
         return points
-    points = [SweepPoint("decode_len", n, 8, 10, "every_frame", everything) for n in (10, 25, 50, 100, 200)]
-    points += [SweepPoint("num_steps", 50, 8, 5, "every_frame", everything)]
+    points = [SweepPoint("decode_len", n, DEFAULT_K, 10, "every_frame", everything) for n in (10, 25, 50, 100, 200)]
+    points += [SweepPoint("num_steps", 50, DEFAULT_K, 5, "every_frame", everything)]
     points += [SweepPoint("tokens_per_frame", 50, k, 10, "every_frame", ("continuous_batching",))
-               for k in (1, 2, 4, 16, "adaptive")]
-    points += [SweepPoint("arrival", 50, 8, 10, a, ("baseline", "shared_kv", "continuous_batching"))
+               for k in (1, 2, 8, 16, "adaptive")]
+    points += [SweepPoint("arrival", 50, DEFAULT_K, 10, a, ("baseline", "shared_kv", "continuous_batching"))
                for a in ("every_4", "burst")]
     return points
 
@@ -91,12 +92,23 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
 def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control_period_s: float, seed: int,
               device: str, rounds: int) -> list[dict]:
     k = point.tokens_per_frame
-    tokens_per_frame = max(1, k) if isinstance(k, int) else 64
-    warmup = 2 + -(-point.decode_len // (k if isinstance(k, int) else 8))
+    adaptive = k == "adaptive"
+    tokens_per_frame = 64 if adaptive else max(1, k)  # adaptive: a cap the slack never reaches
+    # enough slots that no request is evicted: a request lives decode_len / k frames (at least one step a frame
+    # when adaptive), plus the frame's own slot
+    fewest_steps = 1 if adaptive else tokens_per_frame
+    pool_slots = -(-point.decode_len // fewest_steps) + 2
+    warmup = 2 + -(-point.decode_len // (8 if adaptive else tokens_per_frame))
     inputs, noises = synthetic_frames(config, warmup + frames, seed=seed, device=device, dtype=model.dtype)
-    workload = Workload(inputs, noises, arrivals(point.arrival, warmup + frames), point.decode_len,
-                        num_steps=point.num_steps, tokens_per_frame=tokens_per_frame, adaptive_k=k == "adaptive",
-                        control_period_s=control_period_s, warmup_frames=warmup)
+    narrate = arrivals(point.arrival, warmup + frames)
+    workload = Workload(inputs, noises, narrate, point.decode_len,
+                        num_steps=point.num_steps, tokens_per_frame=tokens_per_frame, adaptive_k=adaptive,
+                        control_period_s=control_period_s, warmup_frames=warmup, pool_slots=pool_slots)
+    # Only continuous batching needs a long warm-up (its pool fills over decode_len / k frames); the others measure
+    # the same last `frames` frames after a short one.
+    short = warmup - 2
+    quick_start = Workload(inputs[short:], noises[short:], narrate[short:], point.decode_len,
+                           num_steps=point.num_steps, control_period_s=control_period_s, warmup_frames=2)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     runs: dict[str, list[SettingRun]] = {setting: [] for setting in point.settings}
     cuda_peak: dict[str, float] = {}
@@ -105,7 +117,7 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            runs[setting].append(RUNNERS[setting](model, workload))
+            runs[setting].append(RUNNERS[setting](model, workload if setting == "continuous_batching" else quick_start))
             if device.startswith("cuda"):
                 cuda_peak[setting] = max(cuda_peak.get(setting, 0.0), torch.cuda.max_memory_allocated() / MB)
     records = []
@@ -237,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def headline(records: list[dict]) -> str:
-    """The paper's comparison at the default point (decode_len 50, k 8, 10 steps, a request every frame)."""
+    """The paper's comparison at the default point (decode_len 50, k 4, 10 steps, a request every frame)."""
     at = {r["setting"]: r for r in records if r["sweep"] == "decode_len" and r["decode_len"] == 50}
     if not {"baseline", "continuous_batching", "action_only"} <= at.keys():
         return ""
