@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,24 +22,10 @@ import numpy as np
 
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
+from oxygen_ros.processes import child_env, find_config, python_command, stop
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
 MODEL_CAMERA_KEYS = {"top": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
-
-
-def find_config(name: str) -> Path | None:
-    """A parameter file from the source tree's config/ or an installed share/oxygen_ros/config/."""
-    candidates = [PACKAGE_ROOT / "config" / name]
-    for prefix in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep):
-        if prefix:
-            candidates.append(Path(prefix) / "share" / "oxygen_ros" / "config" / name)
-    return next((path for path in candidates if path.is_file()), None)
-
-
-def python_command(target: str) -> list[str]:
-    """`python -m module` for a module name, `python file` for a path to a script."""
-    return [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
 
 
 def sim_command(args: argparse.Namespace, record: Path) -> list[str]:
@@ -68,26 +52,6 @@ def policy_command(args: argparse.Namespace) -> list[str]:
     for override in overrides:
         command += ["-p", override]
     return command
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("MUJOCO_GL", "egl")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def stop(process: subprocess.Popen, timeout: float = 15.0) -> int:
-    """SIGINT, then SIGKILL if it does not exit in time."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 def sim_summary(log: str) -> dict | None:
