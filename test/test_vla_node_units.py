@@ -249,7 +249,7 @@ def test_parameters_are_checked_against_the_model():
         check_against_model(read_parameters(parameter_values(joints__state_names=names)), tiny)
 
 
-def test_shipped_parameter_files_declare_on_a_namespaced_node():
+def test_shipped_parameter_files_declare_on_a_namespaced_node(ros_domain_id):
     import rclpy
     from rclpy.node import Node
 
@@ -257,7 +257,8 @@ def test_shipped_parameter_files_declare_on_a_namespaced_node():
 
     for name, cameras, joints, rate in (("aloha", 3, 14, 50.0), ("droid", 2, 8, 15.0)):
         context = rclpy.Context()
-        rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / f"{name}.yaml")], context=context)
+        rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / f"{name}.yaml")],
+                   context=context, domain_id=ros_domain_id)
         try:
             node = Node("vla_node", namespace="/robot3", context=context)
             params = read_parameters(declare_parameters(node))
@@ -290,3 +291,45 @@ def test_status_levels_and_messages():
     assert level_and_message(waiting) == (DiagnosticStatus.WARN, "waiting_for_camera: no image yet from cam")
     failed = Health(**{**health.__dict__, "state": "model_error", "detail": "RuntimeError: boom"})
     assert level_and_message(failed) == (DiagnosticStatus.ERROR, "model error: RuntimeError: boom")
+
+
+# ---- the node's tick, in-process --------------------------------------------------------------------------------
+
+def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_id):
+    import rclpy
+
+    from oxygen_ros.model.checkpoint import save_checkpoint
+    from oxygen_ros.model.pi05 import build_model
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    config = get_preset("tiny")
+    # Norm stats for 4 state dims, but the robot has 14 joints: every act() raises ValueError.
+    stats = {"observation.state": {"q01": -np.ones(4), "q99": np.ones(4)},
+             "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
+    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
+    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
+                     "-p", f"model.checkpoint:={checkpoint}", "-p", f"model.tokenizer:={tokenizer}",
+                     "-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
+                     "-p", "cameras.compressed:=false", "-p", "control.horizon:=4"],
+               context=context, domain_id=ros_domain_id)
+    node = VlaNode(context=context)
+    try:
+        now = node.get_clock().now().nanoseconds
+        for index in range(2):
+            node._on_image(index, image("rgb8", RGB, stamp_ns=now))
+        names = list(node.params.state_names)
+        node._on_joint_state(JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist()))
+        for ticks in (1, 2):
+            node._control_tick()
+            assert node.state == "model_error" and node.model_errors == ticks
+        health = node.health()
+        assert level_and_message(health) == (
+            DiagnosticStatus.ERROR, "model error: ValueError: norm stat q01 has 4 dims, need 14")
+        assert health.values["model_errors"] == 2 and health.actions_published == 0
+        assert node.instruction.truncated == 0  # a model error is not mistaken for a prompt that is too long
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()

@@ -170,7 +170,10 @@ class Instruction:
         Returns False when the text already fits or no shortening helps (then the prompt error has another
         cause); on success the shorter text replaces the current one (same version: it is the same task).
         """
-        normalized = normalized_state(state, config, norm_stats)
+        try:
+            normalized = normalized_state(state, config, norm_stats)
+        except ValueError:
+            return False  # the state itself is the problem, not the text
 
         def fits(text: str) -> bool:
             try:
