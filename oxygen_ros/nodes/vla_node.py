@@ -29,7 +29,7 @@ import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
@@ -50,6 +50,9 @@ NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
 INSTRUCTION_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                              durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# Sensor-data QoS (best effort: hears best-effort and reliable publishers) with a history of one: only the newest
+# image or joint state matters, so a busy executor never works through a backlog of older frames.
+SENSOR_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE)
 
 
 def _percentile_ms(samples: Sequence[float], q: float) -> float:
@@ -91,6 +94,7 @@ class VlaNode(Node):
         self._narrated_version = -1
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
+        self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
         self._frame_ids: OrderedDict[int, str] = OrderedDict()  # source stamp -> camera frame_id, for narration
         self._frame_ids_lock = threading.Lock()
 
@@ -104,8 +108,8 @@ class VlaNode(Node):
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
             self.create_subscription(CompressedImage if compressed else Image,
                                      f"{topic}/compressed" if compressed else topic,
-                                     lambda msg, i=index: self._on_image(i, msg), qos_profile_sensor_data)
-        self.create_subscription(JointState, "joint_states", self._on_joint_state, qos_profile_sensor_data)
+                                     lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS)
+        self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
         self.create_subscription(String, "instruction", self._on_instruction, INSTRUCTION_QOS)
         self.control_timer = self.create_timer(p.period_s, self._control_tick)
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
@@ -149,7 +153,8 @@ class VlaNode(Node):
 
     def _control_tick(self) -> None:
         start = time.perf_counter()
-        state, frame, errors = self.inputs.next_frame(self.get_clock().now().nanoseconds)
+        now_ns = self.get_clock().now().nanoseconds
+        state, frame, errors = self.inputs.next_frame(now_ns)
         for err in errors:
             self._warn_drop(str(err))
         self.state = state
@@ -177,6 +182,7 @@ class VlaNode(Node):
                                                    self.params.time_step_s, self.horizon))
         self.actions_published += 1
         self._act_times.append(chunk.latency_s)
+        self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
         self._tick_times.append(time.perf_counter() - start)
 
     def _act(self, frame: Frame, narrate: bool):
@@ -233,6 +239,8 @@ class VlaNode(Node):
             actions_published=self.actions_published, dropped_frames=self.inputs.dropped_frames,
             worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
             values={
+                "frame_age_ms_p50": f"{_percentile_ms(self._frame_ages, 0.5):.2f}",
+                "frame_age_ms_p99": f"{_percentile_ms(self._frame_ages, 0.99):.2f}",
                 "tick_ms_p50": f"{_percentile_ms(self._tick_times, 0.5):.2f}",
                 "tick_ms_p99": f"{_percentile_ms(self._tick_times, 0.99):.2f}",
                 "node_overhead_ms_p50": f"{_percentile_ms(overhead, 0.5):.2f}",
