@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rclpy
+import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -350,3 +351,10 @@ def test_unknown_camera_key_is_a_clear_start_up_error(capfd, tmp_path, monkeypat
     assert "cannot start: cameras.keys ['right_wrist_0_rgb'] are not image keys of this model" in output, output
     assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), "-p", "model.checkpoint:=/nonexistent"]) == 1
     assert "model.checkpoint needs model.tokenizer" in capfd.readouterr().err
+    threads = torch.get_num_threads()  # TINY sets one torch thread, in this process here
+    try:
+        assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), *TINY,
+                              "-p", "cameras.topics:=[cam 1,cam2]"]) == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert "cannot start: cameras.topics: " in capfd.readouterr().err

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import rclpy
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.exceptions import InvalidTopicNameException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -68,6 +69,8 @@ class VlaNode(Node):
         try:
             self._setup()
         except BaseException:
+            if hasattr(self, "runtime"):
+                self.runtime.close()
             self.destroy_node()
             raise
 
@@ -106,9 +109,12 @@ class VlaNode(Node):
                                      robot_action_dim=len(p.action_names), norm_stats=self.policy.norm_stats,
                                      on_text=self._publish_text).start()
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
-            self.create_subscription(CompressedImage if compressed else Image,
-                                     f"{topic}/compressed" if compressed else topic,
-                                     lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS)
+            try:
+                self.create_subscription(CompressedImage if compressed else Image,
+                                         f"{topic}/compressed" if compressed else topic,
+                                         lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS)
+            except InvalidTopicNameException as err:
+                raise ParameterError(f"cameras.topics: {err}") from None
         self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
         self.create_subscription(String, "instruction", self._on_instruction, INSTRUCTION_QOS)
         self.control_timer = self.create_timer(p.period_s, self._control_tick)
