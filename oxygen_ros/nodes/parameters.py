@@ -1,0 +1,264 @@
+"""The VLA node's ROS parameters: one table of names, defaults and descriptions, declared read-only, validated.
+
+Parameters are read once at start-up (the model, the KV pool and the subscriptions depend on them), so each is
+declared `read_only`: `ros2 param set` then fails loudly instead of changing nothing. Floating-point parameters
+accept integers too (`rate_hz: 50` in YAML, `-p control.rate_hz:=20` on the command line). Validation happens in
+two steps: `read_parameters` checks each value on its own, `check_against_model` checks what depends on the
+model (camera keys, state/action widths, horizon). Every error names the parameter and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.exceptions import (
+    InvalidParameterTypeException,
+    InvalidParameterValueException,
+    ParameterUninitializedException,
+)
+from rclpy.parameter import Parameter
+
+from oxygen_ros.engine.frame_scheduler import ADMISSION_POLICIES
+
+PRESET_NAMES = ("tiny", "small", "pi05")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16")
+LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
+REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
+
+
+class ParameterError(ValueError):
+    """A parameter is missing, of the wrong type or out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    default: Any  # a value (its type is the parameter's type), or REQUIRED for a string array
+    description: str
+    constraints: str = ""
+
+
+SPECS = (
+    Spec("model.preset", "tiny", "random-init model shape, used when model.checkpoint is empty",
+         " | ".join(PRESET_NAMES)),
+    Spec("model.checkpoint", "", "LeRobot-style pi05 checkpoint folder; overrides model.preset"),
+    Spec("model.tokenizer", "", "SentencePiece model file; empty: a stand-in trained once into the user cache "
+                                "(random-init presets only)"),
+    Spec("model.device", "cpu", "torch device", " | ".join(DEVICES)),
+    Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda, float32 on cpu",
+         " | ".join(DTYPES)),
+    Spec("model.seed", 0, "weights of a random-init preset and the flow-matching noise", ">= 0"),
+    Spec("model.cpu_threads", 0, "torch intra-op threads; 0: torch's default", ">= 0"),
+    Spec("cameras.topics", REQUIRED, "camera image topics (relative names), one per model image key"),
+    Spec("cameras.keys", REQUIRED, "model image key for each topic of cameras.topics (same order)"),
+    Spec("cameras.compressed", False, "subscribe to <topic>/compressed (sensor_msgs/CompressedImage, jpeg or "
+                                      "png) instead of sensor_msgs/Image: one bool for all cameras or one "
+                                      "per camera"),
+    Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
+    Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
+    Spec("control.rate_hz", 10.0, "control ticks per second (one prefill and one action chunk per tick)", "> 0"),
+    Spec("control.horizon", 0, "trajectory points to publish per chunk; 0: the model's whole horizon",
+         "0 .. model horizon"),
+    Spec("control.time_step", 0.0, "seconds between trajectory points; 0: 1 / control.rate_hz", ">= 0"),
+    Spec("control.deadline_margin_s", 0.0, "language decode steps must end this long before the next tick",
+         ">= 0, < control period"),
+    Spec("control.max_image_age_s", 0.5, "skip a tick whose newest camera image is older than this (node "
+                                         "clock vs header stamp); 0 disables the check", ">= 0"),
+    Spec("control.denoise_steps", 0, "flow-matching Euler steps per chunk; 0: the model's default", ">= 0"),
+    Spec("language.policy", "every_n_frames", "which frames start a narration",
+         " | ".join(LANGUAGE_POLICIES)),
+    Spec("language.every_n_frames", 10, "with every_n_frames: narrate one acted frame in this many", ">= 1"),
+    Spec("language.max_new_tokens", 32, "token budget of one narration", ">= 1"),
+    Spec("language.stream_every", 8, "publish partial narration every this many tokens; 0: final text only",
+         ">= 0"),
+    Spec("language.pool_slots", 8, "KV cache slots (one for the action path, the rest for narrations)", ">= 2"),
+    Spec("language.admission", "drop_oldest", "what a new narration does when every slot is busy",
+         " | ".join(ADMISSION_POLICIES)),
+    Spec("instruction.default", "", "task text used until an instruction message arrives"),
+    Spec("instruction.max_chars", 200, "longer instructions are cut to this many characters", ">= 1"),
+    Spec("status.rate_hz", 2.0, "engine_status and /diagnostics publications per second", "> 0"),
+)
+
+
+@dataclass(frozen=True)
+class VlaParams:
+    preset: str
+    checkpoint: str
+    tokenizer: str
+    device: str
+    dtype: str
+    seed: int
+    cpu_threads: int
+    camera_topics: tuple[str, ...]
+    camera_keys: tuple[str, ...]
+    camera_compressed: tuple[bool, ...]
+    state_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    rate_hz: float
+    horizon: int  # 0: the model's
+    time_step_s: float  # resolved: never 0
+    deadline_margin_s: float
+    max_image_age_s: float
+    denoise_steps: int  # 0: the model's
+    language_policy: str
+    every_n_frames: int
+    max_new_tokens: int
+    stream_every: int
+    pool_slots: int
+    admission: str
+    default_instruction: str
+    max_chars: int
+    status_rate_hz: float
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.rate_hz
+
+
+def _descriptor(spec: Spec) -> ParameterDescriptor:
+    # Floats are dynamically typed so that integer values are accepted (checked in read_parameters); so is
+    # language.policy, because YAML and `-p` read a bare `off` as the boolean false.
+    dynamic = isinstance(spec.default, float) or spec.name in ("cameras.compressed", "language.policy")
+    return ParameterDescriptor(name=spec.name, description=spec.description, additional_constraints=spec.constraints,
+                               read_only=True, dynamic_typing=dynamic)
+
+
+def declare_parameters(node) -> dict[str, Any]:
+    """Declare every parameter of SPECS on `node`; returns name -> value (None for unset required ones)."""
+    values = {}
+    for spec in SPECS:
+        default = Parameter.Type.STRING_ARRAY if spec.default is REQUIRED else spec.default
+        try:
+            node.declare_parameter(spec.name, default, _descriptor(spec))
+        except (InvalidParameterTypeException, InvalidParameterValueException) as err:
+            raise ParameterError(f"parameter {spec.name}: {err}") from None
+        try:
+            values[spec.name] = node.get_parameter(spec.name).value
+        except ParameterUninitializedException:
+            values[spec.name] = None
+    return values
+
+
+def read_parameters(values: dict[str, Any]) -> VlaParams:
+    """Check each value on its own and build VlaParams; raises ParameterError naming the parameter."""
+    p = _Reader(values)
+    topics = p.names("cameras.topics")
+    keys = p.names("cameras.keys")
+    if len(topics) != len(keys):
+        raise ParameterError(f"cameras.topics has {len(topics)} entries but cameras.keys {len(keys)}: "
+                             "give one model image key per camera topic")
+    compressed = values["cameras.compressed"]
+    if isinstance(compressed, bool):
+        compressed = (compressed,) * len(topics)
+    elif isinstance(compressed, list | tuple) and all(isinstance(c, bool) for c in compressed):
+        if len(compressed) != len(topics):
+            raise ParameterError(f"cameras.compressed has {len(compressed)} entries for {len(topics)} cameras")
+        compressed = tuple(compressed)
+    else:
+        raise ParameterError(f"cameras.compressed must be a bool or a list of bools, got {compressed!r}")
+    rate_hz = p.number("control.rate_hz", positive=True)
+    time_step = p.number("control.time_step")
+    deadline_margin = p.number("control.deadline_margin_s")
+    if deadline_margin >= 1.0 / rate_hz:
+        raise ParameterError(f"control.deadline_margin_s ({deadline_margin}) must be shorter than the control "
+                             f"period ({1.0 / rate_hz:.4f} s)")
+    if values["language.policy"] is False:  # `policy: off` unquoted
+        values = {**values, "language.policy": "off"}
+        p = _Reader(values)
+    return VlaParams(
+        preset=p.choice("model.preset", PRESET_NAMES),
+        checkpoint=p.text("model.checkpoint"),
+        tokenizer=p.text("model.tokenizer"),
+        device=p.choice("model.device", DEVICES),
+        dtype=p.choice("model.dtype", DTYPES),
+        seed=p.integer("model.seed"),
+        cpu_threads=p.integer("model.cpu_threads"),
+        camera_topics=topics,
+        camera_keys=keys,
+        camera_compressed=compressed,
+        state_names=p.names("joints.state_names"),
+        action_names=p.names("joints.action_names"),
+        rate_hz=rate_hz,
+        horizon=p.integer("control.horizon"),
+        time_step_s=time_step if time_step > 0 else 1.0 / rate_hz,
+        deadline_margin_s=deadline_margin,
+        max_image_age_s=p.number("control.max_image_age_s"),
+        denoise_steps=p.integer("control.denoise_steps"),
+        language_policy=p.choice("language.policy", LANGUAGE_POLICIES),
+        every_n_frames=p.integer("language.every_n_frames", minimum=1),
+        max_new_tokens=p.integer("language.max_new_tokens", minimum=1),
+        stream_every=p.integer("language.stream_every"),
+        pool_slots=p.integer("language.pool_slots", minimum=2),
+        admission=p.choice("language.admission", ADMISSION_POLICIES),
+        default_instruction=p.text("instruction.default"),
+        max_chars=p.integer("instruction.max_chars", minimum=1),
+        status_rate_hz=p.number("status.rate_hz", positive=True),
+    )
+
+
+def check_against_model(params: VlaParams, config) -> None:
+    """What depends on the model's shape (a `Pi05Config`); raises ParameterError."""
+    unknown = [k for k in params.camera_keys if k not in config.camera_names]
+    if unknown:
+        raise ParameterError(f"cameras.keys {unknown} are not image keys of this model; it takes "
+                             f"{list(config.camera_names)} (map each camera topic to one of them)")
+    if len(params.state_names) > config.state_dim:
+        raise ParameterError(f"joints.state_names has {len(params.state_names)} joints, the model's state takes "
+                             f"at most {config.state_dim}")
+    if len(params.action_names) > config.action_dim:
+        raise ParameterError(f"joints.action_names has {len(params.action_names)} joints, the model acts on at "
+                             f"most {config.action_dim}")
+    if params.horizon > config.action_horizon:
+        raise ParameterError(f"control.horizon ({params.horizon}) exceeds the model's action horizon "
+                             f"({config.action_horizon})")
+
+
+class _Reader:
+    def __init__(self, values: dict[str, Any]):
+        self.values = values
+
+    def _get(self, name: str):
+        return self.values[name]
+
+    def text(self, name: str) -> str:
+        value = self._get(name)
+        if not isinstance(value, str):
+            raise ParameterError(f"{name} must be a string, got {value!r}")
+        return value.strip()
+
+    def choice(self, name: str, options: tuple[str, ...]) -> str:
+        value = self.text(name)
+        if value not in options:
+            raise ParameterError(f"{name} must be one of {' | '.join(options)}, got {value!r}")
+        return value
+
+    def integer(self, name: str, minimum: int = 0) -> int:
+        value = self._get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ParameterError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def number(self, name: str, positive: bool = False) -> float:
+        value = self._get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ParameterError(f"{name} must be a number, got {value!r}")
+        if value < 0 or (positive and value == 0):
+            raise ParameterError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
+        return float(value)
+
+    def names(self, name: str) -> tuple[str, ...]:
+        value = self._get(name)
+        if value is None:
+            raise ParameterError(f"{name} is not set: pass a parameter file (config/aloha.yaml, "
+                                 f"config/droid.yaml) or -p {name}:=[...]")
+        names = tuple(str(v).strip() for v in value)
+        if not names or not all(names):
+            raise ParameterError(f"{name} must be a non-empty list of non-empty names, got {list(value)}")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ParameterError(f"{name} lists {duplicates} more than once")
+        return names

@@ -1,0 +1,142 @@
+"""The launch files, read as source (launch and launch_ros are not installable here): everything they name exists.
+
+Package and executable names must match package.xml, setup.py and CMakeLists.txt; every LaunchConfiguration must
+be declared; parameter overrides must be parameters the node declares; the default parameter file, the included
+launch file and the replay command's options must exist. `ros2 launch` itself is exercised on a ROS 2 install by
+test/launch/test_vla_node.launch.py.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from oxygen_ros.nodes.parameters import SPECS
+from oxygen_ros.nodes.replay_node import build_parser as replay_parser
+
+REPO = Path(__file__).resolve().parents[1]
+NODE_PARAMETERS = {spec.name for spec in SPECS} | {"use_sim_time"}
+
+
+def parse(relative: str) -> ast.Module:
+    return ast.parse((REPO / relative).read_text())
+
+
+def calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    def called(func):
+        return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and called(n.func) == name]
+
+
+def keyword(call: ast.Call, name: str) -> ast.AST:
+    return next(k.value for k in call.keywords if k.arg == name)
+
+
+def constant_strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def assigned(tree: ast.Module, name: str) -> ast.AST:
+    return next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == name)
+
+
+def declared_arguments(tree: ast.Module) -> set[str]:
+    """Names of the ARGUMENTS table (each entry: name, default, description), all passed to DeclareLaunchArgument."""
+    assert calls(tree, "DeclareLaunchArgument")
+    return {entry.elts[0].value for entry in assigned(tree, "ARGUMENTS").elts}
+
+
+def launch_configurations(tree: ast.Module) -> set[str]:
+    """Literal LaunchConfiguration names (the others loop over OVERRIDES or FORWARDED, checked separately)."""
+    return {c.args[0].value for c in calls(tree, "LaunchConfiguration") if isinstance(c.args[0], ast.Constant)}
+
+
+def package_name() -> str:
+    return re.search(r"<name>(\w+)</name>", (REPO / "package.xml").read_text()).group(1)
+
+
+def installed_executables() -> tuple[set[str], set[str]]:
+    setup = parse("setup.py")
+    from_setup = {e.value for e in assigned(setup, "NODE_EXECUTABLES").elts}
+    cmake = re.search(r"set\(OXYGEN_ROS_NODE_EXECUTABLES ([\w ]+)\)", (REPO / "CMakeLists.txt").read_text())
+    return from_setup, set(cmake.group(1).split())
+
+
+def installed_share_folders() -> set[str]:
+    match = re.search(r"install\(DIRECTORY ([\w ]+) DESTINATION share/\$\{PROJECT_NAME\}\)",
+                      (REPO / "CMakeLists.txt").read_text())
+    return set(match.group(1).split())
+
+
+def share_path(call: ast.Call) -> Path:
+    """PathJoinSubstitution([FindPackageShare("oxygen_ros"), "a", "b"]) -> REPO/a/b (the source of share/...)."""
+    parts = call.args[0].elts
+    assert calls(parts[0], "FindPackageShare") and parts[0].args[0].value == package_name()
+    assert parts[1].value in installed_share_folders(), f"{parts[1].value}/ is not installed to share/"
+    return REPO.joinpath(*(p.value for p in parts[1:]))
+
+
+@pytest.mark.parametrize("launch_file", ["launch/oxygen.launch.py", "test/launch/test_vla_node.launch.py"])
+def test_vla_node_is_started_by_its_installed_name(launch_file):
+    tree = parse(launch_file)
+    (node,) = calls(tree, "Node")
+    assert keyword(node, "package").value == package_name() == "oxygen_ros"
+    executable = keyword(node, "executable").value
+    from_setup, from_cmake = installed_executables()
+    assert executable == "vla_node" and executable in from_setup and executable in from_cmake
+    entry = "generate_test_description" if launch_file.startswith("test/") else "generate_launch_description"
+    assert entry in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
+    tree = parse("launch/oxygen.launch.py")
+    declared = declared_arguments(tree)
+    assert declared == {"namespace", "params_file", "use_sim_time", "preset", "checkpoint", "tokenizer"}
+    overrides = ast.literal_eval(assigned(tree, "OVERRIDES"))
+    assert launch_configurations(tree) | set(overrides) <= declared
+    assert set(overrides.values()) <= NODE_PARAMETERS and "use_sim_time" in constant_strings(tree)
+    (node,) = calls(tree, "Node")
+    assert calls(keyword(node, "namespace"), "LaunchConfiguration")[0].args[0].value == "namespace"
+    (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
+    assert share_path(default_params) == REPO / "config" / "aloha.yaml" and share_path(default_params).is_file()
+
+
+def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
+    tree = parse("launch/oxygen_replay.launch.py")
+    declared = declared_arguments(tree)
+    assert {"bag", "rate", "namespace", "params_file", "preset", "checkpoint"} <= declared
+    assert launch_configurations(tree) <= declared
+    forwarded = set(ast.literal_eval(assigned(tree, "FORWARDED")))
+    assert forwarded <= declared & declared_arguments(parse("launch/oxygen.launch.py"))
+    (include,) = calls(tree, "IncludeLaunchDescription")
+    (included,) = calls(include, "PathJoinSubstitution")
+    assert share_path(included) == REPO / "launch" / "oxygen.launch.py"
+    pairs = [tuple(constant_strings(t)) for t in ast.walk(keyword(include, "launch_arguments"))
+             if isinstance(t, ast.Tuple)]
+    assert ("use_sim_time", "true") in pairs
+    (process,) = calls(tree, "ExecuteProcess")
+    cmd = keyword(process, "cmd")
+    words = [e.value for e in cmd.elts if isinstance(e, ast.Constant)]
+    assert words[:2] == ["oxygen-ros", "replay"]
+    assert "oxygen-ros = oxygen_ros.cli:main" in constant_strings(parse("setup.py"))
+    assert '"replay": ("oxygen_ros.nodes.replay_node"' in (REPO / "oxygen_ros" / "cli.py").read_text()
+    options = {o for action in replay_parser()._actions for o in action.option_strings}
+    assert {w for w in words if w.startswith("--") and w != "--ros-args"} <= options
+    assert {"--clock", "--wait-for"} <= set(words)
+
+
+def test_launch_test_parameters_are_node_parameters_and_the_config_is_installed():
+    tree = parse("test/launch/test_vla_node.launch.py")
+    (node,) = calls(tree, "Node")
+    params_file, overrides = keyword(node, "parameters").elts
+    assert {key.value for key in overrides.keys} <= NODE_PARAMETERS
+    assert isinstance(params_file, ast.Name)
+    (path,) = [c for c in calls(tree, "join") if calls(c, "get_package_share_directory")]
+    assert [path.args[0].args[0].value] + [a.value for a in path.args[1:]] == [package_name(), "config", "aloha.yaml"]
+    assert "config" in installed_share_folders()
+    decorators = {ast.unparse(d) for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+                  for d in n.decorator_list}
+    assert {"pytest.mark.launch_test", "launch_testing.post_shutdown_test()"} <= decorators
+    assert calls(tree, "assertExitCodes") and calls(tree, "ReadyToTest")

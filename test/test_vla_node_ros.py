@@ -1,0 +1,360 @@
+"""The VLA node over real DDS: started as a process with the shipped parameter file (as the launch file does), fed
+by a sensor publisher in this process, judged by what it publishes.
+
+Every node here runs the `tiny` preset with the ALOHA file and `-p` overrides for what `tiny` lacks (it has two
+image keys, so two cameras) and with one torch thread, so several nodes fit on a small machine.
+"""
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+import torch
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import String
+from test_replay_node import Child
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.data.jpeg import encode_jpeg
+from oxygen_ros.msg import EngineStatus, Narration
+from oxygen_ros.nodes.conversions import ns_to_stamp, stamp_to_ns
+from oxygen_ros.nodes.latency_probe import SensorPublisher
+from oxygen_ros.nodes.vla_node import main as vla_node_main
+
+REPO = Path(__file__).resolve().parents[1]
+ALOHA = REPO / "config" / "aloha.yaml"
+CAMERAS = ["camera/cam_high/image_raw", "camera/cam_left_wrist/image_raw"]
+TINY = ["-p", "model.preset:=tiny", "-p", f"cameras.topics:=[{','.join(CAMERAS)}]",
+        "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "-p", "cameras.compressed:=[false,false]",
+        "-p", "control.horizon:=6",
+        "-p", "model.cpu_threads:=1", "-p", "status.rate_hz:=10.0"]
+STARTUP_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    """One user cache for the module's nodes: the stand-in tokenizer is trained by the first and reused."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def start_node(env: dict, cache: Path, *overrides: str, namespace: str = "") -> Child:
+    env = dict(env, XDG_CACHE_HOME=str(cache))
+    args = ["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(ALOHA), *TINY, *overrides]
+    if namespace:
+        args += ["-r", f"__ns:={namespace}"]
+    return Child(args, env)
+
+
+def diagnostic_values(status: DiagnosticStatus) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+class Robot:
+    """The test's side of one robot: sensors published into a namespace, everything the node sends back kept."""
+
+    def __init__(self, context, namespace: str = "", compressed_second_camera: bool = False):
+        self.node = rclpy.create_node("robot_side", namespace=namespace or None, context=context)
+        self.sensors = SensorPublisher(self.node, CAMERAS if not compressed_second_camera else CAMERAS[:1],
+                                       ALOHA_JOINT_NAMES)
+        self.compressed_pub = None
+        if compressed_second_camera:
+            self.compressed_pub = self.node.create_publisher(CompressedImage, CAMERAS[1] + "/compressed",
+                                                             qos_profile_sensor_data)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self.instruction_pub = self.node.create_publisher(String, "instruction", latched)
+        self.lock = threading.Lock()
+        self.chunks: list[tuple[float, JointTrajectory]] = []
+        self.narrations: list[Narration] = []
+        self.statuses: list[EngineStatus] = []
+        self.diagnostics: list[DiagnosticStatus] = []
+        self.node.create_subscription(JointTrajectory, "action_chunk", self._keep(self.chunks, timed=True), 100)
+        self.node.create_subscription(Narration, "narration", self._keep(self.narrations), 100)
+        self.node.create_subscription(EngineStatus, "engine_status", self._keep(self.statuses), 50)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 50)
+
+    def _keep(self, store: list, timed: bool = False):
+        def callback(msg):
+            with self.lock:
+                store.append((time.monotonic(), msg) if timed else msg)
+        return callback
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        ours = f"{self.node.get_namespace().rstrip('/')}/vla_node: vla engine"
+        with self.lock:
+            self.diagnostics += [s for s in msg.status if s.name == ours]
+
+    def publish_good(self, compressed_ok: bool = True) -> int:
+        stamp = self.sensors.publish_frame()
+        if self.compressed_pub is not None and compressed_ok:
+            self.publish_compressed(encode_jpeg(self.sensors.images[0], 90), stamp)
+        return stamp
+
+    def publish_compressed(self, data: bytes, stamp: int, fmt: str = "jpeg") -> None:
+        msg = CompressedImage(format=fmt, data=data)
+        msg.header.stamp = ns_to_stamp(stamp)
+        self.compressed_pub.publish(msg)
+
+    def chunk_stamps(self) -> set[int]:
+        with self.lock:
+            return {stamp_to_ns(m.header.stamp) for _, m in self.chunks}
+
+    def last_status(self) -> EngineStatus | None:
+        with self.lock:
+            return self.statuses[-1] if self.statuses else None
+
+    def last_values(self) -> dict[str, str]:
+        with self.lock:
+            return diagnostic_values(self.diagnostics[-1]) if self.diagnostics else {}
+
+
+class Spinner:
+    """One SingleThreadedExecutor thread for the test's nodes."""
+
+    def __init__(self, context, nodes):
+        self.executor = SingleThreadedExecutor(context=context)
+        for node in nodes:
+            self.executor.add_node(node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def close(self, nodes) -> None:
+        self.executor.shutdown()
+        self.thread.join()
+        for node in nodes:
+            node.destroy_node()
+
+
+def wait_until(condition, timeout: float, child: Child | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if child is not None and child.process.poll() is not None:
+            return condition()  # the node died: no point waiting
+        time.sleep(0.02)
+    return condition()
+
+
+def drive(robot: Robot, seconds: float, rate_hz: float = 30.0, **kwargs) -> list[int]:
+    """Publish good frames for `seconds` from this thread; returns their stamps."""
+    stamps, period = [], 1.0 / rate_hz
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        stamps.append(robot.publish_good(**kwargs))
+        time.sleep(period)
+    return stamps
+
+
+def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_context, ros_env, model_cache):
+    """robot1 is measured while robot2 idles (it has no sensors yet); then both run, each on its own inputs."""
+    rate = 20.0
+    robots = {ns: Robot(ros_context, ns) for ns in ("/robot1", "/robot2")}
+    robot1, robot2 = robots.values()
+    robot1.instruction_pub.publish(String(data="pick up the red cube"))  # latched: sent before the node exists
+    spinner = Spinner(ros_context, [r.node for r in robots.values()])
+    children = {
+        "/robot1": start_node(ros_env, model_cache, "-p", f"control.rate_hz:={rate}", "-p", "control.time_step:=0.04",
+                              "-p", "language.every_n_frames:=5", "-p", "language.max_new_tokens:=8",
+                              "-p", "language.stream_every:=4", namespace="/robot1"),
+        "/robot2": start_node(ros_env, model_cache, "-p", "control.rate_hz:=10.0", "-p", "language.policy:=off",
+                              namespace="/robot2"),
+    }
+    try:
+        for ns, robot in robots.items():
+            assert wait_until(lambda r=robot: r.last_status() is not None, STARTUP_TIMEOUT_S, children[ns]), \
+                children[ns].stop()[1]
+            children[ns].note_shm()
+        publisher, stop = robot1.sensors.start(30.0)
+        try:
+            assert wait_until(lambda: robot1.chunks, 20, children["/robot1"]), children["/robot1"].stop()[1]
+            time.sleep(1.0)  # warm-up
+            with robot1.lock:
+                begin = len(robot1.chunks)
+            time.sleep(3.0)
+            with robot1.lock:
+                measured = robot1.chunks[begin:]
+        finally:
+            stop.set()
+            publisher.join()
+        assert not robot2.chunks and robot2.last_status().state == "waiting_for_camera"
+        # Now both robots see sensors, each its own.
+        both = {ns: [] for ns in robots}
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            for ns, robot in robots.items():
+                both[ns].append(robot.publish_good())
+            time.sleep(1 / 30)
+        assert wait_until(lambda: all(set(both[ns]) & robots[ns].chunk_stamps() for ns in robots), 5)
+        time.sleep(0.5)  # the last narrations and a status period
+        results = {ns: child.stop() for ns, child in children.items()}
+    finally:
+        for child in children.values():
+            child.stop()
+        spinner.close([r.node for r in robots.values()])
+
+    for rc, output in results.values():
+        assert rc == 0, output
+        assert "terminate called" not in output and "Traceback" not in output, output
+    # No cross-talk: every chunk comes from a frame published to that robot's namespace.
+    assert robot1.chunk_stamps() <= set(robot1.sensors.stamps)
+    assert robot2.chunk_stamps() <= set(robot2.sensors.stamps) and robot2.chunk_stamps()
+    assert robot2.statuses[-1].actions_published > 0 and robot2.diagnostics
+    assert not robot2.narrations and robot1.narrations
+
+    span = measured[-1][0] - measured[0][0]
+    assert (len(measured) - 1) / span >= 0.9 * rate, f"{len(measured)} chunks in {span:.2f} s"
+    for _, chunk in robot1.chunks:
+        assert chunk.joint_names == list(ALOHA_JOINT_NAMES)
+        assert len(chunk.points) == 6
+        assert [stamp_to_ns(p.time_from_start) for p in chunk.points] == [40_000_000 * (i + 1) for i in range(6)]
+        assert all(len(p.positions) == 14 and np.isfinite(p.positions).all() for p in chunk.points)
+
+    chunk_stamps = robot1.chunk_stamps()
+    finals = [n for n in robot1.narrations if n.final]
+    assert len(finals) >= 5
+    assert len({n.request_id for n in finals}) == len(finals), "one final message per request"
+    by_request: dict[int, list[Narration]] = {}
+    for narration in robot1.narrations:
+        assert stamp_to_ns(narration.header.stamp) in chunk_stamps  # a frame the node acted on
+        assert narration.header.frame_id == "camera_0"  # the first camera's frame
+        by_request.setdefault(narration.request_id, []).append(narration)
+    for messages in by_request.values():
+        assert [m.final for m in messages].count(True) <= 1 and not any(m.final for m in messages[:-1])
+        assert [m.num_tokens for m in messages] == sorted(m.num_tokens for m in messages)
+        assert len({stamp_to_ns(m.header.stamp) for m in messages}) == 1
+    assert all(0 < m.num_tokens <= 8 for m in finals if m.text)
+
+    running = [s for s in robot1.statuses if s.state == "running"]
+    assert running, [s.state for s in robot1.statuses]
+    for status in running:
+        assert status.kv_slots_total == 8 and status.kv_slots_used <= status.kv_slots_total
+        assert status.kv_bytes_used <= status.kv_bytes_total and status.kv_bytes_total > 0
+        assert status.actions_published > 0 and status.dropped_frames == 0
+        assert 0 < status.action_latency_p50_ms <= status.action_latency_p99_ms
+    assert max(s.action_rate_hz for s in running) > 0.9 * rate
+    assert any(s.language_tokens_per_s > 0 for s in running)
+
+    assert any(s.level == DiagnosticStatus.OK for s in robot1.diagnostics)
+    values = diagnostic_values(robot1.diagnostics[-1])
+    assert int(values["actions_published"]) >= len(measured) and float(values["node_overhead_ms_p50"]) >= 0
+    assert values["instructions_ignored"] == "0" and values["model_errors"] == "0"
+
+
+def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, ros_env, model_cache):
+    robot = Robot(ros_context, compressed_second_camera=True)
+    spinner = Spinner(ros_context, [robot.node])
+    child = start_node(ros_env, model_cache, "-p", "control.rate_hz:=20.0", "-p", "cameras.compressed:=[false,true]",
+                       "-p", "control.max_image_age_s:=0.5", "-p", "instruction.max_chars:=300",
+                       "-p", "language.policy:=on_instruction_change")
+
+    def counter(name: str) -> int:
+        return int(robot.last_values().get(name, "0"))
+
+    def recovers() -> None:
+        """Good frames again: a chunk computed from one of them arrives."""
+        good: list[int] = []
+
+        def acted() -> bool:
+            good.append(robot.publish_good())
+            time.sleep(1 / 30)
+            return bool(set(good) & robot.chunk_stamps())
+
+        assert wait_until(acted, 5), (robot.last_values(), child.stop()[1])
+
+    def bad(publish, counter_name: str) -> None:
+        before = counter(counter_name)
+        publish()
+        assert wait_until(lambda: counter(counter_name) > before, 3), (counter_name, robot.last_values())
+        recovers()
+
+    try:
+        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        child.note_shm()
+        # One camera missing at start: no action, and the status says which.
+        drive(robot, 0.6, compressed_ok=False)
+        assert not robot.chunks
+        assert robot.last_status().state == "waiting_for_camera"
+        assert CAMERAS[1] in robot.diagnostics[-1].message and robot.diagnostics[-1].level == DiagnosticStatus.WARN
+        recovers()
+        assert robot.last_status().dropped_frames == 0
+
+        def image(**fields) -> Image:
+            msg = robot.sensors.image_msg(0, robot.node.get_clock().now().nanoseconds)
+            for name, value in fields.items():
+                setattr(msg, name, value)
+            return msg
+
+        camera0 = robot.sensors.image_pubs[0]
+        bad(lambda: camera0.publish(image(encoding="yuv422")), "dropped_encoding")
+        bad(lambda: camera0.publish(image(data=bytes(100))), "dropped_size")  # truncated data
+        bad(lambda: camera0.publish(image(width=200)), "dropped_size")  # size does not match the data
+        now = robot.node.get_clock().now().nanoseconds
+        jpeg = encode_jpeg(robot.sensors.images[0], 90)
+        bad(lambda: robot.publish_compressed(jpeg[: len(jpeg) // 2], now), "dropped_corrupt")
+        joints = robot.sensors.joint_pub
+        nan = robot.sensors.joint_msg(now, [float("nan")] + [0.0] * 13)
+        bad(lambda: joints.publish(nan), "dropped_nan_joint")
+        missing = robot.sensors.joint_msg(now)
+        missing.name, missing.position = missing.name[1:], missing.position[1:]
+        bad(lambda: joints.publish(missing), "dropped_missing_joint")
+
+        def stale() -> None:
+            for _ in range(3):
+                robot.sensors.publish_frame(robot.node.get_clock().now().nanoseconds - 2_000_000_000)
+                robot.publish_compressed(jpeg, robot.node.get_clock().now().nanoseconds - 2_000_000_000)
+                time.sleep(0.1)
+
+        bad(stale, "dropped_stale_frame")
+        assert "stale_frame" in {s.state for s in robot.statuses}
+
+        bad(lambda: robot.instruction_pub.publish(String(data="   ")), "instructions_ignored")
+        long_text = " ".join(f"then move block {i} onto the tray" for i in range(40))  # 1,270 characters
+        bad(lambda: robot.instruction_pub.publish(String(data=long_text)), "instructions_truncated")
+        # Cut to max_chars first, then by words again, because 300 characters do not fit a 64-token prompt.
+        assert wait_until(lambda: counter("instructions_truncated") == 2, 3), robot.last_values()
+        drive(robot, 0.5)
+        time.sleep(0.3)
+        rc, output = child.stop()
+    finally:
+        child.stop()
+        spinner.close([robot.node])
+
+    assert rc == 0, output
+    values = diagnostic_values(robot.diagnostics[-1])
+    assert values["model_errors"] == "0", output
+    assert {k: int(values[k]) for k in values if k.startswith("dropped_") and k != "dropped_frames"} == {
+        "dropped_encoding": 1, "dropped_size": 2, "dropped_corrupt": 1, "dropped_nan_joint": 1,
+        "dropped_missing_joint": 1, "dropped_stale_frame": int(values["dropped_stale_frame"])}
+    assert int(values["dropped_stale_frame"]) >= 1
+    assert robot.statuses[-1].dropped_frames == sum(
+        int(values[k]) for k in values if k.startswith("dropped_") and k != "dropped_frames")
+    assert robot.statuses[-1].state == "running"
+    assert "instruction too long for the model's prompt" in output
+    narrated = {n.request_id for n in robot.narrations}
+    assert len(narrated) >= 2, "on_instruction_change narrates the default task and the new instruction"
+
+
+def test_unknown_camera_key_is_a_clear_start_up_error(capfd, tmp_path, monkeypatch):
+    # The ALOHA file as shipped maps three cameras; the tiny preset has only two image keys. The node's own main()
+    # runs here (no process: it fails before it would build the model), with the arguments ros2 run would pass.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), "-p", "model.preset:=tiny"]) == 1
+    output = capfd.readouterr().err
+    assert "cannot start: cameras.keys ['right_wrist_0_rgb'] are not image keys of this model" in output, output
+    assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), "-p", "model.checkpoint:=/nonexistent"]) == 1
+    assert "model.checkpoint needs model.tokenizer" in capfd.readouterr().err
+    threads = torch.get_num_threads()  # TINY sets one torch thread, in this process here
+    try:
+        assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), *TINY,
+                              "-p", "cameras.topics:=[cam 1,cam2]"]) == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert "cannot start: cameras.topics: " in capfd.readouterr().err

@@ -1,0 +1,335 @@
+"""The VLA node's parts without DDS: message conversions, the per-tick frame rules, instructions, parameters."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticStatus
+from sensor_msgs.msg import CompressedImage, Image, JointState
+
+from oxygen_ros.data.jpeg import encode_jpeg
+from oxygen_ros.engine.runtime import RuntimeStats
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.preprocess import normalized_state
+from oxygen_ros.model.prompt import tokenize_prompt
+from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+from oxygen_ros.nodes.conversions import (
+    ConversionError,
+    chunk_to_trajectory,
+    compressed_to_rgb,
+    image_to_rgb,
+    joint_positions,
+    ns_to_stamp,
+    stamp_to_ns,
+)
+from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
+from oxygen_ros.nodes.frame_inputs import FrameInputs, Instruction
+from oxygen_ros.nodes.parameters import SPECS, ParameterError, check_against_model, read_parameters
+
+REPO = Path(__file__).resolve().parents[1]
+RNG = np.random.default_rng(0)
+RGB = RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+
+
+def image(encoding: str, pixels: np.ndarray, pad: int = 0, stamp_ns: int = 0) -> Image:
+    height, width = pixels.shape[:2]
+    rows = pixels.reshape(height, -1)
+    padded = np.concatenate([rows, np.full((height, pad), 255, np.uint8)], axis=1)
+    msg = Image(height=height, width=width, encoding=encoding, step=padded.shape[1])
+    msg.data = padded.tobytes()
+    msg.header.stamp = ns_to_stamp(stamp_ns)
+    return msg
+
+
+# ---- conversions ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pad", [0, 3])
+def test_every_supported_encoding_becomes_rgb(pad):
+    alpha = np.full(RGB.shape[:2] + (1,), 9, np.uint8)
+    cases = {
+        "rgb8": RGB,
+        "bgr8": RGB[:, :, ::-1],
+        "rgba8": np.concatenate([RGB, alpha], axis=2),
+        "bgra8": np.concatenate([RGB[:, :, ::-1], alpha], axis=2),
+    }
+    for encoding, pixels in cases.items():
+        out = image_to_rgb(image(encoding, pixels, pad))
+        assert out.dtype == np.uint8 and out.shape == (5, 7, 3)
+        np.testing.assert_array_equal(out, RGB, err_msg=encoding)
+    gray = RGB[:, :, 0]
+    np.testing.assert_array_equal(image_to_rgb(image("mono8", gray, pad)), np.repeat(gray[:, :, None], 3, axis=2))
+
+
+def test_bad_images_are_rejected_with_a_reason():
+    with pytest.raises(ConversionError, match="unsupported image encoding '16UC1'") as err:
+        image_to_rgb(image("16UC1", RGB))
+    assert err.value.reason == "encoding"
+    truncated = image("rgb8", RGB)
+    truncated.data = truncated.data[:-1]
+    wider = image("rgb8", RGB)
+    wider.width = 8  # step 21 < 8 x 3
+    taller = image("rgb8", RGB)
+    taller.height = 6
+    for msg in (truncated, wider, taller):
+        with pytest.raises(ConversionError) as err:
+            image_to_rgb(msg)
+        assert err.value.reason == "size"
+
+
+def test_compressed_images_decode_and_corrupt_ones_are_rejected():
+    import io
+
+    from PIL import Image as PILImage
+
+    png = io.BytesIO()
+    PILImage.fromarray(RGB).save(png, format="PNG")
+    np.testing.assert_array_equal(compressed_to_rgb(CompressedImage(format="png", data=png.getvalue())), RGB)
+    smooth = np.tile(np.linspace(0, 255, 32, dtype=np.uint8)[None, :, None], (24, 1, 3))
+    jpeg = encode_jpeg(smooth, 95)
+    decoded = compressed_to_rgb(CompressedImage(format="rgb8; jpeg compressed bgr8", data=jpeg))
+    assert decoded.shape == smooth.shape and np.abs(decoded.astype(int) - smooth).max() <= 8
+    with pytest.raises(ConversionError) as err:
+        compressed_to_rgb(CompressedImage(format="jpeg", data=jpeg[: len(jpeg) // 2]))
+    assert err.value.reason == "corrupt"
+    with pytest.raises(ConversionError) as err:
+        compressed_to_rgb(CompressedImage(format="jpeg", data=b"not a jpeg at all"))
+    assert err.value.reason == "corrupt"
+    with pytest.raises(ConversionError) as err:
+        compressed_to_rgb(CompressedImage(format="tiff", data=jpeg))
+    assert err.value.reason == "encoding"
+
+
+def test_joint_state_positions_are_picked_by_name():
+    msg = JointState(name=["c", "a", "extra", "b"], position=[3.0, 1.0, 9.0, 2.0])
+    np.testing.assert_array_equal(joint_positions(msg, ["a", "b", "c"]), [1.0, 2.0, 3.0])
+    with pytest.raises(ConversionError, match=r"lacks joints \['d'\]") as err:
+        joint_positions(msg, ["a", "d"])
+    assert err.value.reason == "missing_joint"
+    nan = JointState(name=["a", "b"], position=[1.0, math.nan])
+    with pytest.raises(ConversionError, match=r"non-finite positions for \['b'\]") as err:
+        joint_positions(nan, ["a", "b"])
+    assert err.value.reason == "nan_joint"
+    assert joint_positions(nan, ["a"]).tolist() == [1.0]  # a bad joint nobody asked for does not matter
+    with pytest.raises(ConversionError) as err:
+        joint_positions(JointState(name=["a", "b"], position=[1.0]), ["a"])
+    assert err.value.reason == "joint_state"
+
+
+def test_chunk_becomes_a_joint_trajectory_stamped_with_the_source_frame():
+    actions = RNG.normal(size=(8, 3))
+    stamp = 1_700_000_123_456_789_012
+    msg = chunk_to_trajectory(actions, ["j1", "j2", "j3"], stamp, time_step_s=0.02, horizon=5)
+    assert stamp_to_ns(msg.header.stamp) == stamp
+    assert msg.joint_names == ["j1", "j2", "j3"] and len(msg.points) == 5
+    for i, point in enumerate(msg.points):
+        np.testing.assert_array_equal(point.positions, actions[i])
+        assert stamp_to_ns(point.time_from_start) == 20_000_000 * (i + 1)
+    assert stamp_to_ns(chunk_to_trajectory(actions, ["a", "b", "c"], 0, 0.6, 8).points[-1].time_from_start) \
+        == 4_800_000_000
+    with pytest.raises(ValueError, match="horizon"):
+        chunk_to_trajectory(actions, ["j1", "j2", "j3"], stamp, 0.02, horizon=9)
+    with pytest.raises(ValueError, match="joint names"):
+        chunk_to_trajectory(actions, ["j1", "j2"], stamp, 0.02, horizon=2)
+
+
+# ---- frame rules ----------------------------------------------------------------------------------------------------
+
+def joint_state(*values) -> JointState:
+    return JointState(name=["a", "b"], position=[float(v) for v in values])
+
+
+def test_frame_rules_waiting_stale_reuse_and_bad_messages():
+    inputs = FrameInputs(("base_0_rgb", "left_wrist_0_rgb"), (False, True), ("a", "b"), max_image_age_s=0.1)
+    second = 1_000_000_000
+    assert inputs.next_frame(0)[0] == "waiting_for_camera"
+    inputs.on_image(0, image("rgb8", RGB, stamp_ns=10 * second))
+    assert inputs.next_frame(10 * second)[0] == "waiting_for_camera"
+    jpeg = CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95))
+    jpeg.header.stamp, jpeg.header.frame_id = ns_to_stamp(10 * second), "wrist"
+    inputs.on_image(1, jpeg)
+    assert inputs.next_frame(10 * second)[0] == "waiting_for_state"
+    inputs.on_joint_state(joint_state(1, 2))
+    state, frame, errors = inputs.next_frame(10 * second + 50_000_000)
+    assert state == "running" and not errors and not frame.reused
+    assert frame.stamp_ns == 10 * second and sorted(frame.images) == ["base_0_rgb", "left_wrist_0_rgb"]
+    assert frame.state.tolist() == [1.0, 2.0]
+    # Nothing new: the same images are used again (counted), until they are too old.
+    state, again, _ = inputs.next_frame(10 * second + 90_000_000)
+    assert state == "running" and again.reused and inputs.reused_frames == 1
+    assert inputs.next_frame(10 * second + 150_000_000)[0] == "stale_frame"
+    assert inputs.drops == {"stale_frame": 1}
+    # A bad message is counted and dropped; the last good value stays.
+    with pytest.raises(ConversionError):
+        inputs.on_image(0, image("yuv422", RGB, stamp_ns=11 * second))
+    with pytest.raises(ConversionError):
+        inputs.on_joint_state(JointState(name=["a"], position=[5.0]))
+    corrupt = CompressedImage(format="jpeg", data=jpeg.data[:50])
+    corrupt.header.stamp = ns_to_stamp(11 * second)
+    inputs.on_image(1, corrupt)  # passes the cheap checks; fails when decoded
+    state, _, errors = inputs.next_frame(10 * second + 160_000_000)
+    assert [e.reason for e in errors] == ["corrupt"] and state == "stale_frame"
+    assert inputs.drops == {"stale_frame": 2, "encoding": 1, "missing_joint": 1, "corrupt": 1}
+    assert inputs.dropped_frames == 5
+    inputs.on_image(0, image("bgr8", RGB[:, :, ::-1], stamp_ns=11 * second))
+    inputs.on_image(1, jpeg)
+    jpeg.header.stamp = ns_to_stamp(11 * second)
+    state, frame, _ = inputs.next_frame(11 * second)
+    assert state == "running" and frame.state.tolist() == [1.0, 2.0]
+    np.testing.assert_array_equal(frame.images["base_0_rgb"], RGB)
+
+
+def test_instruction_ignores_empty_cuts_long_and_fits_the_prompt(tmp_path):
+    instruction = Instruction("do nothing", max_chars=40)
+    assert instruction.set("   ") == "ignored" and instruction.text == "do nothing" and instruction.version == 0
+    assert instruction.set("stack the cups") == "accepted" and instruction.version == 1
+    assert instruction.set("stack the cups") == "accepted" and instruction.version == 1  # unchanged
+    assert instruction.set("x" * 50) == "truncated" and instruction.text == "x" * 40
+    assert (instruction.ignored, instruction.truncated) == (1, 1)
+
+    config = get_preset("tiny")
+    tokenizer = load_tokenizer(train_tokenizer(tmp_path / "tok.model", config.vocab_size))
+    state = np.linspace(-0.9, 0.9, 14)
+    words = " ".join(f"move block {i} to the tray" for i in range(30)).split()
+    instruction = Instruction("", max_chars=1000)
+    instruction.set(" ".join(words))
+    assert instruction.fit_prompt(tokenizer, state, config, None)
+    kept = instruction.text.split()
+    assert 0 < len(kept) < len(words) and kept == words[: len(kept)] and instruction.truncated == 1
+    normalized = normalized_state(state, config, None)
+    tokenize_prompt(tokenizer, instruction.text, normalized, config.max_token_len)  # fits now
+    with pytest.raises(ValueError, match="max_token_len"):  # and is the longest prefix of words that does
+        tokenize_prompt(tokenizer, " ".join(words[: len(kept) + 1]), normalized, config.max_token_len)
+    assert not instruction.fit_prompt(tokenizer, state, config, None)  # already fits: nothing to do
+
+
+# ---- parameters -----------------------------------------------------------------------------------------------------
+
+def parameter_values(**changes) -> dict:
+    values = {spec.name: spec.default for spec in SPECS}
+    values.update({"cameras.topics": ["cam/a", "cam/b"], "cameras.keys": ["base_0_rgb", "left_wrist_0_rgb"],
+                   "joints.state_names": ["a", "b"], "joints.action_names": ["a", "b"]})
+    values.update({k.replace("__", "."): v for k, v in changes.items()})
+    return values
+
+
+def test_parameters_are_validated_with_clear_errors():
+    params = read_parameters(parameter_values(control__rate_hz=20))  # an integer where a float is expected
+    assert params.rate_hz == 20.0 and params.time_step_s == 0.05 and params.camera_compressed == (False, False)
+    assert read_parameters(parameter_values(cameras__compressed=[True, False])).camera_compressed == (True, False)
+    assert read_parameters(parameter_values(language__policy=False)).language_policy == "off"  # YAML's `off`
+    bad = {
+        "cameras.keys": (["base_0_rgb"], "cameras.topics has 2 entries but cameras.keys 1"),
+        "cameras.topics": (None, "cameras.topics is not set"),
+        "cameras.compressed": ([True], "cameras.compressed has 1 entries for 2 cameras"),
+        "joints.state_names": (["a", "a"], r"joints.state_names lists \['a'\] more than once"),
+        "model.preset": ("huge", "model.preset must be one of tiny | small | pi05"),
+        "language.policy": ("always", "language.policy must be one of"),
+        "language.admission": ("random", "language.admission must be one of"),
+        "control.rate_hz": (0.0, r"control.rate_hz must be > 0"),
+        "control.deadline_margin_s": (0.5, "must be shorter than the control period"),
+        "language.pool_slots": (1, "language.pool_slots must be an integer >= 2"),
+        "control.max_image_age_s": ("soon", "control.max_image_age_s must be a number"),
+    }
+    for name, (value, message) in bad.items():
+        with pytest.raises(ParameterError, match=message):
+            read_parameters(parameter_values(**{name.replace(".", "__"): value}))
+
+
+def test_parameters_are_checked_against_the_model():
+    tiny = get_preset("tiny")
+    check_against_model(read_parameters(parameter_values()), tiny)
+    with pytest.raises(ParameterError, match=r"cameras.keys \['right_wrist_0_rgb'\] are not image keys"):
+        check_against_model(read_parameters(parameter_values(cameras__keys=["base_0_rgb", "right_wrist_0_rgb"])),
+                            tiny)
+    with pytest.raises(ParameterError, match="exceeds the model's action horizon"):
+        check_against_model(read_parameters(parameter_values(control__horizon=9)), tiny)
+    with pytest.raises(ParameterError, match="the model's state takes at most 16"):
+        names = [f"j{i}" for i in range(17)]
+        check_against_model(read_parameters(parameter_values(joints__state_names=names)), tiny)
+
+
+def test_shipped_parameter_files_declare_on_a_namespaced_node(ros_domain_id):
+    import rclpy
+    from rclpy.node import Node
+
+    from oxygen_ros.nodes.parameters import declare_parameters
+
+    for name, cameras, joints, rate in (("aloha", 3, 14, 50.0), ("droid", 2, 8, 15.0)):
+        context = rclpy.Context()
+        rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / f"{name}.yaml")],
+                   context=context, domain_id=ros_domain_id)
+        try:
+            node = Node("vla_node", namespace="/robot3", context=context)
+            params = read_parameters(declare_parameters(node))
+            check_against_model(params, get_preset("small"))
+            assert len(params.camera_topics) == cameras and params.camera_keys[0] == "base_0_rgb"
+            assert len(params.state_names) == joints == len(params.action_names) and params.rate_hz == rate
+            assert all(node.describe_parameter(s.name).read_only for s in SPECS)
+            node.destroy_node()
+        finally:
+            context.try_shutdown()
+
+
+# ---- status ---------------------------------------------------------------------------------------------------------
+
+def test_status_levels_and_messages():
+    stats = RuntimeStats(action_rate_hz=19.5, action_latency_p50_ms=3.0, action_latency_p99_ms=5.0, actions=100,
+                         deadline_misses=0, tokens_per_s=40.0, active_requests=2, requests_dropped=0, slots_used=2,
+                         slots_total=8, bytes_used=2048, bytes_total=8192)
+    health = Health(state="running", detail="", stats=stats, target_rate_hz=20.0, actions_published=100,
+                    dropped_frames=3, values={"model_errors": 0})
+    assert level_and_message(health)[0] == DiagnosticStatus.OK
+    array = diagnostic_array(health, ns_to_stamp(5), "/robot1/vla_node: vla engine", "cpu")
+    values = {kv.key: kv.value for kv in array.status[0].values}
+    assert values["kv_usage_percent"] == "25.0" and values["dropped_frames"] == "3" and values["model_errors"] == "0"
+    status = engine_status(health, ns_to_stamp(5))
+    assert (status.state, status.kv_slots_used, status.kv_slots_total, status.dropped_frames) == ("running", 2, 8, 3)
+    slow = Health(**{**health.__dict__, "target_rate_hz": 50.0})
+    assert level_and_message(slow) == (DiagnosticStatus.WARN, "acting at 19.5 Hz of 50 Hz")
+    waiting = Health(**{**health.__dict__, "state": "waiting_for_camera", "detail": "no image yet from cam"})
+    assert level_and_message(waiting) == (DiagnosticStatus.WARN, "waiting_for_camera: no image yet from cam")
+    failed = Health(**{**health.__dict__, "state": "model_error", "detail": "RuntimeError: boom"})
+    assert level_and_message(failed) == (DiagnosticStatus.ERROR, "model error: RuntimeError: boom")
+
+
+# ---- the node's tick, in-process --------------------------------------------------------------------------------
+
+def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_id):
+    import rclpy
+
+    from oxygen_ros.model.checkpoint import save_checkpoint
+    from oxygen_ros.model.pi05 import build_model
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    config = get_preset("tiny")
+    # Norm stats for 4 state dims, but the robot has 14 joints: every act() raises ValueError.
+    stats = {"observation.state": {"q01": -np.ones(4), "q99": np.ones(4)},
+             "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
+    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
+    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
+                     "-p", f"model.checkpoint:={checkpoint}", "-p", f"model.tokenizer:={tokenizer}",
+                     "-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
+                     "-p", "cameras.compressed:=false", "-p", "control.horizon:=4"],
+               context=context, domain_id=ros_domain_id)
+    node = VlaNode(context=context)
+    try:
+        now = node.get_clock().now().nanoseconds
+        for index in range(2):
+            node._on_image(index, image("rgb8", RGB, stamp_ns=now))
+        names = list(node.params.state_names)
+        node._on_joint_state(JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist()))
+        for ticks in (1, 2):
+            node._control_tick()
+            assert node.state == "model_error" and node.model_errors == ticks
+        health = node.health()
+        assert level_and_message(health) == (
+            DiagnosticStatus.ERROR, "model error: ValueError: norm stat q01 has 4 dims, need 14")
+        assert health.values["model_errors"] == 2 and health.actions_published == 0
+        assert node.instruction.truncated == 0  # a model error is not mistaken for a prompt that is too long
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
