@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("oxygen_ros.nodes.replay_node", "publish a rosbag2 with its timing (raw CDR, optional /clock)"),
     "record": ("oxygen_ros.nodes.record_node", "record topics into a rosbag2"),
     "report": ("oxygen_ros.data.report", "rates, action latency, narration timeline and plots from a bag"),
+    "demo": ("oxygen_ros.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
     "sim-demo": ("oxygen_ros.sim_demo", "closed loop: gym-aloha sim_node + the VLA node on sim time, timing report"),
     "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
 }

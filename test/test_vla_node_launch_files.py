@@ -140,3 +140,35 @@ def test_launch_test_parameters_are_node_parameters_and_the_config_is_installed(
                   for d in n.decorator_list}
     assert {"pytest.mark.launch_test", "launch_testing.post_shutdown_test()"} <= decorators
     assert calls(tree, "assertExitCodes") and calls(tree, "ReadyToTest")
+
+
+def flatten(tree: dict, prefix: str = "") -> set[str]:
+    names = set()
+    for key, value in tree.items():
+        names |= flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
+    return names
+
+
+def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_parameters():
+    import yaml
+
+    from oxygen_ros.demo import PARAMETER_FILES, RECORDED_TOPICS
+    from oxygen_ros.nodes.record_node import build_parser as record_parser
+
+    tree = parse("launch/oxygen_demo.launch.py")
+    (node,) = calls(tree, "Node")
+    assert keyword(node, "executable").value == "vla_node" and keyword(node, "package").value == package_name()
+    config_names = [c.value for c in ast.walk(keyword(node, "parameters"))
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.endswith(".yaml")]
+    assert tuple(config_names) == PARAMETER_FILES
+    for name in PARAMETER_FILES:
+        parameters = yaml.safe_load((REPO / "config" / name).read_text())["/**"]["ros__parameters"]
+        assert flatten(parameters) <= NODE_PARAMETERS, name
+    assert ast.literal_eval(assigned(tree, "RECORDED_TOPICS")) == list(RECORDED_TOPICS)
+    assert launch_configurations(tree) <= declared_arguments(tree)
+    options = {"record": {o for a in record_parser()._actions for o in a.option_strings},
+               "replay": {o for a in replay_parser()._actions for o in a.option_strings}}
+    for process in calls(tree, "ExecuteProcess"):
+        words = [e.value for e in keyword(process, "cmd").elts if isinstance(e, ast.Constant)]
+        assert words[0] == "oxygen-ros" and words[1] in options
+        assert {w for w in words if w.startswith("--")} <= options[words[1]]

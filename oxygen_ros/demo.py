@@ -1,0 +1,169 @@
+"""`oxygen-ros demo`: the whole pipeline on a generated episode, end to end, on one machine.
+
+1. writes a synthetic ALOHA episode (moving images on two cameras, smooth 14-joint trajectories) as the ALOHA tools
+   write it (HDF5, JPEG-compressed images), and converts it to a rosbag2 with `oxygen-ros convert`;
+2. starts the recorder, the VLA node (`config/aloha.yaml` + `config/demo_tiny.yaml`: the tiny preset with random
+   weights, on simulated time) and the replay of the episode bag with its /clock, as
+   `launch/oxygen_demo.launch.py` does on a ROS 2 install;
+3. when the replay ends, stops the nodes and writes the run report (topic rates, latency from frame stamp to
+   chunk, narration timeline, action-chunk plot against the episode's recorded actions) and prints a summary.
+
+Random weights do not make sensible text or motion: the demo shows the plumbing, the rates and the latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .data.aloha import write_aloha
+from .data.bag import read_messages
+from .data.convert import main as convert_main
+from .data.report import actions_from_episode_bag, write_report
+from .data.synthetic import synthetic_episode
+from .processes import child_env, find_config, python_command, stop
+
+CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
+PARAMETER_FILES = ("aloha.yaml", "demo_tiny.yaml")
+TASK = "pick up the red cube and place it in the bowl"
+RECORDED_TOPICS = ("action_chunk", "narration", "engine_status", "/clock")
+
+
+def node_command(args: argparse.Namespace) -> list[str]:
+    command = [*python_command("oxygen_ros.nodes.vla_node"), "--ros-args"]
+    for name in PARAMETER_FILES:
+        path = find_config(name)
+        if path is None:
+            raise RuntimeError(f"config/{name} not found (source tree or share/oxygen_ros/config)")
+        command += ["--params-file", str(path)]
+    overrides = ["use_sim_time:=true"]
+    if args.preset:
+        overrides.append(f"model.preset:={args.preset}")
+    if args.rate_hz:
+        overrides.append(f"control.rate_hz:={args.rate_hz}")
+    return command + [x for override in overrides for x in ("-p", override)]
+
+
+def make_episode_bag(out: Path, seconds: float) -> tuple[Path, Path]:
+    episode = synthetic_episode(seconds=seconds, fps=50.0, cameras=CAMERAS, task=TASK)
+    hdf5 = write_aloha(out / "episode_0.hdf5", episode, compress=True)
+    bag = out / "episode_bag"
+    if convert_main(["aloha", str(hdf5), str(bag), "--task", TASK]) != 0:
+        raise RuntimeError(f"converting {hdf5} failed")
+    return hdf5, bag
+
+
+def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path) -> Path:
+    """Recorder + VLA node + replay; returns the recorded bag once the replay has finished."""
+    run_bag = out / "run_bag"
+    env = child_env()
+    node_cmd = node_command(args)
+    logs = {name: open(out / f"{name}.log", "w") for name in ("record", "vla_node", "replay")}
+    processes: dict[str, subprocess.Popen] = {}
+    try:
+        processes["record"] = subprocess.Popen(
+            [*python_command("oxygen_ros.nodes.record_node"), str(run_bag), "--topics", *RECORDED_TOPICS],
+            env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
+        processes["vla_node"] = subprocess.Popen(node_cmd, env=env, stdout=logs["vla_node"], stderr=subprocess.STDOUT)
+        # the replay waits until the node subscribes (its model is loaded), so no frame goes unheard
+        processes["replay"] = subprocess.Popen(
+            [*python_command("oxygen_ros.nodes.replay_node"), str(episode_bag), "--clock", "--wait-for",
+             "joint_states"], env=env, stdout=logs["replay"], stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + args.timeout
+        while processes["replay"].poll() is None:
+            for name in ("record", "vla_node"):
+                if processes[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited early with status {processes[name].returncode}; see "
+                                       f"{out / (name + '.log')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replay did not finish within {args.timeout:.0f} s")
+            time.sleep(0.2)
+        if processes["replay"].returncode != 0:
+            raise RuntimeError(f"replay failed; see {out / 'replay.log'}")
+        time.sleep(1.0)  # the last chunks and narration reach the recorder
+    finally:
+        # the node first, so the recorder sees its last messages; the recorder last, so its bag is closed
+        for name in ("replay", "vla_node", "record"):
+            if name in processes and stop(processes[name]) not in (0, None):
+                print(f"warning: {name} exited with status {processes[name].returncode}", file=sys.stderr)
+        for log in logs.values():
+            log.close()
+    return run_bag
+
+
+def engine_status(run_bag: Path) -> dict:
+    """The last EngineStatus the node published (its own view of rates, tokens and the KV pool)."""
+    statuses = [message for _, message in read_messages(run_bag, topics=["/engine_status"])]
+    if not statuses:
+        return {}
+    status = statuses[-1]
+    fields = ("state", "action_rate_hz", "action_latency_p50_ms", "action_latency_p99_ms", "actions_published",
+              "deadline_misses", "dropped_frames", "language_tokens_per_s", "kv_slots_total", "kv_bytes_total")
+    return {name: getattr(status, name) for name in fields}
+
+
+def summary_lines(report: dict, status: dict, seconds: float) -> list[str]:
+    chunks = report["topics"].get("/action_chunk", {})
+    latency = report["action_latency"]
+    finals = [n for n in report["narration"] if n["final"]]
+    lines = [
+        "oxygen-ros demo summary",
+        f"  episode            {seconds:.0f} s synthetic ALOHA episode, cameras {', '.join(CAMERAS)}",
+        f"  action chunks      {report['action_chunks']} received, {chunks.get('rate_hz') or 0:.1f} Hz",
+    ]
+    if latency["available"]:
+        lines.append(f"  action latency     p50 {latency['p50_ms']:.1f} ms, p99 {latency['p99_ms']:.1f} ms "
+                     f"(frame stamp -> chunk received)")
+    else:
+        lines.append(f"  action latency     unavailable: {latency['reason']}")
+    if status:
+        lines.append(f"  engine             act p50 {status['action_latency_p50_ms']:.1f} ms, p99 "
+                     f"{status['action_latency_p99_ms']:.1f} ms, {status['deadline_misses']} deadline misses, "
+                     f"{status['dropped_frames']} dropped frames, {status['language_tokens_per_s']:.1f} tokens/s")
+    lines.append(f"  narration          {len(report['narration'])} requests, {len(finals)} finished")
+    for entry in finals[:3]:
+        lines.append(f"    [{entry['first_s']:5.2f} s] request {entry['request_id']}: {entry['text'][:70]!r}")
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oxygen-ros demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="out/demo", help="output folder (replaced)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of the generated episode")
+    parser.add_argument("--preset", help="model.preset override (default: tiny, from config/demo_tiny.yaml)")
+    parser.add_argument("--rate-hz", type=float, help="control.rate_hz override (default: 10)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many wall seconds")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    try:
+        hdf5, episode_bag = make_episode_bag(out, args.seconds)
+        print(f"demo: wrote {hdf5} and {episode_bag}; replaying it into vla_node", flush=True)
+        run_bag = run_nodes(args, out, episode_bag)
+        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag))
+        status = engine_status(run_bag)
+    except Exception as error:  # noqa: BLE001 - one clear line for the person running the demo
+        print(f"demo failed: {error}", file=sys.stderr)
+        return 1
+    (out / "summary.json").write_text(json.dumps({"report": report, "engine_status": status}, indent=2) + "\n")
+    print("\n".join(summary_lines(report, status, args.seconds)))
+    print(f"wrote {out / 'report' / 'report.md'} and {out / 'report' / 'actions.png'}")
+    if report["action_chunks"] == 0:
+        print("demo failed: no action chunk was recorded", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
