@@ -1,18 +1,26 @@
-# Developer entry points. `make test` is what CI runs (.ci/run).
+# Developer entry points. `make demo` is the main job, `make test` is what CI runs (.ci/run).
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test lint sim-demo
+.PHONY: setup test lint demo sim-demo bench
 
 setup:
 	bash scripts/setup.sh
 
 lint: setup
-	$(VENV)/bin/ruff check oxygen_ros test
+	$(VENV)/bin/ruff check oxygen_ros test launch
 
 test: lint
 	$(PY) -m pytest -q
 
+# Generated ALOHA episode -> rosbag2 -> replay into the VLA node (tiny preset) + recorder -> report (out/demo).
+demo: setup
+	$(VENV)/bin/oxygen-ros demo --out out/demo
+
 # The closed loop in simulation: sim_node (gym-aloha) + the VLA node (tiny preset), timing report + contact sheet.
 sim-demo: setup
 	MUJOCO_GL=$${MUJOCO_GL:-egl} $(VENV)/bin/oxygen-ros sim-demo --out out/sim_demo
+
+# The OxyGen benchmark matrix, reduced (a few minutes on 2 CPU cores); see docs/benchmarks.md for the full command.
+bench: setup
+	$(VENV)/bin/oxygen-ros bench --preset small --quick --out out/bench
