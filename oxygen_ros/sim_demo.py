@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
@@ -39,20 +40,32 @@ def sim_command(args: argparse.Namespace, record: Path) -> list[str]:
             *(x for name, value in params.items() for x in ("-p", f"{name}:={value}"))]
 
 
-def policy_command(args: argparse.Namespace) -> list[str]:
-    """The policy node with the VLA node's parameter file and overrides (sim time, our cameras, tiny preset)."""
+def policy_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """The policy node with the VLA node's parameter files, then the sim's overrides as one more file.
+
+    By default the files of `oxygen-ros demo` (config/aloha.yaml, then config/demo_tiny.yaml: tiny-sized chunks and
+    narration settings). The overrides (sim time, the sim's camera topics and image keys, preset, rate) go into
+    `out/policy_overrides.yaml`, loaded last: later parameter files win over earlier ones, which `-p` on top of
+    several files does not guarantee.
+    """
     command = [*python_command(args.policy), "--ros-args"]
-    params_file = Path(args.params_file) if args.params_file else find_config("aloha.yaml")
-    if params_file is not None:
-        command += ["--params-file", str(params_file)]
-    topics = ",".join(f"camera/{cam}/image_raw" for cam in args.cameras)
-    keys = ",".join(MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras)
-    overrides = [f"model.preset:={args.preset}", "use_sim_time:=true", f"cameras.topics:=[{topics}]",
-                 f"cameras.keys:=[{keys}]", f"control.rate_hz:={args.policy_rate}", *args.policy_param]
-    for override in overrides:
+    files = [Path(args.params_file)] if args.params_file else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")]
+    overrides = {
+        "use_sim_time": True,
+        "model": {"preset": args.preset},
+        "cameras": {"topics": [f"camera/{cam}/image_raw" for cam in args.cameras],
+                    "keys": [MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras],
+                    "compressed": [False] * len(args.cameras)},
+        "control": {"rate_hz": float(args.policy_rate)},
+    }
+    overrides_file = out / "policy_overrides.yaml"
+    overrides_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": overrides}}, sort_keys=False))
+    for params_file in [*files, overrides_file]:
+        if params_file is not None:
+            command += ["--params-file", str(params_file)]
+    for override in args.policy_param:
         command += ["-p", override]
     return command
-
 
 def sim_summary(log: str) -> dict | None:
     match = re.search(r"sim summary: (\{.*\})", log)
@@ -109,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
     parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube")
     parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc")
-    parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist", "right_wrist"])
+    parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
+                        help="sim cameras rendered and fed to the policy (the tiny preset takes two)")
     parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="out/sim_demo", help="output folder")
@@ -138,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
           f"policy {args.policy}")
     with open(sim_log, "w") as sim_out, open(policy_log, "w") as policy_out:
         sim = subprocess.Popen(sim_command(args, record), env=env, stdout=sim_out, stderr=subprocess.STDOUT)
-        policy = subprocess.Popen(policy_command(args), env=env, stdout=policy_out, stderr=subprocess.STDOUT)
+        policy = subprocess.Popen(policy_command(args, out), env=env, stdout=policy_out, stderr=subprocess.STDOUT)
         failure = None
         try:
             deadline = time.monotonic() + args.timeout
