@@ -13,16 +13,12 @@ bag time). The bag is written under a temporary name and moved to OUT_BAG when c
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 
-import rclpy
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import remove_ros_args
 from rosbags.rosbag2 import Writer
 
@@ -30,6 +26,7 @@ from oxygen_ros.data.atomic import atomic_output
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.data.episode_bag import STORAGES
 from oxygen_ros.data.msgtypes import bag_typestore
+from oxygen_ros.nodes.lifecycle import ros_process, spin_until_stopped
 from oxygen_ros.nodes.topic_types import TopicTypeError, message_class
 
 
@@ -101,31 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(remove_ros_args(argv))
-    stop = threading.Event()
-    context = rclpy.Context()
-    rclpy.init(args=["record", *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with atomic_output(args.out_bag) as staging:
-            with Writer(staging, version=9, storage_plugin=STORAGES[args.storage]) as writer:
-                node = RecordNode(writer, args.topics, context=context)
-                executor = SingleThreadedExecutor(context=context)
-                executor.add_node(node)
-                try:
-                    while not stop.is_set():
-                        executor.spin_once(timeout_sec=0.1)
-                finally:
-                    executor.shutdown()
-                    node.destroy_node()
-        print(f"wrote {args.out_bag}: {node.counts}; never seen: {node.pending}")
-        return 0
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        context.try_shutdown()
+    with ros_process("record", argv) as (context, stop):
+        try:
+            with atomic_output(args.out_bag) as staging:
+                with Writer(staging, version=9, storage_plugin=STORAGES[args.storage]) as writer:
+                    node = RecordNode(writer, args.topics, context=context)
+                    spin_until_stopped(node, stop)
+            print(f"wrote {args.out_bag}: {node.counts}; never seen: {node.pending}")
+            return 0
+        except DataError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

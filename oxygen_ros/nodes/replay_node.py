@@ -13,21 +13,18 @@ rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
 
-import rclpy
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
-from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import remove_ros_args
 
 from oxygen_ros.data.bag import TopicInfo, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
+from oxygen_ros.nodes.lifecycle import ros_process, spinning
 from oxygen_ros.nodes.topic_types import TopicTypeError, is_sensor_stream, message_class
 
 
@@ -143,35 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rate <= 0 or args.clock_hz <= 0:
         print("error: --rate and --clock-hz must be positive", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    context = rclpy.Context()
-    rclpy.init(args=["replay", *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with ros_process("replay", argv) as (context, stop):
         try:
             node = ReplayNode(args.bag, rate=args.rate, loop=args.loop, clock=args.clock, topics=args.topics,
                               clock_hz=args.clock_hz, wait_for=args.wait_for, context=context)
         except (DataError, TopicTypeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        executor = SingleThreadedExecutor(context=context)
-        executor.add_node(node)
-        spin = threading.Thread(target=executor.spin, daemon=True)
-        spin.start()
-        try:
+        with spinning(node):
             node.get_logger().info(f"replaying {args.bag}: {node.topics} at rate {args.rate}")
             if node.wait_for_subscribers(stop) and not stop.wait(args.delay):
                 node.play(stop)
             node.get_logger().info(f"published {node.published} messages")
-        finally:
-            executor.shutdown()
-            spin.join()
-            node.destroy_node()
         return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        context.try_shutdown()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ the episode being recorded (if any) and exit 0.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -29,17 +28,15 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
-import rclpy
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
-from rclpy.signals import SignalHandlerOptions
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.nodes.lifecycle import ros_process, spinning
 from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv
 from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor
 from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
@@ -254,37 +251,20 @@ class SimNode(Node):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stop = threading.Event()
-    context = rclpy.Context()
-    rclpy.init(args=["sim_node", *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with ros_process("sim_node", argv) as (context, stop):
         try:
             node = SimNode(context=context)
         except (ValueError, ImportError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        executor = SingleThreadedExecutor(context=context)
-        executor.add_node(node)
-        spin = threading.Thread(target=executor.spin, daemon=True)
-        spin.start()
-        try:
+        with spinning(node, before_destroy=node.close):
             p = node.params
             node.get_logger().info(
                 f"sim {p['task']} ({node.instruction!r}), cameras {list(node.env.cameras)} at "
                 f"{p['image_height']}x{p['image_width']}, blending {p['blending']}, rate {p['rate_hz']} Hz")
             node.run(stop)
             node.get_logger().info("sim summary: " + json.dumps(node.status()))
-        finally:
-            executor.shutdown()
-            spin.join()
-            node.close()
-            node.destroy_node()
         return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        context.try_shutdown()
 
 
 if __name__ == "__main__":

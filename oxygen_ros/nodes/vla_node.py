@@ -17,7 +17,6 @@ SIGINT/SIGTERM: the executor stops, the runtime's worker is joined, the node des
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
@@ -28,10 +27,8 @@ import rclpy
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.exceptions import InvalidTopicNameException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -44,6 +41,7 @@ from oxygen_ros.msg import EngineStatus, Narration
 from .conversions import ConversionError, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, Frame, FrameInputs, Instruction
+from .lifecycle import ros_process, spinning
 from .model_setup import load_policy
 from .parameters import ParameterError, declare_parameters, read_parameters
 
@@ -267,50 +265,20 @@ class VlaNode(Node):
         self.diagnostics_pub.publish(diagnostic_array(health, stamp, name, self.params.device))
 
 
-def _spin(executor: SingleThreadedExecutor, stop: threading.Event, failure: list[BaseException]) -> None:
-    try:
-        executor.spin()
-    except ExternalShutdownException:
-        pass
-    except BaseException as err:  # a callback raised: report it from the main thread, exit non-zero
-        failure.append(err)
-    finally:
-        stop.set()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stop = threading.Event()
-    context = rclpy.Context()
-    rclpy.init(args=[NODE_NAME, *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with ros_process(NODE_NAME, argv) as (context, stop):
         try:
             node = VlaNode(context=context)
         except ParameterError as err:
             rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {err}")
             return 1
-        executor = SingleThreadedExecutor(context=context)
-        executor.add_node(node)
-        failure: list[BaseException] = []
-        spin = threading.Thread(target=_spin, args=(executor, stop, failure), name="ros-executor")
-        spin.start()
-        try:
-            while not stop.wait(0.5):
-                pass
-        finally:
-            executor.shutdown()
-            spin.join()
-            node.close()
-            node.destroy_node()
-        if failure:
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"a callback raised: {failure[0]!r}")
+        with spinning(node, stop, before_destroy=node.close) as spinner:
+            stop.wait()
+        if spinner.failure is not None:
+            rclpy.logging.get_logger(NODE_NAME).fatal(f"a callback raised: {spinner.failure!r}")
             return 1
         return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        context.try_shutdown()
 
 
 if __name__ == "__main__":
