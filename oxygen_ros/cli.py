@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "record": ("oxygen_ros.nodes.record_node", "record topics into a rosbag2"),
     "report": ("oxygen_ros.data.report", "rates, action latency, narration timeline and plots from a bag"),
     "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
+    "fleet-profile": ("oxygen_ros.fleet.profile_cli", "measure real stage latencies of served models -> LUT JSON"),
 }
 
 
