@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("oxygen_ros.data.report", "rates, action latency, narration timeline and plots from a bag"),
     "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
     "fleet-profile": ("oxygen_ros.fleet.profile_cli", "measure real stage latencies of served models -> LUT JSON"),
+    "fleet-assign": ("oxygen_ros.fleet.assign_cli", "traffic controller: robots -> GPUs (assignment JSON)"),
+    "fleet-bench": ("oxygen_ros.fleet.real_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
 }
 
 

@@ -1,6 +1,7 @@
 """Robot -> GPU assignment: the MILP against brute force, and the two baselines."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -139,3 +140,16 @@ def test_milp_scales_to_64_robots_8_models_4_gpus():
     assignment = assign_milp(robots, loads, 4)
     check_feasible(assignment, robots, loads)
     assert assignment.pairs <= assign_even_split(robots, loads, 4).pairs
+
+
+def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys):
+    from oxygen_ros.fleet.assign_cli import load_assignment, main
+
+    robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1} for i in range(12)]
+    (tmp_path / "fleet.json").write_text(json.dumps({"robots": robots}))
+    synthetic_table(model_scales(3)).save(tmp_path / "lut.json")
+    argv = ["--fleet", str(tmp_path / "fleet.json"), "--profile", str(tmp_path / "lut.json"), "--gpus", "4"]
+    assert main([*argv, "--out", str(tmp_path / "assignment.json")]) == 0
+    data = load_assignment(tmp_path / "assignment.json")
+    assert set(data["gpu_of"]) == {r["robot_id"] for r in robots} and set(data["gpu_of"].values()) == {0, 1, 2, 3}
+    assert data["method"] == "milp" and data["pairs"] >= 4 and "gpu 3" in capsys.readouterr().out
