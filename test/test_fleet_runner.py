@@ -16,6 +16,7 @@ from oxygen_ros.fleet.profile_cli import profile_runner
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, RobotSpec, Stage
 from oxygen_ros.fleet.simulator import SimConfig, simulate
+from oxygen_ros.fleet.traffic import robot_loads
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
 
@@ -112,29 +113,35 @@ def test_real_executor_serves_every_request_or_drops_it_and_frees_every_slot(run
 def test_simulator_matches_a_real_run_with_the_measured_lut(runner):
     """Real Robion serving of 2 co-located tiny models vs the simulator fed the LUT just measured by the same
     runner, with the measured co-run slowdown as its interference factor and the same arrivals (same seed).
+    Guard 1.1 (the default headroom): a guard as large as the co-run slowdown (2-3x here) also inflates ESF's
+    remaining-time estimate, and the simulation then fell into an overload collapse the real run avoided.
 
-    The load (60 robots x 20 Hz, SLO 30 ms) overloads the 2-core device by about 2x, so attainment sits near
-    0.5 rather than at a trivial 100%; there it is set by how many requests per second the device completes
-    and by which ones ESF lets expire, which is what the simulation has to get right.
+    The load (robots x 20 Hz, SLO 30 ms; the robot count is picked from the LUT so that the traffic controller's
+    load model, which assumes full batches of 8, puts it at 1.0x the device; with a 30 ms SLO batches stay
+    smaller, so the device completes about half of it: about 70 robots on calm cores) keeps attainment well
+    below a trivial 100%; there it is set by how many requests per second the device completes and by which
+    ones ESF lets expire, which is what the simulation has to get right.
 
     These 2 cores are shared with other processes that come and go (load averages of 6 seen), so during the run
     the machine is slower or faster than while profiling, and unevenly so. The simulation therefore replays the
-    run's service-time noise: each simulated unit of work lasts its LUT time times a factor drawn from the
-    run's observed cycle/LUT ratios (``cycle_factors``). That removes the machine's mood, not the model:
+    run's service-time drift: the k-th simulated unit of work lasts its LUT time times the k-th observed
+    cycle/LUT ratio of the real run (``cycle_factors``, in order, so slow spells stay together). That removes the machine's mood, not the model:
     batching, partition choice, lockstep timing, queueing and expiry are still the simulator's own, and the
     median factor must stay within [0.5, 2.5] (the LUT does describe this runner). Tolerance: 0.15 absolute in
-    attainment and a factor 1.5 in median latency; repeated runs here agreed within 0.09 and 15% (calm ones
-    within 0.05), the rest is margin for an uneven machine."""
+    attainment and a factor 1.5 in median latency; repeated runs here agreed within 0.01 and 2%; the rest is
+    margin for an uneven machine."""
     lut = profile_runner(runner, 8, repeats=5, warmup=2)
     slowdown = lut.meta["co_run_slowdown"]
-    robots = [RobotSpec(f"r{i}", "ab"[i % 2], 20.0, 0.03) for i in range(60)]
-    config = SimConfig(design="robion", duration_s=2.0, guard=max(1.1, slowdown), interference=slowdown, seed=1)
+    per_robot = robot_loads([RobotSpec("x", "a", 20.0, 0.03)], lut, batch=8, guard=max(1.1, slowdown))[0]
+    n = min(250, max(20, round(1.0 / per_robot)))
+    robots = [RobotSpec(f"r{i}", "ab"[i % 2], 20.0, 0.03) for i in range(n)]
+    config = SimConfig(design="robion", duration_s=2.5, guard=1.1, interference=slowdown, seed=1)
     frames = {m: s.stock_frame for m, s in runner.models.items()}
     real = run_real(robots, lut, runner, config, lambda r: frames[r.model_id])
     factors = cycle_factors(real.works, slowdown)
     assert 0.5 <= statistics.median(factors) <= 2.5, statistics.median(factors)
     sim_config = dataclasses.replace(config, duration_factors=tuple(factors))
     sim = simulate(robots, {r.robot_id: 0 for r in robots}, lut, sim_config)
-    assert 0.03 < sim.attainment < 0.95, sim.summary()  # not trivially 100% (nor 0%)
-    assert abs(real.attainment - sim.attainment) <= 0.15, (real.summary(), sim.summary())
+    assert 0.02 < sim.attainment < 0.95, sim.summary()  # not trivially 100% (nor 0%)
+    assert abs(real.attainment - sim.attainment) <= 0.15, (n, real.summary(), sim.summary())
     assert 1 / 1.5 <= real.latency_p50_s / sim.latency_p50_s <= 1.5, (real.summary(), sim.summary())

@@ -44,8 +44,9 @@ class SimConfig:
     interference: float = 1.05
     jitter_s: float = 0.0
     drop_expired: bool = True
-    # Service-time noise: when given, every unit of work lasts its LUT duration times a factor drawn (seeded)
-    # from these values, e.g. the wall/LUT ratios a real run showed on a shared machine (``executor``).
+    # Service-time drift: when given, the k-th unit of work (in start order) lasts its LUT duration times
+    # factor k (cycling), e.g. the wall/LUT ratios a real run showed, in order, on a shared machine
+    # (``executor.cycle_factors``): slow spells stay together as they happened.
     duration_factors: tuple[float, ...] = ()
 
 
@@ -133,7 +134,7 @@ def simulate(
     works: list[WorkRecord] = []
     arrivals: list[tuple[float, int]] = []
     factors = np.asarray(config.duration_factors, dtype=float)
-    noise = np.random.default_rng(config.seed + 1)
+    started = 0
     while events:
         now = events[0][0]
         touched: set[int] = set()
@@ -154,7 +155,8 @@ def simulate(
             for work in devices[gpu].start(now):
                 duration = work.duration(config.interference)
                 if factors.size:
-                    duration *= float(factors[noise.integers(factors.size)])
+                    duration *= float(factors[started % factors.size])
+                started += 1
                 record = WorkRecord(gpu, work, now + duration)
                 heapq.heappush(events, (record.end, 0, next(seq), record))
                 if keep_log:
