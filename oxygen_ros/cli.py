@@ -19,6 +19,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("oxygen_ros.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
     "sim-demo": ("oxygen_ros.sim_demo", "closed loop: gym-aloha sim_node + the VLA node on sim time, timing report"),
     "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
+    "fleet-profile": ("oxygen_ros.fleet.profile_cli", "measure real stage latencies of served models -> LUT JSON"),
+    "fleet-assign": ("oxygen_ros.fleet.assign_cli", "traffic controller: robots -> GPUs (assignment JSON)"),
+    "fleet-bench": ("oxygen_ros.fleet.real_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
 }
 
 

@@ -1,12 +1,15 @@
 """Robot -> GPU assignment: the MILP against brute force, and the two baselines."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 
+from oxygen_ros.fleet.fleet_sim_cli import robots_at_target
 from oxygen_ros.fleet.profile_table import synthetic_table
 from oxygen_ros.fleet.requests import RobotSpec
+from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
     InfeasibleAssignment,
     assign_even_split,
@@ -19,18 +22,22 @@ from oxygen_ros.fleet.traffic import (
 from oxygen_ros.fleet.workload import make_fleet, model_scales
 
 
-def brute_force(robots, loads, n_gpus, capacity=1.0):
-    """Lexicographic optimum (fewest model/GPU pairs, then lowest max load) over every placement."""
-    best = None
+def brute_force(robots, loads, n_gpus, capacity=1.0, balance_slack=0.1):
+    """The MILP's lexicographic objective by enumeration of every placement: the load cap B x (1 + slack)**k
+    (B = max(mean GPU load, heaviest robot), smallest k >= 1 with a placement under it, at most capacity), then
+    fewest model/GPU pairs under the cap, then lowest max load."""
+    placements = []
     for gpus in itertools.product(range(n_gpus), repeat=len(robots)):
         per_gpu = np.zeros(n_gpus)
         for load, g in zip(loads, gpus):
             per_gpu[g] += load
-        if per_gpu.max() > capacity + 1e-9:
-            continue
-        key = (len({(r.model_id, g) for r, g in zip(robots, gpus)}), per_gpu.max())
-        best = key if best is None or key < best else best
-    return best
+        placements.append((len({(r.model_id, g) for r, g in zip(robots, gpus)}), per_gpu.max()))
+    cap = min(capacity, max(sum(loads) / n_gpus, max(loads)) * (1 + balance_slack))
+    while True:
+        fits = [p for p in placements if p[1] <= cap + 1e-9]
+        if fits or cap >= capacity:
+            return min(fits) if fits else None
+        cap = min(capacity, cap * (1 + balance_slack))
 
 
 def check_feasible(assignment, robots, loads, capacity=1.0):
@@ -67,6 +74,28 @@ def test_milp_concentrates_models_where_even_split_spreads_them():
     check_feasible(milp, robots, loads)
     assert milp.pairs == 3 and even.pairs == 9
     assert assign_one_model_per_gpu(robots, loads, 3).pairs == 3
+
+
+def test_milp_spreads_load_when_there_are_fewer_models_than_gpus():
+    """3 models on 4 GPUs: fewest pairs alone would use 3 GPUs and leave one idle; balancing first uses all four,
+    and in the simulator the MILP placement then serves at least as many robots at 98% SLO as even split."""
+    robots = [RobotSpec(f"r{i}", f"m{i % 3}", 5.0, 0.1) for i in range(12)]
+    loads = np.full(12, 0.2)
+    assignment = assign_milp(robots, loads, 4)
+    check_feasible(assignment, robots, loads)
+    assert assignment.max_load == pytest.approx(0.6) and min(assignment.loads) > 0
+    assert assignment.pairs <= assign_even_split(robots, loads, 4).pairs
+
+    lut = synthetic_table(model_scales(3))
+    served = {}
+    for name, assign in (("milp", assign_milp_relaxed), ("even", assign_even_split)):
+        points = {}
+        for n in range(8, 65, 8):
+            fleet = make_fleet(n, 3, seed=0)
+            placement = assign(fleet, robot_loads(fleet, lut), 4)
+            points[n] = simulate(fleet, placement.gpu_of, lut, SimConfig(design="robion", duration_s=3.0)).attainment
+        served[name] = robots_at_target(points)
+    assert served["milp"] >= served["even"] > 0, served
 
 
 def test_one_model_per_gpu_gives_spare_gpus_to_the_heaviest_model():
@@ -111,3 +140,16 @@ def test_milp_scales_to_64_robots_8_models_4_gpus():
     assignment = assign_milp(robots, loads, 4)
     check_feasible(assignment, robots, loads)
     assert assignment.pairs <= assign_even_split(robots, loads, 4).pairs
+
+
+def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys):
+    from oxygen_ros.fleet.assign_cli import load_assignment, main
+
+    robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1} for i in range(12)]
+    (tmp_path / "fleet.json").write_text(json.dumps({"robots": robots}))
+    synthetic_table(model_scales(3)).save(tmp_path / "lut.json")
+    argv = ["--fleet", str(tmp_path / "fleet.json"), "--profile", str(tmp_path / "lut.json"), "--gpus", "4"]
+    assert main([*argv, "--out", str(tmp_path / "assignment.json")]) == 0
+    data = load_assignment(tmp_path / "assignment.json")
+    assert set(data["gpu_of"]) == {r["robot_id"] for r in robots} and set(data["gpu_of"].values()) == {0, 1, 2, 3}
+    assert data["method"] == "milp" and data["pairs"] >= 4 and "gpu 3" in capsys.readouterr().out

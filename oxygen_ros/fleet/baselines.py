@@ -56,6 +56,8 @@ class StaticSplitScheduler(QueuedDevice):
     split is the one fixed split that best balances the two stages over all models in the LUT (so the baseline
     is a fair static choice, not a strawman 50/50)."""
 
+    units = 2
+
     def __init__(self, lut: ProfileTable, vlm_share: float | None = None, **kwargs):
         super().__init__(lut, **kwargs)
         if vlm_share is None:

@@ -52,6 +52,9 @@ class Work:
 class QueuedDevice:
     """Base for the device schedulers: requests enter the VLM queues, batches are cut by the stage's policy."""
 
+    units = 1
+    """How many units of work can run at once (a real executor runs a one-unit design inline)."""
+
     def __init__(
         self,
         lut: ProfileTable,
@@ -121,18 +124,22 @@ class QueuedDevice:
 def execute_work(work: Work, runner: StageRunner) -> float:
     """Run ``work`` for real with a stage runner and return the wall time it took.
 
-    Side-by-side slots each get their own thread (on a GPU the runner maps a share to an SM-limited stream /
-    green context; on a CPU to a thread budget); sequential slots run one after the other."""
+    Side-by-side slots run concurrently (on a GPU the runner maps a share to its own stream; on a CPU to a thread
+    budget): through the runner's own ``submit(model_id, stage, requests, share) -> Future`` when it has one
+    (persistent stage workers, as ``model_runner.ModelRunner``), else on one thread per slot. Sequential slots run
+    one after the other."""
     start = time.perf_counter()
+    args = [(s.batch.model_id, s.batch.stage, s.batch.requests, s.share) for s in work.slots]
     if work.sequential or len(work.slots) == 1:
-        for slot in work.slots:
-            runner(slot.batch.model_id, slot.batch.stage, slot.batch.requests, slot.share)
+        for arg in args:
+            runner(*arg)
+    elif hasattr(runner, "submit"):
+        futures = [runner.submit(*arg) for arg in args]
+        for future in futures:
+            future.result()
     else:
         with ThreadPoolExecutor(max_workers=len(work.slots)) as pool:
-            futures = [
-                pool.submit(runner, s.batch.model_id, s.batch.stage, s.batch.requests, s.share)
-                for s in work.slots
-            ]
+            futures = [pool.submit(runner, *arg) for arg in args]
             for future in futures:
                 future.result()
     return time.perf_counter() - start

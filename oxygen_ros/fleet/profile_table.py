@@ -74,6 +74,11 @@ class ProfileTable:
         t_hi = self.entries[(model_id, stage.value, hi, _share_key(share))]
         return t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
 
+    def scaled(self, factor: float) -> ProfileTable:
+        """Every latency times ``factor`` (e.g. the slowdown a loaded machine showed during a run)."""
+        meta = {**self.meta, "scaled_by": factor * self.meta.get("scaled_by", 1.0)}
+        return ProfileTable({k: v * factor for k, v in self.entries.items()}, meta)
+
     def to_dict(self) -> dict:
         rows = [
             {"model": m, "stage": s, "batch": b, "share": sh, "seconds": t}
@@ -110,24 +115,38 @@ def profile_stages(
 
     The batches handed to the runner are placeholder requests of the right size: a stage's cost depends on the
     batch shape, not on which robot sent it. Warm-up calls are discarded (first-call allocation and compilation
-    are not part of the steady state the scheduler plans with)."""
+    are not part of the steady state the scheduler plans with). Repeats are interleaved: each round times every
+    entry once, so a burst of load from other processes on a shared machine spreads over all entries instead of
+    spoiling the consecutive repeats of a few."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    table = ProfileTable(meta={"source": "measured", "repeats": repeats, "statistic": "median"})
+    table = ProfileTable(
+        meta={"source": "measured", "repeats": repeats, "statistic": "median", "interleaved": True}
+    )
     stages, buckets, partitions = list(stages), list(buckets), list(partitions)
-    for model_id in models:
-        for stage in stages:
-            for bucket in buckets:
-                batch = [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)]
-                for share in partitions:
-                    for _ in range(warmup):
-                        run_stage(model_id, stage, batch, share)
-                    samples = []
-                    for _ in range(repeats):
-                        start = clock()
-                        run_stage(model_id, stage, batch, share)
-                        samples.append(clock() - start)
-                    table.add(model_id, stage, bucket, share, max(statistics.median(samples), 1e-9))
+    keys = [
+        (model_id, stage, bucket, share)
+        for model_id in models
+        for stage in stages
+        for bucket in buckets
+        for share in partitions
+    ]
+    batches = {
+        (m, b): [FleetRequest(i, "profile", m, 0.0, float("inf")) for i in range(b)]
+        for m, _, b, _ in keys
+    }
+    for model_id, stage, bucket, share in keys:
+        for _ in range(warmup):
+            run_stage(model_id, stage, batches[(model_id, bucket)], share)
+    samples: dict[tuple, list[float]] = {key: [] for key in keys}
+    for _ in range(repeats):
+        for key in keys:
+            model_id, stage, bucket, share = key
+            start = clock()
+            run_stage(model_id, stage, batches[(model_id, bucket)], share)
+            samples[key].append(clock() - start)
+    for (model_id, stage, bucket, share), times in samples.items():
+        table.add(model_id, stage, bucket, share, max(statistics.median(times), 1e-9))
     return table
 
 

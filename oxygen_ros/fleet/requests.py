@@ -11,6 +11,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Stage(StrEnum):
@@ -48,6 +49,13 @@ class FleetRequest:
     action_start: float | None = None
     finish: float | None = None
     dropped: bool = False
+    # Real execution only (the simulator leaves them None): the observation in model space (a batch of one),
+    # the KV slot it occupies between its VLM and action stages, the action chunk it produced, and whatever the
+    # front end needs to route the answer back (e.g. the source frame's stamp).
+    inputs: Any = None
+    slot: int | None = None
+    actions: Any = None
+    context: Any = None
 
     @property
     def met_slo(self) -> bool:

@@ -44,6 +44,10 @@ class SimConfig:
     interference: float = 1.05
     jitter_s: float = 0.0
     drop_expired: bool = True
+    # Service-time drift: when given, the k-th unit of work (in start order) lasts its LUT duration times
+    # factor k (cycling), e.g. the wall/LUT ratios a real run showed, in order, on a shared machine
+    # (``executor.cycle_factors``): slow spells stay together as they happened.
+    duration_factors: tuple[float, ...] = ()
 
 
 @dataclass
@@ -94,7 +98,10 @@ def make_device(config: SimConfig, lut: ProfileTable) -> QueuedDevice:
     )
 
 
-def _arrivals(robots: list[RobotSpec], config: SimConfig) -> list[FleetRequest]:
+def make_arrivals(robots: list[RobotSpec], config: SimConfig) -> list[FleetRequest]:
+    """Every robot's requests in ``[0, duration_s)``: seeded random phase, then one per period (plus jitter).
+    The real executor replays the same list on the wall clock, so a simulation and a real run see the same
+    arrivals."""
     rng = np.random.default_rng(config.seed)
     requests: list[FleetRequest] = []
     ids = itertools.count()
@@ -119,13 +126,15 @@ def simulate(
     """Run the fleet until every request generated in ``[0, duration_s)`` has finished or been dropped."""
     n_gpus = max(gpu_of.values(), default=-1) + 1
     devices = [make_device(config, lut) for _ in range(n_gpus)]
-    requests = _arrivals(robots, config)
+    requests = make_arrivals(robots, config)
     events: list[tuple[float, int, int, object]] = []  # (time, kind: 0 finish / 1 arrival, seq, payload)
     seq = itertools.count()
     for request in requests:
         heapq.heappush(events, (request.arrival, 1, next(seq), request))
     works: list[WorkRecord] = []
     arrivals: list[tuple[float, int]] = []
+    factors = np.asarray(config.duration_factors, dtype=float)
+    started = 0
     while events:
         now = events[0][0]
         touched: set[int] = set()
@@ -144,14 +153,19 @@ def simulate(
                     arrivals.append((now, request.request_id))
         for gpu in sorted(touched):
             for work in devices[gpu].start(now):
-                record = WorkRecord(gpu, work, now + work.duration(config.interference))
+                duration = work.duration(config.interference)
+                if factors.size:
+                    duration *= float(factors[started % factors.size])
+                started += 1
+                record = WorkRecord(gpu, work, now + duration)
                 heapq.heappush(events, (record.end, 0, next(seq), record))
                 if keep_log:
                     works.append(record)
-    return _result(robots, requests, devices, works, arrivals)
+    return summarize(robots, requests, sum(len(d.dropped) for d in devices), works, arrivals)
 
 
-def _result(robots, requests, devices, works, arrivals) -> SimResult:
+def summarize(robots, requests, dropped: int, works=(), arrivals=()) -> SimResult:
+    """Per-robot and overall SLO attainment and latency percentiles of finished/dropped requests."""
     met: dict[str, list[bool]] = {r.robot_id: [] for r in robots}
     for request in requests:
         met[request.robot_id].append(request.met_slo)
@@ -161,5 +175,4 @@ def _result(robots, requests, devices, works, arrivals) -> SimResult:
     p50, p99 = (
         (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies.size else (float("nan"),) * 2
     )
-    dropped = sum(len(d.dropped) for d in devices)
-    return SimResult(requests, per_robot, overall, p50, p99, dropped, works, arrivals)
+    return SimResult(requests, per_robot, overall, p50, p99, dropped, list(works), list(arrivals))

@@ -1,10 +1,11 @@
 """Traffic controller: which GPU serves which robot.
 
 A robot's load on a GPU is its request rate times the per-request service time from the profile; a GPU's
-normalized load is the sum over its robots divided by its capacity and must stay <= 1. Among feasible
-assignments the MILP keeps robots of the same model together (fewest (model, GPU) pairs), because a model's
-requests can only be batched with requests of the same model on the same GPU, and fewer resident models also
-means less memory. Ties are broken by the lowest maximum GPU load. Two simple baselines are provided for
+normalized load is the sum over its robots divided by its capacity and must stay <= 1. The MILP first spreads
+the load (a per-GPU load cap a little above the mean GPU load), then, among placements under that cap, keeps robots of the same model together (fewest (model, GPU) pairs), because a
+model's requests can only be batched with requests of the same model on the same GPU, and fewer resident models
+also means less memory. Ties are broken by the lowest maximum GPU load. Balancing first matters when there are
+fewer models than GPUs: fewest pairs alone would leave a GPU idle and load the others up to the capacity. Two simple baselines are provided for
 comparison: an even split (every model spread over every GPU) and one model per GPU.
 """
 
@@ -35,6 +36,7 @@ class Assignment:
     loads: list[float]
     capacity: float = 1.0
     optimal: bool = True
+    load_cap: float | None = None  # the balanced per-GPU load limit the MILP placed under
 
     @property
     def model_gpu_pairs(self) -> list[tuple[str, int]]:
@@ -85,13 +87,20 @@ def assign_milp(
     capacity: float = 1.0,
     max_models_per_gpu: int | None = None,
     time_limit_s: float = 10.0,
+    balance_slack: float = 0.1,
 ) -> Assignment:
-    """Fewest (model, GPU) pairs with every robot placed and every GPU load <= capacity; ties -> lowest max load.
+    """Every robot placed, every GPU load <= capacity; lexicographic objective:
+
+    1. spread the load: a per-GPU load cap ``B x (1 + balance_slack)**k`` with B = max(mean GPU load, heaviest
+       robot) (a lower bound on any placement's maximum load) and the smallest k >= 1 for which some placement
+       fits, never above ``capacity``;
+    2. fewest (model, GPU) pairs among placements under that cap;
+    3. ties -> lowest maximum load.
 
     Robots with the same model and the same load are interchangeable, so they form one class and the program
     counts them instead of naming them (far fewer variables and no symmetry between identical robots):
     n[c, g] >= 0 integer robots of class c on GPU g, y[m, g] binary model m resident on GPU g, L >= every GPU
-    load. Objective: sum(y) + eps * L with eps * L < 1, so the pair count dominates and L only breaks ties."""
+    load. Steps 2-3 minimize sum(y) + eps * L with eps * L < 1 under the cap of step 1."""
     loads = np.asarray(loads, dtype=float)
     if len(robots) == 0:
         return _assignment("milp", robots, loads, [], n_gpus, capacity)
@@ -100,6 +109,8 @@ def assign_milp(
         raise InfeasibleAssignment(
             f"robot {worst} alone needs {loads.max():.2f} of a GPU (capacity {capacity})"
         )
+    if balance_slack <= 0:
+        raise ValueError("balance_slack must be > 0")
     members: dict[tuple[str, float], list[int]] = defaultdict(list)
     for i, robot in enumerate(robots):
         members[(robot.model_id, round(float(loads[i]), 12))].append(i)
@@ -112,52 +123,67 @@ def assign_milp(
     col_y = lambda m, g: n_n + m * n_g + g  # noqa: E731
     col_l = n_vars - 1
 
-    rows, lower, upper = [], [], []
+    def solve(cap: float, pairs_cost: float, load_cost: float):
+        rows, lower, upper = [], [], []
 
-    def constrain(coeffs: dict[int, float], lo: float, hi: float) -> None:
-        row = np.zeros(n_vars)
-        for index, value in coeffs.items():
-            row[index] = value
-        rows.append(row)
-        lower.append(lo)
-        upper.append(hi)
+        def constrain(coeffs: dict[int, float], lo: float, hi: float) -> None:
+            row = np.zeros(n_vars)
+            for index, value in coeffs.items():
+                row[index] = value
+            rows.append(row)
+            lower.append(lo)
+            upper.append(hi)
 
-    for c, key in enumerate(classes):
-        constrain({col_n(c, g): 1.0 for g in range(n_g)}, len(members[key]), len(members[key]))
-        m = models.index(key[0])
+        for c, key in enumerate(classes):
+            constrain({col_n(c, g): 1.0 for g in range(n_g)}, len(members[key]), len(members[key]))
+            m = models.index(key[0])
+            for g in range(n_g):
+                constrain({col_n(c, g): 1.0, col_y(m, g): -len(members[key])}, -np.inf, 0.0)
         for g in range(n_g):
-            constrain({col_n(c, g): 1.0, col_y(m, g): -len(members[key])}, -np.inf, 0.0)
-    for g in range(n_g):
-        gpu_load = {col_n(c, g): key[1] for c, key in enumerate(classes)}
-        constrain(gpu_load, -np.inf, capacity)
-        constrain({**gpu_load, col_l: -1.0}, -np.inf, 0.0)
-        if max_models_per_gpu is not None:
-            constrain({col_y(m, g): 1.0 for m in range(n_m)}, -np.inf, max_models_per_gpu)
-
-    cost = np.zeros(n_vars)
-    cost[n_n:col_l] = 1.0
-    cost[col_l] = 0.5 / capacity
-    integrality = np.ones(n_vars)
-    integrality[col_l] = 0
-    upper_bounds = np.ones(n_vars)
-    for c, key in enumerate(classes):
-        upper_bounds[c * n_g : (c + 1) * n_g] = len(members[key])
-    upper_bounds[col_l] = np.inf
-    result = milp(
-        cost,
-        integrality=integrality,
-        bounds=Bounds(np.zeros(n_vars), upper_bounds),
-        constraints=LinearConstraint(np.array(rows), lower, upper),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
-    )
-    if result.status == 2:
-        raise InfeasibleAssignment(
-            f"{len(robots)} robots need {loads.sum():.2f} GPUs of load in total; {n_g} GPUs at capacity {capacity}"
-            + (f" with at most {max_models_per_gpu} models each" if max_models_per_gpu else "")
-            + " cannot hold them"
+            gpu_load = {col_n(c, g): key[1] for c, key in enumerate(classes)}
+            constrain(gpu_load, -np.inf, cap)
+            constrain({**gpu_load, col_l: -1.0}, -np.inf, 0.0)
+            if max_models_per_gpu is not None:
+                constrain({col_y(m, g): 1.0 for m in range(n_m)}, -np.inf, max_models_per_gpu)
+        cost = np.zeros(n_vars)
+        cost[n_n:col_l] = pairs_cost
+        cost[col_l] = load_cost
+        integrality = np.ones(n_vars)
+        integrality[col_l] = 0
+        upper_bounds = np.ones(n_vars)
+        for c, key in enumerate(classes):
+            upper_bounds[c * n_g : (c + 1) * n_g] = len(members[key])
+        upper_bounds[col_l] = np.inf
+        return milp(
+            cost,
+            integrality=integrality,
+            bounds=Bounds(np.zeros(n_vars), upper_bounds),
+            constraints=LinearConstraint(np.array(rows), lower, upper),
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
         )
-    if result.x is None:
-        raise InfeasibleAssignment(f"no placement found within {time_limit_s} s ({result.message})")
+
+    def check(result) -> None:
+        if result.status == 2:
+            raise InfeasibleAssignment(
+                f"{len(robots)} robots need {loads.sum():.2f} GPUs of load in total; {n_g} GPUs at capacity "
+                f"{capacity}"
+                + (f" with at most {max_models_per_gpu} models each" if max_models_per_gpu else "")
+                + " cannot hold them"
+            )
+        if result.x is None:
+            raise InfeasibleAssignment(f"no placement found within {time_limit_s} s ({result.message})")
+
+    # The balanced load cap: the lower bound on the maximum load (the mean GPU load, or the heaviest robot),
+    # raised in (1 + balance_slack) steps until some placement fits under it. (Minimizing the maximum load
+    # exactly is slow to prove for a solver: GPUs are interchangeable, so it explores many equal placements.)
+    step = 1.0 + balance_slack
+    cap = min(capacity, max(float(loads.sum()) / n_g, float(loads.max())) * (1.0 + balance_slack))
+    while True:
+        result = solve(cap + 1e-9, 1.0, 0.5 / max(cap, 1e-12))
+        if result.status != 2 or cap >= capacity:
+            break
+        cap = min(capacity, cap * step)
+    check(result)
     counts = np.rint(result.x[:n_n]).astype(int).reshape(n_c, n_g)
     gpus = [0] * len(robots)
     for c, key in enumerate(classes):
@@ -166,6 +192,7 @@ def assign_milp(
             gpus[i] = g
     assignment = _assignment("milp", robots, loads, gpus, n_gpus, capacity)
     assignment.optimal = result.status == 0
+    assignment.load_cap = cap
     return assignment
 
 

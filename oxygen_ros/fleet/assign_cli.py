@@ -1,0 +1,83 @@
+"""``oxygen-ros fleet-assign``: place a fleet's robots on GPUs with the traffic controller and write the JSON
+that each fleet server node reads (``assignment_file``, with its own ``gpu_index``).
+
+Fleet file: ``{"robots": [{"robot_id": "robot1", "model_id": "a", "rate_hz": 10, "slo_s": 0.1}, ...]}``.
+Assignment file: ``{"method", "gpus", "gpu_of": {robot: gpu}, "model_of": {robot: model}, "loads", "pairs",
+"capacity", "load_cap"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.requests import RobotSpec
+from oxygen_ros.fleet.traffic import (
+    Assignment,
+    assign_even_split,
+    assign_milp_relaxed,
+    assign_one_model_per_gpu,
+    robot_loads,
+)
+
+METHODS = {"milp": assign_milp_relaxed, "even": assign_even_split, "one_model_per_gpu": assign_one_model_per_gpu}
+
+
+def load_fleet(path: str | Path) -> list[RobotSpec]:
+    data = json.loads(Path(path).read_text())
+    return [RobotSpec(r["robot_id"], r["model_id"], float(r["rate_hz"]), float(r["slo_s"])) for r in data["robots"]]
+
+
+def assignment_to_dict(assignment: Assignment) -> dict:
+    return {
+        "method": assignment.method,
+        "gpus": len(assignment.loads),
+        "gpu_of": dict(assignment.gpu_of),
+        "model_of": dict(assignment.model_of),
+        "loads": list(assignment.loads),
+        "pairs": assignment.pairs,
+        "capacity": assignment.capacity,
+        "load_cap": assignment.load_cap,
+    }
+
+
+def load_assignment(path: str | Path) -> dict:
+    """The assignment JSON; ``gpu_of`` maps robot id -> GPU index."""
+    data = json.loads(Path(path).read_text())
+    if "gpu_of" not in data:
+        raise ValueError(f"{path}: not an assignment file (no 'gpu_of')")
+    data["gpu_of"] = {robot: int(gpu) for robot, gpu in data["gpu_of"].items()}
+    return data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oxygen-ros fleet-assign", description=__doc__.splitlines()[0])
+    p.add_argument("--fleet", required=True, help="fleet JSON (robots with model, rate and SLO)")
+    p.add_argument("--profile", required=True, help="LUT JSON (fleet-profile)")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--method", choices=sorted(METHODS), default="milp")
+    p.add_argument("--capacity", type=float, default=1.0, help="MILP per-GPU load limit")
+    p.add_argument("--out", required=True, help="assignment JSON to write")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    robots = load_fleet(args.fleet)
+    lut = ProfileTable.load(args.profile)
+    loads = robot_loads(robots, lut)
+    extra = {"capacity": args.capacity} if args.method == "milp" else {}
+    assignment = METHODS[args.method](robots, loads, args.gpus, **extra)
+    Path(args.out).write_text(json.dumps(assignment_to_dict(assignment), indent=1))
+    for gpu, load in enumerate(assignment.loads):
+        served = sorted(r for r, g in assignment.gpu_of.items() if g == gpu)
+        print(f"gpu {gpu}: load {load:.2f}  robots {served}")
+    print(f"{assignment.pairs} model/GPU pairs -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""The real executor: a wall-clock loop that drives a device scheduler with a real stage runner.
+
+The schedulers are clock-free, so this loop does what the simulator's event loop does, on the wall clock: at each
+wake-up it first reports finished work (``finish(work, end)``), then admits every request that has arrived, then
+asks the device to start work (``start(now)``) and hands each unit of work to a thread that runs it with
+``execute_work``. Requests come from a pre-made arrival list (simulated robots, replayed at their scheduled times
+so a real run and a simulation see the same arrivals) and/or from ``submit`` (a front end such as the fleet node,
+from any thread). A request's latency runs from its arrival to the end of the work that finished its action stage.
+
+Requests the device drops (expired in a queue) give their KV slot back to the runner.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from oxygen_ros.fleet.device import QueuedDevice, Work, execute_work
+from oxygen_ros.fleet.profile_table import ProfileTable, StageRunner
+from oxygen_ros.fleet.requests import FleetRequest, RobotSpec
+from oxygen_ros.fleet.simulator import (
+    SimConfig,
+    SimResult,
+    WorkRecord,
+    make_arrivals,
+    make_device,
+    summarize,
+)
+
+Callback = Callable[[list[FleetRequest]], None]
+
+
+class FleetExecutor:
+    """One device (scheduler + runner) on the wall clock. Times are seconds since the executor's start."""
+
+    def __init__(
+        self,
+        device: QueuedDevice,
+        runner: StageRunner,
+        on_finish: Callback | None = None,
+        on_drop: Callback | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.device = device
+        self.runner = runner
+        self.on_finish = on_finish
+        self.on_drop = on_drop
+        self.clock = clock
+        self._t0 = clock()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self.works: list[tuple[Work, float]] = []
+        self.finished: list[FleetRequest] = []
+
+    def now(self) -> float:
+        return self.clock() - self._t0
+
+    def request(self, request_id: int, robot: RobotSpec, inputs=None, context=None) -> FleetRequest:
+        """A request of ``robot`` arriving now, with its deadline from the robot's SLO."""
+        arrival = self.now()
+        return FleetRequest(
+            request_id, robot.robot_id, robot.model_id, arrival, arrival + robot.slo_s, inputs=inputs, context=context
+        )
+
+    def submit(self, request: FleetRequest) -> None:
+        """Hand a request to the loop (thread-safe); its ``arrival`` must be on this executor's clock."""
+        self._events.put(("request", request, None))
+
+    def _execute(self, work: Work) -> None:
+        try:
+            execute_work(work, self.runner)
+            self._events.put(("done", work, self.now()))
+        except BaseException as err:  # noqa: BLE001 - re-raised in the loop thread
+            self._events.put(("error", work, err))
+
+    def run(
+        self,
+        arrivals: Sequence[FleetRequest] = (),
+        stop: threading.Event | None = None,
+        reset_clock: bool = True,
+    ) -> list[FleetRequest]:
+        """Serve until every scheduled arrival has been served or dropped (and, with ``stop``, until it is set;
+        work in flight is then finished, queued requests are left). Returns the finished requests."""
+        if reset_clock:
+            self._t0 = self.clock()
+        pending = sorted(arrivals, key=lambda r: r.arrival)
+        next_arrival = 0
+        in_flight = 0
+        dropped_seen = len(self.device.dropped)
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-work") as pool:
+            while True:
+                events = self._drain()
+                now = self.now()
+                for kind, payload, extra in events:
+                    if kind == "error":
+                        raise RuntimeError(f"stage execution failed: {extra!r}") from extra
+                    if kind == "done":
+                        in_flight -= 1
+                        self.works.append((payload, extra))
+                        done = self.device.finish(payload, extra)
+                        self.finished.extend(done)
+                        if done and self.on_finish:
+                            self.on_finish(done)
+                for kind, payload, _ in events:
+                    if kind == "request":
+                        self.device.submit(payload)
+                while next_arrival < len(pending) and pending[next_arrival].arrival <= now:
+                    self.device.submit(pending[next_arrival])
+                    next_arrival += 1
+                stopping = stop is not None and stop.is_set()
+                if not stopping:
+                    for work in self.device.start(now):
+                        in_flight += 1
+                        if self.device.units == 1:
+                            self._execute(work)  # nothing else can start meanwhile: skip two thread hand-offs
+                        else:
+                            pool.submit(self._execute, work)
+                dropped = self.device.dropped[dropped_seen:]
+                dropped_seen += len(dropped)
+                for request in dropped:
+                    release = getattr(self.runner, "release", None)
+                    if release is not None:
+                        release(request)
+                if dropped and self.on_drop:
+                    self.on_drop(list(dropped))
+                if in_flight == 0 and (
+                    stopping
+                    or (
+                        stop is None
+                        and next_arrival == len(pending)
+                        and self.device.pending() == 0
+                        and self._events.empty()
+                    )
+                ):
+                    break
+                timeout = 0.05
+                if next_arrival < len(pending):
+                    timeout = min(timeout, max(0.0, pending[next_arrival].arrival - self.now()))
+                try:
+                    self._events.put(self._events.get(timeout=timeout))
+                except queue.Empty:
+                    pass
+        return self.finished
+
+    def _drain(self) -> list[tuple]:
+        events = []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                return events
+
+
+def run_real(
+    robots: list[RobotSpec],
+    lut: ProfileTable,
+    runner: StageRunner,
+    config: SimConfig,
+    inputs_of: Callable[[FleetRequest], object] | None = None,
+) -> SimResult:
+    """Serve ``robots`` (all on this one device) for ``config.duration_s`` seconds of arrivals, for real.
+
+    The arrivals, the device design, queue policy, batch limit and guard come from ``config`` exactly as in
+    ``simulator.simulate`` (``config.interference`` does not apply: real co-running costs what it costs).
+    ``inputs_of(request)`` supplies each request's observation."""
+    requests = make_arrivals(robots, config)
+    if inputs_of is not None:
+        for request in requests:
+            request.inputs = inputs_of(request)
+    device = make_device(config, lut)
+    executor = FleetExecutor(device, runner)
+    executor.run(requests)
+    works = [WorkRecord(0, work, end) for work, end in executor.works]
+    return summarize(robots, requests, len(device.dropped), works)
+
+
+def cycle_factors(works: Sequence[WorkRecord], interference: float = 1.0) -> list[float]:
+    """For a one-unit device, how much longer than its LUT prediction each unit of work kept the device: (time
+    from its start to the next unit's start) / (LUT duration, co-running work inflated by ``interference``).
+    The cycle includes the executor's own overhead between units. Meaningful while the device is kept busy (an
+    overloaded run); all 1.0 would mean the machine ran exactly as profiled. ``SimConfig.duration_factors``
+    takes them, so a simulation can replay the run's service-time drift and noise."""
+    ordered = sorted(works, key=lambda w: w.work.start)
+    return [(b.work.start - a.work.start) / a.work.duration(interference) for a, b in zip(ordered, ordered[1:])]

@@ -1,0 +1,133 @@
+"""``oxygen-ros fleet-profile``: measure real stage latencies of co-located models and write the LUT JSON.
+
+Every (model, stage, power-of-two batch bucket, device share) is timed with the real stage runner
+(``model_runner.ModelRunner``: prefill into KV slots, denoise from them), median of ``--repeats`` after a warm-up.
+It then runs a VLM batch and an action batch side by side on complementary shares and records how much slower
+that is than the slower of the two alone (``meta["co_run_slowdown"]``, the interference the profile of a stage
+alone cannot see); ``fleet-sim --profile`` and the real executor read the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from oxygen_ros.fleet.batching import power_of_two_buckets
+from oxygen_ros.fleet.lockstep import split_candidates
+from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
+from oxygen_ros.fleet.profile_table import ProfileTable, profile_stages
+from oxygen_ros.fleet.requests import FleetRequest, Stage
+
+
+def measure_co_run(
+    runner: ModelRunner, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
+) -> dict[str, float]:
+    """Median over models, buckets and split shares of (side-by-side wall time) / max(alone times from the LUT).
+
+    Side by side = one model's VLM batch and its action batch submitted together on complementary shares, as a
+    lockstep runs them. Returns ``{"co_run_slowdown": median, "co_run_max": max}`` (1.0 when nothing splits)."""
+    ratios = []
+    for model_id in lut.models():
+        for share in split_candidates(lut, model_id, model_id):
+            for bucket in buckets:
+                vlm_batch, action_batch = (
+                    [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)] for _ in "va"
+                )
+                alone = max(
+                    lut.latency(model_id, Stage.VLM, bucket, share),
+                    lut.latency(model_id, Stage.ACTION, bucket, round(1 - share, 6)),
+                )
+                samples = []
+                for k in range(repeats + 1):
+                    start = time.perf_counter()
+                    futures = [
+                        runner.submit(model_id, Stage.VLM, vlm_batch, share),
+                        runner.submit(model_id, Stage.ACTION, action_batch, round(1 - share, 6)),
+                    ]
+                    for future in futures:
+                        future.result()
+                    if k:  # the first is a warm-up
+                        samples.append(time.perf_counter() - start)
+                ratios.append(statistics.median(samples) / alone)
+    if not ratios:
+        return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
+    return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
+
+
+def profile_runner(
+    runner: ModelRunner,
+    max_batch: int,
+    shares: Sequence[float] | None = None,
+    repeats: int = 5,
+    warmup: int = 1,
+) -> ProfileTable:
+    """The measured LUT of every model the runner serves, with the co-run slowdown and the setup in ``meta``."""
+    buckets = power_of_two_buckets(max_batch)
+    shares = list(shares or runner.shares())
+    table = profile_stages(runner, list(runner.models), buckets, shares, repeats=repeats, warmup=warmup)
+    table.meta.update(measure_co_run(runner, table, buckets, repeats=max(3, repeats // 2)))
+    table.meta.update(
+        {
+            "runner": "model_runner.ModelRunner",
+            "device": str(runner.device),
+            "cpu_threads": runner.cpu_threads if runner.device.type == "cpu" else None,
+            "share_meaning": "CPU thread budget" if runner.device.type == "cpu" else "stream (share not enforced)",
+            "torch": torch.__version__,
+            "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
+            "num_steps": runner.num_steps,
+        }
+    )
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oxygen-ros fleet-profile", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--models",
+        default="a=tiny:0,b=tiny:1",
+        help="served models, comma separated id=source[:seed]; source = preset, config JSON or checkpoint folder",
+    )
+    p.add_argument("--out", required=True, help="LUT JSON to write")
+    p.add_argument("--max-batch", type=int, default=8, help="largest power-of-two bucket")
+    p.add_argument("--shares", default="", help="device shares to profile (default: every core count / tenths)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
+    p.add_argument("--num-steps", type=int, default=None, help="denoising steps (default: the model's)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
+    runner = ModelRunner(
+        specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads, num_steps=args.num_steps
+    )
+    try:
+        shares = [float(x) for x in args.shares.split(",") if x] or None
+        started = time.perf_counter()
+        table = profile_runner(runner, args.max_batch, shares, args.repeats, args.warmup)
+    finally:
+        runner.close()
+    table.save(args.out)
+    print(f"profiled {len(table.entries)} entries in {time.perf_counter() - started:.1f} s -> {args.out}")
+    for model_id in table.models():
+        for stage in Stage:
+            for share in table.shares(model_id, stage):
+                row = "  ".join(
+                    f"b{b}={1e3 * table.latency(model_id, stage, b, share):.2f}"
+                    for b in table.batches(model_id, stage, share)
+                )
+                print(f"{model_id:>8} {stage.value:<6} share {share:<5} ms: {row}", file=sys.stdout)
+    print(f"co-run slowdown (median): {table.meta['co_run_slowdown']:.2f}  max: {table.meta['co_run_max']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""``oxygen-ros fleet-bench``: real fleet serving on this machine, robots served at >= 98% SLO per design.
+
+Co-located models (default: two variants of the tiny preset with different weights) are profiled with the real
+stage runner, then for every robot count and design the real executor serves that many simulated robots (each at
+its control rate with its SLO, arrivals as in the simulator) for ``--duration`` wall seconds. Designs run
+interleaved per robot count, so a change in machine load hits all of them alike. Next to each real point the
+simulator's prediction from the same LUT is printed (interference = the profiled co-run slowdown).
+A design's sweep stops at its first point below the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from oxygen_ros.fleet.executor import cycle_factors, run_real
+from oxygen_ros.fleet.fleet_sim_cli import TARGET, robots_at_target
+from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
+from oxygen_ros.fleet.profile_cli import profile_runner
+from oxygen_ros.fleet.requests import RobotSpec
+from oxygen_ros.fleet.simulator import SimConfig, simulate
+
+
+def make_robots(n: int, models: Sequence[str], rate_hz: float, slos: Sequence[float]) -> list[RobotSpec]:
+    """Robot i uses model i mod len(models) and SLO (i // len(models)) mod len(slos): every model sees every SLO."""
+    return [
+        RobotSpec(f"robot{i}", models[i % len(models)], rate_hz, slos[(i // len(models)) % len(slos)])
+        for i in range(n)
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oxygen-ros fleet-bench", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="a=tiny:0,b=tiny:1", help="served models, id=source[:seed] (comma separated)")
+    p.add_argument("--robots", default="10,20,30,40,50,60", help="robot counts (comma separated)")
+    p.add_argument("--designs", default="monolithic,robion")
+    p.add_argument("--rate", type=float, default=20.0, help="robot control rate (Hz)")
+    p.add_argument("--slo", default="0.03,0.06", help="latency budgets in s (mixed over robots)")
+    p.add_argument("--duration", type=float, default=3.0, help="wall seconds of arrivals per point")
+    p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=7, help="profiling repeats")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="folder for results.json")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
+    runner = ModelRunner(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads)
+    designs = [d for d in args.designs.split(",") if d]
+    slos = [float(x) for x in args.slo.split(",") if x]
+    counts = [int(x) for x in args.robots.split(",") if x]
+    started = time.perf_counter()
+    try:
+        lut = profile_runner(runner, args.max_batch, repeats=args.repeats)
+        slowdown = lut.meta["co_run_slowdown"]
+        frames = {m: s.stock_frame for m, s in runner.models.items()}
+        print(
+            f"device {runner.device} ({runner.cpu_threads} threads), models {[s.model_id for s in specs]}, "
+            f"torch {torch.__version__}, co-run slowdown {slowdown:.2f}; robots at {args.rate} Hz, SLOs {slos} s"
+        )
+        points: dict[str, dict[int, dict]] = {d: {} for d in designs}
+        active = set(designs)
+        for n in counts:
+            robots = make_robots(n, list(runner.models), args.rate, slos)
+            for design in designs:
+                if design not in active:
+                    continue
+                config = SimConfig(
+                    design=design,
+                    duration_s=args.duration,
+                    seed=args.seed,
+                    max_batch=args.max_batch,
+                    guard=max(1.1, slowdown),
+                    interference=slowdown,
+                )
+                real = run_real(robots, lut, runner, config, lambda r: frames[r.model_id])
+                sim = simulate(robots, {r.robot_id: 0 for r in robots}, lut, config)
+                factors = cycle_factors(real.works, slowdown)
+                points[design][n] = {
+                    "real": real.summary(),
+                    "sim": sim.summary(),
+                    "median_cycle_factor": statistics.median(factors) if factors else None,
+                }
+                print(
+                    f"{design:<11} robots {n:>4}: real attainment {real.attainment:.3f} "
+                    f"(p50 {1e3 * real.latency_p50_s:.1f} ms, p99 {1e3 * real.latency_p99_s:.1f} ms)   "
+                    f"simulated {sim.attainment:.3f}"
+                )
+                if real.attainment < TARGET:
+                    active.discard(design)
+            if not active:
+                break
+    finally:
+        runner.close()
+    served = {d: robots_at_target({n: p["real"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
+    simulated = {d: robots_at_target({n: p["sim"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
+    print(f"\nrobots served at >= {TARGET:.0%} SLO (real): {served}   simulated at the same points: {simulated}")
+    print(f"({time.perf_counter() - started:.0f} s)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report = {
+            "config": vars(args),
+            "lut": lut.to_dict(),
+            "points": points,
+            "robots_at_98pct": served,
+            "simulated_robots_at_98pct": simulated,
+        }
+        (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+        print(f"wrote {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""The fleet server node over real DDS: 4 namespaced robots on one node, each gets only its own chunks."""
+
+import json
+import subprocess
+import sys
+
+from builtin_interfaces.msg import Time
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from ros_test_utils import rclpy, spin_until, stop_process
+
+CAMERAS = ("base_0_rgb", "left_wrist_0_rgb")  # the tiny preset's cameras; the first one triggers a request
+LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def image(stamp: Time, value: int) -> Image:
+    msg = Image()
+    msg.header.stamp = stamp
+    msg.height, msg.width, msg.encoding, msg.step = 48, 64, "rgb8", 64 * 3
+    msg.data = bytes([value % 256]) * (48 * 64 * 3)
+    return msg
+
+
+def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path, ros_env, ros_context):
+    robots = [f"robot{i}" for i in range(1, 6)]
+    assignment = tmp_path / "assignment.json"
+    gpu_of = {r: 0 for r in robots[:4]} | {"robot5": 1}  # robot5 belongs to another GPU's node
+    assignment.write_text(json.dumps({"method": "milp", "gpu_of": gpu_of}))
+    args = [
+        "-p", "models:=['a=tiny:0', 'b=tiny:1']",
+        "-p", f"robots:=[{', '.join(robots)}]",
+        "-p", "robot_models:=[a, b, a, b, a]",
+        "-p", "slo_ms:=5000.0",
+        "-p", f"assignment_file:={assignment}",
+        "-p", "gpu_index:=0",
+        "-p", "cpu_threads:=1",
+        "-p", "max_batch:=4",
+    ]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "oxygen_ros.nodes.fleet_node", "--ros-args", *args],
+        env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    node = rclpy.create_node("fleet_test_robots", context=ros_context)
+    try:
+        cams = {r: [node.create_publisher(Image, f"/{r}/camera/{c}/image_raw", qos_profile_sensor_data)
+                    for c in CAMERAS] for r in robots}
+        joints = {r: node.create_publisher(JointState, f"/{r}/joint_states", 10) for r in robots}
+        tasks = {r: node.create_publisher(String, f"/{r}/instruction", LATCHED) for r in robots}
+        received = {r: [] for r in robots}
+        for r in robots:
+            node.create_subscription(
+                JointTrajectory, f"/{r}/action_chunk", lambda m, r=r: received[r].append(m), 10
+            )
+        served = robots[:4]
+        matched = lambda: all(p.get_subscription_count() > 0 for r in served for p in cams[r])  # noqa: E731
+        spin_until(node, lambda: matched() or server.poll() is not None, timeout=90)
+        assert matched(), server.poll() is None or server.stdout.read()
+        assert all(p.get_subscription_count() == 0 for p in cams["robot5"])  # not this node's robot
+        def joint_state(r, i, stamp):
+            state = JointState(name=[f"{r}_j{j}" for j in range(14)], position=[0.1 * i] * 14)
+            state.header.stamp = stamp
+            return state
+
+        for i, r in enumerate(robots, start=1):
+            tasks[r].publish(String(data=f"pick up the cube, {r}"))
+            joints[r].publish(joint_state(r, i, Time(sec=1)))
+        spin_until(node, lambda: False, timeout=0.5)  # the node knows every robot's joints before any frame
+        sent = {r: set() for r in robots}
+        for k in range(8):
+            for i, r in enumerate(robots, start=1):
+                stamp = Time(sec=1000 * i + k, nanosec=i)  # distinct per robot and frame
+                joints[r].publish(joint_state(r, i, stamp))
+                cams[r][1].publish(image(stamp, 10 * i + k))
+                cams[r][0].publish(image(stamp, 10 * i + k))
+                sent[r].add((stamp.sec, stamp.nanosec))
+            spin_until(node, lambda: False, timeout=0.15)
+        assert spin_until(node, lambda: all(len(received[r]) >= 3 for r in served), timeout=30), {
+            r: len(v) for r, v in received.items()
+        }
+        spin_until(node, lambda: False, timeout=0.5)
+        for r in served:
+            stamps = {(m.header.stamp.sec, m.header.stamp.nanosec) for m in received[r]}
+            assert stamps <= sent[r], (r, stamps - sent[r])  # only its own frames, never another robot's
+            for msg in received[r]:
+                assert msg.joint_names == [f"{r}_j{j}" for j in range(14)]
+                assert len(msg.points) == 8 and len(msg.points[0].positions) == 14  # tiny: horizon 8
+        assert received["robot5"] == []
+    finally:
+        node.destroy_node()
+        code = stop_process(server, timeout=20)
+        output = server.stdout.read()
+    assert code == 0, output
+    assert "published" in output and "action chunks" in output
