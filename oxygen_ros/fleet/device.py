@@ -80,8 +80,13 @@ class QueuedDevice:
         return sum(q.total() for q in self.queues.values())
 
     def remaining_estimate(self, stage: Stage) -> RemainingTime:
-        """Guarded service time still ahead of a model's head request, at the batch its queue would form,
-        on the whole device. Used by ESF to rank queues; the exact partition is decided later."""
+        """Service time still ahead of a model's head request, at the batch its queue would form, on the whole
+        device. Used by ESF to rank queues; the exact partition is decided later.
+
+        Not inflated by the guard: the guard is headroom for two stages co-running on split shares, and this
+        estimate is of whole-device runs. Inflating it too made ESF give up on heads that could still make their
+        deadline, and collapse under overload when the guard was set to a measured co-run slowdown.
+        """
         queues = self.queues[stage]
 
         def remaining(model_id: str) -> float:
@@ -89,7 +94,7 @@ class QueuedDevice:
             seconds = self.lut.latency(model_id, Stage.ACTION, bucket, 1.0)
             if stage is Stage.VLM:
                 seconds += self.lut.latency(model_id, Stage.VLM, bucket, 1.0)
-            return self.guard * seconds
+            return seconds
 
         return remaining
 

@@ -23,7 +23,6 @@ chunk points), ``rate_hz`` (nominal robot rate).
 
 from __future__ import annotations
 
-import signal
 import sys
 import tempfile
 import threading
@@ -31,15 +30,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import rclpy
-from builtin_interfaces.msg import Duration
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
-from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.fleet.assign_cli import load_assignment
 from oxygen_ros.fleet.executor import FleetExecutor
@@ -50,22 +45,10 @@ from oxygen_ros.fleet.requests import FleetRequest, RobotSpec
 from oxygen_ros.fleet.simulator import SimConfig, make_device
 from oxygen_ros.model.preprocess import Observation, prepare_inputs, robot_actions
 from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+from oxygen_ros.nodes.conversions import ConversionError, chunk_to_trajectory, image_to_rgb, stamp_to_ns
+from oxygen_ros.nodes.lifecycle import ros_process, spinning
 
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-
-
-def _image_to_rgb(msg: Image) -> np.ndarray:
-    """sensor_msgs/Image (rgb8, bgr8, rgba8, bgra8 or mono8) -> HxWx3 uint8 RGB."""
-    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}.get(msg.encoding)
-    if channels is None:
-        raise ValueError(f"unsupported image encoding {msg.encoding!r}")
-    rows = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(msg.height, msg.step)
-    pixels = rows[:, : msg.width * channels].reshape(msg.height, msg.width, channels)
-    if channels == 1:
-        return np.repeat(pixels, 3, axis=2)
-    if msg.encoding.startswith("bgr"):
-        pixels = pixels[:, :, 2::-1]
-    return np.ascontiguousarray(pixels[:, :, :3])
 
 
 def _namespace(name: str) -> str:
@@ -193,8 +176,8 @@ class FleetNode(Node):
     def _on_image(self, port: RobotPort, camera: str, msg: Image) -> None:
         arrival = self.fleet.now()
         try:
-            port.images[camera] = _image_to_rgb(msg)
-        except ValueError as err:
+            port.images[camera] = image_to_rgb(msg)
+        except ConversionError as err:
             self.get_logger().warning(f"{port.namespace}: {err}", throttle_duration_sec=5.0)
             return
         if camera != port.cameras[0]:
@@ -226,16 +209,8 @@ class FleetNode(Node):
             dims = min(len(joint_names), served.config.action_dim) or served.config.action_dim
             names = joint_names[:dims] if joint_names else [f"joint_{i}" for i in range(dims)]
             actions = robot_actions(request.actions[None], dims, served.norm_stats)[0]
-            msg = JointTrajectory()
-            msg.header.stamp = stamp
-            msg.joint_names = names
-            for step, row in enumerate(actions):
-                point = JointTrajectoryPoint()
-                point.positions = [float(x) for x in row]
-                seconds = (step + 1) * self.action_dt
-                point.time_from_start = Duration(sec=int(seconds), nanosec=int(round((seconds % 1) * 1e9)))
-                msg.points.append(point)
-            port.publisher.publish(msg)
+            port.publisher.publish(chunk_to_trajectory(actions, names, stamp_to_ns(stamp), self.action_dt,
+                                                       len(actions)))
             self.published += 1
 
     def serve(self, stop: threading.Event) -> None:
@@ -249,18 +224,12 @@ class FleetNode(Node):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stop = threading.Event()
-    context = rclpy.Context()
-    rclpy.init(args=["fleet_node", *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with ros_process("fleet_node", argv) as (context, stop):
         try:
             node = FleetNode(context=context)
         except (ValueError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        executor = SingleThreadedExecutor(context=context)
-        executor.add_node(node)
         failure: list[BaseException] = []
 
         def serve() -> None:
@@ -270,26 +239,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failure.append(err)
                 stop.set()
 
+        # the fleet executor runs batches on its own thread and publishes chunks from there
         worker = threading.Thread(target=serve, name="fleet-executor")
-        worker.start()
-        try:
-            while not stop.is_set():
-                executor.spin_once(timeout_sec=0.1)
-        finally:
-            stop.set()
+        with spinning(node, stop, before_destroy=node.close) as spinner:
+            worker.start()
+            stop.wait()
             worker.join()
-            executor.shutdown()
             node.get_logger().info(f"published {node.published} action chunks")
-            node.close()
-            node.destroy_node()
-        if failure:
-            print(f"error: fleet executor failed: {failure[0]!r}", file=sys.stderr)
+        if failure or spinner.failure is not None:
+            print(f"error: fleet node failed: {(failure or [spinner.failure])[0]!r}", file=sys.stderr)
             return 1
         return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        context.try_shutdown()
 
 
 if __name__ == "__main__":
