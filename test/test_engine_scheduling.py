@@ -138,3 +138,34 @@ def test_adaptive_k_decodes_only_in_the_slack_of_the_control_period(model):
 
     assert steps_per_frame(10.0)[1:] == [6] * 5  # ample slack: the cap
     assert steps_per_frame(1e-6) == [0] * 6  # the action alone overruns the period: no text this frame
+
+
+def test_step_cost_model_fits_fixed_and_per_request_cost():
+    from oxygen_ros.engine.step_cost import StepCostModel
+
+    cost = StepCostModel()
+    assert cost.predict(4) == 0.0 and cost.largest_batch_within(0.01, 7) == 7
+    assert cost.largest_batch_within(-0.001, 7) == 0
+    cost.observe(4, 0.003)
+    assert cost.predict(16) == 0.003  # one batch size seen: the fixed part is assumed to dominate
+    for batch in (1, 2, 8, 16):
+        cost.observe(batch, 0.002 + 0.0005 * batch)
+    assert abs(cost.predict(10) - 0.007) < 1e-3
+    assert cost.largest_batch_within(0.005, 30) in (5, 6)  # (0.005 - 0.002) / 0.0005
+    assert cost.largest_batch_within(0.001, 30) == 0  # not even the fixed part fits
+    assert cost.largest_batch_within(1.0, 30) == 30
+
+
+def test_a_partial_decode_step_advances_the_oldest_requests_only(model):
+    frames, noises = synthetic_frames(CONFIG, 4, seed=4)
+    pool = KVPool(CONFIG, 6, 8)
+    scheduler = FrameScheduler(model, pool, SchedulerConfig(num_steps=1, tokens_per_frame=0, max_new_tokens=8,
+                                                            ignore_eos=True))
+    for frame in range(4):
+        scheduler.run_frame(frames[frame], noises[frame], narrate=True)
+    before = [len(r.tokens) for r in scheduler.active]
+    result = scheduler.run_frame(frames[0], noises[0], narrate=False)
+    assert scheduler.decode_step(result, max_batch=2)
+    assert [len(r.tokens) for r in scheduler.active] == [before[0] + 1, before[1] + 1, before[2], before[3]]
+    finished = {r.frame_id: r.tokens for r in scheduler.drain()}
+    assert finished == {i: isolated_tokens(model, frames[i], 8) for i in range(4)}  # partial steps change nothing

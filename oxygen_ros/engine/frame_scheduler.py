@@ -19,6 +19,7 @@ from torch import Tensor
 from ..model.inputs import ModelInputs
 from .kv_pool import KVPool
 from .language import LanguageRequest, decode_batch, start_request
+from .step_cost import StepCostModel
 
 ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")
 
@@ -77,7 +78,7 @@ class FrameScheduler:
         self._request_ids = itertools.count(1)
         self.frames = 0
         self.requests_dropped = 0
-        self._step_time_s = 0.0  # running estimate of one decode step, for adaptive k
+        self.step_cost = StepCostModel()  # decode step time vs batch size, for adaptive k and the runtime's gate
 
     @property
     def eos_id(self) -> int:
@@ -128,26 +129,27 @@ class FrameScheduler:
         self._retire(result)
         return result
 
-    def decode_step(self, result: FrameResult) -> bool:
-        """One batched decode step over every active request (preempted ones resume first if room allows).
+    def decode_step(self, result: FrameResult, max_batch: int | None = None) -> bool:
+        """One batched decode step over the active requests (preempted ones resume first if room allows).
 
-        Tokens, finished and evicted requests are added to `result`; returns False when there was nothing to do.
+        All of them, or the `max_batch` oldest (closest to finishing, so their slots come back soonest). Tokens,
+        finished and evicted requests are added to `result`; returns False when there was nothing to do.
         """
         self._resume_preempted()
         if not self.active:
             return False
+        batch = self.active if max_batch is None else self.active[:max_batch]
         t0 = time.perf_counter()
-        result.tokens_decoded += decode_batch(self.model, self.pool.cache, self.active)
+        result.tokens_decoded += decode_batch(self.model, self.pool.cache, batch)
         result.decode_steps += 1
-        elapsed = time.perf_counter() - t0
-        self._step_time_s = elapsed if self._step_time_s == 0 else 0.8 * self._step_time_s + 0.2 * elapsed
+        self.step_cost.observe(len(batch), time.perf_counter() - t0)
         self._retire(result)
         return True
 
     @property
     def step_time_s(self) -> float:
-        """Running estimate of one decode step at the current batch (0 before the first step)."""
-        return self._step_time_s
+        """Expected time of the next full decode step (0 before the first step)."""
+        return self.step_cost.predict(len(self.active))
 
     def _admit(self, slot, frame_id, stamp_ns, num_valid, logits, inputs, result, budget) -> LanguageRequest | None:
         cfg = self.config
@@ -181,11 +183,13 @@ class FrameScheduler:
     def _decode(self, frame_start: float, result: FrameResult) -> None:
         cfg = self.config
         for _ in range(cfg.tokens_per_frame):
-            if cfg.adaptive_k:
+            batch = None
+            if cfg.adaptive_k:  # only what fits in the slack: fewer steps, and if need be a smaller batch
                 left = frame_start + cfg.control_period_s - cfg.deadline_margin_s - time.perf_counter()
-                if left < self._step_time_s:
+                batch = self.step_cost.largest_batch_within(left, len(self.active) + len(self.preempted))
+                if batch == 0:
                     break
-            if not self.decode_step(result):
+            if not self.decode_step(result, batch):
                 break
 
     def _retire(self, result: FrameResult) -> None:
