@@ -32,6 +32,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # Interfaces: rosidl via CMake into the venv prefix (OXYGEN_ROS_INSTALL_PYTHON=OFF: the Python code comes from the
 # editable install above). The wheels need the include-directory fix-up described in cmake/.
 export PATH=$VENV/bin:$PATH AMENT_PREFIX_PATH=$VENV
+mkdir -p build
 cmake -S . -B build/interfaces -G Ninja -Wno-dev \
   -DCMAKE_INSTALL_PREFIX="$VENV" -DCMAKE_PREFIX_PATH="$VENV" -DPython3_EXECUTABLE="$VENV/bin/python" \
   -DOXYGEN_ROS_INSTALL_PYTHON=OFF -DBUILD_TESTING=OFF \
