@@ -161,40 +161,36 @@ def write_markdown(records: list[dict], path: Path, header: str) -> None:
 
 
 def write_plots(records: list[dict], out: Path) -> list[Path]:
+    """Action Hz vs decode length per setting, and the tokens/s vs action Hz trade-off."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sweep = [r for r in records if r["sweep"] == "decode_len"]
+    plots = [
+        ("action_hz_vs_decode_len.png", "Action rate under language load", "decode length per request (tokens)",
+         "action rate (Hz)", "plot",
+         lambda setting: sorted((r["decode_len"], r["action_hz"]) for r in sweep if r["setting"] == setting)),
+        ("tokens_per_s_vs_action_hz.png", "Throughput trade-off", "action rate (Hz)",
+         "language throughput (tokens/s)", "scatter",
+         lambda setting: [(r["action_hz"], r["tokens_per_s"]) for r in records if r["setting"] == setting]),
+    ]
     paths = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for setting in SETTINGS:
-        points = sorted((r["decode_len"], r["action_hz"]) for r in sweep if r["setting"] == setting)
-        if points:
-            ax.plot(*zip(*points), marker="o", label=setting)
-    ax.set_xlabel("decode length per request (tokens)")
-    ax.set_ylabel("action rate (Hz)")
-    ax.set_title("Action rate under language load")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out / "action_hz_vs_decode_len.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for setting in SETTINGS:
-        points = [(r["action_hz"], r["tokens_per_s"]) for r in records if r["setting"] == setting]
-        if points:
-            ax.scatter(*zip(*points), label=setting)
-    ax.set_xlabel("action rate (Hz)")
-    ax.set_ylabel("language throughput (tokens/s)")
-    ax.set_title("Throughput trade-off")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out / "tokens_per_s_vs_action_hz.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    for name, title, xlabel, ylabel, kind, points_of in plots:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for setting in SETTINGS:
+            points = points_of(setting)
+            if points and kind == "plot":
+                ax.plot(*zip(*points), marker="o", label=setting)
+            elif points:
+                ax.scatter(*zip(*points), label=setting)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
     return paths
 
 
