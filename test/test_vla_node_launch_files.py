@@ -172,3 +172,24 @@ def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_p
         words = [e.value for e in keyword(process, "cmd").elts if isinstance(e, ast.Constant)]
         assert words[0] == "oxygen-ros" and words[1] in options
         assert {w for w in words if w.startswith("--")} <= options[words[1]]
+
+
+def test_fleet_launch_starts_fleet_node_with_its_installed_parameter_file():
+    import yaml
+
+    tree = parse("launch/fleet.launch.py")
+    (node,) = calls(tree, "Node")
+    from_setup, from_cmake = installed_executables()
+    assert keyword(node, "executable").value == "fleet_node" and "fleet_node" in from_setup & from_cmake
+    assert keyword(node, "package").value == package_name()
+    assert launch_configurations(tree) <= declared_arguments(tree) == {"params_file", "assignment_file", "gpu_index"}
+    (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
+    config = share_path(default_params)
+    assert config == REPO / "config" / "fleet.yaml"
+    # every key of the shipped file is a parameter the node declares, with the same type as its default
+    source = (REPO / "oxygen_ros" / "nodes" / "fleet_node.py").read_text()
+    declared = ast.literal_eval(re.search(r"defaults = (\{.*?\n        \})", source, re.S).group(1))
+    parameters = yaml.safe_load(config.read_text())["/**"]["ros__parameters"]
+    assert set(parameters) == set(declared)
+    assert all(type(parameters[k]) is type(v) for k, v in declared.items()), "a type differs from the node's"
+    assert len(parameters["robots"]) == len(parameters["robot_models"])
