@@ -44,6 +44,9 @@ def matrix(quick: bool) -> list[SweepPoint]:
         points += [SweepPoint("arrival", 50, DEFAULT_K, 10, "burst", ("baseline", "continuous_batching"))]
         return points
     points = [SweepPoint("decode_len", n, DEFAULT_K, 10, "every_frame", everything) for n in (10, 25, 50, 100, 200)]
+    # adaptive k against decode length: the action rate should stay put while the text gets longer
+    points += [SweepPoint("decode_len_adaptive", n, "adaptive", 10, "every_frame", ("continuous_batching",))
+               for n in (10, 50, 200)]
     points += [SweepPoint("num_steps", 50, DEFAULT_K, 5, "every_frame", everything)]
     points += [SweepPoint("tokens_per_frame", 50, k, 10, "every_frame", ("continuous_batching",))
                for k in (1, 2, 8, 16, "adaptive")]
@@ -167,24 +170,27 @@ def write_plots(records: list[dict], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sweep = [r for r in records if r["sweep"] == "decode_len"]
+    def by_length(sweep: str, setting: str) -> list[tuple[int, float]]:
+        return sorted((r["decode_len"], r["action_hz"]) for r in records
+                      if r["sweep"] == sweep and r["setting"] == setting)
+
+    length_series = [(s, by_length("decode_len", s)) for s in SETTINGS]
+    length_series.append(("continuous_batching (adaptive k)", by_length("decode_len_adaptive", "continuous_batching")))
+    trade_off = [(s, [(r["action_hz"], r["tokens_per_s"]) for r in records if r["setting"] == s]) for s in SETTINGS]
     plots = [
         ("action_hz_vs_decode_len.png", "Action rate under language load", "decode length per request (tokens)",
-         "action rate (Hz)", "plot",
-         lambda setting: sorted((r["decode_len"], r["action_hz"]) for r in sweep if r["setting"] == setting)),
+         "action rate (Hz)", "plot", length_series),
         ("tokens_per_s_vs_action_hz.png", "Throughput trade-off", "action rate (Hz)",
-         "language throughput (tokens/s)", "scatter",
-         lambda setting: [(r["action_hz"], r["tokens_per_s"]) for r in records if r["setting"] == setting]),
+         "language throughput (tokens/s)", "scatter", trade_off),
     ]
     paths = []
-    for name, title, xlabel, ylabel, kind, points_of in plots:
+    for name, title, xlabel, ylabel, kind, series in plots:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for setting in SETTINGS:
-            points = points_of(setting)
+        for label, points in series:
             if points and kind == "plot":
-                ax.plot(*zip(*points), marker="o", label=setting)
+                ax.plot(*zip(*points), marker="o", label=label)
             elif points:
-                ax.scatter(*zip(*points), label=setting)
+                ax.scatter(*zip(*points), label=label)
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
         ax.legend()
         fig.tight_layout()
