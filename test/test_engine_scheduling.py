@@ -169,3 +169,25 @@ def test_a_partial_decode_step_advances_the_oldest_requests_only(model):
     assert [len(r.tokens) for r in scheduler.active] == [before[0] + 1, before[1] + 1, before[2], before[3]]
     finished = {r.frame_id: r.tokens for r in scheduler.drain()}
     assert finished == {i: isolated_tokens(model, frames[i], 8) for i in range(4)}  # partial steps change nothing
+
+
+def test_sampled_narration_does_not_depend_on_batching(model):
+    """With a temperature each request samples from its own stream: decoded in batches of any size, or one at a
+    time, the same request ids give the same text; and the text differs from greedy."""
+    frames, noises = synthetic_frames(CONFIG, 4, seed=12)
+
+    def narrations(tokens_per_frame, temperature, seed=5):
+        pool = KVPool(CONFIG, 6, 10)
+        config = SchedulerConfig(num_steps=1, tokens_per_frame=tokens_per_frame, max_new_tokens=10, ignore_eos=True,
+                                 temperature=temperature, seed=seed)
+        scheduler = FrameScheduler(model, pool, config)
+        finished = []
+        for frame in range(4):
+            finished += scheduler.run_frame(frames[frame], noises[frame], narrate=True).finished
+        return {r.request_id: r.tokens for r in finished + scheduler.drain()}
+
+    sampled = narrations(2, temperature=30.0)
+    assert narrations(0, temperature=30.0) == sampled  # everything decoded together at the end instead
+    assert narrations(2, temperature=30.0, seed=6) != sampled
+    assert narrations(2, temperature=0.0) != sampled
+    assert all(len(tokens) == 10 for tokens in sampled.values())

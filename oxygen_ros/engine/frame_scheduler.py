@@ -34,12 +34,16 @@ class SchedulerConfig:
     max_new_tokens: int = 64
     admission: str = "drop_oldest"  # what to do with a new language request when the pool is full
     ignore_eos: bool = False  # benchmarks decode exactly max_new_tokens so every setting does the same work
+    temperature: float = 0.0  # 0: greedy narration; > 0: sampled, each request from its own seeded stream
+    seed: int = 0  # request i samples with its own seed derived from (seed, i): runs are repeatable
 
     def __post_init__(self):
         if self.admission not in ADMISSION_POLICIES:
             raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
         if self.tokens_per_frame < 0 or self.num_steps < 1:
             raise ValueError("tokens_per_frame must be >= 0 and num_steps >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
 
 
 @dataclass
@@ -172,8 +176,9 @@ class FrameScheduler:
                 self._inputs.pop(victim.request_id, None)
                 self.requests_dropped += 1
                 result.dropped.append(victim)
-        request = start_request(next(self._request_ids), slot, frame_id, stamp_ns, self.model.config.prefix_len,
-                                num_valid, logits, budget, self.eos_id)
+        request_id = next(self._request_ids)
+        request = start_request(request_id, slot, frame_id, stamp_ns, self.model.config.prefix_len, num_valid, logits,
+                                budget, self.eos_id, cfg.temperature, cfg.seed * 1_000_003 + request_id)
         self.pool.transfer(slot, f"request {request.request_id}")
         self.active.append(request)
         if cfg.admission == "preempt":

@@ -1,6 +1,7 @@
 """Language requests as resumable states, and one batched decode step over any set of them.
 
-A request is born from a frame's prefill (its slot already holds the prefix K/V, and the prefill's last-token logits
+Decoding is greedy by default; with a temperature each request samples from its own seeded generator, so its text
+does not depend on which other requests shared its batches. A request is born from a frame's prefill (its slot already holds the prefix K/V, and the prefill's last-token logits
 give the first token) and then advances one token per decode step, in whatever batch the scheduler puts it in. All it
 needs to resume is in the dataclass, so requests from different frames decode together (cross-frame continuous
 batching) and a request can wait any number of frames between steps.
@@ -34,15 +35,27 @@ class LanguageRequest:
     num_valid_prefix: int
     max_new_tokens: int
     eos_id: int
+    temperature: float = 0.0  # 0: greedy; > 0: sample from softmax(logits / temperature)
+    seed: int = 0  # the request's own sampling stream, so batching never changes what it samples
     arrival_time: float = field(default_factory=time.perf_counter)
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos", "length" or "evicted"
     first_token_time: float | None = None
     finish_time: float | None = None
+    _generator: torch.Generator | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    def choose(self, logits: Tensor) -> int:
+        """The next token from one row of logits: argmax, or a sample from this request's own generator."""
+        if self.temperature <= 0:
+            return int(logits.argmax())
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.seed)
+        probabilities = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
+        return int(torch.multinomial(probabilities, 1, generator=self._generator))
 
     def accept(self, token: int, now: float) -> None:
         """Record the model's next token; finishes the request on EOS or when the budget is spent."""
@@ -72,19 +85,21 @@ def start_request(
     first_logits: Tensor,
     max_new_tokens: int,
     eos_id: int,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> LanguageRequest:
-    """A request whose first token comes from the prefill's last-prefix-token logits (greedy)."""
+    """A request whose first token comes from the prefill's last-prefix-token logits."""
     request = LanguageRequest(request_id, slot, frame_id, stamp_ns, prefix_len, num_valid_prefix, max_new_tokens,
-                              eos_id)
+                              eos_id, temperature, seed)
     if max_new_tokens == 0:
         request.finish("length", time.perf_counter())
     else:
-        request.accept(int(first_logits.argmax()), time.perf_counter())
+        request.accept(request.choose(first_logits), time.perf_counter())
     return request
 
 
 def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
-    """Advance every unfinished request by one greedy token in a single model call; returns tokens produced."""
+    """Advance every unfinished request by one token in a single model call; returns tokens produced."""
     active = [r for r in requests if not r.done]
     if not active:
         return 0
@@ -94,7 +109,10 @@ def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
     cache_index = torch.tensor([r.prefix_len for r in active], dtype=torch.long) + offsets
     positions = torch.tensor([r.num_valid_prefix for r in active], dtype=torch.long) + offsets
     logits = model.decode_step(cache, slots, fed, cache_index, positions)
-    next_tokens = logits.argmax(dim=-1).tolist()
+    if all(r.temperature <= 0 for r in active):
+        next_tokens = logits.argmax(dim=-1).tolist()
+    else:
+        next_tokens = [request.choose(row) for request, row in zip(active, logits)]
     now = time.perf_counter()
     for request, token in zip(active, next_tokens):
         request.accept(token, now)

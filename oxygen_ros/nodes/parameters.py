@@ -73,6 +73,8 @@ SPECS = (
          " | ".join(LANGUAGE_POLICIES)),
     Spec("language.every_n_frames", 10, "with every_n_frames: narrate one acted frame in this many", ">= 1"),
     Spec("language.max_new_tokens", 32, "token budget of one narration", ">= 1"),
+    Spec("language.temperature", 0.0, "narration sampling temperature; 0: greedy (each narration samples from its "
+         "own stream seeded by model.seed, so batching never changes its text)", ">= 0"),
     Spec("language.stream_every", 8, "publish partial narration every this many tokens; 0: final text only",
          ">= 0"),
     Spec("language.pool_slots", 8, "KV cache slots (one for the action path, the rest for narrations)", ">= 2"),
@@ -107,6 +109,7 @@ class VlaParams:
     language_policy: str
     every_n_frames: int
     max_new_tokens: int
+    temperature: float
     stream_every: int
     pool_slots: int
     admission: str
@@ -191,6 +194,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         language_policy=p.choice("language.policy", LANGUAGE_POLICIES),
         every_n_frames=p.integer("language.every_n_frames", minimum=1),
         max_new_tokens=p.integer("language.max_new_tokens", minimum=1),
+        temperature=p.number("language.temperature"),
         stream_every=p.integer("language.stream_every"),
         pool_slots=p.integer("language.pool_slots", minimum=2),
         admission=p.choice("language.admission", ADMISSION_POLICIES),

@@ -81,7 +81,7 @@ class VlaNode(Node):
         self.horizon = p.horizon or config.action_horizon
         scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
                                     deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
-                                    admission=p.admission)
+                                    admission=p.admission, temperature=p.temperature, seed=p.seed)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
                                        seed=p.seed)
         self.inputs = FrameInputs(p.camera_keys, p.camera_compressed, p.state_names, p.max_image_age_s)
