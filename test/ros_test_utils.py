@@ -7,6 +7,8 @@ import time
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 
+from oxygen_ros.processes import stop
+
 
 def start_python(code: str, env: dict) -> subprocess.Popen:
     """Run Python code in a child process (the same interpreter and ROS environment as the test)."""
@@ -14,16 +16,7 @@ def start_python(code: str, env: dict) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> int:
-    """SIGINT first (what Ctrl-C and ros2 launch send), SIGKILL if it does not exit in time."""
-    if process.poll() is None:
-        process.send_signal(2)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
+stop_process = stop  # SIGINT first (what Ctrl-C and ros2 launch send), SIGKILL if it does not exit in time
 
 
 def spin_until(node, condition, timeout: float) -> bool:

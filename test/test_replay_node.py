@@ -5,7 +5,6 @@ remove any Fast DDS shared-memory files a killed child leaves behind).
 """
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from std_msgs.msg import String
 
 from oxygen_ros.data import iter_raw, synthetic_episode, write_episode_bag
 from oxygen_ros.nodes.replay_node import main as replay_main
+from oxygen_ros.processes import stop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,12 +80,7 @@ class Child:
     def stop(self, timeout: float = 10.0) -> tuple[int, str]:
         if self.process.poll() is None:
             self.note_shm()
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            stop(self.process, timeout)
         output = self.process.stdout.read() if self.process.stdout else ""
         remove_orphaned_shm(self.shm)
         return self.process.returncode, output
