@@ -3,7 +3,8 @@
 The action has a hard deadline, the text a soft one. The language worker asks the gate before every decode step;
 the gate lets it start only when the control path is not running and, if the control period is known, when the
 step is expected to end before the next control tick. The control path never waits for more than the one decode
-step that may be in flight. (On a GPU the same role is played by stream priorities; on a CPU, by this gate.)
+step that may be in flight. On a GPU the gate still orders the two threads' host work (the scheduler's state);
+the device work is ordered by stream priorities (`PathStreams`).
 """
 
 from __future__ import annotations

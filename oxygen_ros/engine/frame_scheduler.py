@@ -100,6 +100,8 @@ class FrameScheduler:
         """The single-threaded OxyGen frame: the action first, then up to k batched decode steps."""
         start = time.perf_counter() if frame_start is None else frame_start
         result = self.act(inputs, noise, narrate, stamp_ns, start, max_new_tokens)
+        result.actions = result.actions.cpu()  # the chunk reaches the host (the robot) before any decode step
+        result.action_latency_s = time.perf_counter() - start
         self._decode(start, result)
         return result
 
@@ -107,7 +109,9 @@ class FrameScheduler:
             frame_start: float | None = None, max_new_tokens: int | None = None) -> FrameResult:
         """The control path: prefill into a fresh slot, denoise the chunk, then admit or free the slot.
 
-        `max_new_tokens` caps this frame's request below the configured budget (the slot's room)."""
+        `max_new_tokens` caps this frame's request below the configured budget (the slot's room). On a GPU the
+        returned chunk may still be in flight on the current stream (`action_latency_s` is then the launch time):
+        the caller reads it back when it needs it."""
         start = time.perf_counter() if frame_start is None else frame_start
         budget = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if not 0 <= budget <= self.config.max_new_tokens:
@@ -119,6 +123,8 @@ class FrameScheduler:
         slots = torch.tensor([slot])
         try:
             prefill = self.model.prefill(inputs, self.pool.cache, slots, want_logits=narrate)
+            if narrate:  # read back before denoising: on a GPU this waits for the prefill, not for the chunk too
+                num_valid, first_logits = int(prefill.num_valid[0]), prefill.logits[0].cpu()
             actions = self.model.sample_actions(self.pool.cache, slots, noise, self.config.num_steps)[0]
         except Exception:
             self.pool.free(slot)
@@ -126,8 +132,7 @@ class FrameScheduler:
         result = FrameResult(frame_id, actions, time.perf_counter() - start, None)
         self.frames += 1
         if narrate:
-            result.request = self._admit(slot, frame_id, stamp_ns, int(prefill.num_valid[0]), prefill.logits[0],
-                                         inputs, result, budget)
+            result.request = self._admit(slot, frame_id, stamp_ns, num_valid, first_logits, inputs, result, budget)
         else:
             self.pool.free(slot)
         self._retire(result)

@@ -3,7 +3,10 @@
 `act()` preprocesses one observation, prefills it into a KV slot, denoises the action chunk and, when asked,
 hands that same slot to a new language request; it returns robot-space actions. A worker thread decodes all
 active requests in batches whenever the `ControlGate` allows and reports text through a callback. Both threads
-share one `FrameScheduler` (its state changes only inside the gate, so they never race).
+share one `FrameScheduler` (its state changes only inside the gate, so they never race). On a GPU the control
+path issues on a high-priority CUDA stream and the worker on a low-priority one (`PathStreams`): the gate's
+critical section then covers launching the chunk, not waiting for it, so decode steps can run beside the
+denoising on the device while the control path reads its chunk back.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .control_gate import ControlGate
 from .frame_scheduler import FrameResult, FrameScheduler, SchedulerConfig
 from .kv_pool import KVPool
 from .language import LanguageRequest
+from .path_streams import PathStreams
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class OxygenRuntime:
         self.pool = KVPool(model.config, config.pool_slots, sched.max_new_tokens, model.dtype, model.device)
         self.scheduler = FrameScheduler(model, self.pool, sched)
         self.gate = ControlGate(sched.control_period_s, sched.deadline_margin_s, trace=trace)
+        self.streams = PathStreams(model.device)
         self._noise = torch.Generator().manual_seed(config.seed)
         self._latencies: deque[float] = deque(maxlen=500)
         self._action_times: deque[float] = deque(maxlen=500)
@@ -117,11 +122,13 @@ class OxygenRuntime:
         cfg = self.model.config
         start = time.perf_counter()
         noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=self._noise)
-        with self.gate.control():
+        with self.gate.control(), self.streams.control():
             inputs = prepare_inputs([observation], cfg, self.tokenizer, self.norm_stats)
             inputs = inputs.to(self.model.device, self.model.dtype)
             result = self.scheduler.act(inputs, noise.to(self.model.device), narrate, stamp_ns, start)
-        chunk = robot_actions(result.actions[None], self.robot_action_dim, self.norm_stats)[0]
+        with self.streams.control():  # on a GPU: wait for this chunk on the control stream, outside the gate
+            actions = result.actions.cpu()
+        chunk = robot_actions(actions[None], self.robot_action_dim, self.norm_stats)[0]
         latency = time.perf_counter() - start
         self._latencies.append(latency)
         self._action_times.append(time.perf_counter())
@@ -137,6 +144,10 @@ class OxygenRuntime:
     # ---- language path --------------------------------------------------------------------------------------------
 
     def _language_loop(self) -> None:
+        with self.streams.language():
+            self._language_steps()
+
+    def _language_steps(self) -> None:
         try:
             while not self._stop.is_set():
                 if not self.scheduler.active and not self.scheduler.preempted:

@@ -26,6 +26,7 @@ from ..model.inputs import ModelInputs
 from .frame_scheduler import FrameScheduler, SchedulerConfig
 from .kv_pool import KVPool
 from .language import LanguageRequest, decode_batch, start_request
+from .path_streams import PathStreams
 
 SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")
 
@@ -97,8 +98,8 @@ class _Window:
 
 
 def _record_action(run: SettingRun, window: _Window, frame: int, actions: Tensor, frame_start: float) -> None:
+    run.actions[frame] = actions.cpu()  # a chunk is ready when it is on the host (on a GPU this waits for it)
     now = time.perf_counter()
-    run.actions[frame] = actions
     if window.measured(frame):
         run.action_latency_s.append(now - frame_start)
         run.action_done_s.append(now - window.start)
@@ -168,10 +169,11 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     """Action and language workers on their own threads, each with its own model copy, pool and prefill.
 
     The language worker always takes the newest frame that asked for language and was not yet taken, as a second
-    process following the same camera stream would.
+    process following the same camera stream would. On a GPU each worker issues on its own stream of equal priority.
     """
     run = SettingRun("parallel")
     language_model = copy.deepcopy(model)
+    streams = PathStreams(model.device, prioritized=False)
     action_pool = KVPool(model.config, 1, 0, model.dtype, model.device)
     language_pool = KVPool(model.config, 1, workload.decode_len, model.dtype, model.device)
     run.pool_bytes = action_pool.bytes_total + language_pool.bytes_total
@@ -182,6 +184,10 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     progress = threading.Condition()
 
     def language_worker():
+        with streams.language():
+            language_loop()
+
+    def language_loop():
         nonlocal taken
         while True:
             with progress:
@@ -212,9 +218,10 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     try:
         for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
             t0 = window.begin(frame)
-            model.prefill(inputs, action_pool.cache, slot)
-            actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
-            _record_action(run, window, frame, actions, t0)
+            with streams.control():
+                model.prefill(inputs, action_pool.cache, slot)
+                actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
+                _record_action(run, window, frame, actions, t0)
             with progress:
                 newest_frame = frame
                 progress.notify()
