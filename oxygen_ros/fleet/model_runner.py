@@ -15,15 +15,19 @@ What a device *share* means here:
   their own budgets (``test_fleet_runner`` checks this). Both workers are Python threads of one process, so
   co-running stages also contend for the interpreter lock between kernels: that slowdown is measured by
   ``fleet-profile`` (``co_run_slowdown``), not assumed away.
-- CUDA: each stage worker issues its kernels on its own stream, so a VLM batch and an action batch overlap on the
-  GPU. The share is recorded but not enforced: limiting a stream to a fraction of the SMs needs green contexts or
-  MPS, which this runner does not set up.
+- CUDA: a share is a number of SMs. Each stage worker issues its kernels on a stream of a green context that holds
+  its share of the SMs, the VLM stage and the action stage of a split on disjoint groups (``sm_partition``), so a
+  VLM batch and an action batch overlap on the GPU without taking each other's SMs; share 1.0 is a plain stream on
+  the whole device. Green contexts need NVIDIA's ``cuda-bindings`` package and a driver that has them; without
+  them the runner says why once and falls back to one plain stream per stage (shares then overlap, not enforced),
+  and ``partition_mode`` records which of the two ran.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,6 +39,7 @@ from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.workloads import synthetic_frames
 from oxygen_ros.fleet.batching import bucket_for
 from oxygen_ros.fleet.requests import FleetRequest, Stage
+from oxygen_ros.fleet.sm_partition import SmPartitions
 from oxygen_ros.model.config import PRESETS, Pi05Config
 from oxygen_ros.model.inputs import ModelInputs
 from oxygen_ros.model.pi05 import Pi05Model, build_model
@@ -105,20 +110,29 @@ class ServedModel:
 
 
 class StageWorker:
-    """A persistent thread that runs one stage's calls with that stage's thread budget (CPU) or stream (CUDA)."""
+    """A persistent thread that runs one stage's calls with that stage's thread budget (CPU) or with the stream of
+    its share's SM partition (CUDA; a plain stream of its own for the whole device or without partitions)."""
 
-    def __init__(self, name: str, device: torch.device):
+    def __init__(self, name: str, device: torch.device, stage: Stage | None = None,
+                 partitions: SmPartitions | None = None):
         self.device = device
+        self.stage = stage
+        self.partitions = partitions
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = -1
         self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn, threads: int, *args) -> Future:
+    def submit(self, fn, threads: int, *args, share: float = 1.0) -> Future:
         future: Future = Future()
-        self._jobs.put((future, fn, threads, args))
+        self._jobs.put((future, fn, threads, share, args))
         return future
+
+    def _stream_for(self, share: float) -> torch.cuda.Stream:
+        if self.partitions is not None and self.stage is not None:
+            return self.partitions.stream(self.stage, share) or self.stream
+        return self.stream
 
     def _loop(self) -> None:
         torch.get_num_threads()  # this thread's lazy init; later set_num_threads calls then stay per thread
@@ -126,7 +140,7 @@ class StageWorker:
             job = self._jobs.get()
             if job is None:
                 return
-            future, fn, threads, args = job
+            future, fn, threads, share, args = job
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -136,9 +150,10 @@ class StageWorker:
                         self._threads = threads
                     result = fn(*args)
                 else:
-                    with torch.cuda.stream(self.stream):
+                    stream = self._stream_for(share)
+                    with torch.cuda.stream(stream):
                         result = fn(*args)
-                    self.stream.synchronize()
+                    stream.synchronize()
                 future.set_result(result)
             except BaseException as err:  # noqa: BLE001 - handed to the caller
                 future.set_exception(err)
@@ -164,6 +179,7 @@ class ModelRunner:
         max_inflight: int = 64,
         cpu_threads: int | None = None,
         num_steps: int | None = None,
+        sm_partitions: bool = True,
     ):
         if len({s.model_id for s in specs}) != len(specs):
             raise ValueError("model ids must be unique")
@@ -175,24 +191,43 @@ class ModelRunner:
             s.model_id: ServedModel(s, self.device, dtype, max_batch, max_inflight, seed=k)
             for k, s in enumerate(specs)
         }
-        self.workers = {stage: StageWorker(f"fleet-{stage.value}", self.device) for stage in Stage}
+        self.partitions: SmPartitions | None = None
+        self.partition_mode = "CPU thread budget" if self.device.type == "cpu" else "plain streams (not enforced)"
+        if self.device.type == "cuda" and sm_partitions:
+            try:
+                self.partitions = SmPartitions(self.device)
+                self.partition_mode = "green-context SM partitions"
+            except (ImportError, RuntimeError) as error:
+                warnings.warn(f"GPU shares are not enforced: SM partitions are unavailable ({error})", stacklevel=2)
+                self.partition_mode = f"plain streams (not enforced: {error})"
+        self.workers = {
+            stage: StageWorker(f"fleet-{stage.value}", self.device, stage, self.partitions) for stage in Stage
+        }
         self._lock = threading.Lock()
 
     def threads_for(self, share: float) -> int:
         return max(1, round(share * self.cpu_threads))
 
     def shares(self) -> list[float]:
-        """The partition choices this device offers: multiples of one core on a CPU, tenths on a GPU."""
+        """The partition choices this device offers: multiples of one core on a CPU; on a GPU the tenths whose
+        SM groups the hardware can make (every tenth without partitions)."""
         if self.device.type == "cpu":
             return [round(k / self.cpu_threads, 6) for k in range(1, self.cpu_threads + 1)]
+        if self.partitions is not None:
+            return self.partitions.shares()
         return [round(0.1 * k, 1) for k in range(1, 11)]
+
+    def sm_count(self, stage: Stage, share: float) -> int | None:
+        """SMs a stage gets at ``share`` on a partitioned GPU (None elsewhere)."""
+        return self.partitions.sm_count(stage, share) if self.partitions is not None else None
 
     def submit(self, model_id: str, stage: Stage, requests: Sequence[FleetRequest], share: float) -> Future:
         """Start one stage of one batch on its stage worker; the future resolves when the outputs are ready."""
         if model_id not in self.models:
             raise KeyError(f"model {model_id!r} is not served here (served: {sorted(self.models)})")
         run = self._prefill if Stage(stage) is Stage.VLM else self._denoise
-        return self.workers[Stage(stage)].submit(run, self.threads_for(share), self.models[model_id], list(requests))
+        return self.workers[Stage(stage)].submit(run, self.threads_for(share), self.models[model_id], list(requests),
+                                                 share=share)
 
     def __call__(self, model_id: str, stage: Stage, requests: Sequence[FleetRequest], share: float) -> None:
         self.submit(model_id, stage, requests, share).result()

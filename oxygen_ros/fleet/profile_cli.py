@@ -76,7 +76,10 @@ def profile_runner(
             "runner": "model_runner.ModelRunner",
             "device": str(runner.device),
             "cpu_threads": runner.cpu_threads if runner.device.type == "cpu" else None,
-            "share_meaning": "CPU thread budget" if runner.device.type == "cpu" else "stream (share not enforced)",
+            "share_meaning": runner.partition_mode,
+            "sm_counts": {
+                f"{stage.value}@{share}": runner.sm_count(stage, share) for stage in Stage for share in shares
+            } if runner.partitions is not None else None,
             "torch": torch.__version__,
             "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
             "num_steps": runner.num_steps,
