@@ -2,13 +2,13 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test lint demo sim-demo bench
+.PHONY: setup test lint demo sim-demo bench test-gpu gpu-check
 
 setup:
 	bash scripts/setup.sh
 
 lint: setup
-	$(VENV)/bin/ruff check oxygen_ros test launch
+	$(VENV)/bin/ruff check oxygen_ros test test_gpu launch
 
 test: lint
 	$(PY) -m pytest -q
@@ -24,3 +24,12 @@ sim-demo: setup
 # The OxyGen benchmark matrix, reduced (a few minutes on 2 CPU cores); see docs/benchmarks.md for the full command.
 bench: setup
 	$(VENV)/bin/oxygen-ros bench --preset small --quick --out out/bench
+
+# On a machine with a CUDA GPU (any python with CUDA torch; no ROS needed): the CUDA test suite, which fails
+# without a GPU, and the whole set of GPU checks and figures (tests, benchmarks, fleet profile) into out/gpu.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+test-gpu:
+	$(GPU_PY) -m pytest -q test_gpu
+
+gpu-check:
+	PYTHON=$(GPU_PY) bash scripts/gpu_check.sh out/gpu

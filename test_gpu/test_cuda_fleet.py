@@ -1,0 +1,72 @@
+"""Robion on a GPU: disjoint SM partitions through green contexts, used by the real stage runner and the profiler."""
+
+import json
+import time
+
+import torch
+
+from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
+from oxygen_ros.fleet.profile_cli import main as profile_main
+from oxygen_ros.fleet.requests import FleetRequest, Stage
+from oxygen_ros.fleet.sm_partition import SmPartitions, vlm_group_size
+
+DEVICE = torch.device("cuda")
+
+
+def matmul_seconds(stream, a, b, repeats=20) -> float:
+    with torch.cuda.stream(stream):
+        a @ b  # warm-up
+        stream.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        stream.synchronize()
+    return time.perf_counter() - start
+
+
+def test_green_context_groups_are_disjoint_and_limit_the_sms():
+    partitions = SmPartitions(DEVICE)
+    total = partitions.total_sms
+    assert total == torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    vlm, action = partitions.sm_count(Stage.VLM, 0.2), partitions.sm_count(Stage.ACTION, 0.8)
+    assert vlm == vlm_group_size(total, 0.2, partitions.granularity) and vlm + action <= total
+    assert partitions.stream(Stage.VLM, 1.0) is None  # the whole device: any plain stream
+    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    whole = matmul_seconds(torch.cuda.Stream(DEVICE), a, b)
+    small = matmul_seconds(partitions.stream(Stage.VLM, 0.2), a, b)
+    # a compute-bound product on vlm/total of the SMs takes about total/vlm times as long
+    assert small / whole > 0.6 * total / vlm, (small, whole, vlm, total)
+    expected = a @ b
+    with torch.cuda.stream(partitions.stream(Stage.ACTION, 0.8)):
+        result = a @ b
+    torch.cuda.synchronize()
+    assert torch.equal(result, expected)
+
+
+def test_model_runner_runs_both_stages_on_their_partitions():
+    runner = ModelRunner([ModelSpec("a", "tiny")], DEVICE, max_batch=4, max_inflight=8)
+    try:
+        assert runner.partition_mode == "green-context SM partitions"
+        assert runner.shares()[-1] == 1.0 and 0.5 in runner.shares()
+        requests = [FleetRequest(i, f"robot{i}", "a", 0.0, 1.0) for i in range(3)]
+        for request in requests:
+            request.inputs = runner.models["a"].stock_frame
+        runner("a", Stage.VLM, requests, 0.5)
+        runner("a", Stage.ACTION, requests, 0.5)
+        for request in requests:
+            assert request.actions is not None and torch.isfinite(request.actions).all() and request.slot is None
+    finally:
+        runner.close()
+
+
+def test_fleet_profile_on_cuda_records_the_sm_groups(tmp_path):
+    out = tmp_path / "lut.json"
+    argv = ["--models", "a=tiny:0,b=tiny:1", "--device", "cuda", "--max-batch", "4", "--shares", "0.5,1.0",
+            "--repeats", "3", "--warmup", "1", "--out", str(out)]
+    assert profile_main(argv) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["share_meaning"] == "green-context SM partitions"
+    counts = meta["sm_counts"]
+    assert counts["vlm@0.5"] + counts["action@0.5"] <= torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    assert counts["vlm@1.0"] == counts["action@1.0"] == torch.cuda.get_device_properties(DEVICE).multi_processor_count
