@@ -109,7 +109,7 @@ class SmPartitions:
         self.total_sms = properties.multi_processor_count
         self.granularity = SmGranularity.for_capability(properties.major)
         self._cu = _Driver()
-        torch.cuda.init()
+        torch.zeros(1, device=self.device)  # initialise CUDA and make the device's primary context exist
         drv, check = self._cu.driver, self._cu.check
         self._cu_device = check(drv.cuDeviceGet(index))
         sm = self._device_resource().sm
