@@ -88,6 +88,8 @@ class OxygenRuntime:
         self.scheduler = FrameScheduler(model, self.pool, sched)
         self.gate = ControlGate(sched.control_period_s, sched.deadline_margin_s, trace=trace)
         self.streams = PathStreams(model.device)
+        if self.streams.enabled:  # weights and the zeroed pool are on the device before either path reads them
+            torch.cuda.synchronize(model.device)
         self._noise = torch.Generator().manual_seed(config.seed)
         self._latencies: deque[float] = deque(maxlen=500)
         self._action_times: deque[float] = deque(maxlen=500)

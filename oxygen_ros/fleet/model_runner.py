@@ -203,6 +203,8 @@ class ModelRunner:
         self.workers = {
             stage: StageWorker(f"fleet-{stage.value}", self.device, stage, self.partitions) for stage in Stage
         }
+        if self.device.type == "cuda":  # green-context streams do not wait for the default stream's uploads
+            torch.cuda.synchronize(self.device)
         self._lock = threading.Lock()
 
     def threads_for(self, share: float) -> int:
