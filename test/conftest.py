@@ -6,6 +6,8 @@ import tempfile
 
 import pytest
 
+from engine_fixtures import tokenizer  # noqa: F401 - the fixture, for every test here
+
 # Set before any test imports rclpy: logs go to a temp dir, discovery stays on this machine.
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="oxygen_ros_test_logs_"))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"

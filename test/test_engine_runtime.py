@@ -8,23 +8,10 @@ import pytest
 
 from oxygen_ros.engine.frame_scheduler import SchedulerConfig
 from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig
-from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
-from oxygen_ros.model.preprocess import Observation
-from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
 
-CONFIG = get_preset("tiny")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(train_tokenizer(tmp_path_factory.mktemp("tok") / "tiny.model", CONFIG.vocab_size))
-
-
-def observation(i: int) -> Observation:
-    rng = np.random.default_rng(i)
-    images = {name: rng.integers(0, 255, (48, 64, 3), dtype=np.uint8) for name in CONFIG.camera_names}
-    return Observation(images=images, state=rng.uniform(-1, 1, 3), task="pick up the cube")
+from engine_fixtures import TINY as CONFIG
+from engine_fixtures import observation
 
 
 def test_language_never_runs_inside_the_control_critical_section(tokenizer):

@@ -1,8 +1,15 @@
 """The checks that need a CUDA GPU (`make test-gpu`). Without one the run fails at once rather than skipping:
 these tests are the only proof of the CUDA paths, so a green run must mean they ran."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test"))  # the shared engine_fixtures
+
+from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for every test here
 
 
 def pytest_configure(config):

@@ -4,7 +4,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 import torch
 
 from oxygen_ros.engine.frame_scheduler import FrameScheduler, SchedulerConfig
@@ -12,24 +11,13 @@ from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig
 from oxygen_ros.engine.settings import RUNNERS, SETTINGS, Workload
 from oxygen_ros.engine.workloads import arrivals, synthetic_frames
-from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
-from oxygen_ros.model.preprocess import Observation, prepare_inputs, robot_actions
-from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+from oxygen_ros.model.preprocess import prepare_inputs, robot_actions
 
-CONFIG = get_preset("tiny")
+from engine_fixtures import TINY as CONFIG
+from engine_fixtures import observation
+
 DEVICE = torch.device("cuda")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(train_tokenizer(tmp_path_factory.mktemp("tok") / "tiny.model", CONFIG.vocab_size))
-
-
-def observation(i: int) -> Observation:
-    rng = np.random.default_rng(i)
-    images = {name: rng.integers(0, 255, (48, 64, 3), dtype=np.uint8) for name in CONFIG.camera_names}
-    return Observation(images=images, state=rng.uniform(-1, 1, 3), task="pick up the cube")
 
 
 def test_every_setting_gives_the_same_actions_and_text_on_cuda():
