@@ -113,8 +113,7 @@ class StageWorker:
     """A persistent thread that runs one stage's calls with that stage's thread budget (CPU) or with the stream of
     its share's SM partition (CUDA; a plain stream of its own for the whole device or without partitions)."""
 
-    def __init__(self, name: str, device: torch.device, stage: Stage | None = None,
-                 partitions: SmPartitions | None = None):
+    def __init__(self, name: str, device: torch.device, stage: Stage, partitions: SmPartitions | None = None):
         self.device = device
         self.stage = stage
         self.partitions = partitions
@@ -130,7 +129,7 @@ class StageWorker:
         return future
 
     def _stream_for(self, share: float) -> torch.cuda.Stream:
-        if self.partitions is not None and self.stage is not None:
+        if self.partitions is not None:
             return self.partitions.stream(self.stage, share) or self.stream
         return self.stream
 

@@ -105,17 +105,16 @@ class SmPartitions:
             raise ValueError("SM partitions need a CUDA device")
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
-        properties = torch.cuda.get_device_properties(index)
-        self.total_sms = properties.multi_processor_count
-        self.granularity = SmGranularity.for_capability(properties.major)
         self._cu = _Driver()
         torch.zeros(1, device=self.device)  # initialise CUDA and make the device's primary context exist
-        drv, check = self._cu.driver, self._cu.check
-        self._cu_device = check(drv.cuDeviceGet(index))
+        self._cu_device = self._cu.check(self._cu.driver.cuDeviceGet(index))
+        properties = torch.cuda.get_device_properties(index)
         sm = self._device_resource().sm
+        self.total_sms = int(sm.smCount) or properties.multi_processor_count
         if getattr(sm, "minSmPartitionSize", 0):  # newer drivers say their granularity; older ones follow the table
             self.granularity = SmGranularity(int(sm.minSmPartitionSize), int(sm.smCoscheduledAlignment) or 1)
-        self.total_sms = int(sm.smCount) or self.total_sms
+        else:
+            self.granularity = SmGranularity.for_capability(properties.major)
         self._splits: dict[float, _Split] = {}
 
     def _device_resource(self):
