@@ -5,7 +5,8 @@ tiny preset and random weights; any executable that subscribes `camera/<cam>/ima
 publishes `action_chunk` will do), lets the sim run one episode of `--seconds`, then prints the control rate the
 sim achieved, chunk latency in sim steps, the discontinuity at chunk switches and jerk, and writes into `--out`:
 the recorded ALOHA episode, a contact sheet PNG of the camera frames, an mp4 of them, both nodes' logs and
-summary.json. Random weights do not solve the task; the demo shows the plumbing and the timing.
+summary.json. Random weights do not solve the task (they may even command the physics into diverging, which
+ends the episode early, counted); the demo shows the plumbing and the timing.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def report_lines(summary: dict) -> list[str]:
         f"switch discontinuity ({summary['blending']}): mean {switch['mean']:.4f} rad, max {switch['max']:.4f} rad "
         f"over {switch['count']} switches; jerk rms {summary['jerk_rms']:.0f} rad/s^3",
         f"held steps (no chunk covering): {summary['held_steps']} of {summary['step']}",
+        f"episodes: {summary['episode']} ended, {summary['successes']} succeeded, "
+        f"{summary['diverged_episodes']} ended by diverging physics",
     ]
 
 
@@ -169,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             stop(policy)
     summary = sim_summary(sim_log.read_text())
     if failure or sim_status != 0 or summary is None:
-        tail = "\n".join(policy_log.read_text().splitlines()[-15:])
+        # The log of the process that failed: the policy's when it exited or timed out, else the sim's.
+        failed_log = policy_log if failure else sim_log
+        tail = "\n".join(failed_log.read_text().splitlines()[-15:])
         print(f"error: {failure or f'sim_node exited with status {sim_status} (see {sim_log})'}\n{tail}",
               file=sys.stderr)
         return 1

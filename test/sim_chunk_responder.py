@@ -6,6 +6,7 @@ for the frame at step k is published when the frame of step k + delay arrives: a
 `delay` control steps. Joint names go out reversed, to exercise the sim's by-name mapping. Runnable as a script
 (`python sim_chunk_responder.py --ros-args -p delay_steps:=2`) so the demo can use it as its policy process;
 there `mismatch:=0.03` adds a random per-chunk offset (rad) so successive chunks disagree as a real policy's do.
+`bang:=5.0` instead commands every joint to +-5 rad on alternate steps: violent enough to make the physics diverge.
 """
 
 import math
@@ -41,12 +42,13 @@ def target(base: np.ndarray, steps: np.ndarray) -> np.ndarray:
 
 class ChunkResponder(Node):
     def __init__(self, context=None, camera: str = "top", delay_steps: int = 2, horizon: int = 20,
-                 send_malformed_first: bool = True):
+                 send_malformed_first: bool = True, bang: float = 0.0):
         super().__init__("chunk_responder", context=context)
         self.camera = self.declare_parameter("camera", camera).value
         self.delay = self.declare_parameter("delay_steps", delay_steps).value
         self.horizon = self.declare_parameter("horizon", horizon).value
         self.mismatch = self.declare_parameter("mismatch", 0.0).value
+        self.bang = self.declare_parameter("bang", float(bang)).value
         self.rng = np.random.default_rng(0)
         self.send_malformed = send_malformed_first
         self.base: np.ndarray | None = None
@@ -76,6 +78,9 @@ class ChunkResponder(Node):
         actions = target(self.base, np.arange(source, source + self.horizon))
         if self.mismatch:
             actions[:, list(MOVING)] += self.rng.normal(0.0, self.mismatch, len(MOVING))
+        if self.bang:
+            signs = np.where(np.arange(source, source + self.horizon) % 2 == 0, -1.0, 1.0)
+            actions = np.repeat(self.bang * signs[:, None], 14, axis=1)
         actions = actions[:, ::-1]
         chunk = JointTrajectory(joint_names=names)
         chunk.header.stamp.sec, chunk.header.stamp.nanosec = divmod(source * STEP_NS, 1_000_000_000)

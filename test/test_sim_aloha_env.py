@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from oxygen_ros.sim.aloha_env import AlohaSimEnv  # noqa: E402
+from oxygen_ros.sim.aloha_env import AlohaSimEnv, SimulationDiverged  # noqa: E402
 
 
 def wiggle(qpos: np.ndarray, steps: int, seed: int = 0) -> list[np.ndarray]:
@@ -96,5 +96,25 @@ def test_rejects_bad_arguments():
         env.reset(seed=0)
         with pytest.raises(ValueError, match="14 finite"):
             env.step(np.zeros(7))
+    finally:
+        env.close()
+
+
+def test_violent_commands_diverge_the_physics_and_a_reset_recovers():
+    """Bang-bang targets of +-5 rad (clipped to the actuators' ranges) blow up MuJoCo's accelerations in a few
+    steps: a typed error, no further stepping until a reset, then a normal episode again."""
+    env = AlohaSimEnv(cameras=("top",), height=32, width=32)
+    try:
+        start = env.reset(seed=0)
+        with pytest.raises(SimulationDiverged, match="physics diverged at episode step"):
+            for t in range(50):
+                env.step(np.full(14, 5.0 if t % 2 else -5.0))
+        assert env.diverged and t < 10
+        with pytest.raises(SimulationDiverged, match="reset first"):
+            env.step(start.qpos)
+        again = env.reset(seed=0)
+        np.testing.assert_allclose(again.qpos, start.qpos)
+        result = env.step(again.qpos)
+        assert not env.diverged and env.steps == 1 and np.all(np.isfinite(result.observation.qpos))
     finally:
         env.close()

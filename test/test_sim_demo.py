@@ -69,9 +69,12 @@ def test_sim_demo_closes_the_loop_with_the_real_vla_node(tmp_path, capsys, demo_
     out = tmp_path / "demo"
     code = main(["--seconds", "4", "--size", "64", "96", "--out", str(out), "--timeout", "120"])
     printed = capsys.readouterr()
-    assert code == 0, printed.err + (out / "policy.log").read_text()[-3000:]
+    assert code == 0, printed.err
     summary = json.loads((out / "summary.json").read_text())
-    # random weights flail; gym-aloha may even score the episode a success and end it early
-    assert summary["step"] == 200 or summary["successes"] == 1
+    # Random weights flail: gym-aloha may score the episode a success and end it early, or the physics may
+    # diverge under the commands and end it early (counted, the sim resets); either way one episode ran.
+    assert summary["episode"] == 1 and len(summary["episodes_written"]) == 1
+    assert summary["step"] == 200 or summary["successes"] == 1 or summary["diverged_episodes"] == 1
+    assert f"{summary['diverged_episodes']} ended by diverging physics" in printed.out
     assert summary["chunks_accepted"] >= summary["step"] // 5 // 2  # 10 Hz chunks on 50 Hz steps, half at least  # the node acts at 10 Hz of sim time once it is up
     assert summary["chunks_malformed"] == 0

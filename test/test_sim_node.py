@@ -109,6 +109,32 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     assert convert_main(["aloha", path, str(bag)]) == 0
 
 
+@pytest.mark.slow
+def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):
+    """A policy commanding +-5 rad bang-bang makes MuJoCo's state invalid within a few steps: each episode ends
+    as a counted failure, is still recorded, and the sim resets and runs the next; the process exits 0."""
+    ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
+    responder = ChunkResponder(context=ros_context, delay_steps=1, send_malformed_first=False, bang=5.0)
+    spinner = Spinner(ros_context, responder)
+    sim = Child(sim_args(cameras="[top]", image_height=48, image_width=64, blending="newest_wins",
+                         episode_steps=100, max_episodes=2, record_path=tmp_path / "rec", wait_for_policy="true"),
+                ros_env)
+    try:
+        time.sleep(1.0)
+        sim.note_shm()
+        code, output = sim.wait(timeout=40)
+    finally:
+        spinner.close()
+    assert code == 0, output
+    summary = summary_of(output)
+    assert summary["episode"] == 2 and summary["diverged_episodes"] == 2 and summary["successes"] == 0, summary
+    assert output.count("physics diverged at episode step") == 2
+    assert summary["chunks_accepted"] > 0 and summary["step"] < 200
+    written = [read_aloha(path) for path in summary["episodes_written"]]
+    assert len(written) == 2 and all(0 < episode.length < 100 for episode in written)
+    assert all(np.isfinite(episode.state).all() for episode in written)
+
+
 def test_sigint_exits_cleanly_and_writes_the_partial_episode(ros_context, ros_env, tmp_path):
     ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
     sim = Child(sim_args(PARAMS_FILE, cameras="[top]", image_height=48, image_width=64, blending="newest_wins",

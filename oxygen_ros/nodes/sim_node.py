@@ -10,6 +10,8 @@ Each control step (50 Hz of sim time, paced to the wall clock at `rate_hz`):
 `action_chunk` is a trajectory_msgs/JointTrajectory: header.stamp = the camera stamp the chunk was computed from,
 point i meant for header.stamp + points[i].time_from_start, joint_names mapped to the sim joints by name. A chunk
 that names other joints, has ragged points or non-uniform timing is rejected (counted, with a throttled warning).
+Commands violent enough to make the physics diverge (MuJoCo's invalid-state warnings: random weights do this)
+end the episode as a failure, with an error line and a count (`diverged_episodes`); the sim resets and goes on.
 `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
@@ -37,7 +39,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
-from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv
+from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv, SimulationDiverged
 from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor
 from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
 
@@ -103,7 +105,7 @@ class SimNode(Node):
         self.lock = threading.Lock()
         self.recorder = EpisodeRecorder(self.env.cameras, self.instruction) if p["record_path"] else None
         self.written: list[str] = []
-        self.episode, self.successes = 0, 0
+        self.episode, self.successes, self.diverged_episodes = 0, 0, 0
         self.chunks_received, self.chunks_malformed = 0, 0
         self._ticks: deque[float] = deque(maxlen=101)
         self._step_ms: deque[float] = deque(maxlen=500)
@@ -167,6 +169,7 @@ class SimNode(Node):
         return {
             "task": self.env.task, "blending": self.chunks.mode, "episode": self.episode, "step": step,
             "episode_step": self.env.steps, "sim_time": step * DT, "successes": self.successes,
+            "diverged_episodes": self.diverged_episodes,
             "target_rate_hz": self.params["rate_hz"], "achieved_rate_hz": rate,
             "step_ms_p50": float(np.median(step_ms)), "step_ms_max": float(step_ms.max()),
             "chunks_received": self.chunks_received, "chunks_malformed": self.chunks_malformed,
@@ -230,14 +233,21 @@ class SimNode(Node):
             if self.recorder is not None:
                 self.recorder.add(obs.images, obs.qpos, obs.qvel, command)
             started = time.perf_counter()
-            result = self.env.step(command)
+            try:
+                result = self.env.step(command)
+            except SimulationDiverged as err:
+                self.diverged_episodes += 1
+                self.get_logger().error(f"{err}: episode {self.episode} ends as a failure and the sim resets "
+                                        f"({self.diverged_episodes} diverged so far)")
+                result = None
             self._step_ms.append((time.perf_counter() - started) * 1e3)
-            obs = result.observation
-            if result.success or result.truncated:
-                self._end_episode(result.success)
+            if result is None or result.success or result.truncated:
+                self._end_episode(result is not None and result.success)
                 if 0 < self.params["max_episodes"] <= self.episode:
                     break
                 obs = self._start_episode()
+            else:
+                obs = result.observation
             if now >= next_status:
                 self._publish_status()
                 next_status = now + self.params["status_period_s"]

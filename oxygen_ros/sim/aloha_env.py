@@ -32,6 +32,14 @@ TASKS = {
 }
 
 
+class SimulationDiverged(RuntimeError):
+    """MuJoCo flagged the physics state invalid (e.g. mjWARN_BADQACC after violent joint targets).
+
+    The episode cannot go on from that state: `reset` starts a fresh one. A policy with random weights can command
+    this; so can a real one gone wrong, which is why the sim node ends the episode and carries on.
+    """
+
+
 @dataclass
 class Observation:
     """One sim frame: rendered cameras (H, W, 3) uint8, and 14-dim joint positions / velocities."""
@@ -74,11 +82,13 @@ class AlohaSimEnv:
         self.physics = mujoco.Physics.from_xml_path(str(constants.ASSETS_DIR / xml))
         apply_fast_render_settings(self.physics, height, width)
         self._aloha_tasks = aloha_tasks
+        self._physics_error = control.PhysicsError
         self._env = control.Environment(self.physics, _state_only(getattr(aloha_tasks, task_class))(),
                                         time_limit=float("inf"), control_timestep=DT, flat_observation=False)
         self._cameras = {name: mujoco.Camera(self.physics, height, width, name) for name in self.cameras}
         self.steps = 0
         self.success = False
+        self.diverged = False
 
     def _sample_object_pose(self, seed: int | None) -> np.ndarray:
         from gym_aloha.utils import sample_box_pose, sample_insertion_pose
@@ -92,14 +102,20 @@ class AlohaSimEnv:
         # gym-aloha's tasks read the object pose from this module-level slot during initialize_episode.
         self._aloha_tasks.BOX_POSE[0] = self._sample_object_pose(seed)
         timestep = self._env.reset()
-        self.steps, self.success = 0, False
+        self.steps, self.success, self.diverged = 0, False, False
         return self._observation(timestep.observation)
 
     def step(self, action: np.ndarray) -> StepResult:
         action = np.asarray(action, dtype=np.float64)
         if action.shape != (14,) or not np.all(np.isfinite(action)):
             raise ValueError(f"action must be 14 finite joint targets, got shape {action.shape}")
-        timestep = self._env.step(action)
+        if self.diverged:
+            raise SimulationDiverged("the physics diverged earlier in this episode: reset first")
+        try:
+            timestep = self._env.step(action)
+        except self._physics_error as err:
+            self.diverged = True
+            raise SimulationDiverged(f"physics diverged at episode step {self.steps + 1} ({err})") from err
         self.steps += 1
         reward = float(timestep.reward or 0.0)
         self.success = self.success or reward >= self._env.task.max_reward
