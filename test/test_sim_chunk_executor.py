@@ -60,6 +60,22 @@ def test_delay_shifts_execution_by_exactly_d_steps():
     np.testing.assert_array_equal(runs[0][:30], chunk)
 
 
+def test_latency_counts_from_the_camera_frame_when_the_first_action_is_for_the_next_step():
+    """The VLA node's chunks start one step after their frame (time_from_start = dt): arriving within the frame's
+    own step is latency 0 (not -1), two steps later is 2; execution still follows the first action's time."""
+    for delay in (0, 2):
+        ex = ChunkExecutor(DOF, DT, mode="newest_wins", initial_command=np.zeros(DOF), start_step=10)
+        for _ in range(delay):
+            ex.next_command()
+        arrival = ex.add_chunk(tagged_chunk(1, 8), stamp=11 * DT, time_step=DT, frame_stamp=10 * DT)
+        assert arrival.accepted and arrival.latency_steps == pytest.approx(delay)
+        assert arrival.source_step == pytest.approx(11) and arrival.arrival_step == 10 + delay
+        command = ex.next_command()  # step 10 + delay
+        expected = np.zeros(DOF) if delay == 0 else tagged_chunk(1, 8)[10 + delay - 11]
+        np.testing.assert_array_equal(command, expected)  # step 10 precedes the chunk's first action: held
+        assert ex.stats.latencies == [delay]
+
+
 def test_holds_last_command_when_no_chunk_covers_the_step():
     ex = ChunkExecutor(DOF, DT, mode="rtc", initial_command=np.full(DOF, 7.0))
     assert np.all(ex.next_command() == 7.0)

@@ -48,8 +48,9 @@ MAX_LEAD_S = 1.0  # a chunk stamped further ahead of sim time than this is not o
 
 
 def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOINT_NAMES
-                   ) -> tuple[np.ndarray, float, float]:
-    """(actions [H, 14] in `joint_names` order, stamp of point 0 in seconds, time step) or ValueError why not."""
+                   ) -> tuple[np.ndarray, float, float, float]:
+    """(actions [H, 14] in `joint_names` order, time of point 0 in seconds, time step, header stamp in seconds:
+    the camera frame it was computed from) or ValueError why not."""
     names = list(msg.joint_names)
     if sorted(names) != sorted(joint_names):
         missing = sorted(set(joint_names) - set(names))
@@ -68,8 +69,8 @@ def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOIN
         time_step = float(gaps[0])
         if time_step <= 0 or np.abs(gaps - time_step).max() > 1e-6:
             raise ValueError("points must be evenly spaced in time_from_start")
-    stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9 + offsets[0]
-    return actions, float(stamp), time_step
+    frame_stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+    return actions, float(frame_stamp + offsets[0]), time_step, float(frame_stamp)
 
 
 def image_msg(frame: np.ndarray, camera: str, stamp_ns: int) -> Image:
@@ -127,12 +128,12 @@ class SimNode(Node):
     def _on_chunk(self, msg: JointTrajectory) -> None:
         self.chunks_received += 1
         try:
-            actions, stamp, time_step = chunk_from_msg(msg)
+            actions, stamp, time_step, frame_stamp = chunk_from_msg(msg)
             with self.lock:
                 ahead = stamp - self.chunks.step * DT
                 if ahead > MAX_LEAD_S:
                     raise ValueError(f"stamped {ahead:.2f} s ahead of sim time (is the policy on use_sim_time?)")
-                arrival = self.chunks.add_chunk(actions, stamp, time_step)
+                arrival = self.chunks.add_chunk(actions, stamp, time_step, frame_stamp)
         except ValueError as err:
             self.chunks_malformed += 1
             self.get_logger().warning(f"rejected action chunk: {err} ({self.chunks_malformed} so far)",

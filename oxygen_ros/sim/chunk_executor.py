@@ -42,7 +42,7 @@ class ChunkArrival:
     reason: str            # why it was rejected ("" if accepted)
     source_step: float     # control step its first action is for
     arrival_step: int      # first control step it can influence
-    latency_steps: float   # arrival_step - source_step: steps that elapsed before it arrived (skipped)
+    latency_steps: float   # arrival_step - the step of the camera frame it was computed from
 
 
 @dataclass
@@ -145,16 +145,24 @@ class ChunkExecutor:
         self._min_source = self.step - _EPS
         self._switch_pending = False
 
-    def add_chunk(self, actions: np.ndarray, stamp: float, time_step: float) -> ChunkArrival:
+    def add_chunk(self, actions: np.ndarray, stamp: float, time_step: float,
+                  frame_stamp: float | None = None) -> ChunkArrival:
         """Receive a chunk whose action i is for time `stamp + i * time_step` (seconds on the control clock,
-        where control step t is at t * dt). It takes effect from the next `next_command` call."""
+        where control step t is at t * dt). It takes effect from the next `next_command` call.
+
+        `frame_stamp` is the time of the camera frame it was computed from (default `stamp`: a chunk whose first
+        action is for the frame's own step); latency is counted from it. A policy whose first action is for the
+        step after its frame (trajectory points from time_from_start = dt) thus reports its true delay, not
+        one step less.
+        """
         actions = np.asarray(actions, dtype=np.float64)
         source = stamp / self.dt
         arrival = self.step
+        latency = arrival - (source if frame_stamp is None else frame_stamp / self.dt)
 
         def reject(reason: str) -> ChunkArrival:
             self.stats.chunks_rejected += 1
-            return ChunkArrival(False, reason, source, arrival, arrival - source)
+            return ChunkArrival(False, reason, source, arrival, latency)
 
         if actions.ndim != 2 or actions.shape[1] != self.dof or len(actions) == 0:
             return reject(f"expected actions [H, {self.dof}], got {actions.shape}")
@@ -175,9 +183,9 @@ class ChunkExecutor:
         else:
             self._plan = self._handover(segment, source)
         self.stats.chunks_accepted += 1
-        self.stats.latencies.append(arrival - source)
+        self.stats.latencies.append(latency)
         self._switch_pending = True
-        return ChunkArrival(True, "", source, arrival, arrival - source)
+        return ChunkArrival(True, "", source, arrival, latency)
 
     def _handover(self, new: _Segment, source: float) -> _Segment:
         old = self._plan
