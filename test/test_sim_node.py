@@ -56,26 +56,31 @@ class Spinner:
             node.destroy_node()
 
 
+def run_sim_against(ros_context, ros_env, sim_argv: list[str], *policy_nodes) -> tuple[int, str]:
+    """Run sim_node as a child process to its end while `policy_nodes` spin here; (exit code, its output)."""
+    ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
+    spinner = Spinner(ros_context, *policy_nodes)
+    sim = Child(sim_argv, ros_env)
+    try:
+        time.sleep(1.0)
+        sim.note_shm()
+        return sim.wait(timeout=40)
+    finally:
+        spinner.close()
+
+
 @pytest.mark.slow
 def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_env, tmp_path):
     delay, steps = 2, 250
-    ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
     responder = ChunkResponder(context=ros_context, delay_steps=delay)
     statuses = []
     responder.create_subscription(String, "sim/status", lambda m: statuses.append(json.loads(m.data)),
                                   QoSProfile(depth=50))
-    spinner = Spinner(ros_context, responder)
     # Two cameras at 96x128 keep rendering + DDS well inside the 20 ms step on a 2-core machine (3 cameras at
     # 240x320 need ~16 ms of rendering alone there), so the test can hold the real 50 Hz rate.
-    sim = Child(sim_args(cameras="[top,left_wrist]", image_height=96, image_width=128, blending="rtc",
-                         episode_steps=steps, max_episodes=1, record_path=tmp_path / "rec", wait_for_policy="true",
-                         status_period_s=0.5), ros_env)
-    try:
-        time.sleep(1.0)
-        sim.note_shm()
-        code, output = sim.wait(timeout=40)
-    finally:
-        spinner.close()
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top,left_wrist]", image_height=96, image_width=128, blending="rtc", episode_steps=steps,
+        max_episodes=1, record_path=tmp_path / "rec", wait_for_policy="true", status_period_s=0.5), responder)
     assert code == 0, output
     summary = summary_of(output)
 
@@ -113,18 +118,10 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
 def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):
     """A policy commanding +-5 rad bang-bang makes MuJoCo's state invalid within a few steps: each episode ends
     as a counted failure, is still recorded, and the sim resets and runs the next; the process exits 0."""
-    ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
     responder = ChunkResponder(context=ros_context, delay_steps=1, send_malformed_first=False, bang=5.0)
-    spinner = Spinner(ros_context, responder)
-    sim = Child(sim_args(cameras="[top]", image_height=48, image_width=64, blending="newest_wins",
-                         episode_steps=100, max_episodes=2, record_path=tmp_path / "rec", wait_for_policy="true"),
-                ros_env)
-    try:
-        time.sleep(1.0)
-        sim.note_shm()
-        code, output = sim.wait(timeout=40)
-    finally:
-        spinner.close()
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=100,
+        max_episodes=2, record_path=tmp_path / "rec", wait_for_policy="true"), responder)
     assert code == 0, output
     summary = summary_of(output)
     assert summary["episode"] == 2 and summary["diverged_episodes"] == 2 and summary["successes"] == 0, summary
