@@ -1,105 +1,149 @@
-"""Load and save pi0.5 checkpoints in LeRobot's folder layout and tensor names.
+"""Load and save pi0.5 checkpoints: LeRobot's pi05 folders and openpi's PyTorch conversions, read strictly.
 
-A folder holds `config.json`, `model.safetensors` and the normalisation stats (`policy_*processor*.safetensors`,
-tensors named `<feature>.<stat>`). Our module names differ from LeRobot's only by a few prefixes, so mapping is a
-table of prefix pairs. Loading is strict: a missing, unknown or mis-shaped tensor is an error that names every
-offending key, because a silently half-loaded robot policy is worse than none.
+Two layouts are recognised by their tensor names:
+- LeRobot: `config.json` with `"type": "pi05"`, `model.safetensors` with names under `model.` (the policy's
+  attribute), norm stats in the processor files (see `norm_stats`);
+- openpi's JAX -> PyTorch converter: `config.json` with `action_dim`, `action_horizon` and the Gemma variants,
+  `model.safetensors` with the same names without the leading `model.`, norm stats in
+  `assets/<asset_id>/norm_stats.json`. Its writer stores tied tensors once, under `...paligemma.lm_head.weight`.
+Our module names differ from those only by a few prefixes, so mapping is a table of prefix pairs. Loading is strict:
+a missing, unknown, mis-shaped or non-finite tensor, an unreadable file or missing norm stats is an error that names
+the file and every offending key, because a silently half-loaded robot policy is worse than none. The only tensors
+left unused are named in `IGNORED`: the action expert's LM head (the expert never emits tokens) and pi0's state
+projection (pi0.5 has none).
+
+The text head follows the stack that wrote the file: LeRobot keeps `lm_head` as a parameter of its own, and since
+pi0.5 training has no text loss a fine-tuned checkpoint's head keeps its pretrained values while the embedding
+moves; LeRobot decodes with that `lm_head`, openpi with the embedding table. `text_head="auto"` does the same (an
+`lm_head` equal to the embedding, or absent, is tied: one tensor in memory); `"lm_head"` or `"embedding"` choose.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import GEMMA_2B, GEMMA_300M, PI05_CAMERAS, SIGLIP_SO400M_14, Pi05Config
+from .norm_stats import NormStatsError, check_norm_stats, is_buffer_stat, lerobot_stats, openpi_stats
 from .pi05 import Pi05Model
 from .preprocess import NormStats
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-STATS_FILE = "policy_preprocessor_step_0_normalizer_processor.safetensors"  # stats only, no pipeline JSON
-STATS_GLOB = "policy_*processor*.safetensors"
+STATS_FILE = "policy_preprocessor_step_0_normalizer_processor.safetensors"  # what save_checkpoint writes
+TEXT_HEADS = ("auto", "lm_head", "embedding")
+LEROBOT, OPENPI = "lerobot", "openpi"
+LEROBOT_PREFIX = "model."  # LeRobot's names are openpi's under the policy's `model` attribute
 
-_PALIGEMMA = "model.paligemma_with_expert.paligemma."
-# (our prefix, LeRobot prefix), most specific first; the last pair covers the action/time heads.
+_PALIGEMMA = "paligemma_with_expert.paligemma."
+# (our prefix, openpi's prefix), most specific first; the last pair covers the action/time heads.
 PREFIXES = (
     ("vision.vision_model.", _PALIGEMMA + "model.vision_tower.vision_model."),
     ("vision.projector.", _PALIGEMMA + "model.multi_modal_projector.linear."),
     ("backbone.", _PALIGEMMA + "model.language_model."),
-    ("expert.", "model.paligemma_with_expert.gemma_expert.model."),
-    ("", "model."),
+    ("expert.", "paligemma_with_expert.gemma_expert.model."),
+    ("", ""),
 )
-EMBED_KEY = _PALIGEMMA + "model.language_model.embed_tokens.weight"
-LM_HEAD_KEY = _PALIGEMMA + "lm_head.weight"  # tied to the embedding
+EMBED_NAME = _PALIGEMMA + "model.language_model.embed_tokens.weight"
+LM_HEAD_NAME = _PALIGEMMA + "lm_head.weight"
 # Older pi0-era names for the same tensors.
-ALIASES = (
-    ("model.action_time_mlp_in.", "model.time_mlp_in."),
-    ("model.action_time_mlp_out.", "model.time_mlp_out."),
-)
-# Present in real files, unused by pi0.5 inference: the expert never emits tokens; pi0.5 has no state projection.
-IGNORED_PREFIXES = ("model.paligemma_with_expert.gemma_expert.lm_head.", "model.state_proj.")
+ALIASES = (("action_time_mlp_in.", "time_mlp_in."), ("action_time_mlp_out.", "time_mlp_out."))
+IGNORED = ("paligemma_with_expert.gemma_expert.lm_head.", "state_proj.")
 _VARIANTS = {"gemma_2b": GEMMA_2B, "gemma_300m": GEMMA_300M}
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
-    """The checkpoint's tensors do not match the model its config describes."""
+    """The checkpoint's files do not describe a loadable pi0.5 model; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class TextHead:
+    """Which matrix the backbone decodes text with (`lm_head` or `embedding`) and why."""
+
+    choice: str
+    reason: str
 
 
 @dataclass
 class LoadedCheckpoint:
     model: Pi05Model
     norm_stats: NormStats
+    layout: str  # LEROBOT or OPENPI
+    text_head: TextHead
 
 
 def to_lerobot_name(name: str) -> str:
+    """LeRobot's tensor name for one of our parameter names."""
+    if name == "backbone.lm_head":
+        return LEROBOT_PREFIX + LM_HEAD_NAME
     for ours, theirs in PREFIXES:
         if name.startswith(ours):
-            return theirs + name[len(ours) :]
+            return LEROBOT_PREFIX + theirs + name[len(ours) :]
     raise AssertionError("unreachable: the last prefix pair matches every name")
 
 
-def from_lerobot_name(name: str) -> str | None:
-    """Our parameter name for a LeRobot tensor name, or None when the name is outside our layout."""
+def _ours(name: str) -> str:
+    """Our parameter name for a tensor name in openpi's form (LeRobot's without `model.`)."""
     for old, new in ALIASES:
         if name.startswith(old):
             name = new + name[len(old) :]
     for ours, theirs in PREFIXES:
         if name.startswith(theirs):
             return ours + name[len(theirs) :]
-    return None
+    raise AssertionError("unreachable: the last prefix pair matches every name")
 
 
 def config_from_lerobot(data: dict) -> Pi05Config:
     """Our config from a LeRobot pi05 `config.json` (named Gemma variants, So400m vision, PaliGemma vocab)."""
-    try:
-        backbone = _VARIANTS[data.get("paligemma_variant", "gemma_2b")]
-        expert = _VARIANTS[data.get("action_expert_variant", "gemma_300m")]
-    except KeyError as err:
-        raise CheckpointError(f"unknown Gemma variant {err} in {CONFIG_FILE}") from None
+    fields = _Fields(data)
     resolution = data.get("image_resolution", [224, 224])
-    if resolution[0] != resolution[1]:
-        raise CheckpointError(f"pi05 needs square images, config has {resolution}")
+    if (not isinstance(resolution, list) or len(resolution) != 2
+            or not all(_positive_int(r) for r in resolution) or resolution[0] != resolution[1]):
+        raise CheckpointError(f"{CONFIG_FILE}: image_resolution must be a square [size, size], got {resolution!r}")
+    features = data.get("input_features", {})
+    if not isinstance(features, dict):
+        raise CheckpointError(f"{CONFIG_FILE}: input_features must be an object, got {type(features).__name__}")
     prefix = "observation.images."
-    cameras = tuple(k[len(prefix) :] for k in data.get("input_features", {}) if k.startswith(prefix))
+    cameras = tuple(k[len(prefix) :] for k in features if k.startswith(prefix))
     return Pi05Config(
-        backbone=backbone,
-        expert=expert,
+        backbone=fields.variant("paligemma_variant", "gemma_2b"),
+        expert=fields.variant("action_expert_variant", "gemma_300m"),
         vision=dataclasses.replace(SIGLIP_SO400M_14, image_size=resolution[0]),
         vocab_size=257_152,
-        max_token_len=data.get("tokenizer_max_length", 200),
-        action_horizon=data.get("chunk_size", 50),
-        action_dim=data.get("max_action_dim", 32),
-        state_dim=data.get("max_state_dim", 32),
+        max_token_len=fields.integer("tokenizer_max_length", 200),
+        action_horizon=fields.integer("chunk_size", 50),
+        action_dim=fields.integer("max_action_dim", 32),
+        state_dim=fields.integer("max_state_dim", 32),
         camera_names=cameras or PI05_CAMERAS,
-        num_steps=data.get("num_inference_steps", 10),
-        time_min_period=data.get("min_period", 4e-3),
-        time_max_period=data.get("max_period", 4.0),
+        num_steps=fields.integer("num_inference_steps", 10),
+        time_min_period=fields.number("min_period", 4e-3),
+        time_max_period=fields.number("max_period", 4.0),
+    )
+
+
+def config_from_openpi(data: dict) -> Pi05Config:
+    """Our config from the `config.json` openpi's converter writes (pi05: the state is as wide as the actions)."""
+    fields = _Fields(data)
+    action_dim = fields.integer("action_dim", 32)
+    return Pi05Config(
+        backbone=fields.variant("paligemma_variant", "gemma_2b"),
+        expert=fields.variant("action_expert_variant", "gemma_300m"),
+        vision=SIGLIP_SO400M_14,
+        vocab_size=257_152,
+        max_token_len=fields.integer("max_token_len", 200),
+        action_horizon=fields.integer("action_horizon", 50),
+        action_dim=action_dim,
+        state_dim=action_dim,
+        camera_names=PI05_CAMERAS,
     )
 
 
@@ -126,12 +170,17 @@ def _lerobot_config(config: Pi05Config) -> dict:
 
 
 def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | None = None) -> Path:
-    """Write `model` (and norm stats) as a LeRobot pi05 folder; returns the folder."""
+    """Write `model` (and norm stats) as a LeRobot pi05 folder; returns the folder.
+
+    `lm_head` is the matrix the model decodes with: its own head when untied, else a copy of the embedding (LeRobot
+    keeps the two as separate tensors), so the folder loads back decoding the same way.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(_lerobot_config(model.config), indent=2) + "\n")
     tensors = {to_lerobot_name(k): v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tensors[LM_HEAD_KEY] = tensors[EMBED_KEY].clone()
+    if model.backbone.lm_head is None:
+        tensors[LEROBOT_PREFIX + LM_HEAD_NAME] = tensors[LEROBOT_PREFIX + EMBED_NAME].clone()
     save_file(tensors, str(path / WEIGHTS_FILE))
     if norm_stats:
         flat = {
@@ -144,61 +193,184 @@ def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | 
 
 
 def load_checkpoint(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    text_head: str = "auto",
 ) -> LoadedCheckpoint:
-    """Build the model a LeRobot pi05 folder describes and load its weights strictly; see module docstring."""
+    """Build the model a LeRobot or openpi pi05 folder describes and load it strictly; see the module docstring."""
+    if text_head not in TEXT_HEADS:
+        raise ValueError(f"text_head must be one of {' | '.join(TEXT_HEADS)}, got {text_head!r}")
     path = Path(path)
-    data = json.loads((path / CONFIG_FILE).read_text())
-    if data.get("type") != "pi05":
-        raise CheckpointError(f"{CONFIG_FILE} describes a {data.get('type')!r} policy, not pi05")
-    config = Pi05Config.from_dict(data["oxygen_ros"]) if "oxygen_ros" in data else config_from_lerobot(data)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint folder")
+    data = _read_config(path / CONFIG_FILE)
+    tensors = _read_weights(path / WEIGHTS_FILE)
+    layout = _layout(tensors)
+    buffers = {k: v for k, v in tensors.items() if layout == LEROBOT and is_buffer_stat(k)}
+    config = _config(data)
+    prefix = LEROBOT_PREFIX if layout == LEROBOT else ""
 
     with torch.device("meta"):
         model = Pi05Model(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = _match_tensors(load_file(str(path / WEIGHTS_FILE)), expected)
-    model.load_state_dict(
-        {k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True
-    )
+    weights = {k: v for k, v in tensors.items() if k not in buffers}
+    embed, head = weights.get(prefix + EMBED_NAME), weights.pop(prefix + LM_HEAD_NAME, None)
+    stored_once = embed is None and head is not None  # older LeRobot files, openpi's writer
+    if stored_once:
+        weights[prefix + EMBED_NAME], head = head, None
+    state = _match_tensors(weights, expected, prefix, head)
+    if stored_once:
+        why = "the file stores the embedding once, as lm_head (tied)"
+        chosen = TextHead("embedding", f"model.text_head is lm_head, but {why}" if text_head == "lm_head" else why)
+    else:
+        chosen = _choose_text_head(layout, text_head, state["backbone.embed_tokens.weight"], head, prefix)
+    try:
+        stats, where = openpi_stats(path) if layout == OPENPI else lerobot_stats(path, buffers)
+        check_norm_stats(stats, config, where)
+    except NormStatsError as err:
+        raise CheckpointError(str(err)) from None
+
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
+    if chosen.choice == "lm_head":
+        model.backbone.set_text_head(head.to(device=device, dtype=dtype))
     model.vision.reset_buffers()
-    return LoadedCheckpoint(model=model.eval(), norm_stats=load_norm_stats(path))
+    log.info("%s: %s layout, text head %s (%s)", path, layout, chosen.choice, chosen.reason)
+    return LoadedCheckpoint(model=model.eval(), norm_stats=stats, layout=layout, text_head=chosen)
 
 
-def _match_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """Rename a LeRobot state dict to ours, checking it covers `expected` exactly; raises listing all problems."""
-    tensors = dict(tensors)
-    if EMBED_KEY not in tensors and LM_HEAD_KEY in tensors:
-        tensors[EMBED_KEY] = tensors[LM_HEAD_KEY]
-    tensors.pop(LM_HEAD_KEY, None)
-    state, seen, unexpected, wrong_shape = {}, set(), [], []
+def _choose_text_head(layout: str, wanted: str, embed: torch.Tensor, head: torch.Tensor | None,
+                      prefix: str) -> TextHead:
+    if head is None:
+        if wanted == "lm_head":
+            raise CheckpointError(f"model.text_head is lm_head but {WEIGHTS_FILE} has no {prefix + LM_HEAD_NAME}")
+        return TextHead("embedding", "the file has no lm_head")
+    if torch.equal(head, embed):
+        return TextHead("embedding", "lm_head equals the embedding (tied)")
+    if wanted == "lm_head" or (wanted == "auto" and layout == LEROBOT):
+        why = "model.text_head is lm_head" if wanted == "lm_head" else "LeRobot decodes with its own lm_head"
+        return TextHead("lm_head", f"{why}; it differs from the embedding")
+    why = "model.text_head is embedding" if wanted == "embedding" else "openpi decodes with the embedding"
+    return TextHead("embedding", f"{why}; the file's lm_head differs from it and is not used")
+
+
+def _read_config(file: Path) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{CONFIG_FILE} not found in {file.parent}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{CONFIG_FILE} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{CONFIG_FILE} holds a JSON {type(data).__name__}, not a policy config object")
+    return data
+
+
+def _config(data: dict) -> Pi05Config:
+    """Our config from a LeRobot config (`"type": "pi05"`) or openpi's converter config (no type). Either may carry
+    our own full shape description under `oxygen_ros` (written by `save_checkpoint`, for non-standard sizes)."""
+    if "type" in data and data["type"] != "pi05":
+        raise CheckpointError(f"{CONFIG_FILE} describes policy type {data['type']!r}, not pi05")
+    if "oxygen_ros" in data:
+        try:
+            return Pi05Config.from_dict(data["oxygen_ros"])
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            raise CheckpointError(f"{CONFIG_FILE}: the oxygen_ros shape description is invalid: {err!r}") from None
+    if "type" in data:
+        return config_from_lerobot(data)
+    if {"action_dim", "action_horizon", "paligemma_variant"} & set(data):
+        return config_from_openpi(data)
+    raise CheckpointError(f"{CONFIG_FILE} is neither a LeRobot pi05 config (\"type\": \"pi05\") nor openpi's "
+                          f"(action_dim, action_horizon, paligemma_variant); its keys: {sorted(data)[:10]}")
+
+
+class _Fields:
+    """Typed reads of config.json fields with defaults; a wrong type is a CheckpointError naming the field."""
+
+    def __init__(self, data: dict):
+        self.data = data
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.data.get(name, default)
+        if not _positive_int(value):
+            raise CheckpointError(f"{CONFIG_FILE}: {name} must be a positive integer, got {value!r}")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise CheckpointError(f"{CONFIG_FILE}: {name} must be a positive number, got {value!r}")
+        return float(value)
+
+    def variant(self, name: str, default: str):
+        value = self.data.get(name, default)
+        if not isinstance(value, str) or value not in _VARIANTS:
+            raise CheckpointError(f"{CONFIG_FILE}: unknown Gemma variant {value!r} for {name}; "
+                                  f"known: {', '.join(_VARIANTS)}")
+        return _VARIANTS[value]
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"{WEIGHTS_FILE} not found in {file.parent}")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        size = file.stat().st_size
+        raise CheckpointError(f"{WEIGHTS_FILE} ({size} bytes) is not a readable safetensors file, truncated or "
+                              f"corrupt: {err}") from None
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> str:
+    if any(k.startswith(LEROBOT_PREFIX + "paligemma_with_expert.") for k in tensors):
+        return LEROBOT
+    if any(k.startswith("paligemma_with_expert.") for k in tensors):
+        return OPENPI
+    raise CheckpointError(f"{WEIGHTS_FILE} holds no pi05 tensors (neither LeRobot's model.paligemma_with_expert.* "
+                          f"nor openpi's paligemma_with_expert.* names; {len(tensors)} tensors)")
+
+
+def _match_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], prefix: str,
+                   head: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The file's weights (names under `prefix`) as our state dict, checked to cover `expected` exactly with finite
+    values, the separate text head included; raises listing every problem by the file's names."""
+    state, file_names, unexpected, wrong_shape = {}, {}, [], []
     for name, tensor in tensors.items():
-        if name.startswith(IGNORED_PREFIXES):
+        canonical = name[len(prefix) :] if name.startswith(prefix) else None
+        if canonical is not None and canonical.startswith(IGNORED):
             continue
-        ours = from_lerobot_name(name)
+        ours = None if canonical is None else _ours(canonical)
         if ours not in expected:
             unexpected.append(name)
             continue
-        seen.add(ours)
+        file_names[ours] = name
         if tuple(tensor.shape) != expected[ours]:
             wrong_shape.append(f"{name} (file {tuple(tensor.shape)}, model {expected[ours]})")
         else:
             state[ours] = tensor
-    missing = [to_lerobot_name(k) for k in expected if k not in seen]
-    problems = [
-        f"{label} ({len(keys)}): " + ", ".join(sorted(keys))
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError("checkpoint does not match the model: " + "; ".join(problems))
+    embed_shape = expected["backbone.embed_tokens.weight"]
+    if head is not None and tuple(head.shape) != embed_shape:
+        wrong_shape.append(f"{prefix + LM_HEAD_NAME} (file {tuple(head.shape)}, model {embed_shape})")
+    missing = [prefix + to_lerobot_name(k).removeprefix(LEROBOT_PREFIX) for k in expected if k not in file_names]
+    _raise_if("does not match the model", ("missing", missing), ("unexpected", unexpected),
+              ("wrong shape", wrong_shape))
+    non_finite = [file_names[k] for k, v in state.items() if not bool(torch.isfinite(v).all())]
+    if head is not None and not bool(torch.isfinite(head).all()):
+        non_finite.append(prefix + LM_HEAD_NAME)
+    _raise_if("holds NaN or infinite values", ("tensors", non_finite))
     return state
 
 
-def load_norm_stats(path: str | Path) -> NormStats:
-    """Normalisation stats from every `policy_*processor*.safetensors` in the folder ({} if there are none)."""
-    stats: NormStats = {}
-    for file in sorted(Path(path).glob(STATS_GLOB)):
-        for key, value in load_file(str(file)).items():
-            feature, _, stat = key.rpartition(".")
-            stats.setdefault(feature, {})[stat] = value.float().numpy()
-    return stats
+def _raise_if(problem: str, *groups: tuple[str, list[str]], shown: int = 8) -> None:
+    problems = []
+    for label, names in groups:
+        if names:
+            names = sorted(names)
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            problems.append(f"{label} ({len(names)}): " + ", ".join(names[:shown]) + more)
+    if problems:
+        raise CheckpointError(f"{WEIGHTS_FILE} {problem}: " + "; ".join(problems))

@@ -180,7 +180,11 @@ class GemmaLayer(nn.Module):
 
 
 class GemmaStack(nn.Module):
-    """A Gemma decoder stack. The backbone has a (tied) token embedding; the expert is time-conditioned instead."""
+    """A Gemma decoder stack. The backbone has a token embedding; the expert is time-conditioned instead.
+
+    The backbone decodes text with its embedding table (tied) unless `set_text_head` gives it a separate head, as a
+    fine-tuned LeRobot checkpoint carries one (`lm_head`); tied, there is no second copy of the table in memory.
+    """
 
     def __init__(self, cfg: GemmaConfig, vocab_size: int | None = None, cond_dim: int | None = None):
         super().__init__()
@@ -192,6 +196,19 @@ class GemmaStack(nn.Module):
             if cond_dim is None
             else AdaRMSNorm(cfg.width, cond_dim, cfg.rms_eps)
         )
+        self.register_parameter("lm_head", None)  # untied text head [vocab, width]; None: the embedding
+
+    def set_text_head(self, weight: Tensor | None) -> None:
+        """Decode with `weight` [vocab, width] (an untied head), or with the embedding table when None."""
+        if weight is not None and tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(f"text head must have shape {tuple(self.embed_tokens.weight.shape)}, "
+                             f"got {tuple(weight.shape)}")
+        self.lm_head = None if weight is None else nn.Parameter(weight)
+
+    @property
+    def text_head(self) -> Tensor:
+        """The [vocab, width] matrix next-token logits are computed with."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
 
     def embed(self, tokens: Tensor) -> Tensor:
         """Token embeddings scaled by sqrt(width), as Gemma does for text (image tokens are not scaled)."""
@@ -199,6 +216,6 @@ class GemmaStack(nn.Module):
         return x * torch.tensor(math.sqrt(self.cfg.width), dtype=x.dtype, device=x.device)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Next-token logits from final-layer hidden states, through the final norm and the tied embedding."""
+        """Next-token logits from final-layer hidden states, through the final norm and the text head."""
         h, _ = self.norm(hidden)
-        return h @ self.embed_tokens.weight.T
+        return h @ self.text_head.T

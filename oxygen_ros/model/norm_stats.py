@@ -1,0 +1,171 @@
+"""Normalisation stats of a checkpoint folder, read from wherever the stack that wrote it keeps them, then checked.
+
+- LeRobot with processor pipelines: `policy_preprocessor.json` and `policy_postprocessor.json` list their steps;
+  the normalizer and unnormalizer steps name a `state_file` of tensors `<feature>.<stat>`. Every
+  `policy_*normalizer_processor.safetensors` in the folder is read as well (a folder may lack the pipeline JSON).
+- LeRobot before the processors: buffers inside `model.safetensors` named
+  `{normalize_inputs,normalize_targets,unnormalize_outputs}.buffer_<feature with _ for .>.<stat>`.
+- openpi: `assets/<asset_id>/norm_stats.json` (the asset id may contain a slash), holding
+  `{"norm_stats": {"state": {"mean", "std", "q01", "q99"}, "actions": {...}}}`.
+
+The same statistic found in two places must agree. The model uses quantile normalisation (q01 -> -1, q99 -> 1) of
+the state and the actions, so both need finite `q01` and `q99` of one width, no wider than the model's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .config import Pi05Config
+from .preprocess import ACTION_KEY, STATE_KEY, NormStats
+
+PIPELINE_FILES = ("policy_preprocessor.json", "policy_postprocessor.json")
+STATS_GLOB = "policy_*normalizer_processor.safetensors"
+BUFFER_PREFIXES = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
+OPENPI_STATS_GLOB = "assets/**/norm_stats.json"
+_OPENPI_FEATURES = {"state": STATE_KEY, "actions": ACTION_KEY}
+REQUIRED_STATS = ("q01", "q99")
+
+
+class NormStatsError(ValueError):
+    """A checkpoint's normalisation stats are missing, unreadable, inconsistent or unusable; names what and where."""
+
+
+def is_buffer_stat(name: str) -> bool:
+    """Whether a tensor of `model.safetensors` is an older LeRobot normalisation buffer rather than a weight."""
+    return name.startswith(BUFFER_PREFIXES)
+
+
+class _Collected:
+    """Stats gathered from several sources, remembering where each came from so a conflict names both."""
+
+    def __init__(self) -> None:
+        self.stats: NormStats = {}
+        self.origin: dict[tuple[str, str], str] = {}
+
+    def add(self, feature: str, stat: str, value: np.ndarray, source: str) -> None:
+        known = self.stats.get(feature, {}).get(stat)
+        if known is not None and (known.shape != value.shape or not np.array_equal(known, value, equal_nan=True)):
+            raise NormStatsError(f"{feature}.{stat} differs between {self.origin[feature, stat]} and {source}")
+        if known is None:
+            self.stats.setdefault(feature, {})[stat] = value
+            self.origin[feature, stat] = source
+
+
+def lerobot_stats(folder: str | Path, buffers: dict[str, torch.Tensor]) -> tuple[NormStats, str]:
+    """Stats of a LeRobot folder from its processor files and the older buffers (`buffers`, from the weights),
+    and the files they came from, for messages."""
+    folder = Path(folder)
+    collected = _Collected()
+    files = _processor_state_files(folder)
+    for file in files:
+        for key, value in _read_safetensors(file).items():
+            feature, _, stat = key.rpartition(".")
+            collected.add(feature, stat, _array(value), file.name)
+    for name, value in buffers.items():
+        rest = name.split(".", 1)[1]  # buffer_<feature>.<stat>
+        feature, _, stat = rest.rpartition(".")
+        feature = feature.removeprefix("buffer_").replace("_", ".")
+        collected.add(feature, stat, _array(value), f"model.safetensors ({name})")
+    sources = [f.name for f in files] + (["model.safetensors buffers"] if buffers else [])
+    where = ", ".join(sources) if sources else (f"the folder (no {STATS_GLOB}, processor pipeline JSON naming "
+                                                 f"one, or normalization buffers in model.safetensors)")
+    return collected.stats, where
+
+
+def openpi_stats(folder: str | Path) -> tuple[NormStats, str]:
+    """Stats of an openpi folder from its single `assets/<asset_id>/norm_stats.json`, and that file's name."""
+    folder = Path(folder)
+    files = sorted(folder.glob(OPENPI_STATS_GLOB))
+    if not files:
+        raise NormStatsError("no normalization stats: the folder has no assets/<asset_id>/norm_stats.json")
+    if len(files) > 1:
+        names = ", ".join(str(f.relative_to(folder)) for f in files)
+        raise NormStatsError(f"several norm_stats.json files ({names}): keep the one of this robot")
+    name = str(files[0].relative_to(folder))
+    data = _read_json(files[0], name)
+    if not isinstance(data, dict) or not isinstance(data.get("norm_stats"), dict):
+        raise NormStatsError(f"{name} has no \"norm_stats\" object")
+    stats: NormStats = {}
+    for feature, values in data["norm_stats"].items():
+        if not isinstance(values, dict):
+            raise NormStatsError(f"{name}: norm_stats.{feature} is not an object of statistics")
+        ours = _OPENPI_FEATURES.get(feature, feature)
+        for stat, value in values.items():
+            if value is None:  # q01/q99 are optional in openpi's format
+                continue
+            try:
+                stats.setdefault(ours, {})[stat] = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise NormStatsError(f"{name}: norm_stats.{feature}.{stat} is not a list of numbers") from None
+    return stats, name
+
+
+def check_norm_stats(stats: NormStats, config: Pi05Config, where: str) -> None:
+    """Raise NormStatsError unless state and action have finite q01/q99 of one width within the model's; `where`
+    names the files the stats came from."""
+    for feature, limit, what in ((STATE_KEY, config.state_dim, "state"), (ACTION_KEY, config.action_dim, "action")):
+        found = stats.get(feature)
+        if not found:
+            raise NormStatsError(f"no normalization stats for {feature} in {where}")
+        absent = [s for s in REQUIRED_STATS if s not in found]
+        if absent:
+            raise NormStatsError(f"normalization stats of {feature} in {where} lack {' and '.join(absent)} "
+                                 f"(found {', '.join(sorted(found)) or 'none'})")
+        widths = {s: found[s].size for s in REQUIRED_STATS}
+        if any(found[s].ndim != 1 for s in REQUIRED_STATS) or len(set(widths.values())) != 1:
+            shapes = ", ".join(f"{s} {tuple(found[s].shape)}" for s in REQUIRED_STATS)
+            raise NormStatsError(f"normalization stats of {feature} in {where} must be vectors of one width, got {shapes}")
+        width = widths["q01"]
+        if not 0 < width <= limit:
+            raise NormStatsError(f"normalization stats of {feature} in {where} have width {width}; the model's {what} "
+                                 f"takes 1 to {limit} dims")
+        for s in REQUIRED_STATS:
+            if not np.all(np.isfinite(found[s])):
+                raise NormStatsError(f"normalization stat {feature}.{s} in {where} contains NaN or infinite values")
+
+
+def _processor_state_files(folder: Path) -> list[Path]:
+    files = set(folder.glob(STATS_GLOB))
+    for pipeline in PIPELINE_FILES:
+        path = folder / pipeline
+        if not path.is_file():
+            continue
+        data = _read_json(path, pipeline)
+        steps = data.get("steps") if isinstance(data, dict) else None
+        if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+            raise NormStatsError(f"{pipeline} has no list of processor steps")
+        for step in steps:
+            kind = str(step.get("registry_name") or step.get("class") or "").lower()
+            state_file = step.get("state_file")
+            if "normalizer" not in kind or not state_file:
+                continue
+            named = folder / str(state_file)
+            if not named.is_file():
+                raise NormStatsError(f"{pipeline} names the stats file {state_file}, which is not in the folder")
+            files.add(named)
+    return sorted(files)
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise NormStatsError(f"{file.name} cannot be read: {err}") from None
+
+
+def _read_json(path: Path, name: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise NormStatsError(f"{name} is not valid JSON: {err}") from None
+
+
+def _array(value: torch.Tensor) -> np.ndarray:
+    return value.detach().float().cpu().numpy().astype(np.float64)
