@@ -18,7 +18,7 @@ ARGUMENTS = (
      "VLA node parameter file (robot layout, rates, language policy)"),
     ("use_sim_time", "false", "use /clock (e.g. from `oxygen-ros replay --clock`) as the node's time"),
     ("preset", "", "model.preset override: tiny, small or pi05 (empty: as in params_file)"),
-    ("checkpoint", "", "model.checkpoint override: a LeRobot pi05 folder (empty: as in params_file)"),
+    ("checkpoint", "", "model.checkpoint override: a pi05 checkpoint folder (empty: as in params_file)"),
     ("tokenizer", "", "model.tokenizer override: SentencePiece file (empty: as in params_file)"),
 )
 OVERRIDES = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer"}

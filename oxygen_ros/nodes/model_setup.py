@@ -18,7 +18,7 @@ import torch
 from oxygen_ros.model.checkpoint import CheckpointError, load_checkpoint
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.pi05 import build_model
-from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY, NormStats
+from oxygen_ros.model.preprocess import NormStats
 from oxygen_ros.model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 from .parameters import ParameterError, VlaParams, check_against_model
@@ -73,15 +73,15 @@ def load_policy(params: VlaParams) -> Policy:
             raise ParameterError("model.checkpoint needs model.tokenizer: the SentencePiece file the checkpoint "
                                  "was trained with (paligemma_tokenizer.model for pi05 weights)")
         try:
-            loaded = load_checkpoint(params.checkpoint, device=params.device, dtype=dtype)
-        except (CheckpointError, OSError, KeyError, ValueError) as err:
+            loaded = load_checkpoint(params.checkpoint, device=params.device, dtype=dtype,
+                                     text_head=params.text_head)
+        except (CheckpointError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: out of memory
             raise ParameterError(f"model.checkpoint {params.checkpoint!r} cannot be loaded: {err}") from err
-        model, norm_stats, source = loaded.model, loaded.norm_stats or None, f"checkpoint {params.checkpoint}"
-        missing = sorted({STATE_KEY, ACTION_KEY} - set(norm_stats or {STATE_KEY: 0, ACTION_KEY: 0}))
-        if missing:
-            raise ParameterError(f"model.checkpoint {params.checkpoint!r} has normalization stats without "
-                                 f"{missing}")
-        check_against_model(params, model.config)
+        model, norm_stats = loaded.model, loaded.norm_stats
+        head = loaded.text_head
+        source = (f"checkpoint {params.checkpoint} ({loaded.layout} layout; text head {head.choice}: "
+                  f"{head.reason})")
+        check_against_model(params, model.config, norm_stats)
     else:
         config = get_preset(params.preset)
         check_against_model(params, config)  # before spending time on the weights

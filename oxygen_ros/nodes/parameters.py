@@ -26,6 +26,7 @@ from oxygen_ros.engine.frame_scheduler import ADMISSION_POLICIES
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
+TEXT_HEADS = ("auto", "lm_head", "embedding")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
 
@@ -45,7 +46,11 @@ class Spec:
 SPECS = (
     Spec("model.preset", "tiny", "random-init model shape, used when model.checkpoint is empty",
          " | ".join(PRESET_NAMES)),
-    Spec("model.checkpoint", "", "LeRobot-style pi05 checkpoint folder; overrides model.preset"),
+    Spec("model.checkpoint", "", "pi05 checkpoint folder (LeRobot's or openpi's PyTorch layout); overrides "
+                                 "model.preset"),
+    Spec("model.text_head", "auto", "matrix a checkpoint decodes narration with; auto: as the stack that wrote it "
+                                    "(LeRobot: its lm_head when it differs from the embedding; openpi: the "
+                                    "embedding)", " | ".join(TEXT_HEADS)),
     Spec("model.tokenizer", "", "SentencePiece model file; empty: a stand-in trained once into the user cache "
                                 "(random-init presets only)"),
     Spec("model.device", "cpu", "torch device", " | ".join(DEVICES)),
@@ -90,6 +95,7 @@ SPECS = (
 class VlaParams:
     preset: str
     checkpoint: str
+    text_head: str
     tokenizer: str
     device: str
     dtype: str
@@ -175,6 +181,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
     return VlaParams(
         preset=p.choice("model.preset", PRESET_NAMES),
         checkpoint=p.text("model.checkpoint"),
+        text_head=p.choice("model.text_head", TEXT_HEADS),
         tokenizer=p.text("model.tokenizer"),
         device=p.choice("model.device", DEVICES),
         dtype=p.choice("model.dtype", DTYPES),
@@ -204,8 +211,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
     )
 
 
-def check_against_model(params: VlaParams, config) -> None:
-    """What depends on the model's shape (a `Pi05Config`); raises ParameterError."""
+def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
+    """What depends on the model's shape (a `Pi05Config`) and a checkpoint's norm stats; raises ParameterError."""
     unknown = [k for k in params.camera_keys if k not in config.camera_names]
     if unknown:
         raise ParameterError(f"cameras.keys {unknown} are not image keys of this model; it takes "
@@ -219,6 +226,13 @@ def check_against_model(params: VlaParams, config) -> None:
     if params.horizon > config.action_horizon:
         raise ParameterError(f"control.horizon ({params.horizon}) exceeds the model's action horizon "
                              f"({config.action_horizon})")
+    widths = {k: len(v["q01"]) for k, v in (norm_stats or {}).items() if "q01" in v}
+    for feature, joints, name in (("observation.state", params.state_names, "joints.state_names"),
+                                  ("action", params.action_names, "joints.action_names")):
+        width = widths.get(feature, len(joints))  # a preset has no stats
+        if width < len(joints):
+            raise ParameterError(f"{name} has {len(joints)} joints, the checkpoint's normalization stats of "
+                                 f"{feature} only {width}")
 
 
 class _Reader:

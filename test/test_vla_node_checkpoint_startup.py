@@ -1,0 +1,127 @@
+"""The VLA node started on a checkpoint folder: corrupt files end start-up with exit code 1 and one clear line, a
+good one starts decoding with the text head its writer used, named in the start-up log."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_replay_node import Child
+
+from oxygen_ros.model.checkpoint import save_checkpoint
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.tokenizer import train_tokenizer
+from oxygen_ros.nodes.vla_node import main as vla_node_main
+
+ALOHA = Path(__file__).resolve().parents[1] / "config" / "aloha.yaml"
+CFG = get_preset("tiny")
+LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
+OVERRIDES = ["-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
+             "-p", "cameras.compressed:=false", "-p", "control.horizon:=4"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tok.model", CFG.vocab_size)
+
+
+def checkpoint(path, state_width=14):
+    stats = {"observation.state": {"q01": -np.ones(state_width), "q99": np.ones(state_width)},
+             "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
+    return save_checkpoint(build_model(CFG, seed=2), path, stats)
+
+
+def node_args(folder, tokenizer, *extra):
+    return ["--ros-args", "--params-file", str(ALOHA), "-p", f"model.checkpoint:={folder}",
+            "-p", f"model.tokenizer:={tokenizer}", *OVERRIDES, *extra]
+
+
+def test_truncated_weights_end_the_node_process_with_one_line(tmp_path, tokenizer, ros_env):
+    folder = checkpoint(tmp_path / "ckpt")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    child = Child(["-m", "oxygen_ros.nodes.vla_node", *node_args(folder, tokenizer)], ros_env)
+    code, output = child.wait(timeout=120.0)
+    assert code == 1, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert "[FATAL]" in lines[0] and f"cannot start: model.checkpoint '{folder}' cannot be loaded: model.safetensors" \
+        " (1000 bytes) is not a readable safetensors file" in lines[0], output
+
+
+def _nan_weight(folder):
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.action_out_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def _nan_stats(folder):
+    stats_file = next(folder.glob("policy_*"))
+    stats = load_file(str(stats_file))
+    stats["action.q01"][3] = float("nan")
+    save_file(stats, str(stats_file))
+
+
+CORRUPT = {
+    "empty weights": (lambda f: (f / "model.safetensors").write_bytes(b""),
+                      "model.safetensors (0 bytes) is not a readable safetensors file"),
+    "config of the wrong kind": (lambda f: (f / "config.json").write_text('"pi05"'),
+                                 "config.json holds a JSON str, not a policy config object"),
+    "nan weight": (_nan_weight, "model.safetensors holds NaN or infinite values: tensors (1): "
+                                "model.action_out_proj.weight"),
+    "nan stats": (_nan_stats, "normalization stat action.q01 in policy_preprocessor_step_0_normalizer_processor"
+                              ".safetensors contains NaN or infinite values"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_each_corrupt_file_is_one_clear_start_up_error(case, tmp_path, tokenizer, capfd, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    corrupt, expected = CORRUPT[case]
+    folder = checkpoint(tmp_path / "ckpt")
+    corrupt(folder)
+    assert vla_node_main(node_args(folder, tokenizer)) == 1
+    err = capfd.readouterr().err
+    assert f"cannot start: model.checkpoint '{folder}' cannot be loaded: {expected}" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_stats_narrower_than_the_robot_stop_start_up(tmp_path, tokenizer, capfd, monkeypatch):
+    # Loadable on its own (4 state dims), but the ALOHA file lists 14 state joints: every tick would fail.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = checkpoint(tmp_path / "ckpt", state_width=4)
+    assert vla_node_main(node_args(folder, tokenizer)) == 1
+    assert ("cannot start: joints.state_names has 14 joints, the checkpoint's normalization stats of "
+            "observation.state only 4") in capfd.readouterr().err
+
+
+def test_the_node_decodes_with_the_chosen_text_head_and_says_why(tmp_path, tokenizer, ros_domain_id, capfd,
+                                                                  monkeypatch):
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = checkpoint(tmp_path / "ckpt")
+    tensors = load_file(str(folder / "model.safetensors"))
+    head = torch.randn(tensors[LM_HEAD].shape, generator=torch.Generator().manual_seed(1))
+    tensors[LM_HEAD] = head  # a fine-tuned LeRobot file: lm_head kept, embedding moved
+    save_file(tensors, str(folder / "model.safetensors"))
+    for wanted, choice in (("auto", "lm_head"), ("embedding", "embedding")):
+        context = rclpy.Context()
+        rclpy.init(args=["vla_node", *node_args(folder, tokenizer, "-p", f"model.text_head:={wanted}")],
+                   context=context, domain_id=ros_domain_id)
+        node = VlaNode(context=context)
+        try:
+            backbone = node.policy.model.backbone
+            assert torch.equal(backbone.text_head, head if choice == "lm_head" else backbone.embed_tokens.weight)
+            assert f"text head {choice}: " in node.policy.source
+        finally:
+            node.close()
+            node.destroy_node()
+            context.try_shutdown()
+        assert f"text head {choice}: " in capfd.readouterr().err
+    assert vla_node_main(node_args(folder, tokenizer, "-p", "model.text_head:=output")) == 1
+    assert "model.text_head must be one of auto | lm_head | embedding, got 'output'" in capfd.readouterr().err
