@@ -22,11 +22,11 @@ from rclpy.exceptions import (
 from rclpy.parameter import Parameter
 
 from oxygen_ros.engine.frame_scheduler import ADMISSION_POLICIES
+from oxygen_ros.model.checkpoint import TEXT_HEADS
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
-TEXT_HEADS = ("auto", "lm_head", "embedding")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
 
