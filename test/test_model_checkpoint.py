@@ -468,3 +468,18 @@ def test_lerobot_config_maps_to_the_pi05_preset():
     assert config_from_lerobot(data) == get_preset("pi05")
     with pytest.raises(CheckpointError, match="variant"):
         config_from_lerobot({**data, "paligemma_variant": "gemma_7b"})
+
+
+def test_openpi_layout_is_as_strict_and_names_its_own_keys(model, tmp_path):
+    folder = write_openpi(model, tmp_path)
+    tensors = _tensors(folder)
+    gone = EX.removeprefix("model.") + "model.layers.1.mlp.gate_proj.weight"
+    del tensors[gone]
+    tensors["model.action_in_proj.weight"] = torch.zeros(CFG.expert.width, CFG.action_dim)  # LeRobot's name
+    tensors["action_out_proj.bias"] = torch.zeros(3)
+    _put(folder, tensors)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(folder)
+    assert str(err.value) == (
+        f"model.safetensors does not match the model: missing (1): {gone}; unexpected (1): "
+        "model.action_in_proj.weight; wrong shape (1): action_out_proj.bias (file (3,), model (16,))")
