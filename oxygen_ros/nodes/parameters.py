@@ -23,6 +23,7 @@ from rclpy.parameter import Parameter
 
 from oxygen_ros.engine.frame_scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
+from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("cpu", "cuda")
@@ -227,8 +228,8 @@ def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
         raise ParameterError(f"control.horizon ({params.horizon}) exceeds the model's action horizon "
                              f"({config.action_horizon})")
     widths = {k: len(v["q01"]) for k, v in (norm_stats or {}).items() if "q01" in v}
-    for feature, joints, name in (("observation.state", params.state_names, "joints.state_names"),
-                                  ("action", params.action_names, "joints.action_names")):
+    for feature, joints, name in ((STATE_KEY, params.state_names, "joints.state_names"),
+                                  (ACTION_KEY, params.action_names, "joints.action_names")):
         width = widths.get(feature, len(joints))  # a preset has no stats
         if width < len(joints):
             raise ParameterError(f"{name} has {len(joints)} joints, the checkpoint's normalization stats of "
