@@ -8,6 +8,11 @@ Topics (relative names, so a namespace or remap places them under a robot):
   episode/action                      sensor_msgs/msg/JointState: the recorded action, for evaluation only
 Every header stamp is `base_time + episode time` and the bag's log time equals it, so replay timing and the
 stamps the node sees agree.
+
+Each topic carries the QoS a live robot would offer on it (`offered_qos_profiles` in metadata.yaml, which
+`ros2 bag play` and `oxygen-ros replay` publish with): cameras the sensor-data profile (best effort, depth 5),
+`instruction` reliable and transient local (latched: a node that subscribes late still gets the task),
+`joint_states` and `episode/action` reliable.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 from rosbags.rosbag2 import StoragePlugin, Writer
 
 from .atomic import atomic_output
@@ -28,6 +34,23 @@ STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
 JOINT_STATES_TOPIC = "joint_states"
 INSTRUCTION_TOPIC = "instruction"
 ACTION_TOPIC = "episode/action"
+
+
+def offered_qos(reliable: bool, latched: bool, depth: int) -> Qos:
+    """A keep-last QoS profile in the form rosbag2 stores; deadline, lifespan and lease 0 mean "not set"."""
+    unset = QosTime(sec=0, nsec=0)
+    return Qos(
+        history=QosHistory.KEEP_LAST, depth=depth,
+        reliability=QosReliability.RELIABLE if reliable else QosReliability.BEST_EFFORT,
+        durability=QosDurability.TRANSIENT_LOCAL if latched else QosDurability.VOLATILE,
+        deadline=unset, lifespan=unset, liveliness=QosLiveliness.AUTOMATIC, liveliness_lease_duration=unset,
+        avoid_ros_namespace_conventions=False,
+    )
+
+
+SENSOR_QOS = offered_qos(reliable=False, latched=False, depth=5)  # what camera drivers offer (sensor data)
+STATE_QOS = offered_qos(reliable=True, latched=False, depth=100)
+LATCHED_QOS = offered_qos(reliable=True, latched=True, depth=1)
 
 
 def camera_topic(camera: str, compressed: bool = False) -> str:
@@ -63,12 +86,16 @@ def write_episode_bag(
     stamps = base_time_ns + np.round(episode.times() * 1e9).astype(np.int64)
     with atomic_output(out) as tmp, Writer(tmp, version=9, storage_plugin=STORAGES[storage]) as writer:
         image_type = "sensor_msgs/msg/CompressedImage" if compressed_images else "sensor_msgs/msg/Image"
-        cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store)
+        cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store,
+                                           offered_qos_profiles=[SENSOR_QOS])
                 for cam in episode.cameras}
-        joints = writer.add_connection(JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=store)
-        actions = writer.add_connection(ACTION_TOPIC, "sensor_msgs/msg/JointState", typestore=store)
+        joints = writer.add_connection(JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
+                                       offered_qos_profiles=[STATE_QOS])
+        actions = writer.add_connection(ACTION_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
+                                        offered_qos_profiles=[STATE_QOS])
         if episode.task:
-            conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store)
+            conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store,
+                                         offered_qos_profiles=[LATCHED_QOS])
             message = types["std_msgs/msg/String"](data=episode.task)
             writer.write(conn, int(stamps[0]), store.serialize_cdr(message, "std_msgs/msg/String"))
         for t, stamp in enumerate(stamps.tolist()):
