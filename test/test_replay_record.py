@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 from rclpy.qos import DurabilityPolicy, QoSProfile, qos_profile_sensor_data
+from rosbags.interfaces import QosDurability, QosReliability
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from test_replay_node import Child
@@ -56,7 +57,15 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
     assert rc == 0, output
     assert not [p for p in tmp_path.iterdir() if p.name != "rec"]  # no staging folder left
 
-    topics = {t.name: (t.msgtype, t.count) for t in bag_topics(out)}
+    infos = {t.name: t for t in bag_topics(out)}
+    topics = {name: (t.msgtype, t.count) for name, t in infos.items()}
+    offered = {name: [(q.reliability, q.durability) for q in t.qos] for name, t in infos.items()}
+    assert offered == {  # each publisher's offer, as discovery reports it (so a replay keeps it)
+        "/joint_states": [(QosReliability.RELIABLE, QosDurability.VOLATILE)],
+        "/camera/top/image_raw": [(QosReliability.BEST_EFFORT, QosDurability.VOLATILE)],
+        "/vla/narration": [(QosReliability.RELIABLE, QosDurability.VOLATILE)],
+        "/instruction": [(QosReliability.RELIABLE, QosDurability.TRANSIENT_LOCAL)],
+    }
     assert topics["/joint_states"] == ("sensor_msgs/msg/JointState", 20)
     assert topics["/vla/narration"] == ("oxygen_ros/msg/Narration", 20)
     assert topics["/instruction"] == ("std_msgs/msg/String", 1)
