@@ -72,6 +72,22 @@ class Episode:
             return np.asarray(self.timestamps, dtype=np.float64)
         return np.arange(self.length, dtype=np.float64) / self.fps
 
+    def numeric_problem(self) -> str | None:
+        """The first NaN or infinity in state, actions, velocity or effort, or frame times that do not increase,
+        as one line; None when the numbers are usable."""
+        for name in ("state", "actions", "velocity", "effort"):
+            values = getattr(self, name)
+            bad = np.argwhere(~np.isfinite(values)) if values is not None else ()
+            if len(bad):
+                t, j = (int(i) for i in bad[0])
+                joint = self.joint_names[j] if values.shape[1] == len(self.joint_names) else f"column {j}"
+                return (f"{name} has {len(bad)} non-finite values (first at frame {t}, {joint}: "
+                        f"{float(values[t, j])})")
+        times = self.times()
+        if not np.all(np.isfinite(times)) or np.any(np.diff(times) <= 0):
+            return "frame timestamps are not finite and strictly increasing"
+        return None
+
     def validate(self) -> None:
         """Raise DataError if arrays disagree in length, shape or dtype."""
         if self.state.ndim != 2 or self.actions.ndim != 2:
