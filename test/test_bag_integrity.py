@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rclpy.qos import QoSProfile
 from rosbags.rosbag2 import StoragePlugin, Writer
+from sensor_msgs.msg import JointState
+from test_replay_node import Child, Receiver
 
 from oxygen_ros.data import (
     IncompleteBagError,
@@ -158,6 +161,26 @@ def test_replay_refuses_a_damaged_bag_before_publishing(episode_bag, tmp_path, r
         bag = damaged_copy(episode_bag, tmp_path, how)
         assert_one_line_error(oxygen_ros("replay", str(bag), env=ros_env), "damaged or incomplete bag",
                               "--allow-partial replays what is readable")
+
+
+def test_replay_allow_partial_publishes_what_is_readable(episode_bag, tmp_path, ros_context, ros_env):
+    bag = damaged_copy(episode_bag, tmp_path, "truncate")
+    problems: list[str] = []
+    expected = [raw.data for raw in iter_raw(bag, ["joint_states"], on_incomplete=problems.append)]
+    assert len(problems) == 1 and 0 < len(expected) < 60
+    receiver = Receiver(ros_context, {"joint_states": (JointState, QoSProfile(depth=100))})
+    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(bag), "--allow-partial", "--topics", "joint_states",
+                   "--wait-for", "joint_states", "--delay", "0.3", "--rate", "4"], ros_env)
+    try:
+        got = receiver.wait_for(lambda: len(receiver.received["joint_states"]) >= len(expected), timeout=20)
+        child.note_shm()
+        rc, output = child.wait(timeout=10)
+    finally:
+        receiver.close()
+        child.stop()
+    assert got and rc == 0, output
+    assert [data for _, data in receiver.received["joint_states"]] == expected
+    assert "replaying a partial bag" in output and f"joint_states {len(expected)} of 60" in output
 
 
 def test_undecodable_message_is_named_not_a_traceback(tmp_path):
