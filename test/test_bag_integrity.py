@@ -31,6 +31,7 @@ from oxygen_ros.data import (
 )
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.data.msgtypes import bag_typestore
+from oxygen_ros.data.report import main as report_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +155,34 @@ def test_bag_without_metadata_is_one_line_for_replay_and_report(episode_bag, tmp
                           "no metadata.yaml")
     assert not out.exists()
     assert_one_line_error(oxygen_ros("replay", str(bag), env=ros_env), str(bag), "no metadata.yaml")
+
+
+def _yaml_syntax_error(bag: Path) -> None:
+    (bag / "metadata.yaml").write_text("rosbag2_bagfile_information: [\n  version: 9\n")
+
+
+def _count_as_text(bag: Path) -> None:
+    text = (bag / "metadata.yaml").read_text()
+    (bag / "metadata.yaml").write_text(text.replace("message_count: 60", "message_count: sixty", 1))
+
+
+def _storage_file_missing(bag: Path) -> None:
+    next(bag.glob("*.mcap")).unlink()
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (_yaml_syntax_error, "not a readable rosbag2 (Could not load YAML"),
+    (_count_as_text, "a message count of 'sixty'"),
+    (_storage_file_missing, "files are missing"),
+])
+def test_bad_metadata_is_one_line(episode_bag, tmp_path, capsys, damage, message):
+    bag = tmp_path / "bag"
+    shutil.copytree(episode_bag, bag)
+    damage(bag)
+    assert report_main([str(bag), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_replay_refuses_a_damaged_bag_before_publishing(episode_bag, tmp_path, ros_env):

@@ -64,6 +64,10 @@ def open_reader(path: str | os.PathLike) -> Reader:
         reader.open()
     except (ReaderError, OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(f"{path}: not a readable rosbag2 ({err})") from err
+    for conn in reader.connections:
+        if isinstance(conn.msgcount, bool) or not isinstance(conn.msgcount, int) or conn.msgcount < 0:
+            reader.close()
+            raise DataError(f"{path}: metadata.yaml gives {conn.topic} a message count of {conn.msgcount!r}")
     return reader
 
 

@@ -16,7 +16,13 @@ ALOHA_JOINT_NAMES = tuple(f"{side}_{j}" for side in ("left", "right") for j in _
 
 
 class DataError(ValueError):
-    """An episode source or bag is unreadable or inconsistent; the message names the file and the problem."""
+    """An episode source or bag is unreadable or inconsistent; the message names the file and the problem.
+
+    It prints as one line, whatever a wrapped library error carried (YAML and HDF5 errors span several lines).
+    """
+
+    def __str__(self) -> str:
+        return " ".join(super().__str__().split())
 
 
 def default_joint_names(dim: int) -> tuple[str, ...]:
