@@ -143,6 +143,9 @@ def test_report_refuses_a_damaged_bag_and_leaves_no_folder(episode_bag, tmp_path
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "joint_states" in warnings[0]
     report = json.loads((out / "report.json").read_text())
     assert 0 < report["topics"]["joint_states"]["count"] < 60
+    (out / "report.json").unlink()
+    assert report_main([str(episode_bag), "--out", str(out)]) == 0  # an existing folder is written in place
+    assert json.loads((out / "report.json").read_text())["topics"]["joint_states"]["count"] == 60
 
 
 def test_bag_without_metadata_is_one_line_for_replay_and_report(episode_bag, tmp_path, ros_env):

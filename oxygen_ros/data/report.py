@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .aloha import aloha_episode_path, read_aloha
-from .atomic import atomic_output
+from .atomic import output_folder
 from .bag import read_messages
 from .episode import DataError
 from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS
@@ -191,20 +191,11 @@ def write_report(bag: str | os.PathLike, out: str | os.PathLike, recorded: Recor
     rec = load_recording(bag, on_incomplete)
     report = {"bag": str(bag), "topics": topic_rates(rec), "action_latency": action_latency(rec),
               "action_chunks": len(rec.chunks), "narration": narration_timeline(rec)}
-    out = Path(out)
-    if out.is_dir():
-        _write_files(rec, recorded, report, out)
-    else:
-        with atomic_output(out) as staging:
-            staging.mkdir()
-            _write_files(rec, recorded, report, staging)
+    with output_folder(out) as folder:
+        plot_actions(rec, recorded, folder / "actions.png")
+        (folder / "report.json").write_text(json.dumps(report, indent=2))
+        (folder / "report.md").write_text(_markdown(report))
     return report
-
-
-def _write_files(rec: Recording, recorded: RecordedActions | None, report: dict, out: Path) -> None:
-    plot_actions(rec, recorded, out / "actions.png")
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_markdown(report))
 
 
 def _markdown(report: dict) -> str:
