@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from test_bag_integrity import assert_one_line_error, oxygen_ros
 
-from oxygen_ros.data import synthetic_episode, write_aloha, write_lerobot
+from oxygen_ros.data import DataError, synthetic_episode, write_aloha, write_episode_bag, write_lerobot
 from oxygen_ros.data.convert import main as convert
+from oxygen_ros.data.episode_bag import MAX_STAMP_S
 
 EPISODE_PARQUET = "meta/episodes/chunk-000/file-000.parquet"
 DATA_PARQUET = "data/chunk-000/file-000.parquet"
@@ -166,3 +167,15 @@ def test_command_line_gives_one_line_without_traceback(sources, tmp_path):
     edit_info(setitem("fps", 0))(dataset)
     assert_one_line_error(oxygen_ros("convert", "lerobot", str(dataset), str(tmp_path / "bag")), "fps must be")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "episode_0.hdf5"]
+
+
+def test_base_time_must_give_ros_stamps(sources, tmp_path):
+    for value in ("nan", "-5", "1e30"):
+        result = oxygen_ros("convert", "aloha", str(sources / "episode_0.hdf5"), str(tmp_path / "bag"),
+                            "--base-time", value)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"error: argument --base-time: must be seconds from 0 to {MAX_STAMP_S}, got '{value}'" in result.stderr
+    episode = synthetic_episode(seconds=2.0, fps=10, cameras=("top",), height=8, width=8)
+    with pytest.raises(DataError, match="do not fit a ROS time"):  # starts in range, ends past 2038
+        write_episode_bag(episode, tmp_path / "bag", base_time_ns=MAX_STAMP_S * 10**9 - 500_000_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

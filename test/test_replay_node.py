@@ -279,3 +279,6 @@ def test_missing_topic_and_unknown_type_are_clear_errors(tmp_path, episode_bag, 
     assert "--wait-for topics are not being replayed: ['instruction']" in capsys.readouterr().err
     assert replay_main([str(tmp_path / "nothing")]) == 1
     assert "no such bag" in capsys.readouterr().err
+    for bad in (["--rate", "nan"], ["--rate", "0"], ["--clock-hz", "inf"]):
+        assert replay_main([str(episode_bag), *bad]) == 1
+        assert "--rate and --clock-hz must be positive finite numbers" in capsys.readouterr().err

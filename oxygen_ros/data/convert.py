@@ -13,7 +13,7 @@ import sys
 
 from .aloha import aloha_episode_path, read_aloha
 from .episode import DataError, Episode
-from .episode_bag import DEFAULT_BASE_TIME_NS, STORAGES, write_episode_bag
+from .episode_bag import DEFAULT_BASE_TIME_NS, STORAGES, base_time_seconds, write_episode_bag
 from .lerobot import read_lerobot
 
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap")
     parser.add_argument("--compressed-images", action="store_true", help="JPEG CompressedImage instead of rgb8")
     parser.add_argument("--task", default=None, help="instruction text (ALOHA files carry none)")
-    parser.add_argument("--base-time", type=float, default=DEFAULT_BASE_TIME_NS / 1e9,
+    parser.add_argument("--base-time", type=base_time_seconds, default=DEFAULT_BASE_TIME_NS / 1e9,
                         help="stamp of the first frame, seconds since the epoch")
     return parser
 

@@ -17,6 +17,8 @@ Each topic carries the QoS a live robot would offer on it (`offered_qos_profiles
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 from pathlib import Path
 
@@ -25,11 +27,12 @@ from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, Qo
 from rosbags.rosbag2 import StoragePlugin, Writer
 
 from .atomic import atomic_output
-from .episode import Episode
+from .episode import DataError, Episode
 from .jpeg import encode_jpeg
 from .msgtypes import bag_typestore
 
 DEFAULT_BASE_TIME_NS = 1_700_000_000 * 1_000_000_000  # a fixed wall-clock-like epoch keeps outputs reproducible
+MAX_STAMP_S = 2**31 - 1  # the largest builtin_interfaces/Time.sec (an int32)
 STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
 JOINT_STATES_TOPIC = "joint_states"
 INSTRUCTION_TOPIC = "instruction"
@@ -51,6 +54,17 @@ def offered_qos(reliable: bool, latched: bool, depth: int) -> Qos:
 SENSOR_QOS = offered_qos(reliable=False, latched=False, depth=5)  # what camera drivers offer (sensor data)
 STATE_QOS = offered_qos(reliable=True, latched=False, depth=100)
 LATCHED_QOS = offered_qos(reliable=True, latched=True, depth=1)
+
+
+def base_time_seconds(text: str) -> float:
+    """A `--base-time` argument (seconds since the epoch) checked to give ROS stamps; argparse reports a bad one."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_STAMP_S:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"must be seconds from 0 to {MAX_STAMP_S}, got {text!r}")
+    return seconds
 
 
 def camera_topic(camera: str, compressed: bool = False) -> str:
@@ -84,6 +98,9 @@ def write_episode_bag(
         )
 
     stamps = base_time_ns + np.round(episode.times() * 1e9).astype(np.int64)
+    if stamps[0] < 0 or stamps[-1] // 10**9 > MAX_STAMP_S:
+        raise DataError(f"stamps from {stamps[0] / 1e9:.3f} s to {stamps[-1] / 1e9:.3f} s do not fit a ROS time "
+                        f"(0 to {MAX_STAMP_S} s); choose another base time")
     with atomic_output(out) as tmp, Writer(tmp, version=9, storage_plugin=STORAGES[storage]) as writer:
         image_type = "sensor_msgs/msg/CompressedImage" if compressed_images else "sensor_msgs/msg/Image"
         cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store,

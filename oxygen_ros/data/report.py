@@ -30,7 +30,7 @@ from .aloha import aloha_episode_path, read_aloha
 from .atomic import output_folder
 from .bag import read_messages
 from .episode import DataError
-from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS
+from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS, base_time_seconds
 from .lerobot import read_lerobot
 
 CHUNK_TYPE = "trajectory_msgs/msg/JointTrajectory"
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--episode-bag", help="the episode bag that was replayed (has episode/action)")
     source.add_argument("--episode", metavar="SRC", help="ALOHA .hdf5 / folder or LeRobot v3 dataset")
     parser.add_argument("--episode-index", type=int, default=0, help="episode within SRC")
-    parser.add_argument("--base-time", type=float, default=DEFAULT_BASE_TIME_NS / 1e9,
+    parser.add_argument("--base-time", type=base_time_seconds, default=DEFAULT_BASE_TIME_NS / 1e9,
                         help="stamp of SRC's first frame (as given to convert)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--allow-partial", action="store_true",

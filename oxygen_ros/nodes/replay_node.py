@@ -19,6 +19,7 @@ warning.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import threading
 import time
@@ -160,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(remove_ros_args(argv))
-    if args.rate <= 0 or args.clock_hz <= 0:
-        print("error: --rate and --clock-hz must be positive", file=sys.stderr)
+    if not (0 < args.rate < math.inf and 0 < args.clock_hz < math.inf):  # NaN fails too
+        print("error: --rate and --clock-hz must be positive finite numbers", file=sys.stderr)
         return 1
     with ros_process("replay", argv) as (context, stop):
         try:
