@@ -5,7 +5,9 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from rosbags.rosbag2 import StoragePlugin, Writer
+import yaml
+from rosbags.interfaces import QosDurability, QosReliability
+from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 
 from oxygen_ros.data import (
     ALOHA_JOINT_NAMES,
@@ -73,6 +75,31 @@ def test_aloha_to_bag_carries_images_joints_stamps_and_task(tmp_path, aloha_dir,
     np.testing.assert_allclose(np.stack([m.position for _, m in msgs["episode/action"]]), episode.actions)
     assert msgs["instruction"] == [(expected_ns[0], msgs["instruction"][0][1])]
     assert msgs["instruction"][0][1].data == "fold the towel"
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_bag_records_each_topics_offered_qos(tmp_path, aloha_dir, storage):
+    """`ros2 bag play` and our replay publish with these; the instruction must stay latched."""
+    bag = tmp_path / "bag"
+    assert convert(["aloha", str(aloha_dir), str(bag), "--storage", storage, "--task", "fold"]) == 0
+    with Reader(bag) as reader:
+        offered = {c.topic: c.ext.offered_qos_profiles for c in reader.connections}
+    expected = {  # reliability, durability, depth
+        "instruction": (QosReliability.RELIABLE, QosDurability.TRANSIENT_LOCAL, 1),
+        "joint_states": (QosReliability.RELIABLE, QosDurability.VOLATILE, 100),
+        "episode/action": (QosReliability.RELIABLE, QosDurability.VOLATILE, 100),
+        "camera/cam_high/image_raw": (QosReliability.BEST_EFFORT, QosDurability.VOLATILE, 5),
+        "camera/cam_right_wrist/image_raw": (QosReliability.BEST_EFFORT, QosDurability.VOLATILE, 5),
+    }
+    assert {t: [(q.reliability, q.durability, q.depth) for q in qs] for t, qs in offered.items()} == {
+        t: [e] for t, e in expected.items()}
+    # bag version 9 stores the profiles as a YAML list (older versions used one YAML string)
+    metadata = yaml.safe_load((bag / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+    assert metadata["version"] == 9
+    by_topic = {t["topic_metadata"]["name"]: t["topic_metadata"] for t in metadata["topics_with_message_count"]}
+    [instruction] = by_topic["instruction"]["offered_qos_profiles"]
+    assert (instruction["durability"], instruction["reliability"], instruction["history"]) == (
+        "transient_local", "reliable", "keep_last")
 
 
 def test_lerobot_episode_to_compressed_image_bag(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
-from rclpy.qos import QoSProfile, qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.serialization import deserialize_message
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
@@ -24,6 +24,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
 from oxygen_ros.data import iter_raw, synthetic_episode, write_episode_bag
+from oxygen_ros.data.episode_bag import LATCHED_QOS, SENSOR_QOS, offered_qos
 from oxygen_ros.nodes.replay_node import main as replay_main
 from oxygen_ros.processes import stop
 
@@ -193,6 +194,63 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     assert all(start <= c for c in clock_ns)
 
 
+def test_replay_publishes_with_the_recorded_qos_so_latched_topics_reach_late_subscribers(
+        ros_context, ros_env, tmp_path):
+    """Offered QoS from the bag wins over any guess: a latched instruction that changed once, joint states a
+    robot offered best effort, an image stream offered reliable. A transient-local subscriber created after both
+    instructions went out (as vla_node's is when it starts late) gets the latest one."""
+    store = get_typestore(Stores.ROS2_KILTED)
+    T = store.types
+    start = 7_000_000_000
+    with Writer(tmp_path / "bag", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        instruction = writer.add_connection("/instruction", "std_msgs/msg/String", typestore=store,
+                                            offered_qos_profiles=[LATCHED_QOS])
+        joints = writer.add_connection("/joint_states", "sensor_msgs/msg/JointState", typestore=store,
+                                       offered_qos_profiles=[SENSOR_QOS])
+        images = writer.add_connection("/camera/top/image_raw", "sensor_msgs/msg/Image", typestore=store,
+                                       offered_qos_profiles=[offered_qos(reliable=True, latched=False, depth=7)])
+        for i, text in enumerate(["first task", "second task"]):
+            writer.write(instruction, start + i * 100_000_000,
+                         store.serialize_cdr(T["std_msgs/msg/String"](data=text), "std_msgs/msg/String"))
+        for i in range(60):  # 3 s at 20 Hz
+            stamp = start + i * 50_000_000
+            header = T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=stamp // 10**9,
+                                                                                    nanosec=stamp % 10**9),
+                                              frame_id="")
+            msg = T["sensor_msgs/msg/JointState"](header=header, name=["a"], position=np.array([float(i)]),
+                                                  velocity=np.zeros(0), effort=np.zeros(0))
+            writer.write(joints, stamp, store.serialize_cdr(msg, "sensor_msgs/msg/JointState"))
+            image = T["sensor_msgs/msg/Image"](header=header, height=1, width=1, encoding="rgb8", is_bigendian=0,
+                                               step=3, data=np.zeros(3, dtype=np.uint8))
+            writer.write(images, stamp, store.serialize_cdr(image, "sensor_msgs/msg/Image"))
+    receiver = Receiver(ros_context, {"/joint_states": (JointState, qos_profile_sensor_data)})
+    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(tmp_path / "bag"), "--wait-for", "/joint_states",
+                   "--delay", "0.3"], ros_env)
+    late: list[bytes] = []
+    try:
+        assert receiver.wait_for(lambda: len(receiver.received["/joint_states"]) >= 10, timeout=20)  # 0.45 s in
+        child.note_shm()
+        offered = {}
+        for topic in ("/instruction", "/joint_states", "/camera/top/image_raw"):
+            [publisher] = receiver.node.get_publishers_info_by_topic(topic)
+            offered[topic] = (publisher.qos_profile.reliability, publisher.qos_profile.durability)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        receiver.node.create_subscription(String, "/instruction", late.append, latched, raw=True)
+        got_late = receiver.wait_for(lambda: late, timeout=5)
+        rc, output = child.wait(timeout=10)
+        assert rc == 0, output
+    finally:
+        receiver.close()
+        child.stop()
+    assert offered == {
+        "/instruction": (ReliabilityPolicy.RELIABLE, DurabilityPolicy.TRANSIENT_LOCAL),
+        "/joint_states": (ReliabilityPolicy.BEST_EFFORT, DurabilityPolicy.VOLATILE),
+        "/camera/top/image_raw": (ReliabilityPolicy.RELIABLE, DurabilityPolicy.VOLATILE),
+    }
+    assert got_late and [deserialize_message(d, String).data for d in late] == ["second task"]
+
+
 def test_sigint_stops_a_looping_replay_with_exit_0(ros_context, ros_env, episode_bag):
     receiver = Receiver(ros_context, {"joint_states": (JointState, QoSProfile(depth=100))})
     child = Child(["-m", "oxygen_ros.nodes.replay_node", str(episode_bag), "--loop", "--topics", "joint_states",
@@ -221,3 +279,6 @@ def test_missing_topic_and_unknown_type_are_clear_errors(tmp_path, episode_bag, 
     assert "--wait-for topics are not being replayed: ['instruction']" in capsys.readouterr().err
     assert replay_main([str(tmp_path / "nothing")]) == 1
     assert "no such bag" in capsys.readouterr().err
+    for bad in (["--rate", "nan"], ["--rate", "0"], ["--clock-hz", "inf"]):
+        assert replay_main([str(episode_bag), *bad]) == 1
+        assert "--rate and --clock-hz must be positive finite numbers" in capsys.readouterr().err

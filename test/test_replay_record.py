@@ -1,15 +1,19 @@
-"""The recorder turns live topics (reliable, best effort, latched, our own Narration type) into a readable bag."""
+"""The recorder turns live topics (reliable, best effort, latched, our own Narration type) into a readable bag,
+with each publisher's offered QoS, and replay turns recorded offers back into a profile every subscriber matches."""
 
 import time
 
 import numpy as np
-from rclpy.qos import DurabilityPolicy, QoSProfile, qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rosbags.interfaces import QosDurability, QosReliability
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from test_replay_node import Child
 
 from oxygen_ros.data import bag_topics, read_messages
+from oxygen_ros.data.episode_bag import LATCHED_QOS, SENSOR_QOS, STATE_QOS
 from oxygen_ros.msg import Narration
+from oxygen_ros.nodes.bag_qos import offered_profile, replay_profile
 
 
 def wait_until(condition, timeout: float) -> bool:
@@ -56,7 +60,15 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
     assert rc == 0, output
     assert not [p for p in tmp_path.iterdir() if p.name != "rec"]  # no staging folder left
 
-    topics = {t.name: (t.msgtype, t.count) for t in bag_topics(out)}
+    infos = {t.name: t for t in bag_topics(out)}
+    topics = {name: (t.msgtype, t.count) for name, t in infos.items()}
+    offered = {name: [(q.reliability, q.durability) for q in t.qos] for name, t in infos.items()}
+    assert offered == {  # each publisher's offer, as discovery reports it (so a replay keeps it)
+        "/joint_states": [(QosReliability.RELIABLE, QosDurability.VOLATILE)],
+        "/camera/top/image_raw": [(QosReliability.BEST_EFFORT, QosDurability.VOLATILE)],
+        "/vla/narration": [(QosReliability.RELIABLE, QosDurability.VOLATILE)],
+        "/instruction": [(QosReliability.RELIABLE, QosDurability.TRANSIENT_LOCAL)],
+    }
     assert topics["/joint_states"] == ("sensor_msgs/msg/JointState", 20)
     assert topics["/vla/narration"] == ("oxygen_ros/msg/Narration", 20)
     assert topics["/instruction"] == ("std_msgs/msg/String", 1)
@@ -75,3 +87,19 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
     assert by_topic["/instruction"][0][1].data == "stack the cups"
     frames = [m for _, m in by_topic["/camera/top/image_raw"]]
     assert all(np.all(m.data == m.data[0]) and m.width == 6 for m in frames)
+
+
+def test_replay_profile_matches_every_recorded_publisher():
+    """Recorded offers (as discovery reports them: history unknown, depth 0) -> the profile replay publishes with."""
+    discovered = [offered_profile(p) for p in (
+        QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL), qos_profile_sensor_data)]
+    discovered = [q._replace(history=type(q.history).UNKNOWN, depth=0) for q in discovered]
+    latched, sensor = (replay_profile([q]) for q in discovered)
+    assert (latched.durability, latched.reliability, latched.depth) == (
+        DurabilityPolicy.TRANSIENT_LOCAL, ReliabilityPolicy.RELIABLE, 1)  # the last value reaches late subscribers
+    assert (sensor.durability, sensor.reliability, sensor.depth) == (
+        DurabilityPolicy.VOLATILE, ReliabilityPolicy.BEST_EFFORT, 100)
+    mixed = replay_profile([STATE_QOS, SENSOR_QOS, LATCHED_QOS])  # one best-effort or volatile offer decides
+    assert (mixed.reliability, mixed.durability, mixed.depth, mixed.history) == (
+        ReliabilityPolicy.BEST_EFFORT, DurabilityPolicy.VOLATILE, 100, HistoryPolicy.KEEP_LAST)
+    assert replay_profile([LATCHED_QOS, LATCHED_QOS._replace(depth=3)]).depth == 3

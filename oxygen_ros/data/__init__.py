@@ -6,9 +6,11 @@ this layer runs (and is tested) without rclpy.
 
 from .aloha import read_aloha, write_aloha
 from .bag import (
+    IncompleteBagError,
     RawMessage,
     TopicInfo,
     UnknownMessageTypeError,
+    bag_problem,
     bag_topics,
     iter_raw,
     read_messages,
@@ -20,7 +22,7 @@ from .lerobot import read_lerobot, write_lerobot
 from .synthetic import synthetic_episode
 
 __all__ = [
-    "ALOHA_JOINT_NAMES", "DataError", "Episode", "RawMessage", "TopicInfo", "UnknownMessageTypeError",
-    "bag_topics", "camera_topic", "iter_raw", "read_aloha", "read_lerobot", "read_messages", "synthetic_episode",
-    "typestore_for", "write_aloha", "write_episode_bag", "write_lerobot",
+    "ALOHA_JOINT_NAMES", "DataError", "Episode", "IncompleteBagError", "RawMessage", "TopicInfo",
+    "UnknownMessageTypeError", "bag_problem", "bag_topics", "camera_topic", "iter_raw", "read_aloha", "read_lerobot",
+    "read_messages", "synthetic_episode", "typestore_for", "write_aloha", "write_episode_bag", "write_lerobot",
 ]

@@ -9,6 +9,9 @@ frame's true length; `/observations/qpos`, `qvel`, optional
 The rows of `/compress_len` follow the recording config's camera order, which the file does not store (HDF5
 lists group members alphabetically), so the reader matches each camera to the row whose lengths end every frame
 exactly on a JPEG end-of-image marker.
+
+Every object is checked for kind (group or dataset), element type and rank before it is read, so a file of
+another layout fails with one line naming the object, never with an exception from deep inside h5py or numpy.
 """
 
 from __future__ import annotations
@@ -42,11 +45,27 @@ def aloha_episode_path(src: str | os.PathLike, episode: int | None) -> Path:
     return src
 
 
-def _dataset(f: h5py.File, name: str, path: Path) -> h5py.Dataset:
+def _array(f: h5py.File, name: str, path: Path, ndim: int, required: bool = True) -> np.ndarray | None:
+    """The numeric dataset `name` of rank `ndim` read into memory (None if optional and absent)."""
     obj = f.get(name)
+    if obj is None:
+        if required:
+            raise DataError(f"{path}: missing dataset {name}")
+        return None
     if not isinstance(obj, h5py.Dataset):
-        raise DataError(f"{path}: missing dataset {name}")
-    return obj
+        raise DataError(f"{path}: {name} is a {type(obj).__name__.lower()}, expected a dataset")
+    if obj.dtype.kind not in "biuf":
+        raise DataError(f"{path}: {name} holds {obj.dtype} values, expected numbers")
+    if obj.ndim != ndim:
+        raise DataError(f"{path}: {name} has shape {obj.shape}, expected {ndim} dimensions")
+    return obj[()]
+
+
+def _flag(f: h5py.File, name: str, path: Path) -> bool:
+    value = f.attrs.get(name, False)
+    if not isinstance(value, bool | np.bool_ | int | np.integer):
+        raise DataError(f"{path}: attribute {name!r} is {value!r}, expected a boolean")
+    return bool(value)
 
 
 def read_aloha(path: str | os.PathLike, task: str = "", fps: float = ALOHA_FPS) -> Episode:
@@ -64,19 +83,23 @@ def read_aloha(path: str | os.PathLike, task: str = "", fps: float = ALOHA_FPS) 
 
 
 def _read_open_file(f: h5py.File, path: Path, task: str, fps: float) -> Episode:
-    qpos = _dataset(f, "/observations/qpos", path)[()]
-    action = _dataset(f, "/action", path)[()]
-    qvel = f["/observations/qvel"][()] if "/observations/qvel" in f else None
-    effort = f["/observations/effort"][()] if "/observations/effort" in f else None
+    if not isinstance(f.get("/observations"), h5py.Group):
+        raise DataError(f"{path}: missing group /observations")
+    qpos = _array(f, "/observations/qpos", path, ndim=2)
+    if len(qpos) == 0:
+        raise DataError(f"{path}: the episode has no frames")
+    action = _array(f, "/action", path, ndim=2)
+    qvel = _array(f, "/observations/qvel", path, ndim=2, required=False)
+    effort = _array(f, "/observations/effort", path, ndim=2, required=False)
     group = f.get("/observations/images")
     if not isinstance(group, h5py.Group) or len(group) == 0:
         raise DataError(f"{path}: missing group /observations/images (or it has no cameras)")
-    compressed = bool(f.attrs.get("compress", False))
+    compressed = _flag(f, "compress", path)
     if compressed:
-        lengths = _dataset(f, "/compress_len", path)[()]
+        lengths = _array(f, "/compress_len", path, ndim=2)
         if lengths.shape[0] != len(group):
             raise DataError(f"{path}: /compress_len has {lengths.shape[0]} rows for {len(group)} cameras")
-    images = {cam: group[cam][()] for cam in group}
+    images = {cam: _array(f, f"/observations/images/{cam}", path, ndim=2 if compressed else 4) for cam in group}
     if compressed:
         rows = _match_compress_rows(images, lengths, path)
         images = {cam: _decode_camera(data, lengths[rows[cam]], path, cam) for cam, data in images.items()}

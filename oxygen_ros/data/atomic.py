@@ -36,3 +36,16 @@ def atomic_output(final: str | os.PathLike) -> Iterator[Path]:
         os.rename(target, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def output_folder(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a folder to write files into: `final` itself if it already is a folder, else a staging folder that
+    becomes `final` only if the block succeeds (so a failure leaves no new, empty or half-written folder)."""
+    final = Path(final)
+    if final.is_dir():
+        yield final
+        return
+    with atomic_output(final) as staging:
+        staging.mkdir()
+        yield staging

@@ -2,7 +2,8 @@
 
 SRC is an ALOHA `episode_N.hdf5` (or a folder of them, picked with --episode) or a LeRobot v3 dataset folder
 (DROID and ALOHA on the hub use that layout). Any problem with the input is reported as one line naming it,
-with exit status 1, and no output bag is left behind.
+with exit status 1, and no output bag is left behind: a file of another structure, an episode without frames,
+and state, action, velocity or effort values that are NaN or infinite (a robot would be fed them) are refused.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 from .aloha import aloha_episode_path, read_aloha
 from .episode import DataError, Episode
-from .episode_bag import DEFAULT_BASE_TIME_NS, STORAGES, write_episode_bag
+from .episode_bag import DEFAULT_BASE_TIME_NS, STORAGES, base_time_seconds, write_episode_bag
 from .lerobot import read_lerobot
 
 
@@ -25,17 +26,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap")
     parser.add_argument("--compressed-images", action="store_true", help="JPEG CompressedImage instead of rgb8")
     parser.add_argument("--task", default=None, help="instruction text (ALOHA files carry none)")
-    parser.add_argument("--base-time", type=float, default=DEFAULT_BASE_TIME_NS / 1e9,
+    parser.add_argument("--base-time", type=base_time_seconds, default=DEFAULT_BASE_TIME_NS / 1e9,
                         help="stamp of the first frame, seconds since the epoch")
     return parser
 
 
 def load_episode(fmt: str, src: str, episode: int | None, task: str | None) -> Episode:
-    """Read the requested episode from SRC; `task`, if given, replaces the source's instruction."""
+    """Read the requested episode from SRC, refusing unusable numbers; `task`, if given, replaces its instruction."""
     if fmt == "aloha":
         loaded = read_aloha(aloha_episode_path(src, episode))
     else:
         loaded = read_lerobot(src, 0 if episode is None else episode)
+    problem = loaded.numeric_problem()
+    if problem is not None:
+        raise DataError(f"{src}: episode {episode or 0}: {problem}; refusing to convert")
     if task is not None:
         loaded.task = task
     return loaded

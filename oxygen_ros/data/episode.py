@@ -16,7 +16,13 @@ ALOHA_JOINT_NAMES = tuple(f"{side}_{j}" for side in ("left", "right") for j in _
 
 
 class DataError(ValueError):
-    """An episode source or bag is unreadable or inconsistent; the message names the file and the problem."""
+    """An episode source or bag is unreadable or inconsistent; the message names the file and the problem.
+
+    It prints as one line, whatever a wrapped library error carried (YAML and HDF5 errors span several lines).
+    """
+
+    def __str__(self) -> str:
+        return " ".join(super().__str__().split())
 
 
 def default_joint_names(dim: int) -> tuple[str, ...]:
@@ -71,6 +77,22 @@ class Episode:
         if self.timestamps is not None:
             return np.asarray(self.timestamps, dtype=np.float64)
         return np.arange(self.length, dtype=np.float64) / self.fps
+
+    def numeric_problem(self) -> str | None:
+        """The first NaN or infinity in state, actions, velocity or effort, or frame times that do not increase,
+        as one line; None when the numbers are usable."""
+        for name in ("state", "actions", "velocity", "effort"):
+            values = getattr(self, name)
+            bad = np.argwhere(~np.isfinite(values)) if values is not None else ()
+            if len(bad):
+                t, j = (int(i) for i in bad[0])
+                joint = self.joint_names[j] if values.shape[1] == len(self.joint_names) else f"column {j}"
+                return (f"{name} has {len(bad)} non-finite values (first at frame {t}, {joint}: "
+                        f"{float(values[t, j])})")
+        times = self.times()
+        if not np.all(np.isfinite(times)) or np.any(np.diff(times) <= 0):
+            return "frame timestamps are not finite and strictly increasing"
+        return None
 
     def validate(self) -> None:
         """Raise DataError if arrays disagree in length, shape or dtype."""

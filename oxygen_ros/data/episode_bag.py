@@ -8,26 +8,63 @@ Topics (relative names, so a namespace or remap places them under a robot):
   episode/action                      sensor_msgs/msg/JointState: the recorded action, for evaluation only
 Every header stamp is `base_time + episode time` and the bag's log time equals it, so replay timing and the
 stamps the node sees agree.
+
+Each topic carries the QoS a live robot would offer on it (`offered_qos_profiles` in metadata.yaml, which
+`ros2 bag play` and `oxygen-ros replay` publish with): cameras the sensor-data profile (best effort, depth 5),
+`instruction` reliable and transient local (latched: a node that subscribes late still gets the task),
+`joint_states` and `episode/action` reliable.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 from pathlib import Path
 
 import numpy as np
+from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 from rosbags.rosbag2 import StoragePlugin, Writer
 
 from .atomic import atomic_output
-from .episode import Episode
+from .episode import DataError, Episode
 from .jpeg import encode_jpeg
 from .msgtypes import bag_typestore
 
 DEFAULT_BASE_TIME_NS = 1_700_000_000 * 1_000_000_000  # a fixed wall-clock-like epoch keeps outputs reproducible
+MAX_STAMP_S = 2**31 - 1  # the largest builtin_interfaces/Time.sec (an int32)
 STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
 JOINT_STATES_TOPIC = "joint_states"
 INSTRUCTION_TOPIC = "instruction"
 ACTION_TOPIC = "episode/action"
+
+
+def offered_qos(reliable: bool, latched: bool, depth: int) -> Qos:
+    """A keep-last QoS profile in the form rosbag2 stores; deadline, lifespan and lease 0 mean "not set"."""
+    unset = QosTime(sec=0, nsec=0)
+    return Qos(
+        history=QosHistory.KEEP_LAST, depth=depth,
+        reliability=QosReliability.RELIABLE if reliable else QosReliability.BEST_EFFORT,
+        durability=QosDurability.TRANSIENT_LOCAL if latched else QosDurability.VOLATILE,
+        deadline=unset, lifespan=unset, liveliness=QosLiveliness.AUTOMATIC, liveliness_lease_duration=unset,
+        avoid_ros_namespace_conventions=False,
+    )
+
+
+SENSOR_QOS = offered_qos(reliable=False, latched=False, depth=5)  # what camera drivers offer (sensor data)
+STATE_QOS = offered_qos(reliable=True, latched=False, depth=100)
+LATCHED_QOS = offered_qos(reliable=True, latched=True, depth=1)
+
+
+def base_time_seconds(text: str) -> float:
+    """A `--base-time` argument (seconds since the epoch) checked to give ROS stamps; argparse reports a bad one."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_STAMP_S:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"must be seconds from 0 to {MAX_STAMP_S}, got {text!r}")
+    return seconds
 
 
 def camera_topic(camera: str, compressed: bool = False) -> str:
@@ -61,14 +98,21 @@ def write_episode_bag(
         )
 
     stamps = base_time_ns + np.round(episode.times() * 1e9).astype(np.int64)
+    if stamps[0] < 0 or stamps[-1] // 10**9 > MAX_STAMP_S:
+        raise DataError(f"stamps from {stamps[0] / 1e9:.3f} s to {stamps[-1] / 1e9:.3f} s do not fit a ROS time "
+                        f"(0 to {MAX_STAMP_S} s); choose another base time")
     with atomic_output(out) as tmp, Writer(tmp, version=9, storage_plugin=STORAGES[storage]) as writer:
         image_type = "sensor_msgs/msg/CompressedImage" if compressed_images else "sensor_msgs/msg/Image"
-        cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store)
+        cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store,
+                                           offered_qos_profiles=[SENSOR_QOS])
                 for cam in episode.cameras}
-        joints = writer.add_connection(JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=store)
-        actions = writer.add_connection(ACTION_TOPIC, "sensor_msgs/msg/JointState", typestore=store)
+        joints = writer.add_connection(JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
+                                       offered_qos_profiles=[STATE_QOS])
+        actions = writer.add_connection(ACTION_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
+                                        offered_qos_profiles=[STATE_QOS])
         if episode.task:
-            conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store)
+            conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store,
+                                         offered_qos_profiles=[LATCHED_QOS])
             message = types["std_msgs/msg/String"](data=episode.task)
             writer.write(conn, int(stamps[0]), store.serialize_cdr(message, "std_msgs/msg/String"))
         for t, stamp in enumerate(stamps.tolist()):

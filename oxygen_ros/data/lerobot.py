@@ -7,11 +7,15 @@ video time range). Only the fields LeRobot's own loader needs are written; stats
 Feature keys: `observation.state` (or DROID's `observation.state.joint_position` + `.gripper_position`),
 `action` (or DROID's `action.joint_position` + `action.gripper_position`), `observation.images.<camera>`
 (video or image), optional `observation.velocity` / `observation.effort`.
+
+The reader checks the types of everything it uses (info.json entries, episode metadata fields, column types and
+row widths) before using it, so a dataset of another shape fails with one line naming the file and the field.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +51,7 @@ _INDEX_FEATURES = {
 
 
 def lerobot_info(root: str | os.PathLike) -> dict:
-    """meta/info.json, checked to be a v3.x dataset."""
+    """meta/info.json, checked to be a v3.x dataset with a positive fps and a features mapping."""
     path = Path(root) / "meta" / "info.json"
     try:
         info = json.loads(path.read_text())
@@ -55,13 +59,42 @@ def lerobot_info(root: str | os.PathLike) -> dict:
         raise DataError(f"{path}: missing (not a LeRobot dataset)") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: invalid JSON ({err})") from err
+    if not isinstance(info, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(info).__name__}")
     version = str(info.get("codebase_version", ""))
     if not version.startswith("v3."):
         raise DataError(f"{path}: codebase_version {version!r} is not v3.x (older layouts are not supported)")
     for key in ("fps", "features"):
         if key not in info:
             raise DataError(f"{path}: no {key!r} entry")
+    fps = info["fps"]
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or not math.isfinite(fps) or fps <= 0:
+        raise DataError(f"{path}: fps must be a positive number, got {fps!r}")
+    features = info["features"]
+    if not isinstance(features, dict) or not all(isinstance(v, dict) for v in features.values()):
+        raise DataError(f"{path}: 'features' must map each key to an object")
+    for key in ("data_path", "video_path"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise DataError(f"{path}: {key!r} must be a path template string, got {info[key]!r}")
     return info
+
+
+def _field(row: dict, key: str, kind: type | tuple[type, ...], where: str):
+    """`row[key]` checked to be of `kind` (bools are not numbers here)."""
+    if row.get(key) is None:
+        raise DataError(f"{where}: episode metadata has no {key!r} field")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise DataError(f"{where}: episode field {key!r} is {value!r}, expected {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _fill(template: str, where: str, **fields) -> str:
+    """A path template from info.json filled in; placeholders it should not have are named."""
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError, ValueError) as err:
+        raise DataError(f"{where}: path template {template!r} in info.json does not fit ({err!r})") from err
 
 
 def _read_parquet(path: Path) -> pa.Table:
@@ -82,25 +115,33 @@ def lerobot_episodes(root: str | os.PathLike) -> list[dict]:
     for path in files:
         table = _read_parquet(path)
         keep = [c for c in table.column_names if not c.startswith("stats/")]
-        rows.extend(table.select(keep).to_pylist())
+        for row in table.select(keep).to_pylist():
+            _field(row, "episode_index", int, str(path))
+            rows.append(row)
     return sorted(rows, key=lambda r: r["episode_index"])
 
 
-def _vector(table: pa.Table, key: str) -> np.ndarray:
-    """A list<float> (or scalar) column as (N, D) float32."""
+def _vector(table: pa.Table, key: str, where: Path) -> np.ndarray:
+    """A numeric list column (every row of one width) or scalar column as (N, D) float32."""
     column = table.column(key).combine_chunks()
+    values = column
     if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(
         column.type
     ):
-        flat = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-        return flat.reshape(len(table), -1)
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(table), 1)
+        widths = pc.list_value_length(column)
+        low, high = pc.min(widths).as_py(), pc.max(widths).as_py()
+        if widths.null_count or low != high:
+            raise DataError(f"{where}: column {key!r} has rows of different widths ({low} to {high}) or empty rows")
+        values = column.flatten()
+    if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+        raise DataError(f"{where}: column {key!r} holds {values.type} values, expected numbers")
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(table), -1)
 
 
 def _names(feature: dict) -> list[str]:
     names = feature.get("names")
     if isinstance(names, dict):  # older hub datasets: {"motors": [...]} or {"axes": [...]}
-        names = [n for group in names.values() for n in group]
+        names = [n for group in names.values() if isinstance(group, list) for n in group]
     return [str(n) for n in names] if isinstance(names, list) else []
 
 
@@ -108,7 +149,7 @@ def _select(table: pa.Table, features: dict, keys: Sequence[str], what: str, whe
     present = [k for k in keys if k in table.column_names]
     if not present:
         raise DataError(f"{where}: no {what} column (looked for {list(keys)})")
-    values = np.concatenate([_vector(table, k) for k in present], axis=1)
+    values = np.concatenate([_vector(table, k, where) for k in present], axis=1)
     names = [n for k in present for n in _names(features.get(k, {}))]
     return values, names if len(names) == values.shape[1] else []
 
@@ -123,16 +164,19 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
     meta = next((r for r in rows if r["episode_index"] == episode), None)
     if meta is None:
         raise DataError(f"{root}: episode {episode} out of range (dataset has {len(rows)} episodes)")
-    data_path = root / info.get("data_path", DATA_PATH).format(
-        chunk_index=meta["data/chunk_index"], file_index=meta["data/file_index"]
-    )
+    where = f"{root}: episode {episode}"
+    length = _field(meta, "length", int, where)
+    if length <= 0:
+        raise DataError(f"{where}: the episode has no frames")
+    data_path = root / _fill(info.get("data_path") or DATA_PATH, where,
+                             chunk_index=_field(meta, "data/chunk_index", int, where),
+                             file_index=_field(meta, "data/file_index", int, where))
     table = _read_parquet(data_path)
     if "episode_index" not in table.column_names:
         raise DataError(f"{data_path}: no episode_index column")
     table = table.filter(pc.equal(table.column("episode_index"), episode))
     if "frame_index" in table.column_names:
         table = table.sort_by("frame_index")
-    length = int(meta["length"])
     if len(table) != length:
         raise DataError(f"{data_path}: episode {episode} has {len(table)} frames, metadata says {length}")
 
@@ -140,7 +184,7 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
     state, joint_names = _select(table, features, state_keys, "state", data_path)
     action_keys = ["action"] if "action" in table.column_names else list(DROID_ACTION_PARTS)
     actions, _ = _select(table, features, action_keys, "action", data_path)
-    timestamps = _timestamps(table, fps)
+    timestamps = _timestamps(table, fps, data_path)
     images = {}
     for key, feature in features.items():
         if not key.startswith(IMAGE_PREFIX):
@@ -155,14 +199,18 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
         return Episode(
             images=images, state=state, actions=actions, fps=fps, task=task, joint_names=tuple(joint_names),
             timestamps=timestamps,
-            velocity=_vector(table, "observation.velocity") if "observation.velocity" in table.column_names else None,
-            effort=_vector(table, "observation.effort") if "observation.effort" in table.column_names else None,
+            velocity=_optional_vector(table, "observation.velocity", data_path),
+            effort=_optional_vector(table, "observation.effort", data_path),
         )
     except DataError as err:
         raise DataError(f"{root}: episode {episode}: {err}") from err
 
 
-def _timestamps(table: pa.Table, fps: float) -> np.ndarray | None:
+def _optional_vector(table: pa.Table, key: str, where: Path) -> np.ndarray | None:
+    return _vector(table, key, where) if key in table.column_names else None
+
+
+def _timestamps(table: pa.Table, fps: float, where: Path) -> np.ndarray | None:
     """Frame times; None (nominal i / fps) when they match it to LeRobot's 1e-4 s tolerance.
 
     The column is float32, so even a perfectly regular episode is off by up to ~1e-7 s per frame; snapping
@@ -170,7 +218,10 @@ def _timestamps(table: pa.Table, fps: float) -> np.ndarray | None:
     """
     if "timestamp" not in table.column_names:
         return None
-    times = np.asarray(table.column("timestamp").to_numpy(), dtype=np.float64)
+    times = _vector(table, "timestamp", where).astype(np.float64)
+    if times.shape[1] != 1:
+        raise DataError(f"{where}: column 'timestamp' has {times.shape[1]} values per row, expected 1")
+    times = times[:, 0]
     nominal = np.arange(len(times)) / fps
     return None if np.allclose(times, nominal, rtol=0, atol=1e-4) else times
 
@@ -179,19 +230,20 @@ def _read_video_feature(root: Path, info: dict, meta: dict, key: str, length: in
     prefix = f"videos/{key}/"
     if prefix + "chunk_index" not in meta:
         raise DataError(f"{root}: episode metadata has no video location for {key!r}")
-    path = root / info.get("video_path", VIDEO_PATH).format(
-        video_key=key, chunk_index=meta[prefix + "chunk_index"], file_index=meta[prefix + "file_index"]
-    )
+    where = f"{root}: episode {meta['episode_index']}"
+    path = root / _fill(info.get("video_path") or VIDEO_PATH, where, video_key=key,
+                        chunk_index=_field(meta, prefix + "chunk_index", int, where),
+                        file_index=_field(meta, prefix + "file_index", int, where))
     if not path.exists():
         raise DataError(f"{path}: missing video file")
-    return decode_video(path, float(meta[prefix + "from_timestamp"]), length, fps)
+    return decode_video(path, float(_field(meta, prefix + "from_timestamp", int | float, where)), length, fps)
 
 
 def _read_image_column(table: pa.Table, key: str, where: Path) -> np.ndarray:
     frames = []
     for i, cell in enumerate(table.column(key).to_pylist()):
         try:
-            frames.append(decode_image(cell["bytes"]))
+            frames.append(decode_image(cell["bytes"] if isinstance(cell, dict) else cell))
         except (ValueError, TypeError) as err:
             raise DataError(f"{where}: {key} frame {i}: {err}") from err
     return np.stack(frames)
@@ -202,13 +254,15 @@ def _episode_task(root: Path, table: pa.Table, meta: dict) -> str:
     if path.exists() and "task_index" in table.column_names and len(table):
         tasks = _read_parquet(path)
         text_column = "task" if "task" in tasks.column_names else "__index_level_0__"
-        if text_column in tasks.column_names:
+        if text_column in tasks.column_names and "task_index" in tasks.column_names:
             by_index = dict(zip(tasks.column("task_index").to_pylist(), tasks.column(text_column).to_pylist()))
             task_index = table.column("task_index")[0].as_py()
             if task_index in by_index:
                 return str(by_index[task_index])
     listed = meta.get("tasks") or []
-    return str(listed[0]) if listed else ""
+    if isinstance(listed, str):
+        return listed
+    return str(listed[0]) if isinstance(listed, list) and listed else ""
 
 
 # ----------------------------------------------------------------------------------------------- writing

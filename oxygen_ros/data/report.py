@@ -8,6 +8,10 @@ episode's recorded actions (`actions.png`), written with report.json and report.
 Replayed frames keep the episode's stamps, so receive times are converted to bag time first: through the
 recorded /clock (replay with --clock) when present, otherwise used as they are when they are on the same clock
 as the stamps (recording with use_sim_time, or a live robot). Otherwise latency is reported as unavailable.
+
+Every input is read (and the bags checked against their metadata's message counts) before DIR is touched; a new
+DIR appears only complete, so a failure leaves no empty or half-written folder. `--allow-partial` reports on a
+damaged bag's readable messages with a warning instead of refusing it.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .aloha import aloha_episode_path, read_aloha
+from .atomic import output_folder
 from .bag import read_messages
 from .episode import DataError
-from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS
+from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS, base_time_seconds
 from .lerobot import read_lerobot
 
 CHUNK_TYPE = "trajectory_msgs/msg/JointTrajectory"
@@ -47,9 +53,9 @@ class Recording:
     clock: list[tuple[int, int]] = field(default_factory=list)  # (log time, clock value)
 
 
-def load_recording(bag: str | os.PathLike) -> Recording:
+def load_recording(bag: str | os.PathLike, on_incomplete: Callable[[str], None] | None = None) -> Recording:
     rec = Recording()
-    for raw, msg in read_messages(bag):
+    for raw, msg in read_messages(bag, on_incomplete=on_incomplete):
         rec.log_times.setdefault(raw.topic, []).append(raw.log_time_ns)
         if raw.msgtype == CHUNK_TYPE and len(msg.points):
             rec.chunks.append({
@@ -122,8 +128,9 @@ class RecordedActions:
     joint_names: list[str]
 
 
-def actions_from_episode_bag(bag: str | os.PathLike) -> RecordedActions:
-    msgs = [m for _, m in read_messages(bag, [ACTION_TOPIC])]
+def actions_from_episode_bag(bag: str | os.PathLike,
+                              on_incomplete: Callable[[str], None] | None = None) -> RecordedActions:
+    msgs = [m for _, m in read_messages(bag, [ACTION_TOPIC], on_incomplete)]
     if not msgs:
         raise DataError(f"{bag}: no messages on {ACTION_TOPIC}")
     return RecordedActions(np.array([_stamp_ns(m.header.stamp) for m in msgs]),
@@ -178,15 +185,16 @@ def plot_actions(rec: Recording, recorded: RecordedActions | None, path: Path, m
     plt.close(fig)
 
 
-def write_report(bag: str | os.PathLike, out: str | os.PathLike, recorded: RecordedActions | None) -> dict:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rec = load_recording(bag)
+def write_report(bag: str | os.PathLike, out: str | os.PathLike, recorded: RecordedActions | None,
+                 on_incomplete: Callable[[str], None] | None = None) -> dict:
+    """Read `bag`, then write the report files into `out` (a new folder appears only once complete)."""
+    rec = load_recording(bag, on_incomplete)
     report = {"bag": str(bag), "topics": topic_rates(rec), "action_latency": action_latency(rec),
               "action_chunks": len(rec.chunks), "narration": narration_timeline(rec)}
-    plot_actions(rec, recorded, out / "actions.png")
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_markdown(report))
+    with output_folder(out) as folder:
+        plot_actions(rec, recorded, folder / "actions.png")
+        (folder / "report.json").write_text(json.dumps(report, indent=2))
+        (folder / "report.md").write_text(_markdown(report))
     return report
 
 
@@ -217,21 +225,24 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--episode-bag", help="the episode bag that was replayed (has episode/action)")
     source.add_argument("--episode", metavar="SRC", help="ALOHA .hdf5 / folder or LeRobot v3 dataset")
     parser.add_argument("--episode-index", type=int, default=0, help="episode within SRC")
-    parser.add_argument("--base-time", type=float, default=DEFAULT_BASE_TIME_NS / 1e9,
+    parser.add_argument("--base-time", type=base_time_seconds, default=DEFAULT_BASE_TIME_NS / 1e9,
                         help="stamp of SRC's first frame (as given to convert)")
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="report on a damaged bag's readable messages (warning) instead of refusing it")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warn = (lambda problem: print(f"warning: {problem}", file=sys.stderr)) if args.allow_partial else None
     try:
         recorded = None
         if args.episode_bag:
-            recorded = actions_from_episode_bag(args.episode_bag)
+            recorded = actions_from_episode_bag(args.episode_bag, warn)
         elif args.episode:
             recorded = actions_from_source(args.episode, args.episode_index, int(round(args.base_time * 1e9)))
-        report = write_report(args.bag, args.out, recorded)
+        report = write_report(args.bag, args.out, recorded, warn)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -3,10 +3,12 @@
 `oxygen-ros record OUT_BAG --topics T [T ...] [--storage mcap|sqlite3]`
 
 Subscriptions are raw (CDR bytes straight into the bag, no deserialization). Each topic is subscribed once it
-appears in the ROS graph, with its advertised type, best effort if any publisher is best effort (so cameras on
-sensor-data QoS are heard), and transient local if all publishers are (so latched topics are caught). The bag's
-type names and message definitions come from the kilted standard set plus our msg/ files; a topic whose type is
-unknown there is reported and skipped. Log times are this node's clock (ROS time, so with use_sim_time they are
+has a publisher in the ROS graph, with its advertised type, best effort if any publisher is best effort (so cameras
+on sensor-data QoS are heard), and transient local if all publishers are (so latched topics are caught). Each
+publisher's offered QoS is stored in the bag (`offered_qos_profiles`, as rosbag2 does), so a replay republishes
+latched topics latched and sensor streams best effort, as they were. The bag's type names and message
+definitions come from the kilted standard set plus our msg/ files; a topic whose type is unknown there is
+reported and skipped. Log times are this node's clock (ROS time, so with use_sim_time they are
 bag time). The bag is written under a temporary name and moved to OUT_BAG when closed on SIGINT/SIGTERM.
 """
 
@@ -26,6 +28,7 @@ from oxygen_ros.data.atomic import atomic_output
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.data.episode_bag import STORAGES
 from oxygen_ros.data.msgtypes import bag_typestore
+from oxygen_ros.nodes.bag_qos import offered_profile
 from oxygen_ros.nodes.lifecycle import ros_process, spin_until_stopped
 from oxygen_ros.nodes.topic_types import TopicTypeError, message_class
 
@@ -44,13 +47,16 @@ class RecordNode(Node):
 
     @property
     def pending(self) -> list[str]:
-        """Requested topics not yet seen in the graph."""
+        """Requested topics not yet published in the graph."""
         return sorted(self._pending)
 
     def _discover(self) -> None:
         advertised = dict(self.get_topic_names_and_types())
         for name in list(self._pending):
             if name not in advertised:
+                continue
+            publishers = self.get_publishers_info_by_topic(name)
+            if not publishers:  # only subscribers so far: their QoS says nothing about what will be offered
                 continue
             del self._pending[name]
             msgtype = advertised[name][0]
@@ -61,20 +67,21 @@ class RecordNode(Node):
             except TopicTypeError as err:
                 self.get_logger().error(f"{name}: {err}")
                 continue
-            connection = self._writer.add_connection(name, msgtype, typestore=self._store)
+            connection = self._writer.add_connection(
+                name, msgtype, typestore=self._store,
+                offered_qos_profiles=[offered_profile(p.qos_profile) for p in publishers])
             self.counts[name] = 0
             self.create_subscription(cls, name, lambda data, c=connection: self._write(c, data),
-                                     self._qos_for(name), raw=True)
+                                     self._qos_for(publishers), raw=True)
             self.get_logger().info(f"recording {name} ({msgtype})")
         if not self._pending:
             self._discover_timer.cancel()
 
-    def _qos_for(self, topic: str) -> QoSProfile:
-        publishers = self.get_publishers_info_by_topic(topic)
+    @staticmethod
+    def _qos_for(publishers) -> QoSProfile:
+        """A subscription that matches every publisher (best effort if any offers it; latched if all do)."""
         best_effort = any(p.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT for p in publishers)
-        latched = bool(publishers) and all(
-            p.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL for p in publishers
-        )
+        latched = all(p.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL for p in publishers)
         return QoSProfile(
             depth=100,
             reliability=ReliabilityPolicy.BEST_EFFORT if best_effort else ReliabilityPolicy.RELIABLE,

@@ -1,18 +1,25 @@
 """Replay a rosbag2 onto live topics with the bag's timing, so the VLA node can be evaluated on recorded episodes.
 
-`oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...] [--delay S]`
+`oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...] [--delay S]
+[--allow-partial]`
 
 Messages are republished as the raw CDR bytes stored in the bag (never deserialized), each at
 `start + (log_time - first_log_time) / rate` on the monotonic clock; one plain thread does the scheduling because
-publishing from outside the executor is safe and a timer per message would add executor latency. Camera-like types
-go out with sensor-data QoS (best effort), topics with a single message (e.g. the instruction) are latched
-(transient local) so late subscribers still get them, everything else is reliable. `--clock` publishes
-rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time.
+publishing from outside the executor is safe and a timer per message would add executor latency. Each topic is
+published with the QoS its publishers offered when it was recorded (`offered_qos_profiles`, see `bag_qos`), so a
+latched topic such as `instruction` stays transient local. A bag recorded without QoS gets a fallback: camera-like
+types sensor-data QoS (best effort), topics with a single message latched, everything else reliable. `--clock`
+publishes rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time.
+
+Before anything is published the whole bag is read once and counted against its metadata: a damaged or
+truncated bag is refused (exit 1) unless `--allow-partial` is given, which replays what is readable with a
+warning.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import threading
 import time
@@ -22,8 +29,9 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.utilities import remove_ros_args
 
-from oxygen_ros.data.bag import TopicInfo, bag_topics, iter_raw
+from oxygen_ros.data.bag import TopicInfo, bag_problem, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
+from oxygen_ros.nodes.bag_qos import replay_profile
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
 from oxygen_ros.nodes.topic_types import TopicTypeError, is_sensor_stream, message_class
 
@@ -44,6 +52,9 @@ def select_topics(bag: str, topics: Sequence[str] | None) -> list[tuple[TopicInf
 
 
 def qos_for(info: TopicInfo) -> QoSProfile:
+    """The recorded publishers' QoS when the bag has it, else a guess from the type and message count."""
+    if info.qos:
+        return replay_profile(info.qos)
     if is_sensor_stream(info.msgtype):
         return qos_profile_sensor_data
     if info.count == 1:
@@ -56,13 +67,16 @@ class ReplayNode(Node):
 
     def __init__(self, bag: str, rate: float = 1.0, loop: bool = False, clock: bool = False,
                  topics: Sequence[str] | None = None, clock_hz: float = 100.0,
-                 wait_for: Sequence[str] = (), context=None):
+                 wait_for: Sequence[str] = (), allow_partial: bool = False, context=None):
         if rate <= 0:
             raise ValueError(f"rate must be positive, got {rate}")
         selected = select_topics(bag, topics)
         unknown = [t for t in wait_for if t not in {info.name for info, _ in selected}]
         if unknown:
             raise DataError(f"--wait-for topics are not being replayed: {unknown}")
+        problem = bag_problem(bag, [info.name for info, _ in selected])
+        if problem is not None and not allow_partial:
+            raise DataError(f"{problem}; --allow-partial replays what is readable")
         self.wait_for = list(wait_for)
         clock_class = message_class("rosgraph_msgs/msg/Clock", "/clock") if clock else None
         super().__init__("replay", context=context)
@@ -73,6 +87,14 @@ class ReplayNode(Node):
         self._clock_pub = self.create_publisher(clock_class, "/clock", QoSProfile(depth=1)) if clock else None
         self._clock_period = 1.0 / clock_hz
         self.published = 0
+        self.incomplete = problem  # a one-line integrity problem, if the bag has one
+        if problem is not None:
+            self.get_logger().warning(f"replaying a partial bag: {problem}")
+
+    def _on_incomplete(self, problem: str) -> None:
+        if problem != self.incomplete:  # the bag changed since it was checked
+            self.incomplete = problem
+            self.get_logger().error(problem)
 
     def wait_for_subscribers(self, stop: threading.Event) -> bool:
         """Block until each `wait_for` topic has a matched subscriber (e.g. the node under test is up)."""
@@ -104,7 +126,7 @@ class ReplayNode(Node):
         """Publish the bag (repeatedly with loop) until done or `stop` is set; returns messages published."""
         while not stop.is_set():
             first_ns = wall_start = None
-            for raw in iter_raw(self.bag, self.topics):
+            for raw in iter_raw(self.bag, self.topics, on_incomplete=self._on_incomplete):
                 if first_ns is None:  # time zero is the first message, not the (slower) opening of the bag
                     first_ns, wall_start = raw.log_time_ns, time.monotonic()
                 target = wall_start + (raw.log_time_ns - first_ns) / 1e9 / self.rate
@@ -131,19 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start only once these topics have subscribers")
     parser.add_argument("--delay", type=float, default=0.5,
                         help="seconds to wait (after --wait-for) so subscribers finish matching")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="replay a damaged bag's readable messages (warning) instead of refusing it")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(remove_ros_args(argv))
-    if args.rate <= 0 or args.clock_hz <= 0:
-        print("error: --rate and --clock-hz must be positive", file=sys.stderr)
+    if not (0 < args.rate < math.inf and 0 < args.clock_hz < math.inf):  # NaN fails too
+        print("error: --rate and --clock-hz must be positive finite numbers", file=sys.stderr)
         return 1
     with ros_process("replay", argv) as (context, stop):
         try:
             node = ReplayNode(args.bag, rate=args.rate, loop=args.loop, clock=args.clock, topics=args.topics,
-                              clock_hz=args.clock_hz, wait_for=args.wait_for, context=context)
+                              clock_hz=args.clock_hz, wait_for=args.wait_for, allow_partial=args.allow_partial,
+                              context=context)
         except (DataError, TopicTypeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
@@ -152,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if node.wait_for_subscribers(stop) and not stop.wait(args.delay):
                 node.play(stop)
             node.get_logger().info(f"published {node.published} messages")
-        return 0
+        return 1 if node.incomplete is not None and not args.allow_partial else 0
 
 
 if __name__ == "__main__":
