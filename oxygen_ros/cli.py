@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from oxygen_ros import __version__
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
     "model-bench": ("oxygen_ros.bench.model_bench", "parameter counts and per-call model timings"),
@@ -27,8 +29,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
-    lines = ["usage: oxygen-ros <command> [args...]", "", "commands:"]
+    lines = ["usage: oxygen-ros [--version] <command> [args...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    lines += ["", "`oxygen-ros <command> --help` describes each command and its options."]
     return "\n".join(lines)
 
 
@@ -36,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] == "--version":
+        print(f"oxygen-ros {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
