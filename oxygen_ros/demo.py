@@ -29,7 +29,7 @@ from .data.convert import main as convert_main
 from .data.report import actions_from_episode_bag, write_report
 from .data.synthetic import synthetic_episode
 from .model.config import PRESETS
-from .processes import child_env, find_config, python_command, stop
+from .processes import demo_env, find_config, python_command, stop
 
 CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
 PARAMETER_FILES = ("aloha.yaml", "demo_tiny.yaml")
@@ -71,7 +71,7 @@ def make_episode_bag(out: Path, seconds: float) -> tuple[Path, Path]:
 def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path) -> Path:
     """Recorder + VLA node + replay; returns the recorded bag once the replay has finished."""
     run_bag = out / "run_bag"
-    env = child_env()
+    env = demo_env(args.user_domain, "demo")
     node_cmd = node_command(args, out)
     logs = {name: open(out / f"{name}.log", "w") for name in ("record", "vla_node", "replay")}
     processes: dict[str, subprocess.Popen] = {}
@@ -160,6 +160,9 @@ def build_parser() -> CommandParser:
                         help="control.rate_hz for the VLA node (default: 10, from config/demo_tiny.yaml)")
     parser.add_argument("--timeout", type=positive_float, default=300.0,
                         help="give up after this many wall seconds")
+    parser.add_argument("--user-domain", action="store_true",
+                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
+                        "localhost-only domain (other nodes on it then see the demo's synthetic topics)")
     return parser
 
 

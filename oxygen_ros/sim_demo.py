@@ -24,7 +24,7 @@ import yaml
 
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
-from oxygen_ros.processes import child_env, find_config, python_command, stop
+from oxygen_ros.processes import demo_env, find_config, python_command, stop
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
 MODEL_CAMERA_KEYS = {"top": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
@@ -45,9 +45,9 @@ def policy_command(args: argparse.Namespace, out: Path) -> list[str]:
     """The policy node with the VLA node's parameter files, then the sim's overrides as one more file.
 
     By default the files of `oxygen-ros demo` (config/aloha.yaml, then config/demo_tiny.yaml: tiny-sized chunks and
-    narration settings). The overrides (sim time, the sim's camera topics and image keys, preset, rate) go into
-    `out/policy_overrides.yaml`, loaded last: later parameter files win over earlier ones, which `-p` on top of
-    several files does not guarantee.
+    narration settings). The overrides (sim time, the sim's camera topics and image keys, preset, rate, then each
+    `--policy-param NAME:=VALUE`) go into `out/policy_overrides.yaml`, loaded last: later parameter files win over
+    earlier ones, whereas a `-p` given after parameter files loses to them.
     """
     command = [*python_command(args.policy), "--ros-args"]
     files = [Path(args.params_file)] if args.params_file else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")]
@@ -59,13 +59,18 @@ def policy_command(args: argparse.Namespace, out: Path) -> list[str]:
                     "compressed": [False] * len(args.cameras)},
         "control": {"rate_hz": float(args.policy_rate)},
     }
+    for override in args.policy_param:
+        name, _, value = override.partition(":=")
+        *groups, leaf = name.split(".")
+        level = overrides
+        for group in groups:
+            level = level.setdefault(group, {})
+        level[leaf] = yaml.safe_load(value)
     overrides_file = out / "policy_overrides.yaml"
     overrides_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": overrides}}, sort_keys=False))
     for params_file in [*files, overrides_file]:
         if params_file is not None:
             command += ["--params-file", str(params_file)]
-    for override in args.policy_param:
-        command += ["-p", override]
     return command
 
 def sim_summary(log: str) -> dict | None:
@@ -120,6 +125,13 @@ def report_lines(summary: dict) -> list[str]:
     ]
 
 
+def parameter_override(text: str) -> str:
+    name, separator, _ = text.partition(":=")
+    if not separator or not name or any(not part for part in name.split(".")):
+        raise argparse.ArgumentTypeError(f"expected NAME:=VALUE, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxygen-ros sim-demo", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
@@ -135,9 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="tiny", help="model.preset for the VLA node")
     parser.add_argument("--policy-rate", type=float, default=10.0, help="control.rate_hz for the VLA node")
     parser.add_argument("--params-file", default=None, help="policy parameter file (default: config/aloha.yaml)")
-    parser.add_argument("--policy-param", nargs="*", default=[], metavar="NAME:=VALUE", help="extra -p overrides")
+    parser.add_argument("--policy-param", nargs="*", default=[], type=parameter_override, metavar="NAME:=VALUE",
+                        help="more policy node parameters, loaded after its parameter files (YAML values)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up after this many wall seconds")
     parser.add_argument("--no-video", action="store_true", help="skip the mp4")
+    parser.add_argument("--user-domain", action="store_true",
+                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
+                        "localhost-only domain (other nodes on it then see the sim's /clock and topics)")
     return parser
 
 
@@ -149,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = out / "episodes"
-    env = child_env()
+    env = demo_env(args.user_domain, "sim-demo")
     sim_log, policy_log = out / "sim_node.log", out / "policy.log"
     print(f"sim-demo: {args.task}, {args.blending}, cameras {args.cameras} at {args.size[0]}x{args.size[1]}, "
           f"policy {args.policy}")

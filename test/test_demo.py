@@ -2,11 +2,14 @@
 report. Real processes, real DDS, real bags; only the episode is shorter than the README's default."""
 
 import json
+import re
 import subprocess
 import sys
 
 from oxygen_ros.cli_parser import OUTPUT_MARKER, claim_output_dir
 from oxygen_ros.demo import main
+
+from ros_test_utils import listen_while_running
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys, ros_env, monkeypatch):
@@ -39,14 +42,25 @@ def run_demo(args: list[str], env: dict, timeout: float = 300) -> subprocess.Com
                           text=True, timeout=timeout)
 
 
-def test_demo_preset_and_rate_reach_the_node(tmp_path, ros_env):
+def test_demo_flags_reach_the_node_on_an_isolated_domain(tmp_path, ros_env, ros_context, ros_domain_id):
+    """--preset and --rate-hz reach the node; the demo runs on its own domain: a node on the shell's domain hears
+    none of its synthetic sensors or chunks."""
+    from sensor_msgs.msg import Image, JointState
+    from trajectory_msgs.msg import JointTrajectory
+
     out = tmp_path / "demo"
-    result = run_demo(["--out", str(out), "--seconds", "3", "--preset", "small", "--rate-hz", "5"], ros_env)
+    command = [sys.executable, "-m", "oxygen_ros.cli", "demo", "--out", str(out), "--seconds", "3", "--preset",
+               "small", "--rate-hz", "5"]
+    topics = {"action_chunk": JointTrajectory, "joint_states": JointState, "camera/cam_high/image_raw": Image}
+    result, heard = listen_while_running(ros_context, command, ros_env, topics, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     node_log = (out / "vla_node.log").read_text()
     assert "preset small on cpu" in node_log and ", 5 Hz," in node_log, node_log[:2000]
     report = json.loads((out / "summary.json").read_text())["report"]
     assert 0 < report["topics"]["/action_chunk"]["rate_hz"] < 7  # 5 Hz, not the file's 10 Hz
+    domain = re.search(r"isolated DDS domain, ROS_DOMAIN_ID=(\d+), localhost-only discovery", result.stdout)
+    assert domain and int(domain.group(1)) != ros_domain_id, result.stdout
+    assert heard == dict.fromkeys(topics, 0)
 
 
 def test_demo_refuses_a_bad_preset_in_one_line(tmp_path, ros_env):
