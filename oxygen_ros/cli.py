@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from oxygen_ros import __version__
+from oxygen_ros.command_line import UsageError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
@@ -48,7 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"oxygen-ros: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except UsageError as error:
+        print(f"oxygen-ros {name}: error: {error} (see --help)", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as error:
+        # A file that is missing, unreadable or malformed: one line, not a traceback.
+        print(f"oxygen-ros {name}: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

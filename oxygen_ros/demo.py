@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from .cli_parser import CommandParser, UsageError, claim_output_dir
+from .command_line import CommandParser, UsageError, claim_output_dir
 from .data.aloha import write_aloha
 from .data.bag import read_messages
 from .data.convert import main as convert_main

@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
+from oxygen_ros.model.config import PRESETS
 from oxygen_ros.processes import demo_env, find_config, python_command, stop
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
@@ -133,18 +135,21 @@ def parameter_override(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros sim-demo", description=__doc__.splitlines()[0])
+    parser = CommandParser("sim-demo", __doc__)
     parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
-    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube")
-    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc")
+    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
+                        help="gym-aloha task")
+    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc",
+                        help="how the sim hands over from one action chunk to the next")
     parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
                         help="sim cameras rendered and fed to the policy (the tiny preset takes two)")
-    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="out/sim_demo", help="output folder")
+    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
+                        help="rendered image size")
+    parser.add_argument("--seed", type=int, default=0, help="episode seed (cube placement)")
+    parser.add_argument("--out", default="out/sim_demo", help="output folder (files of an earlier run are overwritten)")
     parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
                         help="policy node: a module run with -m, or a .py script")
-    parser.add_argument("--preset", default="tiny", help="model.preset for the VLA node")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model.preset for the VLA node")
     parser.add_argument("--policy-rate", type=float, default=10.0, help="control.rate_hz for the VLA node")
     parser.add_argument("--params-file", default=None, help="policy parameter file (default: config/aloha.yaml)")
     parser.add_argument("--policy-param", nargs="*", default=[], type=parameter_override, metavar="NAME:=VALUE",

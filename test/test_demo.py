@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from oxygen_ros.cli_parser import OUTPUT_MARKER, claim_output_dir
+from oxygen_ros.command_line import OUTPUT_MARKER, claim_output_dir
 from oxygen_ros.demo import main
 
 from ros_test_utils import listen_while_running

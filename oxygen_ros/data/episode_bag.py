@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from rosbags.rosbag2 import StoragePlugin, Writer
 
+from ..command_line import progress
 from .atomic import atomic_output
 from .episode import Episode
 from .jpeg import encode_jpeg
@@ -71,7 +72,7 @@ def write_episode_bag(
             conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store)
             message = types["std_msgs/msg/String"](data=episode.task)
             writer.write(conn, int(stamps[0]), store.serialize_cdr(message, "std_msgs/msg/String"))
-        for t, stamp in enumerate(stamps.tolist()):
+        for t, stamp in enumerate(progress(stamps.tolist(), desc="frames")):
             for cam, conn in cams.items():
                 frame = episode.images[cam][t]
                 if compressed_images:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..command_line import CommandParser
 from .aloha import aloha_episode_path, read_aloha
 from .bag import read_messages
 from .episode import DataError
@@ -211,7 +212,7 @@ def _markdown(report: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros report", description=__doc__.splitlines()[0])
+    parser = CommandParser("report", __doc__)
     parser.add_argument("bag", help="recorded rosbag2 of the node's outputs")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--episode-bag", help="the episode bag that was replayed (has episode/action)")

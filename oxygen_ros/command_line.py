@@ -1,11 +1,16 @@
 """What every `oxygen-ros` subcommand shares on its command line: help that shows defaults, user mistakes reported
-in one line (exit status 2) instead of a traceback, and output folders that are never someone else's files."""
+in one line (exit status 2) instead of a traceback, output folders that are never someone else's files, and
+progress bars on long work."""
 
 from __future__ import annotations
 
 import argparse
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 OUTPUT_MARKER = ".oxygen-ros-output"
 
@@ -32,6 +37,20 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def existing_file(text: str) -> str:
+    """argparse type: a path that must name an existing file."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterable[T]:
+    """A progress bar on stderr while a person watches (a terminal); silent in logs, pipes and tests."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, disable=None, leave=False, dynamic_ncols=True)
 
 
 def claim_output_dir(path: Path) -> Path:
