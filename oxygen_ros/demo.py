@@ -131,6 +131,8 @@ def summary_lines(report: dict, status: dict, seconds: float) -> list[str]:
                      f"(frame stamp -> chunk received)")
     else:
         lines.append(f"  action latency     unavailable: {latency['reason']}")
+    if latency.get("warning"):
+        lines.append(f"  warning            {latency['warning']}")
     if status:
         lines.append(f"  engine             act p50 {status['action_latency_p50_ms']:.1f} ms, p99 "
                      f"{status['action_latency_p99_ms']:.1f} ms, {status['deadline_misses']} deadline misses, "
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         hdf5, episode_bag = make_episode_bag(out, args.seconds)
         print(f"demo: wrote {hdf5} and {episode_bag}; replaying it into vla_node", flush=True)
         run_bag = run_nodes(args, out, episode_bag)
-        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag))
+        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag), random_weights=True)
         status = engine_status(run_bag)
     except Exception as error:  # noqa: BLE001 - one clear line for the person running the demo
         print(f"demo failed: {error}", file=sys.stderr)

@@ -38,13 +38,14 @@ def subcommand_parsers(monkeypatch) -> dict[str, argparse.ArgumentParser]:
     parsers = {}
 
     def catch(self, args=None, namespace=None):
-        parsers[current] = self
+        parsers[self.prog.removeprefix("oxygen-ros ")] = self
         raise _Parsed
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
-    for current, (module, _) in SUBCOMMANDS.items():
+    for module, _ in SUBCOMMANDS.values():
         with pytest.raises(_Parsed):
             importlib.import_module(module).main(["--help"])
+    assert sorted(parsers) == sorted(SUBCOMMANDS)
     return parsers
 
 
