@@ -29,6 +29,7 @@ from oxygen_ros.model.config import PRESETS
 from oxygen_ros.processes import demo_env, find_config, python_command, stop
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
+SCRIPTED = "scripted"
 MODEL_CAMERA_KEYS = {"top": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
 
 
@@ -51,16 +52,23 @@ def policy_command(args: argparse.Namespace, out: Path) -> list[str]:
     `--policy-param NAME:=VALUE`) go into `out/policy_overrides.yaml`, loaded last: later parameter files win over
     earlier ones, whereas a `-p` given after parameter files loses to them.
     """
-    command = [*python_command(args.policy), "--ros-args"]
-    files = [Path(args.params_file)] if args.params_file else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")]
-    overrides = {
-        "use_sim_time": True,
-        "model": {"preset": args.preset},
-        "cameras": {"topics": [f"camera/{cam}/image_raw" for cam in args.cameras],
-                    "keys": [MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras],
-                    "compressed": [False] * len(args.cameras)},
-        "control": {"rate_hz": float(args.policy_rate)},
-    }
+    if args.policy == SCRIPTED:
+        # The scripted plan (oxygen_ros/sim/scripted.py) knows the cube pose from the sim's seed.
+        command = [*python_command("oxygen_ros.nodes.scripted_policy"), "--ros-args"]
+        files = []
+        overrides = {"use_sim_time": True, "seed": args.seed, "camera": args.cameras[0]}
+    else:
+        command = [*python_command(args.policy), "--ros-args"]
+        files = ([Path(args.params_file)] if args.params_file
+                 else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")])
+        overrides = {
+            "use_sim_time": True,
+            "model": {"preset": args.preset},
+            "cameras": {"topics": [f"camera/{cam}/image_raw" for cam in args.cameras],
+                        "keys": [MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras],
+                        "compressed": [False] * len(args.cameras)},
+            "control": {"rate_hz": float(args.policy_rate)},
+        }
     for override in args.policy_param:
         name, _, value = override.partition(":=")
         *groups, leaf = name.split(".")
@@ -80,22 +88,35 @@ def sim_summary(log: str) -> dict | None:
     return json.loads(match.group(1)) if match else None
 
 
-def contact_sheet(images: dict[str, np.ndarray], path: Path, rows: int = 6) -> Path:
-    """Frames at evenly spaced times (rows) for every camera (columns), with 4-pixel gaps."""
-    from PIL import Image
+LABEL_TOP, LABEL_LEFT = 14, 52  # pixels for the camera names above and the times left of the frames
+
+
+def contact_sheet(images: dict[str, np.ndarray], path: Path, fps: float, rows: int = 6) -> Path:
+    """Frames at evenly spaced times (rows) for every camera (columns), with 4-pixel gaps; camera names on top,
+    each row's episode time on the left."""
+    from PIL import Image, ImageDraw
 
     length = next(iter(images.values())).shape[0]
     picks = np.linspace(0, length - 1, min(rows, length)).round().astype(int)
     height = max(frames.shape[1] for frames in images.values())
     width = sum(frames.shape[2] for frames in images.values()) + 4 * (len(images) - 1)
-    sheet = np.full((len(picks) * (height + 4) - 4, width, 3), 255, dtype=np.uint8)
+    sheet = np.full((LABEL_TOP + len(picks) * (height + 4) - 4, LABEL_LEFT + width, 3), 255, dtype=np.uint8)
     for r, t in enumerate(picks):
-        x = 0
+        x = LABEL_LEFT
         for frames in images.values():
             h, w = frames.shape[1:3]
-            sheet[r * (height + 4): r * (height + 4) + h, x: x + w] = frames[t]
+            top = LABEL_TOP + r * (height + 4)
+            sheet[top: top + h, x: x + w] = frames[t]
             x += w + 4
-    Image.fromarray(sheet).save(path)
+    picture = Image.fromarray(sheet)
+    draw = ImageDraw.Draw(picture)
+    x = LABEL_LEFT
+    for camera, frames in images.items():
+        draw.text((x + 2, 1), camera, fill=(0, 0, 0))
+        x += frames.shape[2] + 4
+    for r, t in enumerate(picks):
+        draw.text((2, LABEL_TOP + r * (height + 4) + 2), f"t={t / fps:.2f}s", fill=(0, 0, 0))
+    picture.save(path)
     return path
 
 
@@ -124,7 +145,8 @@ def report_lines(summary: dict) -> list[str]:
         f"held steps (no chunk covering): {summary['held_steps']} of {summary['step']}",
         f"episodes: {summary['episode']} ended, {summary['successes']} succeeded, "
         f"{summary['diverged_episodes']} ended by diverging physics",
-    ]
+    ] + [f"episode {i} reward: best stage {best:g} of {summary['task_max_reward']:g} "
+         f"({summary['reward_stages'][int(best)]})" for i, best in enumerate(summary["episode_max_rewards"])]
 
 
 def parameter_override(text: str) -> str:
@@ -148,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="episode seed (cube placement)")
     parser.add_argument("--out", default="out/sim_demo", help="output folder (files of an earlier run are overwritten)")
     parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
-                        help="policy node: a module run with -m, or a .py script")
+                        help=f"policy node: a module run with -m, a .py script, or `{SCRIPTED}` (transfer_cube only: "
+                        "a scripted, not learned, plan that grasps the cube and lifts it)")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model.preset for the VLA node")
     parser.add_argument("--policy-rate", type=float, default=10.0, help="control.rate_hz for the VLA node")
     parser.add_argument("--params-file", default=None, help="policy parameter file (default: config/aloha.yaml)")
@@ -163,10 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.seconds <= 0:
-        print("error: --seconds must be positive", file=sys.stderr)
-        return 1
+        parser.error("--seconds must be positive")
+    if args.policy == SCRIPTED and args.task != "transfer_cube":
+        parser.error(f"--policy {SCRIPTED} has a plan for --task transfer_cube only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = out / "episodes"
@@ -204,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if summary["episodes_written"]:
         episode = read_aloha(summary["episodes_written"][0])
-        print(f"wrote {contact_sheet(episode.images, out / 'contact_sheet.png')}")
+        print(f"wrote {contact_sheet(episode.images, out / 'contact_sheet.png', episode.fps)}")
         if not args.no_video:
             codec = encode_video(out / "sim_demo.mp4", side_by_side(episode.images), fps=episode.fps)
             print(f"wrote {out / 'sim_demo.mp4'} ({codec})")
