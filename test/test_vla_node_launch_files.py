@@ -3,7 +3,7 @@
 Package and executable names must match package.xml, setup.py and CMakeLists.txt; every LaunchConfiguration must
 be declared; parameter overrides must be parameters the node declares; the default parameter file, the included
 launch file and the replay command's options must exist. `ros2 launch` itself is exercised on a ROS 2 install by
-test/launch/test_vla_node.launch.py.
+test/launch/test_vla_node_launch.py.
 """
 
 import ast
@@ -78,7 +78,7 @@ def share_path(call: ast.Call) -> Path:
     return REPO.joinpath(*(p.value for p in parts[1:]))
 
 
-@pytest.mark.parametrize("launch_file", ["launch/oxygen.launch.py", "test/launch/test_vla_node.launch.py"])
+@pytest.mark.parametrize("launch_file", ["launch/oxygen.launch.py", "test/launch/test_vla_node_launch.py"])
 def test_vla_node_is_started_by_its_installed_name(launch_file):
     tree = parse(launch_file)
     (node,) = calls(tree, "Node")
@@ -128,7 +128,7 @@ def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
 
 
 def test_launch_test_parameters_are_node_parameters_and_the_config_is_installed():
-    tree = parse("test/launch/test_vla_node.launch.py")
+    tree = parse("test/launch/test_vla_node_launch.py")
     (node,) = calls(tree, "Node")
     params_file, overrides = keyword(node, "parameters").elts
     assert {key.value for key in overrides.keys} <= NODE_PARAMETERS
@@ -193,3 +193,13 @@ def test_fleet_launch_starts_fleet_node_with_its_installed_parameter_file():
     assert set(parameters) == set(declared)
     assert all(type(parameters[k]) is type(v) for k, v in declared.items()), "a type differs from the node's"
     assert len(parameters["robots"]) == len(parameters["robot_models"])
+
+
+def test_launch_tests_are_importable_by_plain_pytest():
+    """A module name with an extra dot (x.launch.py) cannot be imported, so pytest with launch_testing's plugin
+    would fail on it; the files must also match what CMakeLists registers with add_launch_test."""
+    files = sorted((REPO / "test" / "launch").glob("test_*"))
+    assert files
+    for path in files:
+        assert path.suffix == ".py" and path.stem.isidentifier(), path.name
+    assert 'file(GLOB launch_tests "test/launch/test_*.py")' in (REPO / "CMakeLists.txt").read_text()
