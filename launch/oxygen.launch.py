@@ -1,31 +1,42 @@
 """Start the VLA node for one robot: `ros2 launch oxygen_ros oxygen.launch.py [namespace:=robot3]
-[params_file:=...] [preset:=tiny|small|pi05] [checkpoint:=DIR tokenizer:=FILE] [use_sim_time:=true]`.
+[params_file:=a.yaml,b.yaml] [preset:=tiny|small|pi05] [checkpoint:=DIR tokenizer:=FILE] [use_sim_time:=true]
+[diagnostics_aggregator:=true]`.
 
-The parameter file (default: the installed config/aloha.yaml) describes the robot; preset, checkpoint and tokenizer
-override the file only when given, so an empty argument never replaces a value the file sets. All the node's
-topics are relative, so `namespace` puts a whole robot under one prefix and several robots can run side by side.
+The parameter files (default: the installed config/aloha.yaml; several separated by commas, later ones overriding
+earlier ones, e.g. config/aloha.yaml,config/demo_tiny.yaml) describe the robot; preset, checkpoint and tokenizer
+override them only when given, so an empty argument never replaces a value a file sets. All the node's topics are
+relative, so `namespace` puts a whole robot under one prefix and several robots can run side by side.
+`diagnostics_aggregator:=true` also starts diagnostic_aggregator with config/diagnostics_aggregator.yaml (when
+that package is installed), so rqt_robot_monitor shows the node under /diagnostics_agg.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, LogInfo, OpaqueFunction
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
+from oxygen_ros.launch_helpers import parameter_files
+
 ARGUMENTS = (
     ("namespace", "", "ROS namespace of the robot (empty: none)"),
     ("params_file", PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "aloha.yaml"]),
-     "VLA node parameter file (robot layout, rates, language policy)"),
+     "VLA node parameter file(s), comma separated, later ones override earlier ones"),
     ("use_sim_time", "false", "use /clock (e.g. from `oxygen-ros replay --clock`) as the node's time"),
     ("preset", "", "model.preset override: tiny, small or pi05 (empty: as in params_file)"),
     ("checkpoint", "", "model.checkpoint override: a pi05 checkpoint folder (empty: as in params_file)"),
     ("tokenizer", "", "model.tokenizer override: SentencePiece file (empty: as in params_file)"),
+    ("diagnostics_aggregator", "false", "also start diagnostic_aggregator (if installed) for /diagnostics_agg"),
 )
 OVERRIDES = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer"}
 
 
+def truthy(context, name: str) -> bool:
+    return LaunchConfiguration(name).perform(context).lower() in ("true", "1")
+
+
 def vla_node(context):
-    overrides = {"use_sim_time": LaunchConfiguration("use_sim_time").perform(context).lower() in ("true", "1")}
+    overrides = {"use_sim_time": truthy(context, "use_sim_time")}
     for argument, parameter in OVERRIDES.items():
         value = LaunchConfiguration(argument).perform(context)
         if value:
@@ -34,14 +45,33 @@ def vla_node(context):
         package="oxygen_ros",
         executable="vla_node",
         namespace=LaunchConfiguration("namespace"),
-        parameters=[LaunchConfiguration("params_file"), overrides],
+        parameters=[*parameter_files(LaunchConfiguration("params_file").perform(context)), overrides],
         output="screen",
         emulate_tty=True,
+    )]
+
+
+def aggregator(context):
+    if not truthy(context, "diagnostics_aggregator"):
+        return []
+    from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
+
+    try:
+        get_package_share_directory("diagnostic_aggregator")
+    except PackageNotFoundError:
+        return [LogInfo(msg="diagnostics_aggregator:=true but diagnostic_aggregator is not installed "
+                            "(apt: ros-$ROS_DISTRO-diagnostic-aggregator); /diagnostics is still published")]
+    return [Node(
+        package="diagnostic_aggregator",
+        executable="aggregator_node",
+        parameters=[PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "diagnostics_aggregator.yaml"]),
+                    {"use_sim_time": truthy(context, "use_sim_time")}],
+        output="screen",
     )]
 
 
 def generate_launch_description():
     return LaunchDescription(
         [DeclareLaunchArgument(name, default_value=default, description=text) for name, default, text in ARGUMENTS]
-        + [OpaqueFunction(function=vla_node)]
+        + [OpaqueFunction(function=vla_node), OpaqueFunction(function=aggregator)]
     )

@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib
 import sys
 
+from oxygen_ros import __version__
+from oxygen_ros.command_line import UsageError
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
     "model-bench": ("oxygen_ros.bench.model_bench", "parameter counts and per-call model timings"),
@@ -27,8 +30,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
-    lines = ["usage: oxygen-ros <command> [args...]", "", "commands:"]
+    lines = ["usage: oxygen-ros [--version] <command> [args...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    lines += ["", "`oxygen-ros <command> --help` describes each command and its options."]
     return "\n".join(lines)
 
 
@@ -37,12 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
+    if argv[0] == "--version":
+        print(f"oxygen-ros {__version__}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"oxygen-ros: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except UsageError as error:
+        print(f"oxygen-ros {name}: error: {error} (see --help)", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as error:
+        # A file that is missing, unreadable or malformed: one line, not a traceback.
+        print(f"oxygen-ros {name}: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

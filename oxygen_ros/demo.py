@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import yaml
+
+from .command_line import CommandParser, UsageError, claim_output_dir
 from .data.aloha import write_aloha
 from .data.bag import read_messages
 from .data.convert import main as convert_main
 from .data.report import actions_from_episode_bag, write_report
 from .data.synthetic import synthetic_episode
-from .processes import child_env, find_config, python_command, stop
+from .model.config import PRESETS
+from .processes import demo_env, find_config, python_command, stop
 
 CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
 PARAMETER_FILES = ("aloha.yaml", "demo_tiny.yaml")
@@ -34,19 +37,26 @@ TASK = "pick up the red cube and place it in the bowl"
 RECORDED_TOPICS = ("action_chunk", "narration", "engine_status", "/clock")
 
 
-def node_command(args: argparse.Namespace) -> list[str]:
+def node_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """The VLA node with the demo's parameter files, then this run's overrides as one more file.
+
+    The overrides (sim time, `--preset`, `--rate-hz`) go into `out/node_overrides.yaml`, loaded last: later
+    parameter files win, whereas a `-p` given after parameter files loses to them.
+    """
     command = [*python_command("oxygen_ros.nodes.vla_node"), "--ros-args"]
     for name in PARAMETER_FILES:
         path = find_config(name)
         if path is None:
             raise RuntimeError(f"config/{name} not found (source tree or share/oxygen_ros/config)")
         command += ["--params-file", str(path)]
-    overrides = ["use_sim_time:=true"]
+    overrides: dict = {"use_sim_time": True}
     if args.preset:
-        overrides.append(f"model.preset:={args.preset}")
+        overrides["model"] = {"preset": args.preset}
     if args.rate_hz:
-        overrides.append(f"control.rate_hz:={args.rate_hz}")
-    return command + [x for override in overrides for x in ("-p", override)]
+        overrides["control"] = {"rate_hz": float(args.rate_hz)}
+    overrides_file = out / "node_overrides.yaml"
+    overrides_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": overrides}}, sort_keys=False))
+    return command + ["--params-file", str(overrides_file)]
 
 
 def make_episode_bag(out: Path, seconds: float) -> tuple[Path, Path]:
@@ -61,8 +71,8 @@ def make_episode_bag(out: Path, seconds: float) -> tuple[Path, Path]:
 def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path) -> Path:
     """Recorder + VLA node + replay; returns the recorded bag once the replay has finished."""
     run_bag = out / "run_bag"
-    env = child_env()
-    node_cmd = node_command(args)
+    env = demo_env(args.user_domain, "demo")
+    node_cmd = node_command(args, out)
     logs = {name: open(out / f"{name}.log", "w") for name in ("record", "vla_node", "replay")}
     processes: dict[str, subprocess.Popen] = {}
     try:
@@ -121,6 +131,8 @@ def summary_lines(report: dict, status: dict, seconds: float) -> list[str]:
                      f"(frame stamp -> chunk received)")
     else:
         lines.append(f"  action latency     unavailable: {latency['reason']}")
+    if latency.get("warning"):
+        lines.append(f"  warning            {latency['warning']}")
     if status:
         lines.append(f"  engine             act p50 {status['action_latency_p50_ms']:.1f} ms, p99 "
                      f"{status['action_latency_p99_ms']:.1f} ms, {status['deadline_misses']} deadline misses, "
@@ -131,27 +143,43 @@ def summary_lines(report: dict, status: dict, seconds: float) -> list[str]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="out/demo", help="output folder (replaced)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of the generated episode")
-    parser.add_argument("--preset", help="model.preset override (default: tiny, from config/demo_tiny.yaml)")
-    parser.add_argument("--rate-hz", type=float, help="control.rate_hz override (default: 10)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many wall seconds")
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> CommandParser:
+    parser = CommandParser("demo", __doc__)
+    parser.add_argument("--out", default="out/demo",
+                        help="output folder: created, or replaced if an earlier oxygen-ros run made it; any other "
+                        "non-empty folder is refused")
+    parser.add_argument("--seconds", type=positive_float, default=20.0, help="length of the generated episode")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="model.preset for the VLA node (default: tiny, from config/demo_tiny.yaml)")
+    parser.add_argument("--rate-hz", type=positive_float,
+                        help="control.rate_hz for the VLA node (default: 10, from config/demo_tiny.yaml)")
+    parser.add_argument("--timeout", type=positive_float, default=300.0,
+                        help="give up after this many wall seconds")
+    parser.add_argument("--user-domain", action="store_true",
+                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
+                        "localhost-only domain (other nodes on it then see the demo's synthetic topics)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        out = claim_output_dir(Path(args.out))
+    except UsageError as error:
+        parser.error(str(error))
     try:
         hdf5, episode_bag = make_episode_bag(out, args.seconds)
         print(f"demo: wrote {hdf5} and {episode_bag}; replaying it into vla_node", flush=True)
         run_bag = run_nodes(args, out, episode_bag)
-        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag))
+        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag), random_weights=True)
         status = engine_status(run_bag)
     except Exception as error:  # noqa: BLE001 - one clear line for the person running the demo
         print(f"demo failed: {error}", file=sys.stderr)

@@ -4,7 +4,9 @@ full ROS 2 install: same executables, same parameter files)."""
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +34,48 @@ def child_env() -> dict:
     env.setdefault("MUJOCO_GL", "egl")
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _fastdds_port_free(domain: int) -> bool:
+    """Whether the unicast discovery port of participant 0 on `domain` is free on this machine (Fast DDS' and
+    Cyclone DDS' default port mapping, 7410 + 250 * domain): no DDS participant here uses that domain yet."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", 7410 + 250 * domain))
+        except OSError:
+            return False
+    return True
+
+
+def free_domain_id(avoid: int | None = None) -> int:
+    """A ROS_DOMAIN_ID in 1..101 (the range safe on Linux) that no DDS participant on this machine uses."""
+    for domain in random.sample(range(1, 102), 101):
+        if domain != avoid and _fastdds_port_free(domain):
+            return domain
+    raise RuntimeError("no free ROS_DOMAIN_ID in 1..101 on this machine")
+
+
+def isolate_ros(env: dict) -> tuple[dict, int]:
+    """`env` moved onto a free DDS domain with localhost-only discovery, so demo nodes neither reach nor hear a
+    robot's network; returns the environment and the domain."""
+    current = env.get("ROS_DOMAIN_ID", "")
+    domain = free_domain_id(avoid=int(current) if current.isdigit() else 0)
+    env = dict(env, ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
+    env.pop("ROS_STATIC_PEERS", None)
+    return env, domain
+
+
+def demo_env(user_domain: bool, command: str) -> dict:
+    """The children's environment of a demo: isolated (the default) or the user's own domain; says which."""
+    env = child_env()
+    if user_domain:
+        print(f"{command}: on this shell's DDS domain {env.get('ROS_DOMAIN_ID', '0')} (--user-domain): other "
+              "nodes on it see the demo's topics", flush=True)
+        return env
+    env, domain = isolate_ros(env)
+    print(f"{command}: on an isolated DDS domain, ROS_DOMAIN_ID={domain}, localhost-only discovery "
+          "(--user-domain runs on this shell's domain instead)", flush=True)
     return env
 
 

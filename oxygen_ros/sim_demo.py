@@ -22,11 +22,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
-from oxygen_ros.processes import child_env, find_config, python_command, stop
+from oxygen_ros.model.config import PRESETS
+from oxygen_ros.processes import demo_env, find_config, python_command, stop
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
+SCRIPTED = "scripted"
 MODEL_CAMERA_KEYS = {"top": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
 
 
@@ -45,27 +48,39 @@ def policy_command(args: argparse.Namespace, out: Path) -> list[str]:
     """The policy node with the VLA node's parameter files, then the sim's overrides as one more file.
 
     By default the files of `oxygen-ros demo` (config/aloha.yaml, then config/demo_tiny.yaml: tiny-sized chunks and
-    narration settings). The overrides (sim time, the sim's camera topics and image keys, preset, rate) go into
-    `out/policy_overrides.yaml`, loaded last: later parameter files win over earlier ones, which `-p` on top of
-    several files does not guarantee.
+    narration settings). The overrides (sim time, the sim's camera topics and image keys, preset, rate, then each
+    `--policy-param NAME:=VALUE`) go into `out/policy_overrides.yaml`, loaded last: later parameter files win over
+    earlier ones, whereas a `-p` given after parameter files loses to them.
     """
-    command = [*python_command(args.policy), "--ros-args"]
-    files = [Path(args.params_file)] if args.params_file else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")]
-    overrides = {
-        "use_sim_time": True,
-        "model": {"preset": args.preset},
-        "cameras": {"topics": [f"camera/{cam}/image_raw" for cam in args.cameras],
-                    "keys": [MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras],
-                    "compressed": [False] * len(args.cameras)},
-        "control": {"rate_hz": float(args.policy_rate)},
-    }
+    if args.policy == SCRIPTED:
+        # The scripted plan (oxygen_ros/sim/scripted.py) knows the cube pose from the sim's seed.
+        command = [*python_command("oxygen_ros.nodes.scripted_policy"), "--ros-args"]
+        files = []
+        overrides = {"use_sim_time": True, "seed": args.seed, "camera": args.cameras[0]}
+    else:
+        command = [*python_command(args.policy), "--ros-args"]
+        files = ([Path(args.params_file)] if args.params_file
+                 else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")])
+        overrides = {
+            "use_sim_time": True,
+            "model": {"preset": args.preset},
+            "cameras": {"topics": [f"camera/{cam}/image_raw" for cam in args.cameras],
+                        "keys": [MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras],
+                        "compressed": [False] * len(args.cameras)},
+            "control": {"rate_hz": float(args.policy_rate)},
+        }
+    for override in args.policy_param:
+        name, _, value = override.partition(":=")
+        *groups, leaf = name.split(".")
+        level = overrides
+        for group in groups:
+            level = level.setdefault(group, {})
+        level[leaf] = yaml.safe_load(value)
     overrides_file = out / "policy_overrides.yaml"
     overrides_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": overrides}}, sort_keys=False))
     for params_file in [*files, overrides_file]:
         if params_file is not None:
             command += ["--params-file", str(params_file)]
-    for override in args.policy_param:
-        command += ["-p", override]
     return command
 
 def sim_summary(log: str) -> dict | None:
@@ -73,22 +88,35 @@ def sim_summary(log: str) -> dict | None:
     return json.loads(match.group(1)) if match else None
 
 
-def contact_sheet(images: dict[str, np.ndarray], path: Path, rows: int = 6) -> Path:
-    """Frames at evenly spaced times (rows) for every camera (columns), with 4-pixel gaps."""
-    from PIL import Image
+LABEL_TOP, LABEL_LEFT = 14, 52  # pixels for the camera names above and the times left of the frames
+
+
+def contact_sheet(images: dict[str, np.ndarray], path: Path, fps: float, rows: int = 6) -> Path:
+    """Frames at evenly spaced times (rows) for every camera (columns), with 4-pixel gaps; camera names on top,
+    each row's episode time on the left."""
+    from PIL import Image, ImageDraw
 
     length = next(iter(images.values())).shape[0]
     picks = np.linspace(0, length - 1, min(rows, length)).round().astype(int)
     height = max(frames.shape[1] for frames in images.values())
     width = sum(frames.shape[2] for frames in images.values()) + 4 * (len(images) - 1)
-    sheet = np.full((len(picks) * (height + 4) - 4, width, 3), 255, dtype=np.uint8)
+    sheet = np.full((LABEL_TOP + len(picks) * (height + 4) - 4, LABEL_LEFT + width, 3), 255, dtype=np.uint8)
     for r, t in enumerate(picks):
-        x = 0
+        x = LABEL_LEFT
         for frames in images.values():
             h, w = frames.shape[1:3]
-            sheet[r * (height + 4): r * (height + 4) + h, x: x + w] = frames[t]
+            top = LABEL_TOP + r * (height + 4)
+            sheet[top: top + h, x: x + w] = frames[t]
             x += w + 4
-    Image.fromarray(sheet).save(path)
+    picture = Image.fromarray(sheet)
+    draw = ImageDraw.Draw(picture)
+    x = LABEL_LEFT
+    for camera, frames in images.items():
+        draw.text((x + 2, 1), camera, fill=(0, 0, 0))
+        x += frames.shape[2] + 4
+    for r, t in enumerate(picks):
+        draw.text((2, LABEL_TOP + r * (height + 4) + 2), f"t={t / fps:.2f}s", fill=(0, 0, 0))
+    picture.save(path)
     return path
 
 
@@ -117,39 +145,57 @@ def report_lines(summary: dict) -> list[str]:
         f"held steps (no chunk covering): {summary['held_steps']} of {summary['step']}",
         f"episodes: {summary['episode']} ended, {summary['successes']} succeeded, "
         f"{summary['diverged_episodes']} ended by diverging physics",
-    ]
+    ] + [f"episode {i} reward: best stage {best:g} of {summary['task_max_reward']:g} "
+         f"({summary['reward_stages'][int(best)]})" for i, best in enumerate(summary["episode_max_rewards"])]
+
+
+def parameter_override(text: str) -> str:
+    name, separator, _ = text.partition(":=")
+    if not separator or not name or any(not part for part in name.split(".")):
+        raise argparse.ArgumentTypeError(f"expected NAME:=VALUE, got {text!r}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros sim-demo", description=__doc__.splitlines()[0])
+    parser = CommandParser("sim-demo", __doc__)
     parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
-    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube")
-    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc")
+    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
+                        help="gym-aloha task")
+    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc",
+                        help="how the sim hands over from one action chunk to the next")
     parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
                         help="sim cameras rendered and fed to the policy (the tiny preset takes two)")
-    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="out/sim_demo", help="output folder")
+    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
+                        help="rendered image size")
+    parser.add_argument("--seed", type=int, default=0, help="episode seed (cube placement)")
+    parser.add_argument("--out", default="out/sim_demo", help="output folder (files of an earlier run are overwritten)")
     parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
-                        help="policy node: a module run with -m, or a .py script")
-    parser.add_argument("--preset", default="tiny", help="model.preset for the VLA node")
+                        help=f"policy node: a module run with -m, a .py script, or `{SCRIPTED}` (transfer_cube only: "
+                        "a scripted, not learned, plan that grasps the cube and lifts it)")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model.preset for the VLA node")
     parser.add_argument("--policy-rate", type=float, default=10.0, help="control.rate_hz for the VLA node")
     parser.add_argument("--params-file", default=None, help="policy parameter file (default: config/aloha.yaml)")
-    parser.add_argument("--policy-param", nargs="*", default=[], metavar="NAME:=VALUE", help="extra -p overrides")
+    parser.add_argument("--policy-param", nargs="*", default=[], type=parameter_override, metavar="NAME:=VALUE",
+                        help="more policy node parameters, loaded after its parameter files (YAML values)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up after this many wall seconds")
     parser.add_argument("--no-video", action="store_true", help="skip the mp4")
+    parser.add_argument("--user-domain", action="store_true",
+                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
+                        "localhost-only domain (other nodes on it then see the sim's /clock and topics)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.seconds <= 0:
-        print("error: --seconds must be positive", file=sys.stderr)
-        return 1
+        parser.error("--seconds must be positive")
+    if args.policy == SCRIPTED and args.task != "transfer_cube":
+        parser.error(f"--policy {SCRIPTED} has a plan for --task transfer_cube only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = out / "episodes"
-    env = child_env()
+    env = demo_env(args.user_domain, "sim-demo")
     sim_log, policy_log = out / "sim_node.log", out / "policy.log"
     print(f"sim-demo: {args.task}, {args.blending}, cameras {args.cameras} at {args.size[0]}x{args.size[1]}, "
           f"policy {args.policy}")
@@ -183,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if summary["episodes_written"]:
         episode = read_aloha(summary["episodes_written"][0])
-        print(f"wrote {contact_sheet(episode.images, out / 'contact_sheet.png')}")
+        print(f"wrote {contact_sheet(episode.images, out / 'contact_sheet.png', episode.fps)}")
         if not args.no_video:
             codec = encode_video(out / "sim_demo.mp4", side_by_side(episode.images), fps=episode.fps)
             print(f"wrote {out / 'sim_demo.mp4'} ({codec})")

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import tempfile
 import time
 
 import rclpy
@@ -35,4 +36,26 @@ def spin_until(node, condition, timeout: float) -> bool:
         executor.shutdown()
 
 
-__all__ = ["rclpy", "spin_until", "start_python", "stop_process"]
+def listen_while_running(context, command: list[str], env: dict, topics: dict, timeout: float):
+    """Run `command` while a node on `context` counts the messages it hears on `topics` ({name: type}, best effort,
+    which also hears reliable publishers). Returns (the finished process with its output, {name: count})."""
+    from rclpy.qos import qos_profile_sensor_data
+
+    node = rclpy.create_node("test_listener", context=context)
+    heard = dict.fromkeys(topics, 0)
+    for name, msg_type in topics.items():
+        node.create_subscription(msg_type, name, lambda _, n=name: heard.__setitem__(n, heard[n] + 1),
+                                 qos_profile_sensor_data)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
+        try:
+            spin_until(node, lambda: process.poll() is not None, timeout)
+        finally:
+            stop(process)
+            node.destroy_node()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read()), heard
+
+
+__all__ = ["listen_while_running", "rclpy", "spin_until", "start_python", "stop_process"]

@@ -14,7 +14,7 @@ BAG_T0 = 1_700_000_000 * 10**9  # the episode's stamps (convert's default base t
 WALL_T0 = 1_800_000_000 * 10**9  # when the replay happened (another clock)
 
 
-def write_recording(path, with_clock=True):
+def write_recording(path, with_clock=True, latency_offset_ms=0, narration_texts=("reaching", "reaching for the cube")):
     """What record_node would capture: /clock, 10 Hz action chunks with latency 30 + k ms, two narrations."""
     store = bag_typestore()
     T = store.types
@@ -40,7 +40,7 @@ def write_recording(path, with_clock=True):
         names = [f"j{i}" for i in range(14)]
         for k in range(9):
             stamp = BAG_T0 + k * 100_000_000
-            latency = 30 + k
+            latency = 30 + k + latency_offset_ms
             latencies_ms.append(latency)
             points = [T["trajectory_msgs/msg/JointTrajectoryPoint"](
                 positions=np.full(14, 0.1 * k + 0.02 * p), velocities=np.zeros(0), accelerations=np.zeros(0),
@@ -49,7 +49,7 @@ def write_recording(path, with_clock=True):
             msg = T["trajectory_msgs/msg/JointTrajectory"](header=header, joint_names=names, points=points)
             messages.append((WALL_T0 + (stamp - BAG_T0) + latency * 1_000_000, chunks, msg,
                              "trajectory_msgs/msg/JointTrajectory"))
-        for k, (rid, text, final) in enumerate([(1, "reaching", False), (1, "reaching for the cube", True)]):
+        for k, (rid, text, final) in enumerate([(1, narration_texts[0], False), (1, narration_texts[1], True)]):
             header = T["std_msgs/msg/Header"](stamp=time(BAG_T0), frame_id="cam_high")
             msg = T["oxygen_ros/msg/Narration"](header=header, request_id=rid, text=text, num_tokens=2 + 3 * k,
                                                 final=final)
@@ -99,3 +99,47 @@ def test_report_names_a_bad_episode_source(tmp_path, capsys):
     assert report_main([str(tmp_path / "rec"), "--episode", str(tmp_path / "missing.hdf5"),
                         "--out", str(tmp_path / "out")]) == 1
     assert "missing.hdf5: no such file" in capsys.readouterr().err
+
+
+def test_actions_plot_explains_itself(tmp_path, episode, monkeypatch):
+    """Axis labels with units, a legend for recorded vs chunks, a colour bar, and the random-weights mark."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    write_recording(tmp_path / "rec")
+    write_episode_bag(episode, tmp_path / "episode")
+    assert report_main([str(tmp_path / "rec"), "--episode-bag", str(tmp_path / "episode"), "--out",
+                        str(tmp_path / "out"), "--random-weights"]) == 0
+    [fig] = figures
+    assert "[rad" in fig._supylabel.get_text() and "[s]" in fig._supxlabel.get_text()
+    [legend] = fig.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == ["recorded actions (episode)", "action chunks (9)"]
+    colour_bars = [ax for ax in fig.axes if ax.get_ylabel() == "chunk's camera frame time [s]"]
+    assert len(colour_bars) == 1
+    assert "RANDOM WEIGHTS" in fig._suptitle.get_text()
+    assert "random weights" in (tmp_path / "out/report.md").read_text()
+
+
+def test_narration_text_is_sanitized_in_the_markdown(tmp_path):
+    write_recording(tmp_path / "rec", narration_texts=("reach", "red\x1b[31m cube\nnext\u202eline\x07"))
+    assert report_main([str(tmp_path / "rec"), "--out", str(tmp_path / "out")]) == 0
+    markdown = (tmp_path / "out/report.md").read_text()
+    assert "red\\u001b[31m cube\\u000anext\\u202eline\\u0007" in markdown
+    assert not any(c in markdown for c in "\x1b\x07\u202e")
+    assert json.loads((tmp_path / "out/report.json").read_text())["narration"][0]["text"].endswith("\x07")
+
+
+def test_impossible_negative_latencies_are_flagged(tmp_path, capsys):
+    # latencies -5 .. 3 ms; the first chunk, received before the first /clock, reads as 0
+    write_recording(tmp_path / "rec", latency_offset_ms=-35)
+    assert report_main([str(tmp_path / "rec"), "--out", str(tmp_path / "out")]) == 0
+    lat = json.loads((tmp_path / "out/report.json").read_text())["action_latency"]
+    assert lat["negative_count"] == 4 and "impossible" in lat["warning"]
+    assert "**Warning:** 4 of 9 chunks" in (tmp_path / "out/report.md").read_text()
+    assert "warning: 4 of 9 chunks" in capsys.readouterr().err
+    write_recording(tmp_path / "ok")
+    assert report_main([str(tmp_path / "ok"), "--out", str(tmp_path / "out_ok")]) == 0
+    lat = json.loads((tmp_path / "out_ok/report.json").read_text())["action_latency"]
+    assert lat["negative_count"] == 0 and "warning" not in lat

@@ -3,7 +3,7 @@
 Package and executable names must match package.xml, setup.py and CMakeLists.txt; every LaunchConfiguration must
 be declared; parameter overrides must be parameters the node declares; the default parameter file, the included
 launch file and the replay command's options must exist. `ros2 launch` itself is exercised on a ROS 2 install by
-test/launch/test_vla_node.launch.py.
+test/launch/test_vla_node_launch.py.
 """
 
 import ast
@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.nodes.replay_node import build_parser as replay_parser
@@ -70,6 +71,12 @@ def installed_share_folders() -> set[str]:
     return set(match.group(1).split())
 
 
+def our_node(tree: ast.AST) -> ast.Call:
+    """The one Node action of this package in a launch file (others, e.g. the diagnostics aggregator, aside)."""
+    (node,) = [n for n in calls(tree, "Node") if keyword(n, "package").value == package_name()]
+    return node
+
+
 def share_path(call: ast.Call) -> Path:
     """PathJoinSubstitution([FindPackageShare("oxygen_ros"), "a", "b"]) -> REPO/a/b (the source of share/...)."""
     parts = call.args[0].elts
@@ -78,10 +85,10 @@ def share_path(call: ast.Call) -> Path:
     return REPO.joinpath(*(p.value for p in parts[1:]))
 
 
-@pytest.mark.parametrize("launch_file", ["launch/oxygen.launch.py", "test/launch/test_vla_node.launch.py"])
+@pytest.mark.parametrize("launch_file", ["launch/oxygen.launch.py", "test/launch/test_vla_node_launch.py"])
 def test_vla_node_is_started_by_its_installed_name(launch_file):
     tree = parse(launch_file)
-    (node,) = calls(tree, "Node")
+    node = our_node(tree)
     assert keyword(node, "package").value == package_name() == "oxygen_ros"
     executable = keyword(node, "executable").value
     from_setup, from_cmake = installed_executables()
@@ -93,14 +100,34 @@ def test_vla_node_is_started_by_its_installed_name(launch_file):
 def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     tree = parse("launch/oxygen.launch.py")
     declared = declared_arguments(tree)
-    assert declared == {"namespace", "params_file", "use_sim_time", "preset", "checkpoint", "tokenizer"}
+    assert declared == {"namespace", "params_file", "use_sim_time", "preset", "checkpoint", "tokenizer",
+                        "diagnostics_aggregator"}
     overrides = ast.literal_eval(assigned(tree, "OVERRIDES"))
     assert launch_configurations(tree) | set(overrides) <= declared
     assert set(overrides.values()) <= NODE_PARAMETERS and "use_sim_time" in constant_strings(tree)
-    (node,) = calls(tree, "Node")
+    node = our_node(tree)
+    # every parameter file given (comma separated, in order), then the overrides
+    files, _ = keyword(node, "parameters").elts
+    assert isinstance(files, ast.Starred) and calls(files, "parameter_files")
     assert calls(keyword(node, "namespace"), "LaunchConfiguration")[0].args[0].value == "namespace"
     (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
     assert share_path(default_params) == REPO / "config" / "aloha.yaml" and share_path(default_params).is_file()
+
+
+def test_oxygen_launch_starts_the_diagnostics_aggregator_with_the_shipped_analyzers():
+    tree = parse("launch/oxygen.launch.py")
+    (aggregator,) = [n for n in calls(tree, "Node") if keyword(n, "package").value == "diagnostic_aggregator"]
+    assert keyword(aggregator, "executable").value == "aggregator_node"
+    (analyzers,) = calls(keyword(aggregator, "parameters"), "PathJoinSubstitution")
+    path = share_path(analyzers)
+    assert path == REPO / "config" / "diagnostics_aggregator.yaml"
+    config = yaml.safe_load(path.read_text())["analyzers"]["ros__parameters"]
+    (analyzer,) = [v for v in config.values() if isinstance(v, dict)]
+    assert analyzer["type"] == "diagnostic_aggregator/GenericAnalyzer"
+    # the analyzer matches the status name the node publishes
+    (pattern,) = analyzer["contains"]
+    source = (REPO / "oxygen_ros" / "nodes" / "vla_node.py").read_text()
+    assert 'name = f"{self.get_fully_qualified_name()}: vla engine"' in source and pattern == ": vla engine"
 
 
 def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
@@ -128,8 +155,8 @@ def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
 
 
 def test_launch_test_parameters_are_node_parameters_and_the_config_is_installed():
-    tree = parse("test/launch/test_vla_node.launch.py")
-    (node,) = calls(tree, "Node")
+    tree = parse("test/launch/test_vla_node_launch.py")
+    node = our_node(tree)
     params_file, overrides = keyword(node, "parameters").elts
     assert {key.value for key in overrides.keys} <= NODE_PARAMETERS
     assert isinstance(params_file, ast.Name)
@@ -193,3 +220,13 @@ def test_fleet_launch_starts_fleet_node_with_its_installed_parameter_file():
     assert set(parameters) == set(declared)
     assert all(type(parameters[k]) is type(v) for k, v in declared.items()), "a type differs from the node's"
     assert len(parameters["robots"]) == len(parameters["robot_models"])
+
+
+def test_launch_tests_are_importable_by_plain_pytest():
+    """A module name with an extra dot (x.launch.py) cannot be imported, so pytest with launch_testing's plugin
+    would fail on it; the files must also match what CMakeLists registers with add_launch_test."""
+    files = sorted((REPO / "test" / "launch").glob("test_*"))
+    assert files
+    for path in files:
+        assert path.suffix == ".py" and path.stem.isidentifier(), path.name
+    assert 'file(GLOB launch_tests "test/launch/test_*.py")' in (REPO / "CMakeLists.txt").read_text()

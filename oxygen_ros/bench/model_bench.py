@@ -9,13 +9,13 @@ presets in float32 with random inputs (latency does not depend on the weights). 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
 from oxygen_ros.model.inputs import ModelInputs
 from oxygen_ros.model.kv_cache import KVCache
@@ -82,10 +82,11 @@ def print_parameter_counts() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = CommandParser("model-bench", __doc__)
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=sorted(PRESETS),
+                        help="model presets to time")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16], help="batch sizes to time")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per point (the median is kept)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:

@@ -7,7 +7,6 @@ measured side by side; absolute times on a CPU are only a compass.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
@@ -16,9 +15,10 @@ from pathlib import Path
 
 import torch
 
+from ..command_line import CommandParser, progress
 from ..engine.settings import RUNNERS, SETTINGS, SettingRun, Workload
 from ..engine.workloads import arrivals, synthetic_frames
-from ..model.config import Pi05Config, get_preset
+from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
 
 MB = 2**20
@@ -204,15 +204,15 @@ def write_plots(records: list[dict], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="oxygen-ros bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="small", help="model preset (tiny, small, pi05)")
+    parser = CommandParser("bench", __doc__)
+    parser.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model preset")
     parser.add_argument("--model-config", help="JSON file with model shapes (overrides --preset)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--rounds", type=int, help="rounds per point; settings are interleaved round by round")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, frames and noise")
     parser.add_argument("--out", required=True, help="output folder")
     args = parser.parse_args(argv)
 
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"oxygen bench: {meta}", flush=True)
     records = []
     started = time.perf_counter()
-    for point in matrix(args.quick):
+    for point in progress(list(matrix(args.quick)), desc="bench points"):
         print(f"[{point.sweep}] decode_len={point.decode_len} k={point.tokens_per_frame} steps={point.num_steps} "
               f"arrival={point.arrival}", flush=True)
         for record in run_point(model, config, point, frames, period, args.seed, args.device, rounds):

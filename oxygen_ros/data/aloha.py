@@ -91,6 +91,9 @@ def _read_open_file(f: h5py.File, path: Path, task: str, fps: float) -> Episode:
     action = _array(f, "/action", path, ndim=2)
     qvel = _array(f, "/observations/qvel", path, ndim=2, required=False)
     effort = _array(f, "/observations/effort", path, ndim=2, required=False)
+    reward = _array(f, "/reward", path, ndim=1, required=False)
+    max_reward = float(f["/reward"].attrs["max_reward"]) if reward is not None and "max_reward" in f["/reward"].attrs \
+        else None
     group = f.get("/observations/images")
     if not isinstance(group, h5py.Group) or len(group) == 0:
         raise DataError(f"{path}: missing group /observations/images (or it has no cameras)")
@@ -106,7 +109,7 @@ def _read_open_file(f: h5py.File, path: Path, task: str, fps: float) -> Episode:
     names = ALOHA_JOINT_NAMES if qpos.shape[-1] == len(ALOHA_JOINT_NAMES) else default_joint_names(qpos.shape[-1])
     try:
         return Episode(images=images, state=qpos, actions=action, fps=fps, task=task, joint_names=names,
-                       velocity=qvel, effort=effort)
+                       velocity=qvel, effort=effort, reward=reward, max_reward=max_reward)
     except DataError as err:
         raise DataError(f"{path}: {err}") from err
 
@@ -166,6 +169,10 @@ def write_aloha(path: str | os.PathLike, episode: Episode, compress: bool = Fals
             if episode.effort is not None:
                 obs.create_dataset("effort", data=np.asarray(episode.effort, dtype=np.float32))
             f.create_dataset("action", data=episode.actions.astype(np.float32))
+            if episode.reward is not None:
+                reward = f.create_dataset("reward", data=np.asarray(episode.reward, dtype=np.float32))
+                if episode.max_reward is not None:
+                    reward.attrs["max_reward"] = episode.max_reward
     return final
 
 

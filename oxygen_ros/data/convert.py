@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..command_line import CommandParser
 from .aloha import aloha_episode_path, read_aloha
 from .episode import DataError, Episode
 from .episode_bag import DEFAULT_BASE_TIME_NS, STORAGES, base_time_seconds, write_episode_bag
@@ -18,12 +19,12 @@ from .lerobot import read_lerobot
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros convert", description=__doc__.splitlines()[0])
+    parser = CommandParser("convert", __doc__)
     parser.add_argument("format", choices=("aloha", "lerobot"), help="source episode format")
     parser.add_argument("src", help="ALOHA .hdf5 file or folder, or LeRobot v3 dataset folder")
     parser.add_argument("out_bag", help="output rosbag2 folder (must not exist)")
-    parser.add_argument("--episode", type=int, default=None, help="episode index (default 0)")
-    parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap")
+    parser.add_argument("--episode", type=int, default=None, help="episode index (default: 0)")
+    parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap", help="rosbag2 storage format")
     parser.add_argument("--compressed-images", action="store_true", help="JPEG CompressedImage instead of rgb8")
     parser.add_argument("--task", default=None, help="instruction text (ALOHA files carry none)")
     parser.add_argument("--base-time", type=base_time_seconds, default=DEFAULT_BASE_TIME_NS / 1e9,

@@ -44,6 +44,8 @@ class Episode:
     joint_names: D names for `state` (and for `actions` when A == D)
     timestamps:  (T,) float64 seconds from the episode start, or None for the nominal `i / fps`
     velocity, effort: optional (T, D) float32 (ALOHA qvel / effort)
+    reward:      optional (T,) float32, the reward after each action (a simulator's staged reward)
+    max_reward:  the reward that means success, when `reward` is given
     """
 
     images: dict[str, np.ndarray]
@@ -55,6 +57,8 @@ class Episode:
     timestamps: np.ndarray | None = None
     velocity: np.ndarray | None = None
     effort: np.ndarray | None = None
+    reward: np.ndarray | None = None
+    max_reward: float | None = None
 
     def __post_init__(self) -> None:
         self.state = np.asarray(self.state, dtype=np.float32)
@@ -104,7 +108,7 @@ class Episode:
             if img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
                 raise DataError(f"camera {name!r}: expected (T, H, W, 3) uint8, got {img.shape} {img.dtype}")
             lengths[f"camera {name}"] = img.shape[0]
-        for name in ("timestamps", "velocity", "effort"):
+        for name in ("timestamps", "velocity", "effort", "reward"):
             value = getattr(self, name)
             if value is not None:
                 lengths[name] = len(value)

@@ -26,6 +26,7 @@ import numpy as np
 from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 from rosbags.rosbag2 import StoragePlugin, Writer
 
+from ..command_line import progress
 from .atomic import atomic_output
 from .episode import DataError, Episode
 from .jpeg import encode_jpeg
@@ -115,7 +116,7 @@ def write_episode_bag(
                                          offered_qos_profiles=[LATCHED_QOS])
             message = types["std_msgs/msg/String"](data=episode.task)
             writer.write(conn, int(stamps[0]), store.serialize_cdr(message, "std_msgs/msg/String"))
-        for t, stamp in enumerate(stamps.tolist()):
+        for t, stamp in enumerate(progress(stamps.tolist(), desc="frames")):
             for cam, conn in cams.items():
                 frame = episode.images[cam][t]
                 if compressed_images:

@@ -20,12 +20,14 @@ import argparse
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..command_line import CommandParser
 from .aloha import aloha_episode_path, read_aloha
 from .atomic import output_folder
 from .bag import read_messages
@@ -103,9 +105,16 @@ def action_latency(rec: Recording) -> dict:
     if bag_time is None:
         return {"available": False, "reason": source}
     ms = (bag_time - stamps) / 1e6
-    return {"available": True, "source": source, "count": len(ms),
-            **{f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)},
-            "mean_ms": float(ms.mean()), "max_ms": float(ms.max()), "min_ms": float(ms.min())}
+    result = {"available": True, "source": source, "count": len(ms),
+              **{f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)},
+              "mean_ms": float(ms.mean()), "max_ms": float(ms.max()), "min_ms": float(ms.min()),
+              "negative_count": int((ms < 0).sum())}
+    if result["negative_count"]:
+        result["warning"] = (
+            f"{result['negative_count']} of {len(ms)} chunks seem to arrive before their camera frame (down to "
+            f"{result['min_ms']:.1f} ms), which is impossible: the receive times are off (via {source}; under load "
+            "the recorded /clock lags the replay), so these latencies are not trustworthy")
+    return result
 
 
 def narration_timeline(rec: Recording) -> list[dict]:
@@ -148,12 +157,15 @@ def actions_from_source(src: str, index: int, base_time_ns: int) -> RecordedActi
     return RecordedActions(stamps, episode.actions.astype(np.float64), names)
 
 
-def plot_actions(rec: Recording, recorded: RecordedActions | None, path: Path, max_joints: int = 14) -> None:
-    """Per joint: the episode's recorded action (black) and every chunk's trajectory (colour = chunk order)."""
+def plot_actions(rec: Recording, recorded: RecordedActions | None, path: Path, max_joints: int = 14,
+                 random_weights: bool = False) -> None:
+    """Per joint: the episode's recorded action (black) and every chunk's trajectory (colour = when the chunk's
+    camera frame was taken, with a colour bar); a visible mark when the model had random weights."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     names = recorded.joint_names if recorded and recorded.joint_names else (
         rec.chunks[0]["joint_names"] if rec.chunks else [])
@@ -162,44 +174,67 @@ def plot_actions(rec: Recording, recorded: RecordedActions | None, path: Path, m
     t0 = recorded.stamps_ns[0] if recorded else (rec.chunks[0]["stamp_ns"] if rec.chunks else 0)
     cols = 2 if dim > 1 else 1
     rows = (dim + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 1.8 * rows + 0.6), squeeze=False, sharex=True)
-    colours = plt.cm.viridis(np.linspace(0, 1, max(1, len(rec.chunks))))
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols + 1.2, 1.8 * rows + 1.4), squeeze=False, sharex=True)
+    chunk_s = np.array([(chunk["stamp_ns"] - t0) / 1e9 for chunk in rec.chunks])
+    norm = plt.Normalize(chunk_s.min(), max(chunk_s.max(), chunk_s.min() + 1e-9)) if len(chunk_s) else plt.Normalize(0, 1)
+    cmap = plt.cm.viridis
     for j in range(dim):
         ax = axes[j // cols][j % cols]
         name = names[j] if j < len(names) else f"joint {j}"
         for c, chunk in enumerate(rec.chunks):
             column = chunk["joint_names"].index(name) if name in chunk["joint_names"] else j
             if column < chunk["positions"].shape[1]:
-                t = (chunk["stamp_ns"] - t0) / 1e9 + chunk["times_s"]
-                ax.plot(t, chunk["positions"][:, column], color=colours[c], lw=0.8, alpha=0.6)
+                t = chunk_s[c] + chunk["times_s"]
+                ax.plot(t, chunk["positions"][:, column], color=cmap(norm(chunk_s[c])), lw=0.8, alpha=0.6)
         if recorded is not None:
-            ax.plot((recorded.stamps_ns - t0) / 1e9, recorded.actions[:, j], color="black", lw=1.4, label="recorded")
+            ax.plot((recorded.stamps_ns - t0) / 1e9, recorded.actions[:, j], color="black", lw=1.4)
         ax.set_title(name, fontsize=8)
         ax.tick_params(labelsize=7)
     for j in range(dim, rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.supxlabel("episode time [s]", fontsize=9)
-    fig.suptitle(f"{len(rec.chunks)} action chunks vs recorded actions", fontsize=10)
-    fig.tight_layout()
+    fig.supylabel("commanded position [rad; grippers normalized 0 closed - 1 open]", fontsize=9)
+    handles = [Line2D([], [], color=cmap(0.6), lw=1.2, label=f"action chunks ({len(rec.chunks)})")]
+    if recorded is not None:
+        handles.insert(0, Line2D([], [], color="black", lw=1.4, label="recorded actions (episode)"))
+    fig.legend(handles=handles, loc="upper left", fontsize=8, frameon=False)
+    title = f"{len(rec.chunks)} action chunks" + (" vs recorded actions" if recorded is not None else "")
+    if random_weights:
+        title += "\nRANDOM WEIGHTS: the chunks show the plumbing, not a learned policy"
+    fig.suptitle(title, fontsize=10, color="firebrick" if random_weights else "black")
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, fraction=0.03, pad=0.02)
+    bar.set_label("chunk's camera frame time [s]", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
 def write_report(bag: str | os.PathLike, out: str | os.PathLike, recorded: RecordedActions | None,
-                 on_incomplete: Callable[[str], None] | None = None) -> dict:
+                 on_incomplete: Callable[[str], None] | None = None, random_weights: bool = False) -> dict:
     """Read `bag`, then write the report files into `out` (a new folder appears only once complete)."""
     rec = load_recording(bag, on_incomplete)
     report = {"bag": str(bag), "topics": topic_rates(rec), "action_latency": action_latency(rec),
-              "action_chunks": len(rec.chunks), "narration": narration_timeline(rec)}
+              "action_chunks": len(rec.chunks), "narration": narration_timeline(rec),
+              "random_weights": random_weights}
     with output_folder(out) as folder:
-        plot_actions(rec, recorded, folder / "actions.png")
+        plot_actions(rec, recorded, folder / "actions.png", random_weights=random_weights)
         (folder / "report.json").write_text(json.dumps(report, indent=2))
         (folder / "report.md").write_text(_markdown(report))
     return report
 
 
+def printable(text: str) -> str:
+    """`text` with control and format characters (newlines, escapes, bidi marks...) shown as `\\uXXXX` escapes."""
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf") else c for c in text)
+
+
 def _markdown(report: dict) -> str:
-    lines = [f"# Run report: {report['bag']}", "", "| topic | messages | rate (Hz) |", "|---|---|---|"]
+    lines = [f"# Run report: {report['bag']}", ""]
+    if report.get("random_weights"):
+        lines += ["**The model had random weights:** its actions and narration are meaningless; the report shows "
+                  "the plumbing, rates and latency.", ""]
+    lines += ["| topic | messages | rate (Hz) |", "|---|---|---|"]
     for topic, r in report["topics"].items():
         rate = f"{r['rate_hz']:.1f}" if r["rate_hz"] else "-"
         lines.append(f"| {topic} | {r['count']} | {rate} |")
@@ -208,18 +243,20 @@ def _markdown(report: dict) -> str:
     if lat["available"]:
         lines.append(f"{lat['count']} chunks, p50 {lat['p50_ms']:.1f} ms, p90 {lat['p90_ms']:.1f} ms, "
                      f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms (via {lat['source']})")
+        if lat.get("warning"):
+            lines += ["", f"**Warning:** {lat['warning']}."]
     else:
         lines.append(f"unavailable: {lat['reason']}")
     lines += ["", "## Narration", ""]
     for n in report["narration"]:
         lines.append(f"- {n['first_s']:.2f}-{n['last_s']:.2f} s, request {n['request_id']}, {n['num_tokens']} tokens"
-                     f"{'' if n['final'] else ' (unfinished)'}: {n['text']}")
+                     f"{'' if n['final'] else ' (unfinished)'}: {printable(n['text'])}")
     lines += ["", "![actions](actions.png)", ""]
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros report", description=__doc__.splitlines()[0])
+    parser = CommandParser("report", __doc__)
     parser.add_argument("bag", help="recorded rosbag2 of the node's outputs")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--episode-bag", help="the episode bag that was replayed (has episode/action)")
@@ -230,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--allow-partial", action="store_true",
                         help="report on a damaged bag's readable messages (warning) instead of refusing it")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="mark the plot and report: the node ran a model with random weights")
     return parser
 
 
@@ -242,13 +281,15 @@ def main(argv: list[str] | None = None) -> int:
             recorded = actions_from_episode_bag(args.episode_bag, warn)
         elif args.episode:
             recorded = actions_from_source(args.episode, args.episode_index, int(round(args.base_time * 1e9)))
-        report = write_report(args.bag, args.out, recorded, warn)
+        report = write_report(args.bag, args.out, recorded, warn, random_weights=args.random_weights)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     lat = report["action_latency"]
     summary = f"p50 {lat['p50_ms']:.1f} ms" if lat["available"] else lat["reason"]
     print(f"wrote {args.out}: {report['action_chunks']} chunks, latency {summary}")
+    if lat.get("warning"):
+        print(f"warning: {lat['warning']}", file=sys.stderr)
     return 0
 
 

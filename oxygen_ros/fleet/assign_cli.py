@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from oxygen_ros.command_line import CommandParser, existing_file
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import RobotSpec
 from oxygen_ros.fleet.traffic import (
@@ -54,11 +55,11 @@ def load_assignment(path: str | Path) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="oxygen-ros fleet-assign", description=__doc__.splitlines()[0])
-    p.add_argument("--fleet", required=True, help="fleet JSON (robots with model, rate and SLO)")
-    p.add_argument("--profile", required=True, help="LUT JSON (fleet-profile)")
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--method", choices=sorted(METHODS), default="milp")
+    p = CommandParser("fleet-assign", __doc__)
+    p.add_argument("--fleet", required=True, type=existing_file, help="fleet JSON (robots with model, rate and SLO)")
+    p.add_argument("--profile", required=True, type=existing_file, help="LUT JSON (fleet-profile)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to place the robots on")
+    p.add_argument("--method", choices=sorted(METHODS), default="milp", help="placement method")
     p.add_argument("--capacity", type=float, default=1.0, help="MILP per-GPU load limit")
     p.add_argument("--out", required=True, help="assignment JSON to write")
     return p

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from oxygen_ros.command_line import CommandParser, progress
 from oxygen_ros.fleet.profile_table import ProfileTable, synthetic_table
 from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
@@ -41,12 +42,12 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="oxygen-ros fleet-sim", description=__doc__.splitlines()[0])
+    p = CommandParser("fleet-sim", __doc__)
     p.add_argument(
         "--robots", default="8,16,24,32,40,48,56,64", help="robot counts to sweep (comma separated)"
     )
-    p.add_argument("--gpus", type=int, default=4)
-    p.add_argument("--models", type=int, default=8)
+    p.add_argument("--gpus", type=int, default=4, help="GPUs in the fleet")
+    p.add_argument("--models", type=int, default=8, help="distinct models served")
     p.add_argument("--policy", default="esf,rr,lqf", help="queue policies to compare on the lockstep design")
     p.add_argument("--designs", default=",".join(DESIGNS), help=f"designs to compare ({', '.join(DESIGNS)})")
     p.add_argument("--assign", default=",".join(ASSIGNERS), help="robot->GPU assignments to compare")
@@ -59,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--capacity", type=float, default=1.0, help="MILP per-GPU load limit (below 1 leaves SLO headroom)"
     )
-    p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fleet and its arrivals")
     p.add_argument("--out", required=True, help="output folder for results.json and plots")
     return p
 
@@ -97,7 +98,7 @@ def run_sweep(args: argparse.Namespace) -> dict:
     )
     groups: dict[str, dict[str, dict[int, dict]]] = {"design": {}, "policy": {}, "assign": {}}
     assignments: dict[int, dict] = {}
-    for n in [int(x) for x in _names(args.robots)]:
+    for n in progress([int(x) for x in _names(args.robots)], desc="robot counts"):
         robots = make_fleet(n, len(models), args.seed, tuple(args.rate), tuple(args.slo))
         robots = [r.__class__(r.robot_id, rename[r.model_id], r.rate_hz, r.slo_s) for r in robots]
         loads = robot_loads(robots, lut, guard=args.guard)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.fleet.batching import power_of_two_buckets
 from oxygen_ros.fleet.lockstep import split_candidates
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
@@ -89,7 +90,7 @@ def profile_runner(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="oxygen-ros fleet-profile", description=__doc__.splitlines()[0])
+    p = CommandParser("fleet-profile", __doc__)
     p.add_argument(
         "--models",
         default="a=tiny:0,b=tiny:1",
@@ -98,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="LUT JSON to write")
     p.add_argument("--max-batch", type=int, default=8, help="largest power-of-two bucket")
     p.add_argument("--shares", default="", help="device shares to profile (default: every core count / tenths)")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per point (the median is kept)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per point first")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
     p.add_argument("--num-steps", type=int, default=None, help="denoising steps (default: the model's)")
     return p

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oxygen_ros.command_line import progress
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 StageRunner = Callable[[str, Stage, Sequence[FleetRequest], float], None]
@@ -139,7 +140,7 @@ def profile_stages(
         for _ in range(warmup):
             run_stage(model_id, stage, batches[(model_id, bucket)], share)
     samples: dict[tuple, list[float]] = {key: [] for key in keys}
-    for _ in range(repeats):
+    for _ in progress(range(repeats), desc="profile rounds"):
         for key in keys:
             model_id, stage, bucket, share = key
             start = clock()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.fleet.executor import cycle_factors, run_real
 from oxygen_ros.fleet.fleet_sim_cli import TARGET, robots_at_target
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
@@ -36,18 +37,18 @@ def make_robots(n: int, models: Sequence[str], rate_hz: float, slos: Sequence[fl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="oxygen-ros fleet-bench", description=__doc__.splitlines()[0])
+    p = CommandParser("fleet-bench", __doc__)
     p.add_argument("--models", default="a=tiny:0,b=tiny:1", help="served models, id=source[:seed] (comma separated)")
     p.add_argument("--robots", default="10,20,30,40,50,60", help="robot counts (comma separated)")
-    p.add_argument("--designs", default="monolithic,robion")
+    p.add_argument("--designs", default="monolithic,robion", help="serving designs to compare (comma separated)")
     p.add_argument("--rate", type=float, default=20.0, help="robot control rate (Hz)")
     p.add_argument("--slo", default="0.03,0.06", help="latency budgets in s (mixed over robots)")
     p.add_argument("--duration", type=float, default=3.0, help="wall seconds of arrivals per point")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
     p.add_argument("--repeats", type=int, default=7, help="profiling repeats")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the fleet, its arrivals and the weights")
     p.add_argument("--out", default=None, help="folder for results.json")
     return p
 

@@ -24,6 +24,7 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 from rosbags.rosbag2 import Writer
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.atomic import atomic_output
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.data.episode_bag import STORAGES
@@ -95,10 +96,10 @@ class RecordNode(Node):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros record", description=__doc__.splitlines()[0])
+    parser = CommandParser("record", __doc__)
     parser.add_argument("out_bag", help="output rosbag2 folder (must not exist)")
     parser.add_argument("--topics", nargs="+", required=True, help="topics to record")
-    parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap")
+    parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap", help="rosbag2 storage format")
     return parser
 
 

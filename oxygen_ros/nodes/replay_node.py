@@ -29,6 +29,7 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.utilities import remove_ros_args
 
+from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.bag import TopicInfo, bag_problem, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.nodes.bag_qos import replay_profile
@@ -142,7 +143,7 @@ class ReplayNode(Node):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros replay", description=__doc__.splitlines()[0])
+    parser = CommandParser("replay", __doc__)
     parser.add_argument("bag", help="rosbag2 folder (MCAP or sqlite3)")
     parser.add_argument("--rate", type=float, default=1.0, help="playback speed factor (2 = twice as fast)")
     parser.add_argument("--loop", action="store_true", help="start over at the end")

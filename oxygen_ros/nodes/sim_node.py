@@ -39,7 +39,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
-from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv, SimulationDiverged
+from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, REWARD_STAGES, AlohaSimEnv, SimulationDiverged
 from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor
 from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
 
@@ -107,6 +107,8 @@ class SimNode(Node):
         self.recorder = EpisodeRecorder(self.env.cameras, self.instruction) if p["record_path"] else None
         self.written: list[str] = []
         self.episode, self.successes, self.diverged_episodes = 0, 0, 0
+        self.reward = 0.0
+        self.episode_max_rewards: list[float] = []  # the highest reward stage of each ended episode
         self.chunks_received, self.chunks_malformed = 0, 0
         self._ticks: deque[float] = deque(maxlen=101)
         self._step_ms: deque[float] = deque(maxlen=500)
@@ -170,7 +172,9 @@ class SimNode(Node):
         return {
             "task": self.env.task, "blending": self.chunks.mode, "episode": self.episode, "step": step,
             "episode_step": self.env.steps, "sim_time": step * DT, "successes": self.successes,
-            "diverged_episodes": self.diverged_episodes,
+            "diverged_episodes": self.diverged_episodes, "reward": self.reward,
+            "episode_max_reward": self.env.episode_max_reward, "episode_max_rewards": list(self.episode_max_rewards),
+            "task_max_reward": self.env.max_reward, "reward_stages": list(REWARD_STAGES[self.env.task]),
             "target_rate_hz": self.params["rate_hz"], "achieved_rate_hz": rate,
             "step_ms_p50": float(np.median(step_ms)), "step_ms_max": float(step_ms.max()),
             "chunks_received": self.chunks_received, "chunks_malformed": self.chunks_malformed,
@@ -203,9 +207,10 @@ class SimNode(Node):
 
     def _end_episode(self, success: bool) -> None:
         self.successes += int(success)
+        self.episode_max_rewards.append(self.env.episode_max_reward)
         if self.recorder is not None and len(self.recorder):
             path = self.recorder.write(next_episode_path(self.params["record_path"]),
-                                       compress=self.params["record_compress"])
+                                       compress=self.params["record_compress"], max_reward=self.env.max_reward)
             self.written.append(str(path))
             self.get_logger().info(f"wrote {path} ({len(self.recorder)} steps, success {success})")
             self.recorder.clear()
@@ -242,6 +247,9 @@ class SimNode(Node):
                                         f"({self.diverged_episodes} diverged so far)")
                 result = None
             self._step_ms.append((time.perf_counter() - started) * 1e3)
+            self.reward = result.reward if result is not None else 0.0
+            if self.recorder is not None:
+                self.recorder.add_reward(self.reward)
             if result is None or result.success or result.truncated:
                 self._end_episode(result is not None and result.success)
                 if 0 < self.params["max_episodes"] <= self.episode:

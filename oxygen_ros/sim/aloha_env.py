@@ -32,6 +32,15 @@ TASKS = {
 }
 
 
+# gym-aloha's staged reward: what each level means (the last is the task's maximum, success).
+REWARD_STAGES = {
+    "transfer_cube": ("nothing", "right gripper touches the cube", "cube lifted", "left gripper touches the cube",
+                      "cube transferred"),
+    "insertion": ("nothing", "both grippers touch", "peg and socket grasped", "peg touches the socket",
+                  "peg inserted"),
+}
+
+
 class SimulationDiverged(RuntimeError):
     """MuJoCo flagged the physics state invalid (e.g. mjWARN_BADQACC after violent joint targets).
 
@@ -86,9 +95,11 @@ class AlohaSimEnv:
         self._env = control.Environment(self.physics, _state_only(getattr(aloha_tasks, task_class))(),
                                         time_limit=float("inf"), control_timestep=DT, flat_observation=False)
         self._cameras = {name: mujoco.Camera(self.physics, height, width, name) for name in self.cameras}
+        self.max_reward = float(self._env.task.max_reward)
         self.steps = 0
         self.success = False
         self.diverged = False
+        self.episode_max_reward = 0.0  # the highest stage this episode reached
 
     def _sample_object_pose(self, seed: int | None) -> np.ndarray:
         from gym_aloha.utils import sample_box_pose, sample_insertion_pose
@@ -102,7 +113,7 @@ class AlohaSimEnv:
         # gym-aloha's tasks read the object pose from this module-level slot during initialize_episode.
         self._aloha_tasks.BOX_POSE[0] = self._sample_object_pose(seed)
         timestep = self._env.reset()
-        self.steps, self.success, self.diverged = 0, False, False
+        self.steps, self.success, self.diverged, self.episode_max_reward = 0, False, False, 0.0
         return self._observation(timestep.observation)
 
     def step(self, action: np.ndarray) -> StepResult:
@@ -118,8 +129,9 @@ class AlohaSimEnv:
             raise SimulationDiverged(f"physics diverged at episode step {self.steps + 1} ({err})") from err
         self.steps += 1
         reward = float(timestep.reward or 0.0)
-        self.success = self.success or reward >= self._env.task.max_reward
-        return StepResult(self._observation(timestep.observation), reward, reward >= self._env.task.max_reward,
+        self.episode_max_reward = max(self.episode_max_reward, reward)
+        self.success = self.success or reward >= self.max_reward
+        return StepResult(self._observation(timestep.observation), reward, reward >= self.max_reward,
                           self.steps >= self.max_steps)
 
     def render(self) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ class EpisodeRecorder:
         self._qpos: list[np.ndarray] = []
         self._qvel: list[np.ndarray] = []
         self._actions: list[np.ndarray] = []
+        self._rewards: list[float] = []
 
     def __len__(self) -> int:
         return len(self._actions)
@@ -41,18 +42,26 @@ class EpisodeRecorder:
         self._qvel.append(np.asarray(qvel, dtype=np.float32))
         self._actions.append(np.asarray(action, dtype=np.float32))
 
-    def episode(self) -> Episode:
+    def add_reward(self, reward: float) -> None:
+        """The reward the last added action earned (call once per `add`, after stepping the sim)."""
+        if len(self._rewards) != len(self._actions) - 1:
+            raise ValueError("add_reward must follow add, once per step")
+        self._rewards.append(float(reward))
+
+    def episode(self, max_reward: float | None = None) -> Episode:
         if not self._actions:
             raise ValueError("nothing recorded")
         state = np.stack(self._qpos)
         names = ALOHA_JOINT_NAMES if state.shape[1] == len(ALOHA_JOINT_NAMES) else ()
         return Episode(images={cam: np.stack(frames) for cam, frames in self._images.items()}, state=state,
                        actions=np.stack(self._actions), fps=self.fps, task=self.task, joint_names=names,
-                       velocity=np.stack(self._qvel))
+                       velocity=np.stack(self._qvel), max_reward=max_reward,
+                       reward=np.array(self._rewards) if len(self._rewards) == len(self._actions) else None)
 
-    def write(self, path: str | os.PathLike, compress: bool = False) -> Path:
-        """Write the episode (marked `sim`) and return the path; the file appears only once complete."""
-        return write_aloha(path, self.episode(), compress=compress, sim=True)
+    def write(self, path: str | os.PathLike, compress: bool = False, max_reward: float | None = None) -> Path:
+        """Write the episode (marked `sim`, with the staged reward of every step when each was added, and the
+        task's maximum) and return the path; the file appears only once complete."""
+        return write_aloha(path, self.episode(max_reward), compress=compress, sim=True)
 
 
 def next_episode_path(folder: str | os.PathLike) -> Path:

@@ -1,0 +1,72 @@
+"""What every `oxygen-ros` subcommand shares on its command line: help that shows defaults, user mistakes reported
+in one line (exit status 2) instead of a traceback, output folders that are never someone else's files, and
+progress bars on long work."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+OUTPUT_MARKER = ".oxygen-ros-output"
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for, found after parsing (reported in one line, exit status 2)."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Descriptions keep their line breaks; every option with a default shows it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """`oxygen-ros <command>`'s parser: a bad option is one line on stderr and exit status 2."""
+
+    def __init__(self, command: str, description: str, **kwargs):
+        super().__init__(prog=f"oxygen-ros {command}", description=description, formatter_class=HelpFormatter,
+                         **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def existing_file(text: str) -> str:
+    """argparse type: a path that must name an existing file."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterable[T]:
+    """A progress bar on stderr while a person watches (a terminal); silent in logs, pipes and tests."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, disable=None, leave=False, dynamic_ncols=True)
+
+
+def claim_output_dir(path: Path) -> Path:
+    """Make `path` the output folder of this run.
+
+    A missing or empty folder is used; a folder an earlier oxygen-ros run made (it holds the marker file) is
+    emptied and reused; any other non-empty folder (or a file) is refused with a UsageError, never deleted.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path} is a file, not a folder")
+    if path.is_dir() and any(path.iterdir()):
+        if not (path / OUTPUT_MARKER).is_file():
+            raise UsageError(f"--out {path} is not empty and was not made by oxygen-ros; "
+                             "choose a new folder or empty this one")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / OUTPUT_MARKER).write_text("made by oxygen-ros: a later run given this folder as --out replaces it\n")
+    return path

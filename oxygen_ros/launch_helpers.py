@@ -1,0 +1,83 @@
+"""What the launch files work out from their arguments and from a bag, kept here so plain pytest can check it (the
+`launch` packages exist only on a ROS 2 install)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+# Topics that are global by nature and never moved into a robot's namespace.
+GLOBAL_TOPICS = ("/clock", "/tf", "/tf_static", "/rosout", "/parameter_events", "/diagnostics")
+JOINT_STATE_TYPE = "sensor_msgs/msg/JointState"
+
+
+def parameter_files(text: str) -> list[str]:
+    """`params_file:=a.yaml,b.yaml`: the files in order (later ones override earlier ones); each must exist."""
+    files = [part.strip() for part in text.split(",") if part.strip()]
+    if not files:
+        raise ValueError("params_file is empty: give at least one parameter file")
+    missing = [path for path in files if not os.path.isfile(path)]
+    if missing:
+        raise ValueError(f"params_file: no such file {', '.join(missing)}")
+    return files
+
+
+def user_remappings(text: str) -> list[tuple[str, str]]:
+    """`remappings:="FROM:=TO FROM:=TO"` as pairs."""
+    pairs = []
+    for rule in text.split():
+        source, separator, target = rule.partition(":=")
+        if not separator or not source or not target:
+            raise ValueError(f"remappings: expected FROM:=TO, got {rule!r}")
+        pairs.append((source, target))
+    return pairs
+
+
+def _namespace(topic: str) -> str:
+    return topic.rsplit("/", 1)[0] or "/"
+
+
+def _common_namespace(topics: Sequence[str]) -> str:
+    parts = [_namespace(t).strip("/").split("/") if _namespace(t) != "/" else [] for t in topics]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return "/" + "/".join(common)
+
+
+def bag_remappings(topics: Sequence[str]) -> list[tuple[str, str]]:
+    """Remappings that move a bag's absolute robot topics into the replay's namespace.
+
+    The namespace the absolute topics share (e.g. `/robot1` for `/robot1/joint_states`, `/` for `/joint_states`) is
+    dropped, leaving a relative name that the replay process expands with its own namespace, the node's. Relative
+    topics need nothing; global ones (/clock, /tf ...) stay global.
+    """
+    absolute = [t for t in topics if t.startswith("/") and t not in GLOBAL_TOPICS]
+    if not absolute:
+        return []
+    prefix = _common_namespace(absolute).rstrip("/")
+    return [(topic, topic[len(prefix) + 1:]) for topic in absolute]
+
+
+def joint_state_topic(topics: Sequence[tuple[str, str]]) -> str:
+    """The bag's joint-state topic (the one the replay waits for the node to subscribe to), as the bag names it."""
+    candidates = [name for name, msgtype in topics if msgtype == JOINT_STATE_TYPE]
+    named = [name for name in candidates if name.rsplit("/", 1)[-1] == "joint_states"]
+    if not named:
+        raise ValueError(f"the bag has no sensor_msgs/JointState topic named joint_states (it has {candidates})")
+    return named[0]
+
+
+def replay_ros_arguments(topics: Sequence[tuple[str, str]], namespace: str, remappings: str) -> list[str]:
+    """`--ros-args` of `oxygen-ros replay` in the node's namespace: the user's remappings first (rcl applies the
+    first rule that matches), then those that bring the bag's absolute topics into the namespace."""
+    rules = user_remappings(remappings)
+    taken = {source for source, _ in rules}
+    rules += [(source, target) for source, target in bag_remappings([name for name, _ in topics])
+              if source not in taken]
+    args = ["--ros-args", "-r", f"__ns:=/{namespace.strip('/')}"]
+    for source, target in rules:
+        args += ["-r", f"{source}:={target}"]
+    return args
