@@ -12,8 +12,14 @@ rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("replay_node"))
+
+import argparse
 import threading
 import time
 from collections.abc import Sequence
@@ -154,6 +160,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.get_logger().info(f"published {node.published} messages")
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
