@@ -2,8 +2,8 @@
 
 Importing a node takes seconds (torch, rclpy); a SIGINT or SIGTERM in that time, or at any later point, only sets
 the process's stop event: no `KeyboardInterrupt` traceback, and a node told to stop before it was built exits 0
-without building it. The handlers stay until the process ends, so a second signal during shutdown (`ros2 launch`
-sends more than one) changes nothing and the exit code stays 0. They are installed even when the parent started
+without building it. The handlers stay until the process ends (then the signals are ignored), so a second signal
+during shutdown (`ros2 launch` sends more than one) changes nothing and the exit code stays 0. They are installed even when the parent started
 the process with SIGINT ignored (a shell's background job), which Python would otherwise keep.
 
 Every executable goes through `run`: the console scripts below, the colcon-installed scripts, and
@@ -39,8 +39,14 @@ def process_stop() -> threading.Event | None:
 def run(node: str) -> int:
     """Catch the stop signals, import `oxygen_ros.nodes.<node>` and return its `main()`'s exit code."""
     stop = catch_stop_signals()
-    main = importlib.import_module(f"oxygen_ros.nodes.{node}").main
-    return 0 if stop.is_set() else main()
+    try:
+        main = importlib.import_module(f"oxygen_ros.nodes.{node}").main
+        return 0 if stop.is_set() else main()
+    finally:
+        # The process is ending. Ignored from here: Python's finalization would otherwise put back the default
+        # action (terminate), and a signal arriving in that last stretch would turn the exit code into -2.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 # Console scripts (setup.py): one per node executable.

@@ -180,10 +180,8 @@ class VlaNode(Node):
             self.get_logger().info(f"instruction: {self.instruction.text!r}")
 
     def _warn_drop(self, source: str, reason: str, message: str) -> None:
-        held = self._log.allow((source, reason))
-        if held is not None:
-            self.get_logger().warning(f"dropped a message from {source} ({reason}): {message}"
-                                      f"{LogThrottle.suffix(held)}")
+        if (suffix := self._throttled((source, reason))) is not None:
+            self.get_logger().warning(f"dropped a message from {source} ({reason}): {message}{suffix}")
 
     # ---- control path -------------------------------------------------------------------------------------------
 
@@ -195,8 +193,8 @@ class VlaNode(Node):
             self._warn_drop(dropped.source, dropped.reason, dropped.message)
         self.state, self.detail, frame = decision.state, decision.detail, decision.frame
         if frame is None:
-            if self.state in SKIPPED_TICK_STATES:
-                self._log_throttled("warning", self.state, f"not acting ({self.state}): {self.detail}")
+            if self.state in SKIPPED_TICK_STATES and (suffix := self._throttled(self.state)) is not None:
+                self.get_logger().warning(f"not acting ({self.state}): {self.detail}{suffix}")
             return
         narrate = self._should_narrate()
         if narrate:
@@ -209,7 +207,8 @@ class VlaNode(Node):
         except Exception as err:  # a model error must not stop the robot's node; it is reported instead
             self.model_errors += 1
             self.state, self.detail = MODEL_ERROR, f"{type(err).__name__}: {err}"
-            self._log_throttled("error", "act", f"act failed ({self.model_errors} so far): {self.detail}")
+            if (suffix := self._throttled("act")) is not None:
+                self.get_logger().error(f"act failed ({self.model_errors} so far): {self.detail}{suffix}")
             return
         finite = np.isfinite(chunk.actions)
         if not finite.all():  # never sent to a robot
@@ -219,7 +218,8 @@ class VlaNode(Node):
             self.state, self.detail = MODEL_ERROR, (
                 f"action chunk has {finite.size - finite.sum()} non-finite values of {finite.size} (joints "
                 f"{', '.join(bad_joints)}); not published")
-            self._log_throttled("error", "nonfinite", f"{self.detail} ({self.nonfinite_chunks} such chunks so far)")
+            if (suffix := self._throttled("nonfinite")) is not None:
+                self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
             return
         self._acted += 1
         if narrate:
@@ -252,10 +252,12 @@ class VlaNode(Node):
                                           f"previous task {self.instruction.text!r}")
             return act()
 
-    def _log_throttled(self, level: str, key: str, message: str) -> None:
+    def _throttled(self, key) -> str | None:
+        """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.
+
+        (Each severity needs its own logging call site: rclpy refuses one site logging at two severities.)"""
         held = self._log.allow(key)
-        if held is not None:
-            getattr(self.get_logger(), level)(message + LogThrottle.suffix(held))
+        return None if held is None else LogThrottle.suffix(held)
 
     def _should_narrate(self) -> bool:
         policy = self.params.language_policy
