@@ -378,6 +378,8 @@ def parameter_values(**changes) -> dict:
 def test_parameters_are_validated_with_clear_errors():
     params = read_parameters(parameter_values(control__rate_hz=20))  # an integer where a float is expected
     assert params.rate_hz == 20.0 and params.time_step_s == 0.05 and params.camera_compressed == (False, False)
+    assert (params.max_pixels, params.max_state_age_s, params.future_tolerance_s, params.max_preempted) == (
+        4096 * 4096, 0.5, 0.1, 16)
     assert read_parameters(parameter_values(cameras__compressed=[True, False])).camera_compressed == (True, False)
     assert read_parameters(parameter_values(language__policy=False)).language_policy == "off"  # YAML's `off`
     bad = {
@@ -392,6 +394,10 @@ def test_parameters_are_validated_with_clear_errors():
         "control.deadline_margin_s": (0.5, "must be shorter than the control period"),
         "language.pool_slots": (1, "language.pool_slots must be an integer >= 2"),
         "control.max_image_age_s": ("soon", "control.max_image_age_s must be a number"),
+        "control.max_state_age_s": (-0.5, "control.max_state_age_s must be >= 0"),
+        "control.future_tolerance_s": (math.inf, "control.future_tolerance_s must be a number"),
+        "cameras.max_pixels": (-1, "cameras.max_pixels must be an integer >= 0"),
+        "language.max_preempted": (1.5, "language.max_preempted must be an integer >= 0"),
     }
     for name, (value, message) in bad.items():
         with pytest.raises(ParameterError, match=message):

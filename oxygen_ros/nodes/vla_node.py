@@ -210,6 +210,9 @@ class VlaNode(Node):
             if (suffix := self._throttled("act")) is not None:
                 self.get_logger().error(f"act failed ({self.model_errors} so far): {self.detail}{suffix}")
             return
+        self._acted += 1  # narration cadence counts frames the model ran on, published or not
+        if narrate:
+            self._narrated_version = self.instruction.version
         finite = np.isfinite(chunk.actions)
         if not finite.all():  # never sent to a robot
             self.nonfinite_chunks += 1
@@ -221,9 +224,6 @@ class VlaNode(Node):
             if (suffix := self._throttled("nonfinite")) is not None:
                 self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
             return
-        self._acted += 1
-        if narrate:
-            self._narrated_version = self.instruction.version
         self.chunk_pub.publish(chunk_to_trajectory(chunk.actions, self.params.action_names, frame.stamp_ns,
                                                    self.params.time_step_s, self.horizon))
         self.actions_published += 1
