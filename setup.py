@@ -17,6 +17,6 @@ setup(
     ],
     entry_points={
         "console_scripts": ["oxygen-ros = oxygen_ros.cli:main"]
-        + [f"{name} = oxygen_ros.nodes.{name}:main" for name in NODE_EXECUTABLES],
+        + [f"{name} = oxygen_ros.nodes.entry:{name}" for name in NODE_EXECUTABLES],
     },
 )

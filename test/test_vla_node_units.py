@@ -16,15 +16,19 @@ from oxygen_ros.model.prompt import tokenize_prompt
 from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
 from oxygen_ros.nodes.conversions import (
     ConversionError,
+    ImageLimits,
+    check_compressed,
     chunk_to_trajectory,
     compressed_to_rgb,
+    header_size,
     image_to_rgb,
     joint_positions,
     ns_to_stamp,
     stamp_to_ns,
 )
 from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
-from oxygen_ros.nodes.frame_inputs import FrameInputs, Instruction
+from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction
+from oxygen_ros.nodes.log_throttle import LogThrottle
 from oxygen_ros.nodes.parameters import SPECS, ParameterError, check_against_model, read_parameters
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +104,80 @@ def test_compressed_images_decode_and_corrupt_ones_are_rejected():
     assert err.value.reason == "encoding"
 
 
+def png_bytes(pixels: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image as PILImage
+
+    buffer = io.BytesIO()
+    PILImage.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_with_broken_chunk_length() -> bytes:
+    """A PNG whose second IDAT chunk declares a wrong length: Pillow opens it, then raises SyntaxError decoding."""
+    png = bytearray(png_bytes(np.random.default_rng(1).integers(0, 256, (300, 300, 3), dtype=np.uint8)))
+    offset, idats = 8, []
+    while offset < len(png):
+        length = int.from_bytes(png[offset:offset + 4], "big")
+        if png[offset + 4:offset + 8] == b"IDAT":
+            idats.append(offset)
+        offset += 12 + length
+    assert len(idats) >= 2  # an image that does not compress into one chunk
+    png[idats[1]:idats[1] + 4] = (3).to_bytes(4, "big")
+    return bytes(png)
+
+
+def jpeg_claiming(width: int, height: int) -> bytes:
+    """A small real JPEG whose frame header is rewritten to claim width x height (a decompression bomb)."""
+    data = bytearray(encode_jpeg(RGB, 90))
+    offset = 2
+    while data[offset + 1] not in (0xC0, 0xC2):  # baseline or progressive frame header
+        offset += 2 + int.from_bytes(data[offset + 2:offset + 4], "big")
+    data[offset + 5:offset + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def test_image_sizes_are_checked_from_headers_before_decoding():
+    import io
+
+    from PIL import Image as PILImage
+
+    limits = ImageLimits(max_pixels=4096 * 4096, model_size=224)
+    progressive = io.BytesIO()
+    PILImage.fromarray(RGB).save(progressive, format="JPEG", progressive=True)
+    for data in (encode_jpeg(RGB, 90), png_bytes(RGB), progressive.getvalue()):
+        assert header_size(data) == (7, 5)
+    # A 3 kB JPEG claiming 20000 x 20000: refused from its header, over budget; without a budget Pillow's own
+    # limit refuses it (DecompressionBombError is no OSError: it used to escape).
+    bomb = CompressedImage(format="jpeg", data=jpeg_claiming(20000, 20000))
+    with pytest.raises(ConversionError, match="20000x20000 image has 400000000 pixels, over the budget") as err:
+        check_compressed(bomb, limits)
+    assert err.value.reason == "too_large"
+    with pytest.raises(ConversionError, match="DecompressionBombError") as err:
+        compressed_to_rgb(bomb)
+    assert err.value.reason == "too_large"
+    with pytest.raises(ConversionError, match="4000x1 image is too thin") as err:
+        check_compressed(CompressedImage(format="jpeg", data=jpeg_claiming(4000, 1)), limits)
+    assert err.value.reason == "aspect"
+    thin = np.zeros((1, 4000, 3), np.uint8)
+    with pytest.raises(ConversionError, match="too thin") as err:
+        image_to_rgb(image("rgb8", thin), limits)
+    assert err.value.reason == "aspect"
+    assert image_to_rgb(image("rgb8", thin)).shape == (1, 4000, 3)  # no model size given: no aspect check
+    with pytest.raises(ConversionError, match="over the budget of 20") as err:
+        image_to_rgb(image("rgb8", RGB), ImageLimits(max_pixels=20))
+    assert err.value.reason == "too_large"
+    # Whatever Pillow raises on malformed data is a "corrupt" drop with a readable message (no object repr).
+    for data in (png_with_broken_chunk_length(), b"\x89PNG\r\n\x1a\n" + bytes(8) + b"IHDR" + bytes(8) + b"junk",
+                 b"\xff\xd8\xff\xe0\x00\x10", b"GIF89a"):
+        with pytest.raises(ConversionError) as err:
+            compressed_to_rgb(CompressedImage(format="png", data=data), limits)
+        assert err.value.reason in ("corrupt", "size") and " at 0x" not in str(err.value), str(err.value)
+    with pytest.raises(ConversionError, match="SyntaxError: broken PNG file"):
+        compressed_to_rgb(CompressedImage(format="png", data=png_with_broken_chunk_length()), limits)
+
+
 def test_joint_state_positions_are_picked_by_name():
     msg = JointState(name=["c", "a", "extra", "b"], position=[3.0, 1.0, 9.0, 2.0])
     np.testing.assert_array_equal(joint_positions(msg, ["a", "b", "c"]), [1.0, 2.0, 3.0])
@@ -139,44 +217,100 @@ def joint_state(*values) -> JointState:
     return JointState(name=["a", "b"], position=[float(v) for v in values])
 
 
+def frame_inputs(**limits) -> FrameInputs:
+    return FrameInputs(("cam/a", "cam/b"), ("base_0_rgb", "left_wrist_0_rgb"), (False, True), ("a", "b"),
+                       InputLimits(**limits))
+
+
 def test_frame_rules_waiting_stale_reuse_and_bad_messages():
-    inputs = FrameInputs(("base_0_rgb", "left_wrist_0_rgb"), (False, True), ("a", "b"), max_image_age_s=0.1)
+    inputs = frame_inputs(max_image_age_s=0.1)
     second = 1_000_000_000
-    assert inputs.next_frame(0)[0] == "waiting_for_camera"
+    assert inputs.next_frame(0).state == "waiting_for_camera"
     inputs.on_image(0, image("rgb8", RGB, stamp_ns=10 * second))
-    assert inputs.next_frame(10 * second)[0] == "waiting_for_camera"
+    decision = inputs.next_frame(10 * second)
+    assert (decision.state, decision.detail) == ("waiting_for_camera", "no image yet from cam/b")
     jpeg = CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95))
     jpeg.header.stamp, jpeg.header.frame_id = ns_to_stamp(10 * second), "wrist"
     inputs.on_image(1, jpeg)
-    assert inputs.next_frame(10 * second)[0] == "waiting_for_state"
+    assert inputs.next_frame(10 * second).state == "waiting_for_state"
     inputs.on_joint_state(joint_state(1, 2))
-    state, frame, errors = inputs.next_frame(10 * second + 50_000_000)
-    assert state == "running" and not errors and not frame.reused
+    decision = inputs.next_frame(10 * second + 50_000_000)
+    frame = decision.frame
+    assert decision.state == "running" and not decision.dropped and not frame.reused
     assert frame.stamp_ns == 10 * second and sorted(frame.images) == ["base_0_rgb", "left_wrist_0_rgb"]
     assert frame.state.tolist() == [1.0, 2.0]
     # Nothing new: the same images are used again (counted), until they are too old.
-    state, again, _ = inputs.next_frame(10 * second + 90_000_000)
-    assert state == "running" and again.reused and inputs.reused_frames == 1
-    assert inputs.next_frame(10 * second + 150_000_000)[0] == "stale_frame"
-    assert inputs.drops == {"stale_frame": 1}
+    again = inputs.next_frame(10 * second + 90_000_000)
+    assert again.state == "running" and again.frame.reused and inputs.reused_frames == 1
+    stale = inputs.next_frame(10 * second + 150_000_000)
+    assert (stale.state, stale.detail) == ("stale_frame", "newest image from cam/a is 0.150 s old")
+    assert inputs.drops == {"stale_frame": 1} and inputs.image_age_ns == 150_000_000
     # A bad message is counted and dropped; the last good value stays.
     with pytest.raises(ConversionError):
         inputs.on_image(0, image("yuv422", RGB, stamp_ns=11 * second))
     with pytest.raises(ConversionError):
         inputs.on_joint_state(JointState(name=["a"], position=[5.0]))
-    corrupt = CompressedImage(format="jpeg", data=jpeg.data[:50])
+    corrupt = CompressedImage(format="jpeg", data=jpeg.data[: len(jpeg.data) // 2])
     corrupt.header.stamp = ns_to_stamp(11 * second)
     inputs.on_image(1, corrupt)  # passes the cheap checks; fails when decoded
-    state, _, errors = inputs.next_frame(10 * second + 160_000_000)
-    assert [e.reason for e in errors] == ["corrupt"] and state == "stale_frame"
+    decision = inputs.next_frame(10 * second + 160_000_000)
+    assert [(d.source, d.reason) for d in decision.dropped] == [("cam/b", "corrupt")]
+    assert decision.state == "stale_frame"
     assert inputs.drops == {"stale_frame": 2, "encoding": 1, "missing_joint": 1, "corrupt": 1}
     assert inputs.dropped_frames == 5
     inputs.on_image(0, image("bgr8", RGB[:, :, ::-1], stamp_ns=11 * second))
     inputs.on_image(1, jpeg)
     jpeg.header.stamp = ns_to_stamp(11 * second)
-    state, frame, _ = inputs.next_frame(11 * second)
-    assert state == "running" and frame.state.tolist() == [1.0, 2.0]
-    np.testing.assert_array_equal(frame.images["base_0_rgb"], RGB)
+    decision = inputs.next_frame(11 * second)
+    assert decision.state == "running" and decision.frame.state.tolist() == [1.0, 2.0]
+    np.testing.assert_array_equal(decision.frame.images["base_0_rgb"], RGB)
+
+
+def test_frames_from_the_future_and_old_or_rejected_joint_states_are_not_acted_on():
+    second = 1_000_000_000
+    inputs = frame_inputs(max_image_age_s=0.5, max_state_age_s=0.2, future_tolerance_s=0.1)
+
+    def sensors(image_ns: int, state_ns: int | None = None) -> None:
+        inputs.on_image(0, image("rgb8", RGB, stamp_ns=image_ns))
+        jpeg = CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95))
+        jpeg.header.stamp = ns_to_stamp(image_ns)
+        inputs.on_image(1, jpeg)
+        if state_ns is not None:
+            state = joint_state(1, 2)
+            state.header.stamp = ns_to_stamp(state_ns)
+            inputs.on_joint_state(state)
+
+    sensors(10 * second, 10 * second)
+    assert inputs.next_frame(10 * second).state == "running"
+    # Stamped 5 s ahead: such a frame would pass the age check for 5 s after the cameras went silent.
+    sensors(15 * second)
+    decision = inputs.next_frame(10 * second + 10_000_000)
+    assert decision.state == "future_frame" and decision.frame is None
+    assert decision.detail == "image from cam/a is stamped 4.990 s ahead of the node clock"
+    sensors(10 * second + 50_000_000)  # within the tolerance: acted on
+    assert inputs.next_frame(10 * second).state == "running"
+    sensors(10 * second, 12 * second)
+    assert inputs.next_frame(10 * second).state == "future_frame"
+    assert inputs.drops == {"future_frame": 1, "future_state": 1}
+    # The joint state stops: past max_state_age_s nothing is acted on, even with fresh images.
+    sensors(11 * second, 11 * second)
+    assert inputs.next_frame(11 * second + 150_000_000).state == "running"
+    sensors(11 * second + 250_000_000)
+    decision = inputs.next_frame(11 * second + 250_000_000)
+    assert decision.state == "stale_state" and inputs.state_age_ns == 250_000_000
+    assert decision.detail == "newest good joint state is 0.250 s old"
+    # Every state message rejected: the last good one ages out the same way, and the detail says why.
+    for _ in range(3):
+        with pytest.raises(ConversionError):
+            inputs.on_joint_state(joint_state(1, math.nan))
+    decision = inputs.next_frame(11 * second + 260_000_000)
+    assert decision.state == "stale_state" and "the last 3 joint-state messages were rejected" in decision.detail
+    assert inputs.drops["stale_state"] == 2 and inputs.drops["nan_joint"] == 3
+    zero = frame_inputs()  # every check off
+    zero.on_image(0, image("rgb8", RGB, stamp_ns=0))
+    zero.on_image(1, CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95)))
+    zero.on_joint_state(joint_state(1, 2))
+    assert zero.next_frame(100 * second).state == "running"
 
 
 def test_instruction_ignores_empty_cuts_long_and_fits_the_prompt(tmp_path):
@@ -200,7 +334,35 @@ def test_instruction_ignores_empty_cuts_long_and_fits_the_prompt(tmp_path):
     tokenize_prompt(tokenizer, instruction.text, normalized, config.max_token_len)  # fits now
     with pytest.raises(ValueError, match="max_token_len"):  # and is the longest prefix of words that does
         tokenize_prompt(tokenizer, " ".join(words[: len(kept) + 1]), normalized, config.max_token_len)
-    assert not instruction.fit_prompt(tokenizer, state, config, None)  # already fits: nothing to do
+    assert instruction.fit_prompt(tokenizer, state, config, None) is None  # already fits: nothing to do
+
+    # No spaces, or emoji only: cut by characters, never to nothing, never inside a character's sequence.
+    for text in ("x" * 3000, "\U0001f9d1\u200d\U0001f373" * 1000, "e\u0301" * 1500):
+        instruction = Instruction("wave", max_chars=2000)
+        assert instruction.set(text) == "truncated" and instruction.text
+        assert instruction.fit_prompt(tokenizer, state, config, None) == "cut"
+        cut = instruction.text
+        assert cut and text.startswith(cut) and text[len(cut)] not in ("\u200d", "\u0301", "\U0001f373")
+        tokenize_prompt(tokenizer, cut, normalized, config.max_token_len)
+    # Nothing of the new text fits (here: a tokenizer for which its first character is too long): keep the old task.
+    class Picky:
+        def encode(self, text: str, add_bos: bool = False) -> list[int]:
+            return [1] * (1000 if "Task: s" in text else 10)
+
+    instruction = Instruction("wave", max_chars=100)
+    instruction.set("stack")
+    assert instruction.fit_prompt(Picky(), state, config, None) == "previous" and instruction.text == "wave"
+
+
+def test_log_throttle_is_per_key_and_counts_what_it_held_back():
+    now = [0.0]
+    throttle = LogThrottle(5.0, clock=lambda: now[0])
+    assert throttle.allow(("cam", "corrupt")) == 0
+    assert throttle.allow(("cam", "corrupt")) is None and throttle.allow(("cam", "corrupt")) is None
+    assert throttle.allow(("cam", "too_large")) == 0  # another reason is not hidden by the first
+    now[0] = 5.0
+    assert throttle.allow(("cam", "corrupt")) == 2
+    assert LogThrottle.suffix(2) == " (2 more since the last such line)" and LogThrottle.suffix(0) == ""
 
 
 # ---- parameters -----------------------------------------------------------------------------------------------------
@@ -216,6 +378,8 @@ def parameter_values(**changes) -> dict:
 def test_parameters_are_validated_with_clear_errors():
     params = read_parameters(parameter_values(control__rate_hz=20))  # an integer where a float is expected
     assert params.rate_hz == 20.0 and params.time_step_s == 0.05 and params.camera_compressed == (False, False)
+    assert (params.max_pixels, params.max_state_age_s, params.future_tolerance_s, params.max_preempted) == (
+        4096 * 4096, 0.5, 0.1, 16)
     assert read_parameters(parameter_values(cameras__compressed=[True, False])).camera_compressed == (True, False)
     assert read_parameters(parameter_values(language__policy=False)).language_policy == "off"  # YAML's `off`
     bad = {
@@ -230,6 +394,10 @@ def test_parameters_are_validated_with_clear_errors():
         "control.deadline_margin_s": (0.5, "must be shorter than the control period"),
         "language.pool_slots": (1, "language.pool_slots must be an integer >= 2"),
         "control.max_image_age_s": ("soon", "control.max_image_age_s must be a number"),
+        "control.max_state_age_s": (-0.5, "control.max_state_age_s must be >= 0"),
+        "control.future_tolerance_s": (math.inf, "control.future_tolerance_s must be a number"),
+        "cameras.max_pixels": (-1, "cameras.max_pixels must be an integer >= 0"),
+        "language.max_preempted": (1.5, "language.max_preempted must be an integer >= 0"),
     }
     for name, (value, message) in bad.items():
         with pytest.raises(ParameterError, match=message):
@@ -321,7 +489,9 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
         for index in range(2):
             node._on_image(index, image("rgb8", RGB, stamp_ns=now))
         names = list(node.params.state_names)
-        node._on_joint_state(JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist()))
+        state = JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist())
+        state.header.stamp = ns_to_stamp(now)
+        node._on_joint_state(state)
         for ticks in (1, 2):
             node._control_tick()
             assert node.state == "model_error" and node.model_errors == ticks

@@ -33,6 +33,7 @@ class SchedulerConfig:
     deadline_margin_s: float = 0.0
     max_new_tokens: int = 64
     admission: str = "drop_oldest"  # what to do with a new language request when the pool is full
+    max_preempted: int = 16  # preempt: requests waiting for a slot; past it the oldest is dropped (counted)
     ignore_eos: bool = False  # benchmarks decode exactly max_new_tokens so every setting does the same work
     temperature: float = 0.0  # 0: greedy narration; > 0: sampled, each request from its own seeded stream
     seed: int = 0  # request i samples with its own seed derived from (seed, i): runs are repeatable
@@ -40,8 +41,8 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.admission not in ADMISSION_POLICIES:
             raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
-        if self.tokens_per_frame < 0 or self.num_steps < 1:
-            raise ValueError("tokens_per_frame must be >= 0 and num_steps >= 1")
+        if self.tokens_per_frame < 0 or self.num_steps < 1 or self.max_preempted < 0:
+            raise ValueError("tokens_per_frame and max_preempted must be >= 0 and num_steps >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
 
@@ -176,11 +177,10 @@ class FrameScheduler:
             self.pool.free(victim.slot)
             if cfg.admission == "preempt":
                 self.preempted.append(_Preempted(victim, self._inputs.pop(victim.request_id)))
+                if len(self.preempted) > cfg.max_preempted:  # bounded: the oldest waiting one goes, inputs and all
+                    self._evict(self.preempted.popleft().request, result)
             else:
-                victim.finish("evicted", time.perf_counter())
-                self._inputs.pop(victim.request_id, None)
-                self.requests_dropped += 1
-                result.dropped.append(victim)
+                self._evict(victim, result)
         request_id = next(self._request_ids)
         request = start_request(request_id, slot, frame_id, stamp_ns, self.model.config.prefix_len, num_valid, logits,
                                 budget, self.eos_id, cfg.temperature, cfg.seed * 1_000_003 + request_id)
@@ -189,6 +189,12 @@ class FrameScheduler:
         if cfg.admission == "preempt":
             self._inputs[request.request_id] = inputs
         return request
+
+    def _evict(self, request: LanguageRequest, result: FrameResult) -> None:
+        request.finish("evicted", time.perf_counter())
+        self._inputs.pop(request.request_id, None)
+        self.requests_dropped += 1
+        result.dropped.append(request)
 
     def _decode(self, frame_start: float, result: FrameResult) -> None:
         cfg = self.config

@@ -35,6 +35,12 @@ class Observation:
     task: str
 
 
+def resized_shape(height: int, width: int, size: int) -> tuple[int, int]:
+    """(height, width) of an image inside the size x size model input, aspect ratio kept (0 when too thin)."""
+    ratio = max(height / size, width / size)
+    return int(height / ratio), int(width / ratio)
+
+
 def resize_with_pad(image: np.ndarray, size: int) -> torch.Tensor:
     """HxWx3 image -> [3, size, size] float32 in [-1, 1], aspect ratio kept, centred on a black background."""
     image = np.asarray(image)
@@ -45,8 +51,9 @@ def resize_with_pad(image: np.ndarray, size: int) -> torch.Tensor:
         pixels = pixels * 255.0
     height, width = image.shape[:2]
     if (height, width) != (size, size):
-        ratio = max(height / size, width / size)
-        new_h, new_w = int(height / ratio), int(width / ratio)
+        new_h, new_w = resized_shape(height, width, size)
+        if not (new_h and new_w):
+            raise ValueError(f"a {width}x{height} image is too thin to resize to {size}x{size}")
         resized = F.interpolate(
             pixels[None], size=(new_h, new_w), mode="bilinear", antialias=True, align_corners=False
         )

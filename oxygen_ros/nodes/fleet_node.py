@@ -24,6 +24,12 @@ chunk points), ``rate_hz`` (nominal robot rate).
 from __future__ import annotations
 
 import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("fleet_node"))
+
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -251,6 +257,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

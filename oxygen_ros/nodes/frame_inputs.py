@@ -1,16 +1,24 @@
 """The newest input of each kind, and the decision a control tick takes on them: act on a frame, or say why not.
 
-Subscriptions call `on_image` / `on_joint_state` / `Instruction.set`, which only run cheap checks and keep the
-newest message; images are decoded at the tick that first uses them (a camera faster than the control rate costs
-no conversions it does not need). Rules, in the order a tick applies them:
+Subscriptions call `on_image` / `on_joint_state` / `Instruction.set`, which only run cheap checks (an image's size
+comes from its message fields or its JPEG/PNG header) and keep the newest message; images are decoded at the tick
+that first uses them (a camera faster than the control rate costs no conversions it does not need). Rules, in the
+order a tick applies them:
 
-- a message that fails its checks (encoding, size, corrupt compressed data, missing or non-finite joint) is
-  dropped and counted by reason; the camera (or the state) keeps its last good value, so one bad message among
-  good ones does not stop the robot, and the image age check below bounds how old a kept image can be;
+- a message that fails its checks or its decoding (encoding, size, over the pixel budget, too thin for the model's
+  input, corrupt compressed data, missing or non-finite joint) is dropped and counted by reason; whatever the
+  decoder raises is such a drop, never an error of the tick. The camera (or the state) keeps its last good
+  value, so one bad message among good ones does not stop the robot; the age checks below bound how old a kept
+  value can be;
 - a camera that has never delivered a good image: no action, state `waiting_for_camera`;
 - no good joint state yet: no action, `waiting_for_state`;
+- an image or the joint state stamped more than `future_tolerance_s` ahead of the node clock: the tick is skipped
+  and counted (`future_frame` / `future_state`), state `future_frame` (a clock or stamping fault: such a frame
+  would otherwise pass the age checks for as long as its stamp stays ahead);
 - the oldest of the cameras' newest images is older than `max_image_age_s` (node clock, so simulated time under
-  `use_sim_time`, minus header stamp): the tick is skipped and counted (`stale_frame`);
+  `use_sim_time`, minus header stamp): skipped and counted (`stale_frame`), state `stale_frame`;
+- the newest good joint state is older than `max_state_age_s` (same clock rule): skipped and counted
+  (`stale_state`), state `stale_state`; a robot whose every state message is rejected ends here too;
 - otherwise the tick acts on the newest image of every camera. An image already used by the previous tick is
   used again (the joint state is fresh, and a controller expects a chunk every period); such ticks are counted
   as `reused_frames`.
@@ -19,8 +27,9 @@ The frame's stamp and frame_id are those of the first camera's image.
 
 from __future__ import annotations
 
+import unicodedata
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +38,7 @@ from oxygen_ros.model.prompt import tokenize_prompt
 
 from .conversions import (
     ConversionError,
+    ImageLimits,
     check_compressed,
     check_image,
     compressed_to_rgb,
@@ -40,8 +50,22 @@ from .conversions import (
 RUNNING = "running"
 WAITING_FOR_CAMERA = "waiting_for_camera"
 WAITING_FOR_STATE = "waiting_for_state"
+FUTURE_FRAME = "future_frame"
 STALE_FRAME = "stale_frame"
+STALE_STATE = "stale_state"
 MODEL_ERROR = "model_error"
+SKIPPED_TICK_STATES = (FUTURE_FRAME, STALE_FRAME, STALE_STATE)  # ticks counted as drops (logged), not waits
+JOINT_STATES = "joint_states"  # the source name of joint-state drops
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """How old, how far ahead and how large inputs may be; 0 turns a check off."""
+
+    max_image_age_s: float = 0.0
+    max_state_age_s: float = 0.0
+    future_tolerance_s: float = 0.0
+    images: ImageLimits = ImageLimits()
 
 
 @dataclass
@@ -54,7 +78,25 @@ class Frame:
 
 
 @dataclass
+class Dropped:
+    """A message refused while decoding: where it came from, the counter it went to, and why in words."""
+
+    source: str  # topic
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    state: str
+    frame: Frame | None
+    detail: str = ""  # why not, in words (empty when acting)
+    dropped: list[Dropped] = field(default_factory=list)  # decode failures of this tick, already counted
+
+
+@dataclass
 class _Camera:
+    topic: str
     key: str
     compressed: bool
     pending: object = None  # newest message, not decoded yet
@@ -64,30 +106,42 @@ class _Camera:
     fresh: bool = False  # decoded since the last frame used it
 
 
+def _age(now_ns: int, stamp_ns: int) -> str:
+    return f"{(now_ns - stamp_ns) / 1e9:.3f} s"
+
+
 class FrameInputs:
     """Newest camera images and joint state; `next_frame` applies the rules in the module docstring."""
 
-    def __init__(self, camera_keys: tuple[str, ...], compressed: tuple[bool, ...], state_names: tuple[str, ...],
-                 max_image_age_s: float):
-        self.cameras = [_Camera(key, c) for key, c in zip(camera_keys, compressed, strict=True)]
+    def __init__(self, camera_topics: tuple[str, ...], camera_keys: tuple[str, ...], compressed: tuple[bool, ...],
+                 state_names: tuple[str, ...], limits: InputLimits):
+        self.cameras = [_Camera(topic, key, c) for topic, key, c in
+                        zip(camera_topics, camera_keys, compressed, strict=True)]
         self.state_names = state_names
-        self.max_image_age_ns = round(max_image_age_s * 1e9)
+        self.limits = limits
         self.state: np.ndarray | None = None
+        self.state_stamp_ns = 0
+        self.states_rejected = 0  # joint-state messages rejected since the last good one
         self.drops: Counter[str] = Counter()  # reason -> messages or ticks dropped
         self.reused_frames = 0
+        self.image_age_ns: int | None = None  # at the last tick: node clock - oldest of the newest image stamps
+        self.state_age_ns: int | None = None  # at the last tick: node clock - newest good joint state stamp
 
     @property
     def dropped_frames(self) -> int:
         return sum(self.drops.values())
 
+    def _count(self, err: ConversionError) -> ConversionError:
+        self.drops[err.reason] += 1
+        return err
+
     def on_image(self, index: int, msg) -> None:
         """Keep `msg` as camera `index`'s newest image; raises ConversionError (counted) if it fails the checks."""
         camera = self.cameras[index]
         try:
-            check_compressed(msg) if camera.compressed else check_image(msg)
+            check_compressed(msg, self.limits.images) if camera.compressed else check_image(msg, self.limits.images)
         except ConversionError as err:
-            self.drops[err.reason] += 1
-            raise
+            raise self._count(err) from None
         camera.pending = msg
 
     def on_joint_state(self, msg) -> None:
@@ -95,23 +149,42 @@ class FrameInputs:
         try:
             self.state = joint_positions(msg, self.state_names)
         except ConversionError as err:
-            self.drops[err.reason] += 1
-            raise
+            self.states_rejected += 1
+            raise self._count(err) from None
+        self.state_stamp_ns, self.states_rejected = stamp_to_ns(msg.header.stamp), 0
 
-    def missing_cameras(self) -> list[str]:
-        return [c.key for c in self.cameras if c.image is None and c.pending is None]
-
-    def next_frame(self, now_ns: int) -> tuple[str, Frame | None, list[ConversionError]]:
-        """(state, frame or None, decode errors of this tick); errors are already counted."""
-        errors = self._decode_pending()
-        if any(c.image is None for c in self.cameras):
-            return WAITING_FOR_CAMERA, None, errors
+    def next_frame(self, now_ns: int) -> Decision:
+        dropped = self._decode_pending()
+        waiting = [c.topic for c in self.cameras if c.image is None]
+        if waiting:
+            self.image_age_ns = None
+            return Decision(WAITING_FOR_CAMERA, None, "no image yet from " + ", ".join(waiting), dropped)
+        oldest = min(self.cameras, key=lambda c: c.stamp_ns)
+        self.image_age_ns = now_ns - oldest.stamp_ns
         if self.state is None:
-            return WAITING_FOR_STATE, None, errors
-        oldest = min(c.stamp_ns for c in self.cameras)
-        if self.max_image_age_ns and now_ns - oldest > self.max_image_age_ns:
+            return Decision(WAITING_FOR_STATE, None, self._state_detail("no good joint state yet"), dropped)
+        self.state_age_ns = now_ns - self.state_stamp_ns
+        limits = self.limits
+        tolerance_ns = round(limits.future_tolerance_s * 1e9)
+        if tolerance_ns:
+            newest = max(self.cameras, key=lambda c: c.stamp_ns)
+            if newest.stamp_ns - now_ns > tolerance_ns:
+                self.drops["future_frame"] += 1
+                return Decision(FUTURE_FRAME, None, f"image from {newest.topic} is stamped "
+                                f"{_age(newest.stamp_ns, now_ns)} ahead of the node clock", dropped)
+            if self.state_stamp_ns - now_ns > tolerance_ns:
+                self.drops["future_state"] += 1
+                return Decision(FUTURE_FRAME, None, f"joint state is stamped {_age(self.state_stamp_ns, now_ns)} "
+                                "ahead of the node clock", dropped)
+        if limits.max_image_age_s and self.image_age_ns > round(limits.max_image_age_s * 1e9):
             self.drops["stale_frame"] += 1
-            return STALE_FRAME, None, errors
+            return Decision(STALE_FRAME, None, f"newest image from {oldest.topic} is "
+                            f"{_age(now_ns, oldest.stamp_ns)} old", dropped)
+        if limits.max_state_age_s and self.state_age_ns > round(limits.max_state_age_s * 1e9):
+            self.drops["stale_state"] += 1
+            unstamped = " (its header.stamp is zero)" if not self.state_stamp_ns else ""
+            return Decision(STALE_STATE, None, self._state_detail(
+                f"newest good joint state is {_age(now_ns, self.state_stamp_ns)} old{unstamped}"), dropped)
         reused = not any(c.fresh for c in self.cameras)
         self.reused_frames += reused
         for camera in self.cameras:
@@ -119,31 +192,57 @@ class FrameInputs:
         first = self.cameras[0]
         frame = Frame(images={c.key: c.image for c in self.cameras}, state=self.state, stamp_ns=first.stamp_ns,
                       frame_id=first.frame_id, reused=reused)
-        return RUNNING, frame, errors
+        return Decision(RUNNING, frame, "", dropped)
 
-    def _decode_pending(self) -> list[ConversionError]:
-        errors = []
+    def _state_detail(self, what: str) -> str:
+        if self.states_rejected:
+            return f"{what}; the last {self.states_rejected} joint-state messages were rejected"
+        return what
+
+    def _decode_pending(self) -> list[Dropped]:
+        dropped = []
         for camera in self.cameras:
             msg, camera.pending = camera.pending, None
             if msg is None:
                 continue
             try:
-                camera.image = compressed_to_rgb(msg) if camera.compressed else image_to_rgb(msg)
+                image = compressed_to_rgb(msg, self.limits.images) if camera.compressed else \
+                    image_to_rgb(msg, self.limits.images)
             except ConversionError as err:
-                self.drops[err.reason] += 1
-                errors.append(err)
+                self._count(err)
+                dropped.append(Dropped(camera.topic, err.reason, str(err)))
                 continue
+            camera.image = image
             camera.stamp_ns, camera.frame_id, camera.fresh = stamp_to_ns(msg.header.stamp), msg.header.frame_id, True
-        return errors
+        return dropped
+
+
+_ZWJ = "\u200d"
+
+
+def cut_text(text: str, length: int) -> str:
+    """`text[:length]`, moved back so that no character loses a combining mark, emoji modifier or ZWJ sequence."""
+
+    def extends(char: str) -> bool:  # belongs to the character before it
+        return unicodedata.category(char) in ("Mn", "Mc", "Me") or char == _ZWJ or "\U0001f3fb" <= char <= "\U0001f3ff"
+
+    while 0 < length < len(text) and (extends(text[length]) or text[length - 1] == _ZWJ):
+        length -= 1
+    return text[:length].rstrip()
 
 
 class Instruction:
-    """The task text: a default until a message arrives; empty ones ignored, long ones cut, both counted."""
+    """The task text: a default until a message arrives; empty ones ignored, long ones cut, both counted.
+
+    Cutting never leaves an empty task: a text cut to nothing keeps its first character (`set`), and a prompt that
+    fits no prefix of the new text falls back to the previous task (`fit_prompt`).
+    """
 
     def __init__(self, default: str, max_chars: int):
         self.max_chars = max_chars
-        self.text = default[:max_chars]
+        self.text = cut_text(default, max_chars) or default[:max_chars]
         self._received = self.text  # the last accepted text before any prompt fitting
+        self._previous = self.text  # the task in use before the last accepted change
         self.version = 0  # bumped on every accepted change (on_instruction_change narrates once per version)
         self.ignored = 0
         self.truncated = 0
@@ -156,24 +255,26 @@ class Instruction:
             return "ignored"
         outcome = "accepted"
         if len(text) > self.max_chars:
-            text = text[: self.max_chars]
+            text = cut_text(text, self.max_chars) or text[: self.max_chars]
             self.truncated += 1
             outcome = "truncated"
         if text != self._received:
-            self.text = self._received = text
+            self._previous, self.text, self._received = self.text, text, text
             self.version += 1
         return outcome
 
-    def fit_prompt(self, tokenizer, state: np.ndarray, config, norm_stats) -> bool:
-        """Drop words from the end of the text until the model's prompt fits max_token_len with this state.
+    def fit_prompt(self, tokenizer, state: np.ndarray, config, norm_stats) -> str | None:
+        """Shorten the text until the model's prompt fits max_token_len with this state.
 
-        Returns False when the text already fits or no shortening helps (then the prompt error has another
-        cause); on success the shorter text replaces the current one (same version: it is the same task).
+        Drops words from the end; when not even the first word fits, cuts characters (`cut_text`); when no
+        prefix fits, goes back to the previous task. Returns "cut" or "previous" (the text changed, same version:
+        it is the same task), or None when the text already fits or no shortening helps (then the prompt error
+        has another cause).
         """
         try:
             normalized = normalized_state(state, config, norm_stats)
         except ValueError:
-            return False  # the state itself is the problem, not the text
+            return None  # the state itself is the problem, not the text
 
         def fits(text: str) -> bool:
             try:
@@ -182,13 +283,24 @@ class Instruction:
                 return False
             return True
 
-        words = self.text.split()
+        def longest(count: int, prefix) -> int:  # the largest n in [0, count] whose prefix(n) fits
+            low, high = 0, count + 1  # prefix(low) fits, prefix(high) does not
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (middle, high) if fits(prefix(middle)) else (low, middle)
+            return low
+
         if fits(self.text) or not fits(""):
-            return False
-        low, high = 0, len(words)  # words[:low] fits, words[:high] does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(" ".join(words[:middle])) else (low, middle)
-        self.text = " ".join(words[:low])
-        self.truncated += 1
-        return True
+            return None
+        words = self.text.split()
+        shorter = " ".join(words[: longest(len(words), lambda n: " ".join(words[:n]))])
+        if not shorter:
+            shorter = cut_text(self.text, longest(len(self.text), lambda n: self.text[:n]))
+        if shorter and fits(shorter):
+            self.text = shorter
+            self.truncated += 1
+            return "cut"
+        if self._previous != self.text and fits(self._previous):
+            self.text = self._previous
+            return "previous"
+        return None

@@ -1,7 +1,8 @@
 """How every executable of this package starts and stops rclpy, in one place.
 
 Each process gets its own `rclpy.Context` (so tests can run nodes in-process side by side), SIGINT/SIGTERM set a
-stop event instead of raising inside a callback, and shutdown runs in the order that never aborts the process:
+stop event instead of raising inside a callback (the process's own, from `entry`, when it started through it),
+and shutdown runs in the order that never aborts the process:
 executor, spin thread, node-specific cleanup, node, context (a spin thread left running makes rclpy abort with
 `terminate called without an active exception`).
 """
@@ -18,15 +19,24 @@ from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
+from .entry import process_stop
+
 
 @contextmanager
 def ros_process(name: str, argv: Sequence[str]) -> Iterator[tuple[rclpy.Context, threading.Event]]:
-    """rclpy initialized from `argv` (its `--ros-args` part) in a context of its own; yields (context, stop)."""
-    stop = threading.Event()
+    """rclpy initialized from `argv` (its `--ros-args` part) in a context of its own; yields (context, stop).
+
+    `stop` is the process's stop event when `entry.run` started it (its handlers then stay to the end); otherwise
+    (a node's main called in-process) SIGINT/SIGTERM set a new event until the block ends.
+    """
+    stop = process_stop()
+    previous = {}
+    if stop is None:
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     context = rclpy.Context()
-    rclpy.init(args=[name, *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        rclpy.init(args=[name, *argv], context=context, signal_handler_options=SignalHandlerOptions.NO)
         yield context, stop
     finally:
         for sig, handler in previous.items():

@@ -64,6 +64,9 @@ SPECS = (
     Spec("cameras.compressed", False, "subscribe to <topic>/compressed (sensor_msgs/CompressedImage, jpeg or "
                                       "png) instead of sensor_msgs/Image: one bool for all cameras or one "
                                       "per camera"),
+    Spec("cameras.max_pixels", 4096 * 4096, "refuse images larger than this many pixels (width x height, read "
+                                            "from the message or the JPEG/PNG header before decoding); 0: no "
+                                            "budget", ">= 0"),
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
     Spec("control.rate_hz", 10.0, "control ticks per second (one prefill and one action chunk per tick)", "> 0"),
@@ -74,6 +77,10 @@ SPECS = (
          ">= 0, < control period"),
     Spec("control.max_image_age_s", 0.5, "skip a tick whose newest camera image is older than this (node "
                                          "clock vs header stamp); 0 disables the check", ">= 0"),
+    Spec("control.max_state_age_s", 0.5, "skip a tick whose newest good joint state is older than this (node "
+                                         "clock vs header stamp); 0 disables the check", ">= 0"),
+    Spec("control.future_tolerance_s", 0.1, "skip a tick whose image or joint state is stamped more than this "
+                                            "ahead of the node clock; 0 disables the check", ">= 0"),
     Spec("control.denoise_steps", 0, "flow-matching Euler steps per chunk; 0: the model's default", ">= 0"),
     Spec("language.policy", "every_n_frames", "which frames start a narration",
          " | ".join(LANGUAGE_POLICIES)),
@@ -86,6 +93,8 @@ SPECS = (
     Spec("language.pool_slots", 8, "KV cache slots (one for the action path, the rest for narrations)", ">= 2"),
     Spec("language.admission", "drop_oldest", "what a new narration does when every slot is busy",
          " | ".join(ADMISSION_POLICIES)),
+    Spec("language.max_preempted", 16, "with admission preempt: narrations waiting for a slot; past it the "
+                                       "oldest waiting one is dropped", ">= 0"),
     Spec("instruction.default", "", "task text used until an instruction message arrives"),
     Spec("instruction.max_chars", 200, "longer instructions are cut to this many characters", ">= 1"),
     Spec("status.rate_hz", 2.0, "engine_status and /diagnostics publications per second", "> 0"),
@@ -105,6 +114,7 @@ class VlaParams:
     camera_topics: tuple[str, ...]
     camera_keys: tuple[str, ...]
     camera_compressed: tuple[bool, ...]
+    max_pixels: int  # 0: no budget
     state_names: tuple[str, ...]
     action_names: tuple[str, ...]
     rate_hz: float
@@ -112,6 +122,8 @@ class VlaParams:
     time_step_s: float  # resolved: never 0
     deadline_margin_s: float
     max_image_age_s: float
+    max_state_age_s: float
+    future_tolerance_s: float
     denoise_steps: int  # 0: the model's
     language_policy: str
     every_n_frames: int
@@ -120,6 +132,7 @@ class VlaParams:
     stream_every: int
     pool_slots: int
     admission: str
+    max_preempted: int
     default_instruction: str
     max_chars: int
     status_rate_hz: float
@@ -191,6 +204,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         camera_topics=topics,
         camera_keys=keys,
         camera_compressed=compressed,
+        max_pixels=p.integer("cameras.max_pixels"),
         state_names=p.names("joints.state_names"),
         action_names=p.names("joints.action_names"),
         rate_hz=rate_hz,
@@ -198,6 +212,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         time_step_s=time_step if time_step > 0 else 1.0 / rate_hz,
         deadline_margin_s=deadline_margin,
         max_image_age_s=p.number("control.max_image_age_s"),
+        max_state_age_s=p.number("control.max_state_age_s"),
+        future_tolerance_s=p.number("control.future_tolerance_s"),
         denoise_steps=p.integer("control.denoise_steps"),
         language_policy=p.choice("language.policy", LANGUAGE_POLICIES),
         every_n_frames=p.integer("language.every_n_frames", minimum=1),
@@ -206,6 +222,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         stream_every=p.integer("language.stream_every"),
         pool_slots=p.integer("language.pool_slots", minimum=2),
         admission=p.choice("language.admission", ADMISSION_POLICIES),
+        max_preempted=p.integer("language.max_preempted"),
         default_instruction=p.text("instruction.default"),
         max_chars=p.integer("instruction.max_chars", minimum=1),
         status_rate_hz=p.number("status.rate_hz", positive=True),

@@ -14,8 +14,14 @@ bag time). The bag is written under a temporary name and moved to OUT_BAG when c
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("record_node"))
+
+import argparse
 import threading
 from collections.abc import Sequence
 
@@ -118,6 +124,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,9 +18,15 @@ warning.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("replay_node"))
+
 import argparse
 import math
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -180,6 +186,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.get_logger().info(f"published {node.published} messages")
         return 1 if node.incomplete is not None and not args.allow_partial else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,6 +10,12 @@ are held. Run it on sim time (`use_sim_time:=true`); `oxygen-ros sim-demo --poli
 from __future__ import annotations
 
 import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("scripted_policy"))
+
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,6 +70,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop.wait()
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

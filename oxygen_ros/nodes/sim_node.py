@@ -22,8 +22,14 @@ the episode being recorded (if any) and exit 0.
 
 from __future__ import annotations
 
-import json
 import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("sim_node"))
+
+import json
 import threading
 import time
 from collections import deque
@@ -285,6 +291,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.get_logger().info("sim summary: " + json.dumps(node.status()))
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

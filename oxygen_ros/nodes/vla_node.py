@@ -11,18 +11,28 @@ oxygen.launch.py`). Threads:
   from its own thread through `on_text` (rclpy publishers are safe to use from a plain thread). The control tick
   never waits for language beyond the one decode step that may be in flight (the runtime's `ControlGate`).
 
-A model error in a tick is logged (throttled), counted and reported as state `model_error`; the node keeps running.
-SIGINT/SIGTERM: the executor stops, the runtime's worker is joined, the node destroyed, exit code 0.
+A model error in a tick, or a chunk with a non-finite value (never published), is logged, counted and reported
+as state `model_error`; the node keeps running. Every drop is logged with its source and reason, throttled per
+(source, reason) so that one repeating fault never hides another.
+SIGINT/SIGTERM (caught from the process's first line, `entry`): the executor stops, the runtime's worker is
+joined, the node destroyed, exit code 0.
 """
 
 from __future__ import annotations
 
 import sys
+
+if __name__ == "__main__":  # `python -m`: catch the stop signals before the imports below (seconds)
+    from oxygen_ros.nodes.entry import run
+
+    sys.exit(run("vla_node"))
+
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+import numpy as np
 import rclpy
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
@@ -38,10 +48,20 @@ from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig, TextUpdate
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
-from .conversions import ConversionError, chunk_to_trajectory, ns_to_stamp
+from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
-from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, Frame, FrameInputs, Instruction
+from .frame_inputs import (
+    JOINT_STATES,
+    MODEL_ERROR,
+    SKIPPED_TICK_STATES,
+    WAITING_FOR_CAMERA,
+    Frame,
+    FrameInputs,
+    InputLimits,
+    Instruction,
+)
 from .lifecycle import ros_process, spinning
+from .log_throttle import LogThrottle
 from .model_setup import load_policy
 from .parameters import ParameterError, declare_parameters, read_parameters
 
@@ -81,14 +101,20 @@ class VlaNode(Node):
         self.horizon = p.horizon or config.action_horizon
         scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
                                     deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
-                                    admission=p.admission, temperature=p.temperature, seed=p.seed)
+                                    admission=p.admission, max_preempted=p.max_preempted,
+                                    temperature=p.temperature, seed=p.seed)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
                                        seed=p.seed)
-        self.inputs = FrameInputs(p.camera_keys, p.camera_compressed, p.state_names, p.max_image_age_s)
+        limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
+                             future_tolerance_s=p.future_tolerance_s,
+                             images=ImageLimits(p.max_pixels, config.vision.image_size))
+        self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits)
         self.instruction = Instruction(p.default_instruction, p.max_chars)
         self.state = WAITING_FOR_CAMERA
         self.detail = ""
         self.model_errors = 0
+        self.nonfinite_chunks = 0
+        self._log = LogThrottle(LOG_THROTTLE_S)
         self.actions_published = 0
         self.narrations_published = 0
         self._acted = 0
@@ -96,7 +122,10 @@ class VlaNode(Node):
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
-        self._frame_ids: OrderedDict[int, str] = OrderedDict()  # source stamp -> camera frame_id, for narration
+        # source stamp -> camera frame_id of each narrating frame until its final text; the engine holds at most
+        # pool_slots + max_preempted requests, so that bounds it too.
+        self._frame_ids: OrderedDict[int, str] = OrderedDict()
+        self._max_frame_ids = p.pool_slots + p.max_preempted
         self._frame_ids_lock = threading.Lock()
 
         self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
@@ -132,13 +161,13 @@ class VlaNode(Node):
         try:
             self.inputs.on_image(index, msg)
         except ConversionError as err:
-            self._warn_drop(f"{self.params.camera_topics[index]}: {err}")
+            self._warn_drop(self.params.camera_topics[index], err.reason, str(err))
 
     def _on_joint_state(self, msg: JointState) -> None:
         try:
             self.inputs.on_joint_state(msg)
         except ConversionError as err:
-            self._warn_drop(f"joint_states: {err}")
+            self._warn_drop(JOINT_STATES, err.reason, str(err))
 
     def _on_instruction(self, msg: String) -> None:
         outcome = self.instruction.set(msg.data)
@@ -150,38 +179,51 @@ class VlaNode(Node):
         else:
             self.get_logger().info(f"instruction: {self.instruction.text!r}")
 
-    def _warn_drop(self, message: str) -> None:
-        self.get_logger().warning(f"dropped input: {message}", throttle_duration_sec=LOG_THROTTLE_S)
+    def _warn_drop(self, source: str, reason: str, message: str) -> None:
+        if (suffix := self._throttled((source, reason))) is not None:
+            self.get_logger().warning(f"dropped a message from {source} ({reason}): {message}{suffix}")
 
     # ---- control path -------------------------------------------------------------------------------------------
 
     def _control_tick(self) -> None:
         start = time.perf_counter()
         now_ns = self.get_clock().now().nanoseconds
-        state, frame, errors = self.inputs.next_frame(now_ns)
-        for err in errors:
-            self._warn_drop(str(err))
-        self.state = state
+        decision = self.inputs.next_frame(now_ns)
+        for dropped in decision.dropped:
+            self._warn_drop(dropped.source, dropped.reason, dropped.message)
+        self.state, self.detail, frame = decision.state, decision.detail, decision.frame
         if frame is None:
-            self.detail = self._waiting_detail()
+            if self.state in SKIPPED_TICK_STATES and (suffix := self._throttled(self.state)) is not None:
+                self.get_logger().warning(f"not acting ({self.state}): {self.detail}{suffix}")
             return
         narrate = self._should_narrate()
-        with self._frame_ids_lock:
-            self._frame_ids[frame.stamp_ns] = frame.frame_id
-            while len(self._frame_ids) > 4 * self.params.pool_slots:
-                self._frame_ids.popitem(last=False)
+        if narrate:
+            with self._frame_ids_lock:
+                self._frame_ids[frame.stamp_ns] = frame.frame_id
+                while len(self._frame_ids) > self._max_frame_ids:
+                    self._frame_ids.popitem(last=False)
         try:
             chunk = self._act(frame, narrate)
         except Exception as err:  # a model error must not stop the robot's node; it is reported instead
             self.model_errors += 1
             self.state, self.detail = MODEL_ERROR, f"{type(err).__name__}: {err}"
-            self.get_logger().error(f"act failed ({self.model_errors} so far): {self.detail}",
-                                    throttle_duration_sec=LOG_THROTTLE_S)
+            if (suffix := self._throttled("act")) is not None:
+                self.get_logger().error(f"act failed ({self.model_errors} so far): {self.detail}{suffix}")
             return
-        self.detail = ""
-        self._acted += 1
+        self._acted += 1  # narration cadence counts frames the model ran on, published or not
         if narrate:
             self._narrated_version = self.instruction.version
+        finite = np.isfinite(chunk.actions)
+        if not finite.all():  # never sent to a robot
+            self.nonfinite_chunks += 1
+            bad_joints = [name for name, ok in zip(self.params.action_names, finite.all(axis=0), strict=True)
+                          if not ok]
+            self.state, self.detail = MODEL_ERROR, (
+                f"action chunk has {finite.size - finite.sum()} non-finite values of {finite.size} (joints "
+                f"{', '.join(bad_joints)}); not published")
+            if (suffix := self._throttled("nonfinite")) is not None:
+                self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
+            return
         self.chunk_pub.publish(chunk_to_trajectory(chunk.actions, self.params.action_names, frame.stamp_ns,
                                                    self.params.time_step_s, self.horizon))
         self.actions_published += 1
@@ -197,13 +239,25 @@ class VlaNode(Node):
         try:
             return act()
         except ValueError:
-            # The prompt may not fit max_token_len with this instruction: cut it by words and try once more.
-            if not self.instruction.fit_prompt(self.policy.tokenizer, frame.state, self.policy.config,
-                                               self.policy.norm_stats):
+            # The prompt may not fit max_token_len with this instruction: shorten it and try once more.
+            outcome = self.instruction.fit_prompt(self.policy.tokenizer, frame.state, self.policy.config,
+                                                  self.policy.norm_stats)
+            if outcome is None:
                 raise
-            self.get_logger().warning(f"instruction too long for the model's prompt; using "
-                                      f"{self.instruction.text!r}")
+            if outcome == "cut":
+                self.get_logger().warning(f"instruction too long for the model's prompt; using "
+                                          f"{self.instruction.text!r}")
+            else:
+                self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the "
+                                          f"previous task {self.instruction.text!r}")
             return act()
+
+    def _throttled(self, key) -> str | None:
+        """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.
+
+        (Each severity needs its own logging call site: rclpy refuses one site logging at two severities.)"""
+        held = self._log.allow(key)
+        return None if held is None else LogThrottle.suffix(held)
 
     def _should_narrate(self) -> bool:
         policy = self.params.language_policy
@@ -213,18 +267,11 @@ class VlaNode(Node):
             return self.instruction.version != self._narrated_version
         return False
 
-    def _waiting_detail(self) -> str:
-        if self.state == WAITING_FOR_CAMERA:
-            return "no image yet from " + ", ".join(
-                topic for topic, camera in zip(self.params.camera_topics, self.inputs.cameras, strict=True)
-                if camera.image is None)
-        return ""
-
     # ---- language path (runtime worker thread) ------------------------------------------------------------------
 
     def _publish_text(self, update: TextUpdate) -> None:
         with self._frame_ids_lock:
-            frame_id = self._frame_ids.get(update.stamp_ns, "")
+            frame_id = (self._frame_ids.pop if update.final else self._frame_ids.get)(update.stamp_ns, "")
         msg = Narration(request_id=update.request_id, text=update.text, num_tokens=update.num_tokens,
                         final=update.final)
         msg.header.stamp = ns_to_stamp(update.stamp_ns)
@@ -238,6 +285,7 @@ class VlaNode(Node):
         worker_error = self.runtime.worker_error
         overhead = [t - a for t, a in zip(self._tick_times, self._act_times, strict=True)]
         drops = self.inputs.drops
+        image_age, state_age = self.inputs.image_age_ns, self.inputs.state_age_ns
         return Health(
             state=self.state, detail=self.detail, stats=self.runtime.stats(), target_rate_hz=self.params.rate_hz,
             actions_published=self.actions_published, dropped_frames=self.inputs.dropped_frames,
@@ -251,7 +299,10 @@ class VlaNode(Node):
                 "node_overhead_ms_p99": f"{_percentile_ms(overhead, 0.99):.2f}",
                 "narrations_published": self.narrations_published,
                 "reused_frames": self.inputs.reused_frames,
+                "image_age_ms": f"{image_age / 1e6:.2f}" if image_age is not None else "none",
+                "state_age_ms": f"{state_age / 1e6:.2f}" if state_age is not None else "none",
                 "model_errors": self.model_errors,
+                "nonfinite_chunks": self.nonfinite_chunks,
                 "instructions_ignored": self.instruction.ignored,
                 "instructions_truncated": self.instruction.truncated,
                 **{f"dropped_{reason}": count for reason, count in sorted(drops.items())},
@@ -276,10 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with spinning(node, stop, before_destroy=node.close) as spinner:
             stop.wait()
         if spinner.failure is not None:
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"a callback raised: {spinner.failure!r}")
+            failure = spinner.failure
+            rclpy.logging.get_logger(NODE_NAME).fatal(f"a callback raised {type(failure).__name__}: {failure}")
             return 1
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
