@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from .data.aloha import read_aloha, write_aloha
 from .data.bag import read_messages
 from .data.convert import main as convert_main
@@ -55,17 +57,26 @@ def trained_checkpoint(hdf5: Path, cache: Path) -> Path:
     return folder
 
 
-def node_command(args: argparse.Namespace, checkpoint: Path | None = None) -> list[str]:
+def policy_params(checkpoint: Path, path: Path) -> Path:
+    """A parameter file loading the trained checkpoint, greedy narration: passed last, it overrides the others
+    (a later parameter file wins, where a `-p` override does not win over a file's value)."""
+    params = {"model": {"checkpoint": str(checkpoint.resolve()),
+                        "tokenizer": str((checkpoint / TOKENIZER_FILE).resolve())},
+              "language": {"temperature": 0.0}}
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}))
+    return path
+
+
+def node_command(args: argparse.Namespace, extra_params: Path | None = None) -> list[str]:
     command = [*python_command("oxygen_ros.nodes.vla_node"), "--ros-args"]
     for name in PARAMETER_FILES:
         path = find_config(name)
         if path is None:
             raise RuntimeError(f"config/{name} not found (source tree or share/oxygen_ros/config)")
         command += ["--params-file", str(path)]
+    if extra_params is not None:
+        command += ["--params-file", str(extra_params)]
     overrides = ["use_sim_time:=true"]
-    if checkpoint is not None:  # greedy narration: a trained model's captions, not samples
-        overrides += [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={checkpoint / TOKENIZER_FILE}",
-                      "language.temperature:=0.0"]
     if args.preset:
         overrides.append(f"model.preset:={args.preset}")
     if args.rate_hz:
@@ -86,7 +97,7 @@ def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path, checkpoint
     """Recorder + VLA node + replay; returns the recorded bag once the replay has finished."""
     run_bag = out / "run_bag"
     env = child_env()
-    node_cmd = node_command(args, checkpoint)
+    node_cmd = node_command(args, policy_params(checkpoint, out / "policy.yaml") if checkpoint else None)
     logs = {name: open(out / f"{name}.log", "w") for name in ("record", "vla_node", "replay")}
     processes: dict[str, subprocess.Popen] = {}
     try:

@@ -59,8 +59,8 @@ ALOHA_CAMERA_KEYS = {"cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_r
 @dataclass(frozen=True)
 class TrainConfig:
     preset: str = "tiny"
-    steps: int = 700
-    batch_size: int = 32
+    steps: int = 600
+    batch_size: int = 16
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     text_weight: float = 0.5
