@@ -157,7 +157,7 @@ def evaluate(model: Pi05Model, data: TrainingSet, tokenizer: Tokenizer, stats: N
 def episode_content_hash(episode: Episode) -> str:
     """SHA-256 of what training reads from the episode (pixels, state, actions, rate, task, joint names)."""
     digest = hashlib.sha256()
-    digest.update(json.dumps([episode.fps, episode.task, list(episode.joint_names), sorted(episode.cameras)]).encode())
+    digest.update(json.dumps([float(episode.fps), episode.task, list(episode.joint_names), sorted(episode.cameras)]).encode())
     for array in (episode.state, episode.actions, *(episode.images[c] for c in sorted(episode.cameras))):
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
@@ -204,8 +204,16 @@ def train(episode: Episode, out: str | Path, config: TrainConfig = TrainConfig()
     One thread by default: the tiny model's matrices are too small for a second thread to pay for its
     synchronisation, and on a busy machine it costs several times over.
     """
-    model_config = get_preset(config.preset)
+    previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        return _train(episode, Path(out), config, tokenizer_path, log)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(episode: Episode, out: Path, config: TrainConfig, tokenizer_path: str | None, log) -> dict:
+    model_config = get_preset(config.preset)
     torch.manual_seed(config.seed)
     with atomic_output(out) as folder:
         folder.mkdir()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from oxygen_ros.data.aloha import write_aloha
 from oxygen_ros.data.captions import STILL, frame_captions
 from oxygen_ros.data.synthetic import synthetic_episode
 from oxygen_ros.model.checkpoint import load_checkpoint
@@ -20,15 +21,16 @@ from oxygen_ros.train_tiny import (
     TOKENIZER_FILE,
     TrainConfig,
     action_chunks,
+    episode_content_hash,
     fit,
     norm_stats_from_episode,
-    train,
     training_set,
 )
 from oxygen_ros.train_tiny import main as train_main
 
 TINY = get_preset("tiny")
 TASK = "pick up the red cube and place it in the bowl"
+THREADS = torch.get_num_threads()
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +96,10 @@ def test_a_few_steps_make_both_losses_fall(data):
         assert np.mean([h[name] for h in last]) < 0.7 * np.mean([h[name] for h in first]), name
 
 
-def test_checkpoint_folder_loads_like_a_real_one(tmp_path, episode, capsys):
-    info = train(episode, tmp_path / "ckpt", TrainConfig(steps=3, batch_size=4), log=lambda line: None)
+def test_train_tiny_writes_a_checkpoint_folder_that_loads_like_a_real_one(tmp_path, episode, capsys):
+    hdf5 = write_aloha(tmp_path / "episode_0.hdf5", episode)
+    assert train_main([str(hdf5), str(tmp_path / "ckpt"), "--task", TASK, "--steps", "3", "--batch-size", "4"]) == 0
+    assert f"wrote {tmp_path / 'ckpt'}: 3 steps" in capsys.readouterr().out
     loaded = load_checkpoint(tmp_path / "ckpt")
     assert loaded.model.config == TINY
     stats = norm_stats_from_episode(episode)
@@ -104,7 +108,10 @@ def test_checkpoint_folder_loads_like_a_real_one(tmp_path, episode, capsys):
             np.testing.assert_allclose(loaded.norm_stats[key][stat], stats[key][stat], rtol=1e-6, atol=1e-6)
     assert load_tokenizer(tmp_path / "ckpt" / TOKENIZER_FILE).vocab_size <= TINY.vocab_size
     written = json.loads((tmp_path / "ckpt" / "training.json").read_text())
-    assert written["episode_sha256"] == info["episode_sha256"] and len(written["loss"]) == 3
-    # the folder is complete or absent: a second run into it is refused, not mixed
-    assert train_main([str(tmp_path / "missing.hdf5"), str(tmp_path / "other")]) == 1
-    assert "missing.hdf5" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    assert written["episode_sha256"] == episode_content_hash(episode) and len(written["loss"]) == 3
+    assert torch.get_num_threads() == THREADS  # training's own thread count does not leak into its caller
+
+
+def test_train_tiny_names_a_bad_episode_and_writes_nothing(tmp_path, capsys):
+    assert train_main([str(tmp_path / "missing.hdf5"), str(tmp_path / "ckpt")]) == 1
+    assert "missing.hdf5" in capsys.readouterr().err and not (tmp_path / "ckpt").exists()
