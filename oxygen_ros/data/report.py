@@ -158,7 +158,8 @@ def action_error(rec: Recording, recorded: RecordedActions) -> dict:
 
 
 def caption_accuracy(narration: list[dict], recorded: RecordedActions) -> dict:
-    """Finished narrations whose text equals the caption of the frame they were conditioned on."""
+    """Finished narrations whose text equals the caption of the frame they were conditioned on; each scored entry
+    of `narration` gets that caption as `expected`, for the report to print beside it."""
     try:
         captions = frame_captions(recorded.actions)
     except ValueError as err:
