@@ -13,7 +13,8 @@ lint: setup
 test: lint
 	$(PY) -m pytest -q
 
-# Generated ALOHA episode -> rosbag2 -> replay into the VLA node (tiny preset) + recorder -> report (out/demo).
+# Generated ALOHA episode -> rosbag2 -> tiny policy trained on it (cached in out/cache) -> replay into the VLA node
+# loading that checkpoint + recorder -> report (out/demo).
 demo: setup
 	$(VENV)/bin/oxygen-ros demo --out out/demo
 

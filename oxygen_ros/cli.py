@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "record": ("oxygen_ros.nodes.record_node", "record topics into a rosbag2"),
     "report": ("oxygen_ros.data.report", "rates, action latency, narration timeline and plots from a bag"),
     "demo": ("oxygen_ros.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
+    "train-tiny": ("oxygen_ros.train_tiny", "fit the tiny pi0.5 on one ALOHA episode -> checkpoint folder"),
     "sim-demo": ("oxygen_ros.sim_demo", "closed loop: gym-aloha sim_node + the VLA node on sim time, timing report"),
     "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
     "fleet-profile": ("oxygen_ros.fleet.profile_cli", "measure real stage latencies of served models -> LUT JSON"),

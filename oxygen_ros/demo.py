@@ -1,19 +1,25 @@
 """`oxygen-ros demo`: the whole pipeline on a generated episode, end to end, on one machine.
 
-1. writes a synthetic ALOHA episode (moving images on two cameras, smooth 14-joint trajectories) as the ALOHA tools
-   write it (HDF5, JPEG-compressed images), and converts it to a rosbag2 with `oxygen-ros convert`;
-2. starts the recorder, the VLA node (`config/aloha.yaml` + `config/demo_tiny.yaml`: the tiny preset with random
-   weights, on simulated time) and the replay of the episode bag with its /clock, as
-   `launch/oxygen_demo.launch.py` does on a ROS 2 install;
-3. when the replay ends, stops the nodes and writes the run report (topic rates, latency from frame stamp to
-   chunk, narration timeline, action-chunk plot against the episode's recorded actions) and prints a summary.
+1. writes a synthetic ALOHA episode (a scripted bimanual hand-over seen by two cameras) as the ALOHA tools write
+   it (HDF5, JPEG-compressed images), and converts it to a rosbag2 with `oxygen-ros convert`;
+2. trains the `tiny` pi0.5 on that episode (`oxygen-ros train-tiny`: its actions and per-frame captions) into a
+   checkpoint folder, cached by the episode's content and the training settings, so a rerun skips it;
+3. starts the recorder, the VLA node (`config/aloha.yaml` + `config/demo_tiny.yaml`, on simulated time) loading
+   that checkpoint and its tokenizer as it would a real one (`model.checkpoint`, `model.tokenizer`, greedy
+   narration), and the replay of the episode bag with its /clock, as `launch/oxygen_demo.launch.py` does on a
+   ROS 2 install;
+4. when the replay ends, stops the nodes and writes the run report (topic rates, latency from frame stamp to
+   chunk, narration timeline, action-chunk plot against the episode's recorded actions, the chunks' error against
+   them and the narration's caption accuracy) and prints a summary.
 
-Random weights do not make sensible text or motion: the demo shows the plumbing, the rates and the latency.
+`--untrained` (or a `--preset` other than tiny) runs random weights instead, which show only the plumbing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -23,25 +29,41 @@ from pathlib import Path
 import yaml
 
 from .command_line import CommandParser, UsageError, claim_output_dir
-from .data.aloha import write_aloha
+from .data.aloha import read_aloha, write_aloha
 from .data.bag import read_messages
 from .data.convert import main as convert_main
 from .data.report import actions_from_episode_bag, write_report
 from .data.synthetic import synthetic_episode
 from .model.config import PRESETS
 from .processes import demo_env, find_config, python_command, stop
+from .train_tiny import INFO_FILE, TOKENIZER_FILE, TrainConfig, episode_content_hash, train
 
 CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
 PARAMETER_FILES = ("aloha.yaml", "demo_tiny.yaml")
 TASK = "pick up the red cube and place it in the bowl"
 RECORDED_TOPICS = ("action_chunk", "narration", "engine_status", "/clock")
+TRAINING = TrainConfig()
 
 
-def node_command(args: argparse.Namespace, out: Path) -> list[str]:
+def trained_checkpoint(hdf5: Path, cache: Path) -> Path:
+    """The tiny policy trained on the episode, from `cache` when the same episode and settings were trained before."""
+    episode = read_aloha(hdf5, task=TASK)
+    key = hashlib.sha256(f"{episode_content_hash(episode)} {json.dumps(dataclasses.asdict(TRAINING))}".encode())
+    folder = cache / f"tiny_{key.hexdigest()[:16]}"
+    if (folder / INFO_FILE).is_file():
+        print(f"demo: using the policy already trained on this episode, {folder}", flush=True)
+        return folder
+    print(f"demo: training the tiny policy on the episode ({TRAINING.steps} steps) into {folder}", flush=True)
+    train(episode, folder, TRAINING, log=lambda line: print(f"  {line}", flush=True))
+    return folder
+
+
+def node_command(args: argparse.Namespace, out: Path, checkpoint: Path | None = None) -> list[str]:
     """The VLA node with the demo's parameter files, then this run's overrides as one more file.
 
-    The overrides (sim time, `--preset`, `--rate-hz`) go into `out/node_overrides.yaml`, loaded last: later
-    parameter files win, whereas a `-p` given after parameter files loses to them.
+    The overrides (sim time, the trained checkpoint with greedy narration, `--preset`, `--rate-hz`) go into
+    `out/node_overrides.yaml`, loaded last: later parameter files win, whereas a `-p` given after parameter files
+    loses to them.
     """
     command = [*python_command("oxygen_ros.nodes.vla_node"), "--ros-args"]
     for name in PARAMETER_FILES:
@@ -50,8 +72,12 @@ def node_command(args: argparse.Namespace, out: Path) -> list[str]:
             raise RuntimeError(f"config/{name} not found (source tree or share/oxygen_ros/config)")
         command += ["--params-file", str(path)]
     overrides: dict = {"use_sim_time": True}
+    if checkpoint is not None:
+        overrides["model"] = {"checkpoint": str(checkpoint.resolve()),
+                              "tokenizer": str((checkpoint / TOKENIZER_FILE).resolve())}
+        overrides["language"] = {"temperature": 0.0}
     if args.preset:
-        overrides["model"] = {"preset": args.preset}
+        overrides.setdefault("model", {})["preset"] = args.preset
     if args.rate_hz:
         overrides["control"] = {"rate_hz": float(args.rate_hz)}
     overrides_file = out / "node_overrides.yaml"
@@ -60,7 +86,7 @@ def node_command(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def make_episode_bag(out: Path, seconds: float) -> tuple[Path, Path]:
-    episode = synthetic_episode(seconds=seconds, fps=50.0, cameras=CAMERAS, task=TASK)
+    episode = synthetic_episode(seconds=seconds, fps=50.0, cameras=CAMERAS, task=TASK, motion="handover")
     hdf5 = write_aloha(out / "episode_0.hdf5", episode, compress=True)
     bag = out / "episode_bag"
     if convert_main(["aloha", str(hdf5), str(bag), "--task", TASK]) != 0:
@@ -68,11 +94,11 @@ def make_episode_bag(out: Path, seconds: float) -> tuple[Path, Path]:
     return hdf5, bag
 
 
-def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path) -> Path:
+def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path, checkpoint: Path | None) -> Path:
     """Recorder + VLA node + replay; returns the recorded bag once the replay has finished."""
     run_bag = out / "run_bag"
     env = demo_env(args.user_domain, "demo")
-    node_cmd = node_command(args, out)
+    node_cmd = node_command(args, out, checkpoint)
     logs = {name: open(out / f"{name}.log", "w") for name in ("record", "vla_node", "replay")}
     processes: dict[str, subprocess.Popen] = {}
     try:
@@ -117,15 +143,25 @@ def engine_status(run_bag: Path) -> dict:
     return {name: getattr(status, name) for name in fields}
 
 
-def summary_lines(report: dict, status: dict, seconds: float) -> list[str]:
+def summary_lines(report: dict, status: dict, seconds: float, training: dict | None = None) -> list[str]:
     chunks = report["topics"].get("/action_chunk", {})
     latency = report["action_latency"]
     finals = [n for n in report["narration"] if n["final"]]
     lines = [
         "oxygen-ros demo summary",
         f"  episode            {seconds:.0f} s synthetic ALOHA episode, cameras {', '.join(CAMERAS)}",
+        "  policy             " + (f"tiny pi0.5 trained on the episode ({training['train_config']['steps']} steps, "
+                                    f"{training['train_seconds']:.0f} s), loaded from its checkpoint folder"
+                                    if training else "random weights"),
         f"  action chunks      {report['action_chunks']} received, {chunks.get('rate_hz') or 0:.1f} Hz",
     ]
+    error = report.get("action_error", {})
+    if error.get("available"):
+        contrast = (f"; random weights {training['before']['action_error']:.3f} (offline, every "
+                    f"{training['train_config']['eval_every']}th frame)" if training else "")
+        worst = max(error["per_joint"].items(), key=lambda item: item[1])
+        lines.append(f"  action error       {error['mean_abs']:.3f} mean abs vs recorded actions (robot units; worst "
+                     f"{worst[0]} {worst[1]:.3f}){contrast}")
     if latency["available"]:
         lines.append(f"  action latency     p50 {latency['p50_ms']:.1f} ms, p99 {latency['p99_ms']:.1f} ms "
                      f"(frame stamp -> chunk received)")
@@ -137,9 +173,13 @@ def summary_lines(report: dict, status: dict, seconds: float) -> list[str]:
         lines.append(f"  engine             act p50 {status['action_latency_p50_ms']:.1f} ms, p99 "
                      f"{status['action_latency_p99_ms']:.1f} ms, {status['deadline_misses']} deadline misses, "
                      f"{status['dropped_frames']} dropped frames, {status['language_tokens_per_s']:.1f} tokens/s")
-    lines.append(f"  narration          {len(report['narration'])} requests, {len(finals)} finished")
-    for entry in finals[:3]:
-        lines.append(f"    [{entry['first_s']:5.2f} s] request {entry['request_id']}: {entry['text'][:70]!r}")
+    captions = report.get("caption_accuracy", {})
+    accuracy = (f", {captions['matches']}/{captions['scored']} ({captions['accuracy']:.0%}) equal their frame's "
+                f"caption" if captions.get("available") else "")
+    lines.append(f"  narration          {len(report['narration'])} requests, {len(finals)} finished{accuracy}")
+    for entry in finals[:: max(1, len(finals) // 4)][:4]:
+        expected = f" (caption {entry['expected']!r})" if "expected" in entry else ""
+        lines.append(f"    [{entry['first_s']:5.2f} s] {entry['text'][:40]!r}{expected}")
     return lines
 
 
@@ -165,6 +205,8 @@ def build_parser() -> CommandParser:
     parser.add_argument("--user-domain", action="store_true",
                         help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
                         "localhost-only domain (other nodes on it then see the demo's synthetic topics)")
+    parser.add_argument("--untrained", action="store_true", help="random weights instead of the trained tiny policy")
+    parser.add_argument("--cache", default="out/cache", help="where trained policies are kept between runs")
     return parser
 
 
@@ -177,15 +219,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     try:
         hdf5, episode_bag = make_episode_bag(out, args.seconds)
-        print(f"demo: wrote {hdf5} and {episode_bag}; replaying it into vla_node", flush=True)
-        run_bag = run_nodes(args, out, episode_bag)
-        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag), random_weights=True)
+        print(f"demo: wrote {hdf5} and {episode_bag}", flush=True)
+        checkpoint = None if args.untrained or args.preset not in (None, "tiny") else trained_checkpoint(
+            hdf5, Path(args.cache))
+        training = json.loads((checkpoint / INFO_FILE).read_text()) if checkpoint else None
+        print("demo: replaying the episode into vla_node", flush=True)
+        run_bag = run_nodes(args, out, episode_bag, checkpoint)
+        report = write_report(run_bag, out / "report", actions_from_episode_bag(episode_bag),
+                              random_weights=checkpoint is None)
         status = engine_status(run_bag)
     except Exception as error:  # noqa: BLE001 - one clear line for the person running the demo
         print(f"demo failed: {error}", file=sys.stderr)
         return 1
-    (out / "summary.json").write_text(json.dumps({"report": report, "engine_status": status}, indent=2) + "\n")
-    print("\n".join(summary_lines(report, status, args.seconds)))
+    summary = {"report": report, "engine_status": status, "checkpoint": str(checkpoint) if checkpoint else None,
+               "training": {k: v for k, v in training.items() if k != "loss"} if training else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n".join(summary_lines(report, status, args.seconds, training)))
     print(f"wrote {out / 'report' / 'report.md'} and {out / 'report' / 'actions.png'}")
     if report["action_chunks"] == 0:
         print("demo failed: no action chunk was recorded", file=sys.stderr)

@@ -7,7 +7,9 @@ import pytest
 from rosbags.rosbag2 import StoragePlugin, Writer
 
 from oxygen_ros.data import synthetic_episode, write_aloha, write_episode_bag
+from oxygen_ros.data.captions import frame_captions
 from oxygen_ros.data.msgtypes import bag_typestore
+from oxygen_ros.data.report import RecordedActions, Recording, action_error, caption_accuracy
 from oxygen_ros.data.report import main as report_main
 
 BAG_T0 = 1_700_000_000 * 10**9  # the episode's stamps (convert's default base time)
@@ -143,3 +145,36 @@ def test_impossible_negative_latencies_are_flagged(tmp_path, capsys):
     assert report_main([str(tmp_path / "ok"), "--out", str(tmp_path / "out_ok")]) == 0
     lat = json.loads((tmp_path / "out_ok/report.json").read_text())["action_latency"]
     assert lat["negative_count"] == 0 and "warning" not in lat
+
+
+def test_action_error_pairs_chunk_point_i_with_the_action_of_frame_t_plus_i():
+    """A chunk from frame t whose point i (published at (i + 1) steps) is the recorded action of frame t + i scores
+    zero error; the same chunk one frame late, or with two joints swapped, does not."""
+    ep = synthetic_episode(seconds=1.0, fps=50, motion="handover")
+    stamps = BAG_T0 + np.arange(ep.length) * 20_000_000
+    recorded = RecordedActions(stamps, ep.actions.astype(np.float64), list(ep.joint_names))
+
+    def recording(offset: int, names: list[str]) -> Recording:
+        chunks = [{"stamp_ns": int(stamps[t]), "joint_names": names, "times_s": 0.02 * np.arange(1, 9),
+                   "positions": ep.actions[t + offset : t + offset + 8].astype(np.float64)}
+                  for t in range(0, ep.length - 9, 5)]
+        return Recording(chunks=chunks)
+
+    exact = action_error(recording(0, list(ep.joint_names)), recorded)
+    assert exact["available"] and exact["mean_abs"] < 1e-9 and list(exact["per_joint"]) == list(ep.joint_names)
+    assert action_error(recording(1, list(ep.joint_names)), recorded)["mean_abs"] > 1e-4
+    swapped = list(ep.joint_names)
+    swapped[0], swapped[7] = swapped[7], swapped[0]
+    assert action_error(recording(0, swapped), recorded)["per_joint"]["left_waist"] > 1e-3
+
+
+def test_caption_accuracy_scores_finished_narration_against_its_frame():
+    ep = synthetic_episode(seconds=4.0, fps=50, motion="handover")
+    stamps = BAG_T0 + np.arange(ep.length) * 20_000_000
+    recorded = RecordedActions(stamps, ep.actions.astype(np.float64), list(ep.joint_names))
+    captions = frame_captions(ep.actions)
+    narration = [{"frame_stamp_ns": int(stamps[t]), "text": captions[t], "final": True} for t in (0, 60, 120)]
+    narration += [{"frame_stamp_ns": int(stamps[30]), "text": "something else", "final": True},
+                  {"frame_stamp_ns": int(stamps[40]), "text": captions[40][:3], "final": False}]
+    scored = caption_accuracy(narration, recorded)
+    assert (scored["matches"], scored["scored"]) == (3, 4) and narration[3]["expected"] == captions[30]

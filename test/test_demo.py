@@ -1,39 +1,96 @@
-"""The main job, end to end at reduced length: generated ALOHA episode -> bag -> replay + vla_node + recorder ->
-report. Real processes, real DDS, real bags; only the episode is shorter than the README's default."""
+"""The main job, end to end at reduced length: generated ALOHA episode -> bag -> tiny policy trained on it (short)
+-> replay + vla_node loading that checkpoint + recorder -> report. Real processes, real DDS, real bags, a real
+checkpoint folder on disk; only the episode and the training are shorter than the README's default."""
 
+import dataclasses
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+import numpy as np
 
 from oxygen_ros.command_line import OUTPUT_MARKER, claim_output_dir
-from oxygen_ros.demo import main
+from oxygen_ros.data.captions import frame_captions
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.data.report import RecordedActions, action_error, actions_from_episode_bag, load_recording
+from oxygen_ros.demo import TRAINING, main, trained_checkpoint
 
 from ros_test_utils import listen_while_running
 
+TRAINING_STEPS = 400
+TOLERANCE = 0.12  # mean absolute chunk error, robot units (rad; gripper normalised)
 
-def test_demo_runs_end_to_end(tmp_path, capsys, ros_env, monkeypatch):
+
+def shifted(recorded: RecordedActions, frames: int) -> RecordedActions:
+    """The recorded actions as if the chunk from frame t predicted the actions from frame t + `frames` on."""
+    count = len(recorded.stamps_ns) - abs(frames)
+    first_stamp, first_action = max(0, -frames), max(0, frames)
+    return RecordedActions(recorded.stamps_ns[first_stamp : first_stamp + count],
+                           recorded.actions[first_action : first_action + count], recorded.joint_names)
+
+
+def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_path, capsys, ros_env, monkeypatch):
     monkeypatch.setenv("ROS_DOMAIN_ID", ros_env["ROS_DOMAIN_ID"])
-    out = tmp_path / "demo"
-    assert main(["--out", str(out), "--seconds", "5"]) == 0
+    monkeypatch.setattr("oxygen_ros.demo.TRAINING", dataclasses.replace(TRAINING, steps=TRAINING_STEPS))
+    out, cache = tmp_path / "demo", tmp_path / "cache"
+    assert main(["--out", str(out), "--seconds", "5", "--cache", str(cache)]) == 0
     printed = capsys.readouterr().out
     assert "oxygen-ros demo summary" in printed and "action latency     p50" in printed
+    assert "action error" in printed and "equal their frame's caption" in printed
 
     summary = json.loads((out / "summary.json").read_text())
-    report, status = summary["report"], summary["engine_status"]
+    report, status, training = summary["report"], summary["engine_status"], summary["training"]
     assert report["action_chunks"] >= 30  # 10 Hz for ~5 s of replay
     assert report["action_latency"]["available"] and report["action_latency"]["p50_ms"] < 1000
-    assert any(entry["final"] for entry in report["narration"])
     assert status["state"] == "running" and status["actions_published"] > 0  # (its last report came earlier)
     assert status["kv_slots_total"] > 0 and status["language_tokens_per_s"] > 0
+    assert Path(summary["checkpoint"]).parent == cache and training["train_config"]["steps"] == TRAINING_STEPS
+
+    # The chunks the node published follow the recorded actions; the same model untrained does not come close.
+    error = report["action_error"]
+    assert error["available"] and error["mean_abs"] < TOLERANCE < training["before"]["action_error"]
+    assert list(error["per_joint"]) == list(ALOHA_JOINT_NAMES)
+
+    # Joint order and time alignment: matching by the published joint names and pairing the chunk from frame t
+    # with the actions from t on fits better than swapping the arms or pairing it with actions half a second away.
+    recording = load_recording(out / "run_bag")
+    recorded = actions_from_episode_bag(out / "episode_bag")
+    aligned = action_error(recording, recorded)["mean_abs"]
+    swapped = RecordedActions(recorded.stamps_ns, recorded.actions,
+                              recorded.joint_names[7:] + recorded.joint_names[:7])
+    assert action_error(recording, swapped)["mean_abs"] > 2 * aligned
+    by_shift = {k: action_error(recording, shifted(recorded, k))["mean_abs"] for k in (-25, -10, 0, 10, 25)}
+    assert min(by_shift, key=by_shift.get) == 0, by_shift
+    stamps = set(recorded.stamps_ns.tolist())
+    assert all(chunk["stamp_ns"] in stamps for chunk in recording.chunks)  # each chunk is stamped with its frame
+    assert all(np.isclose(chunk["times_s"][0], 0.02) for chunk in recording.chunks)  # point 0: one step later
+
+    # Narration decodes to captions of the episode, often the very caption of the frame it was conditioned on
+    # (phases last a fraction of a second in this short episode; the README's 20 s run scores higher).
+    captions = report["caption_accuracy"]
+    assert captions["available"] and captions["scored"] >= 5 and captions["accuracy"] >= 0.4, captions
+    finals = [n for n in report["narration"] if n["final"]]
+    episode_captions = set(frame_captions(recorded.actions))
+    assert sum(n["text"] in episode_captions for n in finals) >= 0.7 * len(finals), [n["text"] for n in finals]
+
     for name in ("episode_0.hdf5", "report/report.md", "report/report.json"):
         assert (out / name).is_file()
     assert (out / "report" / "actions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Action error" in (out / "report" / "report.md").read_text()
+
+    # The same episode and settings again: the cached policy, no second training.
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr("oxygen_ros.demo.train", no_training)
+    assert trained_checkpoint(out / "episode_0.hdf5", cache) == Path(summary["checkpoint"])
 
 
 def test_demo_reports_a_failure_clearly(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("oxygen_ros.demo.find_config", lambda name: None)
-    assert main(["--out", str(tmp_path / "demo"), "--seconds", "1"]) == 1
+    assert main(["--out", str(tmp_path / "demo"), "--seconds", "1", "--untrained"]) == 1
     assert "demo failed: config/aloha.yaml not found" in capsys.readouterr().err
 
 

@@ -3,7 +3,14 @@
 BAG is what `oxygen-ros record` captured while an episode bag was replayed into the node. The report gives
 per-topic rates, action latency (chunk receive time minus the chunk's header stamp, which the node sets to the
 stamp of the camera frame it acted on), the narration timeline, and a plot of every action chunk against the
-episode's recorded actions (`actions.png`), written with report.json and report.md into DIR.
+episode's recorded actions (`actions.png`), written with report.json and report.md into DIR. With the episode it
+also scores the policy: the chunks' error against the recorded actions, per joint (matched by name) and overall,
+and how many narrations equal the caption `data.captions` derives for their frame.
+
+Time alignment: the recorded action of frame k is the target commanded at that frame for the next control step,
+and the node puts a chunk's point i (predicted for frame t + i) at `(i + 1)` steps after the chunk's frame stamp
+t; so a point at time T is compared with the recorded action stamped T - one step (the episode's median frame
+interval), and the plot draws recorded actions at that target time.
 
 Replayed frames keep the episode's stamps, so receive times are converted to bag time first: through the
 recorded /clock (replay with --clock) when present, otherwise used as they are when they are on the same clock
@@ -31,6 +38,7 @@ from ..command_line import CommandParser
 from .aloha import aloha_episode_path, read_aloha
 from .atomic import output_folder
 from .bag import read_messages
+from .captions import frame_captions
 from .episode import DataError
 from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS, base_time_seconds
 from .lerobot import read_lerobot
@@ -136,6 +144,51 @@ class RecordedActions:
     actions: np.ndarray  # (T, A)
     joint_names: list[str]
 
+    @property
+    def step_ns(self) -> int:
+        """The episode's frame interval (median), by which a recorded action leads the time it targets."""
+        return int(np.median(np.diff(self.stamps_ns))) if len(self.stamps_ns) > 1 else 0
+
+
+def action_error(rec: Recording, recorded: RecordedActions) -> dict:
+    """Mean absolute error of every chunk point against the recorded action it targets (see module docstring),
+    per joint by name and overall, in the robot's units; points past the episode's end are left out."""
+    names = recorded.joint_names or [f"joint {j}" for j in range(recorded.actions.shape[1])]
+    target_ns = (recorded.stamps_ns + recorded.step_ns).astype(np.float64)
+    sums, counts = np.zeros(len(names)), np.zeros(len(names), dtype=np.int64)
+    for chunk in rec.chunks:
+        times = chunk["stamp_ns"] + chunk["times_s"] * 1e9
+        inside = (times >= target_ns[0]) & (times <= target_ns[-1])
+        for j, name in enumerate(names):
+            if name not in chunk["joint_names"] or not inside.any():
+                continue
+            wanted = np.interp(times[inside], target_ns, recorded.actions[:, j])
+            sums[j] += np.abs(chunk["positions"][inside, chunk["joint_names"].index(name)] - wanted).sum()
+            counts[j] += int(inside.sum())
+    if not counts.any():
+        return {"available": False, "reason": "no chunk point lies within the episode or no joint name matches"}
+    per_joint = {name: float(sums[j] / counts[j]) for j, name in enumerate(names) if counts[j]}
+    return {"available": True, "mean_abs": float(sums.sum() / counts.sum()), "points": int(counts.max()),
+            "per_joint": per_joint}
+
+
+def caption_accuracy(narration: list[dict], recorded: RecordedActions) -> dict:
+    """Finished narrations whose text equals the caption of the frame they were conditioned on; each scored entry
+    of `narration` gets that caption as `expected`, for the report to print beside it."""
+    try:
+        captions = frame_captions(recorded.actions)
+    except ValueError as err:
+        return {"available": False, "reason": str(err)}
+    frame_of = {int(stamp): k for k, stamp in enumerate(recorded.stamps_ns)}
+    scored = [(entry, captions[frame_of[entry["frame_stamp_ns"]]]) for entry in narration
+              if entry["final"] and entry["frame_stamp_ns"] in frame_of]
+    if not scored:
+        return {"available": False, "reason": "no finished narration is stamped with a frame of the episode"}
+    matches = sum(entry["text"].strip() == caption for entry, caption in scored)
+    for entry, caption in scored:
+        entry["expected"] = caption
+    return {"available": True, "matches": matches, "scored": len(scored), "accuracy": matches / len(scored)}
+
 
 def actions_from_episode_bag(bag: str | os.PathLike,
                               on_incomplete: Callable[[str], None] | None = None) -> RecordedActions:
@@ -187,7 +240,7 @@ def plot_actions(rec: Recording, recorded: RecordedActions | None, path: Path, m
                 t = chunk_s[c] + chunk["times_s"]
                 ax.plot(t, chunk["positions"][:, column], color=cmap(norm(chunk_s[c])), lw=0.8, alpha=0.6)
         if recorded is not None:
-            ax.plot((recorded.stamps_ns - t0) / 1e9, recorded.actions[:, j], color="black", lw=1.4)
+            ax.plot((recorded.stamps_ns + recorded.step_ns - t0) / 1e9, recorded.actions[:, j], color="black", lw=1.4)
         ax.set_title(name, fontsize=8)
         ax.tick_params(labelsize=7)
     for j in range(dim, rows * cols):
@@ -217,6 +270,9 @@ def write_report(bag: str | os.PathLike, out: str | os.PathLike, recorded: Recor
     report = {"bag": str(bag), "topics": topic_rates(rec), "action_latency": action_latency(rec),
               "action_chunks": len(rec.chunks), "narration": narration_timeline(rec),
               "random_weights": random_weights}
+    if recorded is not None:
+        report["action_error"] = action_error(rec, recorded)
+        report["caption_accuracy"] = caption_accuracy(report["narration"], recorded)
     with output_folder(out) as folder:
         plot_actions(rec, recorded, folder / "actions.png", random_weights=random_weights)
         (folder / "report.json").write_text(json.dumps(report, indent=2))
@@ -247,10 +303,24 @@ def _markdown(report: dict) -> str:
             lines += ["", f"**Warning:** {lat['warning']}."]
     else:
         lines.append(f"unavailable: {lat['reason']}")
+    error = report.get("action_error")
+    if error is not None:
+        lines += ["", "## Action error (chunk points vs the recorded actions they target, robot units)", ""]
+        if error["available"]:
+            lines += [f"mean absolute error {error['mean_abs']:.4f} over {error['points']} points per joint", "",
+                      "| joint | mean abs error |", "|---|---|"]
+            lines += [f"| {name} | {value:.4f} |" for name, value in error["per_joint"].items()]
+        else:
+            lines.append(f"unavailable: {error['reason']}")
+    captions = report.get("caption_accuracy")
     lines += ["", "## Narration", ""]
+    if captions is not None:
+        lines += [f"{captions['matches']} of {captions['scored']} finished narrations equal their frame's caption "
+                  f"({captions['accuracy']:.0%})" if captions["available"] else f"captions: {captions['reason']}", ""]
     for n in report["narration"]:
+        expected = f" (frame caption: {n['expected']})" if "expected" in n else ""
         lines.append(f"- {n['first_s']:.2f}-{n['last_s']:.2f} s, request {n['request_id']}, {n['num_tokens']} tokens"
-                     f"{'' if n['final'] else ' (unfinished)'}: {printable(n['text'])}")
+                     f"{'' if n['final'] else ' (unfinished)'}: {printable(n['text'])}{expected}")
     lines += ["", "![actions](actions.png)", ""]
     return "\n".join(lines)
 

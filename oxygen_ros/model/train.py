@@ -1,0 +1,110 @@
+"""The pi0.5 training losses, differentiable, over the same layers and attention pattern inference uses.
+
+- Action loss (flow matching, as openpi / LeRobot train pi0.5): per sample a time t ~ Beta(1.5, 1) * 0.999 + 0.001
+  and Gaussian noise; the expert sees x_t = t * noise + (1 - t) * actions and is regressed (mean squared error)
+  onto the velocity u = noise - actions, which `sample_actions` integrates from t = 1 down to t = 0.
+- Text loss: next-token cross-entropy on a caption that follows the prompt, as `decode_step` generates it: caption
+  token n sits after the prefix at RoPE position `num_valid + n` and attends to the valid prefix and to the caption
+  tokens before it; the last valid prefix token predicts the first caption token and the last caption token EOS.
+
+The prefix rows never attend to the caption, so the prefix K/V the expert reads is the one `prefill` caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .gemma import attend, prefix_attention_bias, rope_cos_sin
+from .inputs import ModelInputs
+from .pi05 import Pi05Model
+
+BETA_ALPHA = 1.5  # Beta(1.5, 1)
+TIME_SCALE, TIME_OFFSET = 0.999, 0.001
+
+
+@dataclass
+class Losses:
+    action: Tensor  # flow-matching mean squared error, scalar
+    text: Tensor  # mean next-token cross-entropy over caption tokens and their EOS, scalar
+
+
+def sample_times(batch: int, generator: torch.Generator | None = None) -> Tensor:
+    """Flow-matching times [B] in [0.001, 1], weighted towards the noisy end as pi0 does.
+
+    Beta(a, 1) has the CDF x**a, so u**(1/a) with u uniform samples it exactly from a seeded generator.
+    """
+    beta = torch.rand(batch, generator=generator) ** (1.0 / BETA_ALPHA)
+    return beta * TIME_SCALE + TIME_OFFSET
+
+
+def prefix_with_caption(model: Pi05Model, inputs: ModelInputs, caption: Tensor, caption_mask: Tensor):
+    """Backbone over [prefix ; caption]: per-layer prefix K/V, prefix validity and the text logits.
+
+    Logits are for the last valid prefix token followed by every caption position: [B, 1 + C, vocab].
+    """
+    cfg = model.config
+    x, valid = model.embed_prefix(inputs)
+    length, c = x.shape[1], caption.shape[1]
+    num_valid = valid.sum(dim=1)
+    x = torch.cat([x, model.backbone.embed(caption)], dim=1)
+    positions = torch.cat([valid.long().cumsum(dim=1) - 1, num_valid[:, None] + torch.arange(c)], dim=1)
+    cos, sin = rope_cos_sin(positions, cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
+    # Prefix rows: the valid prefix (padding rows see themselves). Caption rows: the valid prefix, then causal.
+    total = length + c
+    keys_valid = torch.cat([valid, caption_mask.bool()], dim=1)
+    causal = torch.ones(c, c, dtype=torch.bool).tril()
+    mask = torch.zeros(x.shape[0], total, total, dtype=torch.bool)
+    mask[:, :length, :length] = valid[:, None, :] & valid[:, :, None]
+    mask[:, length:, :length] = valid[:, None, :]
+    mask[:, length:, length:] = causal[None] & keys_valid[:, None, length:]
+    mask |= torch.eye(total, dtype=torch.bool)
+    prefix_k, prefix_v = [], []
+    for layer in model.backbone.layers:
+        q, k, v, gate = layer.project_qkv(x, None, cos, sin)
+        prefix_k.append(k[:, :, :length])
+        prefix_v.append(v[:, :, :length])
+        x = layer.finish(x, attend(q, k, v, mask[:, None]), gate, None)
+    last = length - 1 - valid.flip(1).long().argmax(dim=1)
+    rows = torch.arange(x.shape[0])
+    text_hidden = torch.cat([x[rows, last][:, None], x[:, length:]], dim=1)
+    return torch.stack(prefix_k), torch.stack(prefix_v), valid, model.backbone.logits(text_hidden).float()
+
+
+def training_losses(
+    model: Pi05Model,
+    inputs: ModelInputs,
+    actions: Tensor,
+    caption: Tensor,
+    caption_mask: Tensor,
+    generator: torch.Generator | None = None,
+) -> Losses:
+    """Both losses for a batch (CPU tensors).
+
+    actions [B, horizon, action_dim] normalised and zero-padded; caption [B, C] token ids right-padded with PAD,
+    caption_mask [B, C] bool (a sample may have an empty caption: then only its EOS is learned).
+    """
+    cfg = model.config
+    b = actions.shape[0]
+    if tuple(actions.shape[1:]) != (cfg.action_horizon, cfg.action_dim):
+        raise ValueError(f"actions must be [B, {cfg.action_horizon}, {cfg.action_dim}], got {tuple(actions.shape)}")
+    prefix_k, prefix_v, valid, logits = prefix_with_caption(model, inputs, caption, caption_mask)
+
+    lengths = caption_mask.long().sum(dim=1)
+    targets = torch.cat([caption, torch.full((b, 1), cfg.pad_id, dtype=caption.dtype)], dim=1)
+    targets[torch.arange(b), lengths] = cfg.eos_id
+    target_mask = torch.arange(targets.shape[1])[None, :] <= lengths[:, None]
+    text = F.cross_entropy(logits[target_mask], targets[target_mask])
+
+    noise = torch.randn(actions.shape, generator=generator)
+    t = sample_times(b, generator)
+    x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * actions
+    horizon = cfg.action_horizon
+    positions = valid.sum(dim=1)[:, None] + torch.arange(horizon)
+    cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta, model.dtype)
+    bias = prefix_attention_bias(valid, cfg.expert.num_heads // cfg.expert.num_kv_heads, horizon, model.dtype)
+    velocity = model._velocity(x_t, model.time_condition(t), prefix_k, prefix_v, bias, cos, sin)
+    return Losses(action=F.mse_loss(velocity, noise - actions), text=text)

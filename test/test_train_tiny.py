@@ -1,0 +1,118 @@
+"""Training the tiny pi0.5 on an episode: the training forward computes what inference computes, the losses fall,
+and the checkpoint folder loads the way the node loads one."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from oxygen_ros.data.aloha import write_aloha
+from oxygen_ros.data.captions import STILL, frame_captions
+from oxygen_ros.data.synthetic import synthetic_episode
+from oxygen_ros.model.checkpoint import load_checkpoint
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.kv_cache import KVCache
+from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
+from oxygen_ros.model.tokenizer import load_tokenizer
+from oxygen_ros.model.train import prefix_with_caption, sample_times
+from oxygen_ros.train_tiny import (
+    TOKENIZER_FILE,
+    TrainConfig,
+    action_chunks,
+    episode_content_hash,
+    fit,
+    norm_stats_from_episode,
+    training_set,
+)
+from oxygen_ros.train_tiny import main as train_main
+
+TINY = get_preset("tiny")
+TASK = "pick up the red cube and place it in the bowl"
+
+
+@pytest.fixture(scope="module")
+def episode():
+    return synthetic_episode(seconds=3.0, fps=50, cameras=("cam_high", "cam_left_wrist"), task=TASK,
+                             motion="handover")
+
+
+@pytest.fixture(scope="module")
+def data(episode, tokenizer):
+    return training_set(episode, TINY, tokenizer, norm_stats_from_episode(episode))
+
+
+def test_captions_name_the_moving_arm_and_phase(episode):
+    captions = frame_captions(episode.actions)
+    assert captions[-1] == STILL
+    phases = [c for i, c in enumerate(captions) if i == 0 or c != captions[i - 1]]
+    for phrase in ("left arm moves", "left gripper closes", "left arm carries", "right arm moves",
+                   "right gripper closes", "left gripper opens", "right arm carries", "right gripper opens"):
+        assert any(phrase in caption for caption in phases), phrase
+    assert phases.index("left gripper closes") < phases.index("left arm carries") < phases.index(
+        "right gripper closes") < phases.index("left gripper opens")
+
+
+def test_chunks_start_at_their_frame_and_repeat_the_last_action():
+    actions = np.arange(10, dtype=np.float64)[:, None] * [1.0, -1.0]
+    chunks = action_chunks(actions, 4)
+    np.testing.assert_array_equal(chunks[2, :, 0], [2, 3, 4, 5])
+    np.testing.assert_array_equal(chunks[8, :, 1], [-8, -9, -9, -9])
+
+
+def test_flow_matching_times_follow_beta_1_5_1():
+    t = sample_times(200_000, torch.Generator().manual_seed(0))
+    assert float(t.min()) >= 0.001 and float(t.max()) <= 1.0
+    # Beta(1.5, 1) has mean 0.6 and P(x < 0.5) = 0.5 ** 1.5
+    assert float(t.mean()) == pytest.approx(0.001 + 0.999 * 0.6, abs=3e-3)
+    assert float((t < 0.001 + 0.999 * 0.5).float().mean()) == pytest.approx(0.5**1.5, abs=3e-3)
+
+
+def test_training_forward_matches_prefill_and_decode(data):
+    """The text logits and prefix K/V of the training forward equal prefill + decode_step's, token by token."""
+    model = build_model(TINY, seed=3)
+    frames = torch.tensor([5, 70, 140])
+    inputs, _, caption, mask = data.batch(frames)
+    prefix_k, _, valid, logits = prefix_with_caption(model, inputs, caption, mask)
+    cache = KVCache(TINY, 3, TINY.prefix_len + caption.shape[1])
+    slots = torch.arange(3)
+    prefill = model.prefill(inputs, cache, slots, want_logits=True)
+    torch.testing.assert_close(prefix_k, cache.k[:, :, :, : TINY.prefix_len], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[:, 0], prefill.logits, atol=1e-4, rtol=1e-4)
+    for n in range(caption.shape[1]):
+        step = model.decode_step(cache, slots, caption[:, n], torch.full((3,), TINY.prefix_len + n),
+                                 prefill.num_valid + n)
+        real = mask[:, n]  # past a caption's end the decode would have stopped
+        torch.testing.assert_close(logits[real, n + 1], step[real], atol=1e-4, rtol=1e-4)
+
+
+def test_a_few_steps_make_both_losses_fall(data):
+    model = build_model(TINY, seed=0)
+    history = fit(model, data, TrainConfig(steps=40, batch_size=8, warmup_steps=5), log=lambda line: None)
+    first, last = history[:8], history[-8:]
+    for name in ("action", "text"):
+        assert np.mean([h[name] for h in last]) < 0.7 * np.mean([h[name] for h in first]), name
+
+
+def test_train_tiny_writes_a_checkpoint_folder_that_loads_like_a_real_one(tmp_path, episode, capsys):
+    hdf5 = write_aloha(tmp_path / "episode_0.hdf5", episode)
+    threads = torch.get_num_threads()
+    assert train_main([str(hdf5), str(tmp_path / "ckpt"), "--task", TASK, "--steps", "3", "--batch-size", "4",
+                       "--threads", str(threads + 1)]) == 0
+    assert f"wrote {tmp_path / 'ckpt'}: 3 steps" in capsys.readouterr().out
+    loaded = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.model.config == TINY
+    stats = norm_stats_from_episode(episode)
+    for key in (STATE_KEY, ACTION_KEY):
+        for stat in ("q01", "q99", "mean", "std"):
+            np.testing.assert_allclose(loaded.norm_stats[key][stat], stats[key][stat], rtol=1e-6, atol=1e-6)
+    assert load_tokenizer(tmp_path / "ckpt" / TOKENIZER_FILE).vocab_size <= TINY.vocab_size
+    written = json.loads((tmp_path / "ckpt" / "training.json").read_text())
+    assert written["episode_sha256"] == episode_content_hash(episode) and len(written["loss"]) == 3
+    assert torch.get_num_threads() == threads  # training's own thread count does not leak into its caller
+
+
+def test_train_tiny_names_a_bad_episode_and_writes_nothing(tmp_path, capsys):
+    assert train_main([str(tmp_path / "missing.hdf5"), str(tmp_path / "ckpt")]) == 1
+    assert "missing.hdf5" in capsys.readouterr().err and not (tmp_path / "ckpt").exists()
