@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.engine.kv_pool import KVPool
-from oxygen_ros.engine.workloads import synthetic_frames
+from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.fleet.batching import bucket_for
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 from oxygen_ros.fleet.sm_partition import SmPartitions
@@ -104,8 +104,7 @@ class ServedModel:
         self.pad_slots = {
             stage: [self.pool.allocate(f"pad-{stage.value}") for _ in range(max_batch)] for stage in Stage
         }
-        frames, _ = synthetic_frames(self.config, 1, seed=seed, device=device, dtype=dtype)
-        self.stock_frame = frames[0]  # stands in for padding rows and for profiling placeholders
+        self.stock_frame = zero_inputs(self.config, 1, device, dtype)  # padding rows and profiling placeholders
         self.noise = torch.Generator().manual_seed(seed)
 
 

@@ -21,7 +21,7 @@ from rclpy.exceptions import (
 )
 from rclpy.parameter import Parameter
 
-from oxygen_ros.engine.frame_scheduler import ADMISSION_POLICIES
+from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("cpu", "cuda")
