@@ -125,6 +125,17 @@ class _Counters:
     actions: int = 0
     misses: int = 0
     tokens: int = 0  # every generated token, the prefill's first ones included
+    requests_dropped: int = 0  # refused, evicted, or preempted past the cap
+
+    def action(self, now: float, latency: float, missed: bool) -> None:
+        self.latencies.append(latency)
+        self.action_times.append(now)
+        self.actions += 1
+        self.misses += missed
+
+    def produced(self, now: float, tokens: int) -> None:
+        self.tokens += tokens
+        self.token_times.append((now, tokens))
 
 
 class Runtime:
@@ -150,7 +161,8 @@ class Runtime:
         self._submit_lock = threading.Lock()  # frames arrive from any thread
         self._origins: dict[int, _Origin] = {}
         self._notes: deque[LanguageRequest] = deque()  # finished on the control path, reported by the worker
-        self._counters = _Counters()
+        self._counters = _Counters()  # all robots
+        self._robot_counters: dict[str, _Counters] = {}
         self._steps_since_frame = 0
         self._draining = False
         self._wake = threading.Event()
@@ -251,30 +263,36 @@ class Runtime:
         chunks = []
         for i, frame in enumerate(plan.frames):
             missed = deadline_missed(now, frame.deadline)
-            self._counters.latencies.append(now - frame.arrival)
-            self._counters.action_times.append(now)
-            self._counters.actions += 1
-            self._counters.misses += missed
+            for counters in self._counting(frame.robot_id):
+                counters.action(now, now - frame.arrival, missed)
             chunks.append(ActionChunk(frame.frame_id, frame.robot_id, frame.stamp_ns, actions[i], now - frame.arrival,
                                       missed, request_ids[i], frame.context))
         self._wake.set()
         return chunks
 
+    def _counting(self, robot_id: str) -> tuple[_Counters, _Counters]:
+        return self._counters, self._robot_counters.setdefault(robot_id, _Counters())
+
+    def _dropped(self, request: LanguageRequest) -> None:
+        request.finish("evicted", time.perf_counter())
+        self._notes.append(request)
+        self._counters.requests_dropped += 1
+        origin = self._origins.get(request.request_id)
+        if origin is not None:
+            self._counting(origin.robot_id)[1].requests_dropped += 1
+
     def _displace(self, plan: ActionPlan, runner: ModelRunner) -> None:
         for item in plan.displaced:
             runner.free([item.request.slot])
             if not item.preempted:
-                item.request.finish("evicted", time.perf_counter())
-                self._notes.append(item.request)
+                self._dropped(item.request)
         for request in plan.dropped:
-            request.finish("evicted", time.perf_counter())
-            self._notes.append(request)
+            self._dropped(request)
         for frame in plan.refused:
             refused = LanguageRequest(self.scheduler.new_request_id(), -1, frame.frame_id, frame.stamp_ns, 0, 0,
                                       frame.max_new_tokens, -1)
-            refused.finish("evicted", time.perf_counter())
             self._origins[refused.request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
-            self._notes.append(refused)
+            self._dropped(refused)
 
     def _hand_over(self, plan: ActionPlan, runner: ModelRunner, out, i: int) -> int | None:
         frame, slot = plan.frames[i], out.slots[i]
@@ -288,7 +306,8 @@ class Runtime:
                                 out.num_valid[i], out.first_logits[i], frame.max_new_tokens, eos, sched.temperature,
                                 sched.seed * 1_000_003 + request_id)
         self._origins[request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
-        self._counters.tokens += len(request.tokens)
+        for counters in self._counting(frame.robot_id):
+            counters.produced(time.perf_counter(), len(request.tokens))
         if request.done:  # a budget of 0 or 1, or EOS first: nothing to decode
             runner.free([slot])
             self._notes.append(request)
@@ -361,10 +380,12 @@ class Runtime:
         while steps < plan.steps:
             started = time.perf_counter()
             produced = runner.decode(plan.requests)
-            self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), time.perf_counter() - started)
+            now = time.perf_counter()
+            self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), now - started)
             steps += 1
-            self._counters.tokens += produced
-            self._counters.token_times.append((time.perf_counter(), produced))
+            self._counters.produced(now, produced)
+            for request in plan.requests:
+                self._counting(self._origins[request.request_id].robot_id)[1].produced(now, 1)
             finished = self.scheduler.retire(plan.model_id)
             runner.free([r.slot for r in finished])
             self._notes.extend(finished)
@@ -430,8 +451,9 @@ class Runtime:
     def tokens_generated(self) -> int:
         return self._counters.tokens
 
-    def stats(self, window_s: float = 5.0) -> RuntimeStats:
-        c = self._counters
+    def stats(self, window_s: float = 5.0, robot_id: str | None = None) -> RuntimeStats:
+        """All robots', or one robot's (actions, latencies, misses, tokens, requests); the pools are shared."""
+        c = self._counters if robot_id is None else self._robot_counters.get(robot_id, _Counters())
         now = time.perf_counter()
         latencies = list(c.latencies)
         recent_actions = [t for t in c.action_times if now - t <= window_s]
@@ -445,8 +467,9 @@ class Runtime:
             actions=c.actions,
             deadline_misses=c.misses,
             tokens_per_s=recent_tokens / window_s,
-            active_requests=self.scheduler.language_requests(),
-            requests_dropped=self.scheduler.requests_dropped,
+            active_requests=self.scheduler.language_requests() if robot_id is None else
+            sum(o.robot_id == robot_id for o in list(self._origins.values())),
+            requests_dropped=c.requests_dropped,
             slots_used=sum(r.slots_in_use for r in self.runners.values()),
             slots_total=sum(r.language_slots + r.max_batch for r in self.runners.values()),
             bytes_used=sum(r.slots_in_use * p.bytes_per_slot for r, p in zip(self.runners.values(), pools)),

@@ -19,12 +19,13 @@ import time
 from collections.abc import Sequence
 
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.utilities import remove_ros_args
 
 from oxygen_ros.data.bag import TopicInfo, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
+from oxygen_ros.nodes.qos import LATCHED_QOS
 from oxygen_ros.nodes.topic_types import TopicTypeError, is_sensor_stream, message_class
 
 
@@ -47,7 +48,7 @@ def qos_for(info: TopicInfo) -> QoSProfile:
     if is_sensor_stream(info.msgtype):
         return qos_profile_sensor_data
     if info.count == 1:
-        return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        return LATCHED_QOS
     return QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -39,6 +39,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
+from oxygen_ros.nodes.qos import LATCHED_QOS
 from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv, SimulationDiverged
 from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor
 from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
@@ -115,9 +116,7 @@ class SimNode(Node):
         self._image_pubs = {cam: self.create_publisher(Image, f"camera/{cam}/image_raw", qos_profile_sensor_data)
                             for cam in self.env.cameras}
         self._joint_pub = self.create_publisher(JointState, "joint_states", QoSProfile(depth=10))
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        self._instruction_pub = self.create_publisher(String, "instruction", latched)
+        self._instruction_pub = self.create_publisher(String, "instruction", LATCHED_QOS)
         self._status_pub = self.create_publisher(String, "sim/status", QoSProfile(depth=10))
         # Best effort matches both reliable and best-effort chunk publishers.
         self._chunk_sub = self.create_subscription(

@@ -28,7 +28,6 @@ import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.exceptions import InvalidTopicNameException
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -45,14 +44,10 @@ from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, Frame, FrameInputs, I
 from .lifecycle import ros_process, spinning
 from .model_setup import load_policy
 from .parameters import ParameterError, declare_parameters, read_parameters
+from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
-INSTRUCTION_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-# Sensor-data QoS (best effort: hears best-effort and reliable publishers) with a history of one: only the newest
-# image or joint state matters, so a busy executor never works through a backlog of older frames.
-SENSOR_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE)
 
 
 def _percentile_ms(samples: Sequence[float], q: float) -> float:
@@ -112,7 +107,7 @@ class VlaNode(Node):
             except InvalidTopicNameException as err:
                 raise ParameterError(f"cameras.topics: {err}") from None
         self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
-        self.create_subscription(String, "instruction", self._on_instruction, INSTRUCTION_QOS)
+        self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS)
         self.control_timer = self.create_timer(p.period_s, self._control_tick)
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
         self.get_logger().info(
