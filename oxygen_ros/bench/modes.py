@@ -189,8 +189,10 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     taken = -1
     done = threading.Event()
     progress = threading.Condition()
+    threads = torch.get_num_threads()
 
     def language_worker():
+        torch.set_num_threads(threads)  # the caller's intra-op budget, not OpenMP's default for a new thread
         with streams.language():
             language_loop()
 

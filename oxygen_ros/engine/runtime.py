@@ -174,6 +174,9 @@ class Runtime:
     # ---- lifecycle ------------------------------------------------------------------------------------------------
 
     def start(self, control_thread: bool = False) -> Runtime:
+        # OpenMP gives a new thread the machine's default team size, not the caller's torch.set_num_threads
+        # budget: the runtime's threads take the caller's, or two threads would each run a full-size team
+        self._intra_op_threads = torch.get_num_threads()
         self._threads.append(threading.Thread(target=self._language_loop, name="oxygen-language", daemon=True))
         if control_thread:
             self._threads.append(threading.Thread(target=self._control_loop, name="oxygen-control", daemon=True))
@@ -321,6 +324,7 @@ class Runtime:
                            frame.context, error)
 
     def _control_loop(self) -> None:
+        torch.set_num_threads(self._intra_op_threads)
         while not self._stop.is_set():
             self._frames_ready.wait(timeout=0.05)
             self._frames_ready.clear()
@@ -331,6 +335,7 @@ class Runtime:
     # ---- language path --------------------------------------------------------------------------------------------
 
     def _language_loop(self) -> None:
+        torch.set_num_threads(self._intra_op_threads)
         with self.streams.language():
             try:
                 while not self._stop.is_set():
