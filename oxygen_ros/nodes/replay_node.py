@@ -24,6 +24,7 @@ from rclpy.utilities import remove_ros_args
 
 from oxygen_ros.data.bag import TopicInfo, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
+from oxygen_ros.nodes.conversions import ns_to_stamp
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
 from oxygen_ros.nodes.qos import LATCHED_QOS
 from oxygen_ros.nodes.topic_types import TopicTypeError, is_sensor_stream, message_class
@@ -84,7 +85,7 @@ class ReplayNode(Node):
 
     def _publish_clock(self, bag_ns: int) -> None:
         msg = self._clock_class()
-        msg.clock.sec, msg.clock.nanosec = divmod(int(bag_ns), 1_000_000_000)
+        msg.clock = ns_to_stamp(bag_ns)
         self._clock_pub.publish(msg)
 
     def _wait_until(self, target: float, bag_start_ns: int, wall_start: float, stop: threading.Event) -> bool:
