@@ -206,10 +206,10 @@ class Runtime:
 
     def frame(self, inputs: ModelInputs, narrate: bool, *, model_id: str = DEFAULT_MODEL, robot_id: str = "",
               stamp_ns: int = 0, age_s: float = 0.0, budget_s: float | None = None, noise: Tensor | None = None,
-              max_new_tokens: int | None = None, context: Any = None) -> ActionFrame:
-        """A frame arriving now, `age_s` after its camera stamp; its deadline is the stamp + `budget_s` (default:
-        the control period)."""
-        now = time.perf_counter()
+              max_new_tokens: int | None = None, context: Any = None, arrival: float | None = None) -> ActionFrame:
+        """A frame that arrived at `arrival` (perf_counter; default now, e.g. before preprocessing), `age_s` after
+        its camera stamp; its deadline is the stamp + `budget_s` (default: the control period)."""
+        now = time.perf_counter() if arrival is None else arrival
         budget = self.config.scheduler.control_period_s if budget_s is None else budget_s
         return ActionFrame(model_id, inputs, narrate, now - age_s + budget, now, robot_id, stamp_ns,
                            max_new_tokens, noise, context)

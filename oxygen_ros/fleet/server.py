@@ -9,6 +9,7 @@ layer over this; nothing here knows about ROS.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -56,10 +57,11 @@ class FleetServer:
                context=None) -> None:
         """Queue a robot's frame (any thread); raises ValueError when the observation does not fit its model."""
         robot = self.robots[robot_id]
+        arrival = time.perf_counter()  # latency counts preprocessing too
         inputs = self.runtime.prepare(observation, robot.model_id)
         self.runtime.submit(self.runtime.frame(inputs, narrate, model_id=robot.model_id, robot_id=robot_id,
                                                stamp_ns=stamp_ns, age_s=age_s, budget_s=robot.slo_s,
-                                               context=context))
+                                               context=context, arrival=arrival))
 
     def robot_actions(self, chunk: ActionChunk, dims: int) -> np.ndarray:
         return self.runtime.robot_actions(chunk, dims, self.robots[chunk.robot_id].model_id)

@@ -183,10 +183,11 @@ class VlaNode(Node):
         # the prompt must fit max_token_len with this instruction and state: cut it by words first if need be
         if self.instruction.fit_prompt(self.policy.tokenizer, frame.state, self.policy.config, self.policy.norm_stats):
             self.get_logger().warning(f"instruction too long for the model's prompt; using {self.instruction.text!r}")
+        start = time.perf_counter()  # the chunk's latency includes preprocessing
         observation = Observation(images=frame.images, state=frame.state, task=self.instruction.text)
         inputs = self.runtime.prepare(observation)
         chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
-                                                    context=frame.frame_id))
+                                                    context=frame.frame_id, arrival=start))
         return chunk, self.runtime.robot_actions(chunk, len(self.params.action_names))
 
     def _should_narrate(self) -> bool:
