@@ -37,7 +37,7 @@ import torch
 
 from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.model_runner import concat_inputs, zero_inputs
-from oxygen_ros.fleet.batching import bucket_for
+from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 from oxygen_ros.fleet.sm_partition import SmPartitions
 from oxygen_ros.model.config import PRESETS, Pi05Config
