@@ -226,7 +226,8 @@ class Runtime:
     # ---- control path ---------------------------------------------------------------------------------------------
 
     def act(self, frame: ActionFrame) -> ActionChunk:
-        """Run `frame` on the calling thread (with whatever else is pending); raises if the model failed on it."""
+        """Run `frame` on the calling thread (with whatever else is pending); raises if the model failed on it.
+        For callers that run the control path themselves, not beside `start(control_thread=True)`."""
         self.submit(frame)
         while True:
             chunks = self.run_control()
