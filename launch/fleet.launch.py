@@ -14,7 +14,7 @@ from launch_ros.substitutions import FindPackageShare
 
 ARGUMENTS = (
     ("params_file", PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "fleet.yaml"]),
-     "fleet_node parameter file (models, robots, SLO, design)"),
+     "fleet_node parameter file (models, robots, SLO, queue)"),
     ("assignment_file", "", "robot -> GPU assignment JSON (empty: serve every robot in params_file)"),
     ("gpu_index", "0", "which GPU of the assignment this node serves"),
 )

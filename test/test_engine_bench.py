@@ -2,8 +2,8 @@
 
 import json
 
+from oxygen_ros.bench.modes import SETTINGS
 from oxygen_ros.bench.oxygen_bench import main
-from oxygen_ros.engine.settings import SETTINGS
 
 REQUIRED = {"setting", "preset", "device", "denoise_steps", "decode_len", "tokens_per_frame", "action_hz",
             "action_latency_p50_ms", "action_latency_p99_ms", "deadline_misses", "tokens_per_s", "peak_memory_mb"}

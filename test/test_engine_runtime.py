@@ -1,83 +1,199 @@
-"""The threaded runtime: control path on the caller's thread, batched language on a worker, never overlapping."""
+"""The threaded runtime on the real tiny model: the same chunks and greedy text as isolated execution, for one
+robot and for three robots sharing one model, and language work that never overlaps the control path's."""
 
 import threading
 import time
 
 import numpy as np
 import pytest
+import torch
 
-from oxygen_ros.engine.frame_scheduler import SchedulerConfig
-from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig
+from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
+from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.model.generate import greedy_decode
+from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
 
 from engine_fixtures import TINY as CONFIG
 from engine_fixtures import observation
 
 
-def test_language_never_runs_inside_the_control_critical_section(tokenizer):
+@pytest.fixture(scope="module")
+def model():
+    return build_model(CONFIG, seed=3)
+
+
+def isolated(model, inputs, noise, num_steps, max_new_tokens):
+    """The reference: this frame alone in a cache of its own: prefill + denoise, then plain greedy decoding."""
+    cache = KVCache(CONFIG, 1, CONFIG.prefix_len + max_new_tokens)
+    slot = torch.tensor([0])
+    prefill = model.prefill(inputs, cache, slot, want_logits=True)
+    actions = model.sample_actions(cache, slot, noise, num_steps)[0]
+    (tokens,) = greedy_decode(model, cache, slot, prefill, max_new_tokens, eos_id=-1)
+    return actions, tokens
+
+
+class Collector:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.chunks, self.finals, self.updates = {}, {}, []
+
+    def on_chunk(self, chunk):
+        with self.lock:
+            self.chunks[chunk.context] = chunk
+
+    def on_text(self, update):
+        with self.lock:
+            self.updates.append((threading.get_ident(), update))
+            if update.final:
+                assert update.context not in self.finals, "two final updates for one frame"
+                self.finals[update.context] = update
+
+
+def prepared(runtime, i):
+    return runtime.prepare(observation(i))
+
+
+def test_one_robot_gets_the_isolated_chunks_and_text_through_preemption_and_resumption(model, tokenizer):
+    collect = Collector()
+    config = SchedulerConfig(num_steps=2, tokens_per_frame=1, max_new_tokens=6, ignore_eos=True,
+                             admission="preempt", max_preempted=16)
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=3, stream_every=2),
+                      on_text=collect.on_text).start()
+    noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
+              for i in range(8)]
+    try:
+        inputs = [prepared(runtime, i) for i in range(8)]
+        chunks = [runtime.act(runtime.frame(inputs[i], narrate=True, noise=noises[i], context=i)) for i in range(8)]
+        assert runtime.drain(30)
+    finally:
+        runtime.close()
+    assert runtime.worker_error is None
+    assert runtime.scheduler.requests_preempted > 0 and runtime.scheduler.requests_resumed > 0
+    assert runtime.scheduler.requests_dropped == 0
+    for i, chunk in enumerate(chunks):
+        actions, tokens = isolated(model, inputs[i], noises[i], 2, 6)
+        assert torch.equal(chunk.actions, actions), i
+        assert list(collect.finals[i].token_ids) == tokens, i
+        assert collect.finals[i].text == tokenizer.decode(tokens)
+    # every update left from one thread, and a request's final update is its last
+    assert len({thread for thread, _ in collect.updates}) == 1
+    last = {}
+    for _, update in collect.updates:
+        assert not last.get(update.request_id, False), "an update followed its request's final one"
+        last[update.request_id] = update.final
+    assert any(not u.final for _, u in collect.updates)
+    stats = runtime.stats(window_s=60)
+    assert stats.actions == 8 and stats.active_requests == 0 and stats.slots_used == 0
+
+
+def test_three_robots_on_one_model_get_the_isolated_chunks_and_text(model, tokenizer):
+    """Robots submit from their own threads; the control thread batches their frames (bucket padding with zero
+    rows), requests are preempted and resumed along the way, and nothing changes any result."""
+    collect = Collector()
+    config = SchedulerConfig(num_steps=2, tokens_per_frame=1, max_new_tokens=5, ignore_eos=True,
+                             admission="preempt", max_preempted=64, max_batch=4, queue="esf",
+                             control_period_s=5.0)
+    batches = []
+    prefill = model.prefill
+
+    def counting_prefill(inputs, cache, slots, want_logits=False):
+        batches.append(len(slots))
+        return prefill(inputs, cache, slots, want_logits=want_logits)
+
+    model.prefill = counting_prefill
+    # 4 language slots: a whole batch can narrate, and requests of later batches preempt earlier ones
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8),
+                      on_text=collect.on_text, on_chunk=collect.on_chunk)
+    frames = {(r, i): runtime.prepare(observation(10 * r + i)) for r in range(3) for i in range(5)}
+    noises = {key: torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim,
+                               generator=torch.Generator().manual_seed(100 + 10 * key[0] + key[1])) for key in frames}
+
+    def robot(r):
+        for i in range(5):
+            runtime.submit(runtime.frame(frames[r, i], narrate=True, robot_id=f"robot{r}", noise=noises[r, i],
+                                         context=(r, i)))
+            time.sleep(0.01)
+
+    try:
+        robots = [threading.Thread(target=robot, args=(r,)) for r in range(3)]
+        for thread in robots:
+            thread.start()
+        runtime.start(control_thread=True)
+        for thread in robots:
+            thread.join()
+        deadline = time.perf_counter() + 30
+        while len(collect.chunks) < 15 and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert runtime.drain(30)
+    finally:
+        runtime.close()
+        del model.prefill
+    assert runtime.worker_error is None
+    assert max(batches) > 1, "frames of several robots should share a prefill"
+    assert runtime.scheduler.requests_preempted > 0 and runtime.scheduler.requests_resumed > 0
+    assert sorted(collect.chunks) == sorted(frames) and sorted(collect.finals) == sorted(frames)
+    for key, chunk in collect.chunks.items():
+        actions, tokens = isolated(model, frames[key], noises[key], 2, 5)
+        assert chunk.robot_id == f"robot{key[0]}"
+        torch.testing.assert_close(chunk.actions, actions, rtol=1e-4, atol=1e-5)
+        assert list(collect.finals[key].token_ids) == tokens, key
+
+
+def test_language_work_never_overlaps_the_control_paths_model_calls(tokenizer):
+    """Spies on the model itself: every model call is recorded with its thread, and no call of the language
+    worker overlaps a prefill or denoising of the control path."""
     model = build_model(CONFIG, seed=1)
-    period = 0.04
-    updates = []
-    lock = threading.Lock()
+    calls, lock = [], threading.Lock()
 
-    def on_text(update):
-        with lock:
-            updates.append(update)
+    def spy(name):
+        original = getattr(model, name)
 
-    scheduler = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True)
-    runtime = OxygenRuntime(model, tokenizer, RuntimeConfig(scheduler=scheduler, pool_slots=6, stream_every=4),
-                            robot_action_dim=3, on_text=on_text, trace=True).start()
-    chunks = []
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with lock:
+                    calls.append((threading.current_thread().name, name, start, time.perf_counter()))
+        setattr(model, name, wrapped)
+
+    for name in ("prefill", "sample_actions", "decode_step"):
+        spy(name)
+    period = 0.03
+    config = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True,
+                             adaptive_k=True, tokens_per_frame=12)
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=6)).start()
     try:
         next_tick = time.perf_counter()
         for i in range(30):
             next_tick += period
-            chunks.append(runtime.act(observation(i), stamp_ns=1000 + i, narrate=i % 2 == 0))
+            chunk = runtime.act(runtime.frame(runtime.prepare(observation(i)), narrate=i % 2 == 0))
+            assert np.isfinite(runtime.robot_actions(chunk, 3)).all()
             time.sleep(max(0.0, next_tick - time.perf_counter()))
-        deadline = time.perf_counter() + 10
-        while time.perf_counter() < deadline:
-            with lock:
-                if sum(u.final for u in updates) == 15:
-                    break
-            time.sleep(0.02)
+        assert runtime.drain(30)
     finally:
         runtime.close()
     assert runtime.worker_error is None
-
-    assert all(c.actions.shape == (CONFIG.action_horizon, 3) and np.isfinite(c.actions).all() for c in chunks)
-    assert [c.request_id is not None for c in chunks] == [i % 2 == 0 for i in range(30)]
-    finals = {u.request_id: u for u in updates if u.final}
-    assert sorted(finals) == sorted(c.request_id for c in chunks if c.request_id is not None)
-    for chunk in chunks:
-        if chunk.request_id is not None:
-            final = finals[chunk.request_id]
-            assert final.stamp_ns == chunk.stamp_ns and final.num_tokens == 12 and final.finish_reason == "length"
-    assert any(not u.final for u in updates), "partial text should stream every 4 tokens"
-
-    control = [(s, e) for kind, s, e in runtime.gate.trace if kind == "control"]
-    decode = [(s, e) for kind, s, e in runtime.gate.trace if kind == "decode"]
-    assert len(control) == 30 and len(decode) >= 15 * 11 / 6  # many batched steps happened
+    control = [(s, e) for thread, _, s, e in calls if thread != "oxygen-language"]
+    language = [(s, e) for thread, name, s, e in calls if thread == "oxygen-language"]
+    # 15 narrations of 12 tokens: at least 11 batched decode steps, and some ran between control calls
+    assert len(control) == 60 and len(language) >= 11
+    assert any(l_start < control[-1][0] for l_start, _ in language), "no language work between control calls"
     for c_start, c_end in control:
-        for d_start, d_end in decode:
-            assert d_end <= c_start or d_start >= c_end, "a decode step overlapped the control path"
-
-    stats = runtime.stats(window_s=60)
-    assert stats.actions == 30 and stats.active_requests == 0 and stats.slots_used == 0
-    assert stats.slots_total == 6 and stats.bytes_total == runtime.pool.bytes_total
-    assert 0 < stats.action_latency_p50_ms <= stats.action_latency_p99_ms
+        for l_start, l_end in language:
+            assert l_end <= c_start or l_start >= c_end, "a language call overlapped the control path"
 
 
-def test_bad_observation_raises_and_leaves_the_runtime_usable(tokenizer):
-    model = build_model(CONFIG, seed=1)
-    runtime = OxygenRuntime(model, tokenizer, RuntimeConfig(SchedulerConfig(num_steps=1, max_new_tokens=4)),
-                            robot_action_dim=3).start()
+def test_bad_observation_raises_and_leaves_the_runtime_usable(model, tokenizer):
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(SchedulerConfig(num_steps=1, max_new_tokens=4))).start()
     try:
         bad = observation(0)
         bad.state = np.array([0.1, np.nan, 0.2])
         with pytest.raises(ValueError, match="NaN"):
-            runtime.act(bad, 0, narrate=True)
-        assert runtime.pool.slots_used == 0
-        chunk = runtime.act(observation(1), 1, narrate=False)
-        assert chunk.actions.shape == (CONFIG.action_horizon, 3)
+            runtime.prepare(bad)
+        chunk = runtime.act(runtime.frame(runtime.prepare(observation(1)), narrate=False))
+        assert runtime.robot_actions(chunk, 3).shape == (CONFIG.action_horizon, 3)
+        assert runtime.stats().slots_used == 0
     finally:
         runtime.close()

@@ -1,4 +1,5 @@
-"""The fleet server node over real DDS: 4 namespaced robots on one node, each gets only its own chunks."""
+"""The fleet server node over real DDS: 4 namespaced robots on one node, each gets only its own chunks, its own
+narration and its own engine_status."""
 
 import json
 import subprocess
@@ -9,6 +10,8 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profi
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.msg import EngineStatus, Narration
 
 from ros_test_utils import rclpy, spin_until, stop_process
 
@@ -38,6 +41,8 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         "-p", "gpu_index:=0",
         "-p", "cpu_threads:=1",
         "-p", "max_batch:=4",
+        "-p", "narrate_every:=2",
+        "-p", "max_new_tokens:=4",
     ]
     server = subprocess.Popen(
         [sys.executable, "-m", "oxygen_ros.nodes.fleet_node", "--ros-args", *args],
@@ -50,10 +55,14 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         joints = {r: node.create_publisher(JointState, f"/{r}/joint_states", 10) for r in robots}
         tasks = {r: node.create_publisher(String, f"/{r}/instruction", LATCHED) for r in robots}
         received = {r: [] for r in robots}
+        narrations = {r: [] for r in robots}
+        statuses = {r: [] for r in robots}
         for r in robots:
             node.create_subscription(
                 JointTrajectory, f"/{r}/action_chunk", lambda m, r=r: received[r].append(m), 10
             )
+            node.create_subscription(Narration, f"/{r}/narration", lambda m, r=r: narrations[r].append(m), 50)
+            node.create_subscription(EngineStatus, f"/{r}/engine_status", lambda m, r=r: statuses[r].append(m), 10)
         served = robots[:4]
         matched = lambda: all(p.get_subscription_count() > 0 for r in served for p in cams[r])  # noqa: E731
         spin_until(node, lambda: matched() or server.poll() is not None, timeout=90)
@@ -80,7 +89,17 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         assert spin_until(node, lambda: all(len(received[r]) >= 3 for r in served), timeout=30), {
             r: len(v) for r, v in received.items()
         }
-        spin_until(node, lambda: False, timeout=0.5)
+        assert spin_until(node, lambda: all(any(n.final for n in narrations[r]) for r in served), timeout=30), {
+            r: len(v) for r, v in narrations.items()
+        }
+        assert spin_until(node, lambda: all(s and s[-1].actions_published >= 3 for r, s in statuses.items()
+                                            if r in served), timeout=10)
+        for r in served:
+            assert statuses[r][-1].state == "running" and statuses[r][-1].kv_slots_total > 0
+            for narration in narrations[r]:
+                assert (narration.header.stamp.sec, narration.header.stamp.nanosec) in sent[r]
+                assert narration.num_tokens <= 4
+        assert narrations["robot5"] == [] and statuses["robot5"] == []
         for r in served:
             stamps = {(m.header.stamp.sec, m.header.stamp.nanosec) for m in received[r]}
             assert stamps <= sent[r], (r, stamps - sent[r])  # only its own frames, never another robot's

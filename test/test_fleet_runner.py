@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from oxygen_ros.engine.workloads import synthetic_frames
+from oxygen_ros.bench.workloads import synthetic_frames
 from oxygen_ros.fleet.executor import cycle_factors, run_real
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
 from oxygen_ros.fleet.profile_cli import main as profile_main

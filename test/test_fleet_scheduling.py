@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from oxygen_ros.fleet.batching import bucket_for, form_batch, power_of_two_buckets
+from oxygen_ros.engine.scheduler import bucket_for
+from oxygen_ros.fleet.batching import form_batch, power_of_two_buckets
 from oxygen_ros.fleet.device import execute_work
 from oxygen_ros.fleet.lockstep import LockstepScheduler, choose_partition, split_candidates
 from oxygen_ros.fleet.policies import EarliestSloFirst, LargestQueueFirst, RoundRobin, make_policy

@@ -57,3 +57,38 @@ def test_non_ros_layers_import_without_rclpy():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def _imports(module_path: Path) -> list[str]:
+    """Absolute names of the oxygen_ros modules a file imports (relative imports resolved)."""
+    relative = module_path.relative_to(PACKAGE.parent).with_suffix("")
+    package = list(relative.parts[:-1])
+    names = []
+    for node in ast.walk(ast.parse(module_path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    return [n for n in names if n.startswith("oxygen_ros")]
+
+
+SERVING = ["engine/*.py", "fleet/server.py", "nodes/vla_node.py", "nodes/fleet_node.py"]
+NOT_FOR_SERVING = ("oxygen_ros.cli", "oxygen_ros.bench", "oxygen_ros.fleet.simulator", "oxygen_ros.fleet.fleet_sim_cli",
+                   "oxygen_ros.fleet.real_bench", "oxygen_ros.fleet.profile_cli", "oxygen_ros.demo",
+                   "oxygen_ros.sim_demo")
+
+
+def test_the_engine_imports_neither_fleet_nor_bench():
+    offenders = [f"{path.name}: {name}" for path in sorted((PACKAGE / "engine").glob("*.py"))
+                 for name in _imports(path) if name.startswith(("oxygen_ros.fleet", "oxygen_ros.bench"))]
+    assert not offenders, offenders
+
+
+def test_serving_code_imports_no_cli_simulator_or_benchmark():
+    paths = sorted({path for pattern in SERVING for path in PACKAGE.glob(pattern)})
+    assert len(paths) > 5
+    offenders = [f"{path.relative_to(PACKAGE)}: {name}" for path in paths for name in _imports(path)
+                 if name.startswith(NOT_FOR_SERVING)]
+    assert not offenders, offenders

@@ -85,12 +85,3 @@ def test_build_model_is_seeded_and_keeps_global_rng():
     assert torch.equal(a.time_mlp_in.weight, b.time_mlp_in.weight)
     assert not torch.equal(a.time_mlp_in.weight, c.time_mlp_in.weight)
     assert a.dtype == torch.float32 and build_model(cfg, dtype=torch.bfloat16).dtype == torch.bfloat16
-
-
-def test_package_exports_resolve():
-    import oxygen_ros.model as model_pkg
-
-    for name in model_pkg.__all__:
-        assert getattr(model_pkg, name) is not None
-    with pytest.raises(AttributeError):
-        model_pkg.nothing_here  # noqa: B018

@@ -1,18 +1,16 @@
 """The OxyGen engine on a GPU: the same results as on one stream, with the control path on the high-priority one."""
 
 import threading
-import time
 
-import numpy as np
 import torch
 
-from oxygen_ros.engine.frame_scheduler import FrameScheduler, SchedulerConfig
+from oxygen_ros.bench.modes import RUNNERS, SETTINGS, Workload
+from oxygen_ros.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.engine.kv_pool import KVPool
-from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig
-from oxygen_ros.engine.settings import RUNNERS, SETTINGS, Workload
-from oxygen_ros.engine.workloads import arrivals, synthetic_frames
+from oxygen_ros.engine.language import decode_batch, start_request
+from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
+from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.model.pi05 import build_model
-from oxygen_ros.model.preprocess import prepare_inputs, robot_actions
 
 from engine_fixtures import TINY as CONFIG
 from engine_fixtures import observation
@@ -31,45 +29,52 @@ def test_every_setting_gives_the_same_actions_and_text_on_cuda():
         for frame in range(7):
             torch.testing.assert_close(run.actions[frame], reference.actions[frame], rtol=1e-5, atol=1e-5,
                                        msg=f"{setting}, frame {frame}")
-    texts = {f: r.tokens for f, r in runs["baseline"].requests.items()}
+    texts = runs["baseline"].texts
     assert len(texts) == 7 and len(set(map(tuple, texts.values()))) > 1
     for setting in ("shared_kv", "continuous_batching"):
-        assert {f: r.tokens for f, r in runs[setting].requests.items()} == texts, setting
+        assert runs[setting].texts == texts, setting
 
 
-def test_threaded_runtime_on_two_streams_matches_the_single_threaded_schedule(tokenizer):
+def test_threaded_runtime_on_two_streams_matches_isolated_execution(tokenizer):
+    """Control path on the high-priority stream, language worker on the low one, three robots batched together:
+    every chunk and every greedy text as if each frame ran alone on the default stream."""
     model = build_model(CONFIG, device=DEVICE, seed=1)
-    scheduler = SchedulerConfig(num_steps=3, max_new_tokens=10, control_period_s=0.02, ignore_eos=True)
-    config = RuntimeConfig(scheduler=scheduler, pool_slots=8, stream_every=0)
-    finals, lock = {}, threading.Lock()
+    scheduler = SchedulerConfig(num_steps=3, max_new_tokens=10, tokens_per_frame=2, ignore_eos=True,
+                                admission="preempt", max_batch=4, control_period_s=1.0)
+    finals, chunks, lock = {}, {}, threading.Lock()
 
     def on_text(update):
         if update.final:
             with lock:
-                finals[update.frame_id] = update.text
+                finals[update.context] = list(update.token_ids)
 
-    runtime = OxygenRuntime(model, tokenizer, config, robot_action_dim=3, on_text=on_text).start()
+    def on_chunk(chunk):
+        with lock:
+            chunks[chunk.context] = chunk.actions
+
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(scheduler, pool_slots=8, stream_every=0),
+                      on_text=on_text, on_chunk=on_chunk)
     streams = runtime.streams
     assert streams.enabled and streams.control_stream.priority < streams.language_stream.priority
+    inputs = {i: runtime.prepare(observation(i)) for i in range(12)}
+    noises = {i: torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
+              for i in range(12)}
     try:
-        chunks = [runtime.act(observation(i), stamp_ns=i, narrate=i % 2 == 0) for i in range(16)]
-        deadline = time.perf_counter() + 20
-        while len(finals) < 8 and time.perf_counter() < deadline:
-            time.sleep(0.02)
+        for i in range(12):
+            runtime.submit(runtime.frame(inputs[i], narrate=True, robot_id=f"robot{i % 3}", noise=noises[i],
+                                         context=i))
+        runtime.start(control_thread=True)
+        assert runtime.drain(60)
     finally:
         runtime.close()
-    assert runtime.worker_error is None and len(finals) == 8
-
-    # the same frames, noise and weights through the single-threaded scheduler on the default stream
-    reference = FrameScheduler(model, KVPool(CONFIG, 8, 10, model.dtype, DEVICE), scheduler)
-    noise = torch.Generator().manual_seed(config.seed)
-    texts = {}
-    for i, chunk in enumerate(chunks):
-        inputs = prepare_inputs([observation(i)], CONFIG, tokenizer, None).to(DEVICE, model.dtype)
-        draw = torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=noise).to(DEVICE)
-        result = reference.run_frame(inputs, draw, narrate=i % 2 == 0)
-        np.testing.assert_allclose(chunk.actions, robot_actions(result.actions[None], 3)[0], rtol=1e-5, atol=1e-5)
-        texts.update({r.frame_id: tokenizer.decode(r.tokens) for r in result.finished})
-    texts.update({r.frame_id: tokenizer.decode(r.tokens) for r in reference.drain()})
-    assert finals == texts
-
+    assert runtime.worker_error is None and sorted(chunks) == sorted(finals) == list(range(12))
+    for i in range(12):
+        pool = KVPool(CONFIG, 1, 10, model.dtype, DEVICE)
+        slot = torch.tensor([0])
+        prefill = model.prefill(inputs[i].to(DEVICE, model.dtype), pool.cache, slot, want_logits=True)
+        actions = model.sample_actions(pool.cache, slot, noises[i].to(DEVICE), 3)[0].float().cpu()
+        torch.testing.assert_close(chunks[i], actions, rtol=1e-4, atol=1e-4)
+        request = start_request(1, 0, 0, 0, CONFIG.prefix_len, int(prefill.num_valid[0]), prefill.logits[0], 10, -1)
+        while not request.done:
+            decode_batch(model, pool.cache, [request])
+        assert finals[i] == request.tokens, i

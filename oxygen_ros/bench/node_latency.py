@@ -7,7 +7,7 @@ and `oxygen_ros.nodes.latency_probe` runs as another: it publishes camera images
 measures when chunks arrive. Both are separate processes because this layer does not import ROS. Reported per
 preset: the chunk rate, end-to-end latency percentiles (receipt time minus the chunk's header stamp, which is the
 stamp of the newest image the node used, so it includes up to one control period of waiting for the next tick),
-the engine's act latency (`OxygenRuntime.act`), the whole control tick, and the node's own share of a tick
+the engine's act latency (`Runtime.act`), the whole control tick, and the node's own share of a tick
 (frame assembly, image conversion, trajectory message and publish).
 """
 

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from ..command_line import CommandParser, progress
-from ..engine.settings import RUNNERS, SETTINGS, SettingRun, Workload
-from ..engine.workloads import arrivals, synthetic_frames
+from ..engine.scheduler import deadline_missed
+from ..engine.stats import percentile
 from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
+from .modes import RUNNERS, SETTINGS, SettingRun, Workload
+from .workloads import arrivals, synthetic_frames
 
 MB = 2**20
 DEFAULT_K = 4  # decode steps per frame for continuous batching unless a sweep varies it
@@ -55,13 +57,6 @@ def matrix(quick: bool) -> list[SweepPoint]:
     return points
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> dict:
     """One record from the rounds of one setting at one point (rounds interleave settings against noise)."""
     elapsed = sum(run.elapsed_s for run in runs)
@@ -70,23 +65,23 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
     misses = 0
     completion = []
     for run in runs:
-        gaps = [b - a for a, b in zip([0.0] + run.action_done_s[:-1], run.action_done_s)]
-        # a miss: the arm waited longer than one control period for its next chunk
-        misses += sum(g > workload.control_period_s for g in gaps)
-        completion += [r.finish_time - r.arrival_time for f, r in run.requests.items()
-                       if f >= workload.warmup_frames and r.finish_time is not None]
+        # frames follow each other, so a chunk is due one control period after the previous one: a miss means the
+        # arm waited longer than that for its next chunk
+        done = run.action_done_s
+        misses += sum(deadline_missed(b, a + workload.control_period_s) for a, b in zip([0.0] + done[:-1], done))
+        completion += run.completion_s
     copies = 2 if runs[0].setting == "parallel" else 1  # the parallel setting holds a second model copy
     return {
         "setting": runs[0].setting,
         "frames": frames,
         "rounds": len(runs),
         "action_hz": frames / elapsed,
-        "action_latency_p50_ms": 1e3 * percentile(latencies, 50),
-        "action_latency_p99_ms": 1e3 * percentile(latencies, 99),
+        "action_latency_p50_ms": 1e3 * percentile(latencies, 0.5, float("nan")),
+        "action_latency_p99_ms": 1e3 * percentile(latencies, 0.99, float("nan")),
         "deadline_misses": misses,
         "tokens_per_s": sum(run.tokens_generated for run in runs) / elapsed,
         "requests_finished": len(completion),
-        "request_completion_p50_ms": 1e3 * percentile(completion, 50),
+        "request_completion_p50_ms": 1e3 * percentile(completion, 0.5, float("nan")),
         "peak_memory_mb": (copies * model_bytes + runs[0].pool_bytes) / MB,
         "kv_pool_mb": runs[0].pool_bytes / MB,
     }
@@ -144,7 +139,7 @@ def measure_action_only_period(model, config, device, seed) -> float:
     inputs, noises = synthetic_frames(config, 16, seed=seed, device=device, dtype=model.dtype)
     workload = Workload(inputs, noises, [False] * 16, 1, warmup_frames=4)
     run = RUNNERS["action_only"](model, workload)
-    return 1.25 * percentile(run.action_latency_s, 50)
+    return 1.25 * percentile(run.action_latency_s, 0.5)
 
 
 def write_markdown(records: list[dict], path: Path, header: str) -> None:

@@ -1,10 +1,11 @@
-"""Priority between the control path and the language worker on one device.
+"""Mutual exclusion between the control path and the language worker, with the control path first.
 
-The action has a hard deadline, the text a soft one. The language worker asks the gate before every decode step;
-the gate lets it start only when the control path is not running and, if the control period is known, when the
-step is expected to end before the next control tick. The control path never waits for more than the one decode
-step that may be in flight. On a GPU the gate still orders the two threads' host work (the scheduler's state);
-the device work is ordered by stream priorities (`PathStreams`).
+The action has a hard deadline, the text a soft one. The language worker holds the gate for one decode step (or
+a few that the scheduler expects to end before the next tick) at a time; the control path waits at most for
+that work in flight, and no new decode step starts while it waits or runs. With a fixed k per frame the control
+path *owes* the worker k steps after each frame and waits for them before its next frame (the paper's fixed-k
+schedule); with adaptive k nothing is owed. Both threads change the scheduler's state only inside the gate. On a
+GPU the gate orders the two threads' host work; the device work is ordered by stream priorities.
 """
 
 from __future__ import annotations
@@ -15,63 +16,69 @@ from contextlib import contextmanager
 
 
 class ControlGate:
-    def __init__(self, control_period_s: float | None = None, margin_s: float = 0.0, trace: bool = False):
-        self.control_period_s = control_period_s
-        self.margin_s = margin_s
+    def __init__(self):
         self._cond = threading.Condition()
+        self._control_waiting = 0
         self._control_active = False
         self._decoding = False
-        self._last_control_start: float | None = None
+        self._owed = 0
+        self.last_control_start: float | None = None
         self.closed = False
-        # (kind, start, end) intervals, for tests that check the two paths never overlap
-        self.trace: list[tuple[str, float, float]] | None = [] if trace else None
 
     @contextmanager
     def control(self):
-        """The control path's critical section: waits for an in-flight decode step, blocks new ones."""
+        """The control path's critical section: waits for owed and in-flight decode work, blocks new work."""
         with self._cond:
-            self._control_active = True
-            while self._decoding:
+            self._control_waiting += 1
+            while (self._decoding or self._owed > 0) and not self.closed:
                 self._cond.wait()
-        start = time.perf_counter()
+            self._control_waiting -= 1
+            self._control_active = True
+        self.last_control_start = time.perf_counter()
         try:
             yield
         finally:
-            end = time.perf_counter()
             with self._cond:
                 self._control_active = False
-                self._last_control_start = start
-                if self.trace is not None:
-                    self.trace.append(("control", start, end))
                 self._cond.notify_all()
 
-    def _fits(self, now: float, step_estimate_s: float) -> bool:
-        if self.control_period_s is None or self._last_control_start is None:
-            return True
-        next_tick = self._last_control_start + self.control_period_s
-        if now >= next_tick + 0.5 * self.control_period_s:  # the control path is late or idle: don't starve text
-            return True
-        return now + step_estimate_s <= next_tick - self.margin_s
+    def owe(self, steps: int) -> None:
+        """The next control section waits until the worker did `steps` more decode steps (or `forgive`)."""
+        with self._cond:
+            self._owed = steps
 
-    def acquire_decode(self, step_estimate_s: float, timeout_s: float = 0.1) -> bool:
-        """Wait until a decode step may start; False on timeout or close (then the caller just asks again)."""
+    def forgive(self) -> None:
+        """Nothing left to decode: the control path owes no steps any more."""
+        with self._cond:
+            self._owed = 0
+            self._cond.notify_all()
+
+    @property
+    def owed(self) -> int:
+        return self._owed
+
+    @property
+    def control_wants_in(self) -> bool:
+        return self._control_waiting > 0 or self._control_active
+
+    def acquire_decode(self, timeout_s: float = 0.1) -> bool:
+        """Wait until no control work runs or waits (owed steps go first); False on timeout or close."""
         deadline = time.perf_counter() + timeout_s
         with self._cond:
             while not self.closed:
-                now = time.perf_counter()
-                if not self._control_active and self._fits(now, step_estimate_s):
+                if not self._control_active and (self._owed > 0 or not self._control_waiting):
                     self._decoding = True
                     return True
+                now = time.perf_counter()
                 if now >= deadline:
                     return False
-                self._cond.wait(timeout=min(0.002, deadline - now))
+                self._cond.wait(timeout=deadline - now)
             return False
 
-    def release_decode(self, start: float) -> None:
+    def release_decode(self, steps_done: int) -> None:
         with self._cond:
             self._decoding = False
-            if self.trace is not None:
-                self.trace.append(("decode", start, time.perf_counter()))
+            self._owed = max(0, self._owed - steps_done)
             self._cond.notify_all()
 
     def close(self) -> None:

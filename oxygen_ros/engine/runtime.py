@@ -1,49 +1,79 @@
-"""The threaded OxyGen runtime a robot node uses: `act()` on the control thread, language on a worker thread.
+"""The one engine loop: a control path, a language worker and the gate between them, for N robots and M models.
 
-`act()` preprocesses one observation, prefills it into a KV slot, denoises the action chunk and, when asked,
-hands that same slot to a new language request; it returns robot-space actions. A worker thread decodes all
-active requests in batches whenever the `ControlGate` allows and reports text through a callback. Both threads
-share one `FrameScheduler` (its state changes only inside the gate, so they never race). On a GPU the control
-path issues on a high-priority CUDA stream and the worker on a low-priority one (`PathStreams`): the gate's
-critical section then covers launching the chunk, not waiting for it, so decode steps can run beside the
-denoising on the device while the control path reads its chunk back.
+- Control path (the caller's thread with `act`, or the runtime's own control thread with `submit` +
+  `start(control_thread=True)`): inside the gate, the scheduler plans an action batch, the model runner prefills
+  and denoises it and narrating frames hand their slots to new language requests; the chunk is read back outside
+  the gate. A robot node is N = 1 and calls `act` from its control timer; a fleet server submits frames of many
+  robots and gets chunks through `on_chunk`, from the control thread only.
+- Language worker (its own thread): inside the gate, the scheduler plans a decode batch (preempted requests
+  resume first); the runner decodes it; finished requests give their slots back. Every text update, partial or
+  final (including requests refused or evicted by the control path), leaves through `on_text` from this thread
+  only, so a request's final text is always its last update.
+- An opaque per-frame `context` travels from the frame to its chunk and to every text update of its request.
+
+With a fixed k (`SchedulerConfig.tokens_per_frame`) the control path owes the worker k decode steps after each
+frame that leaves language work; with `adaptive_k` the worker decodes only in the slack the cost model predicts
+before the next control tick, so the control rate holds however long the text (up to the one step in flight).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from ..model.preprocess import NormStats, Observation, prepare_inputs, robot_actions
-from ..model.tokenizer import Tokenizer
+from ..model.inputs import ModelInputs
+from ..model.preprocess import Observation, prepare_inputs, robot_actions
 from .control_gate import ControlGate
-from .frame_scheduler import FrameResult, FrameScheduler, SchedulerConfig
-from .kv_pool import KVPool
-from .language import LanguageRequest
-from .path_streams import PathStreams
+from .language import LanguageRequest, start_request
+from .model_runner import ModelRunner, PriorityStreams
+from .scheduler import ActionFrame, ActionPlan, Scheduler, SchedulerConfig, deadline_missed
+from .stats import percentile
+
+DEFAULT_MODEL = "default"
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
-    pool_slots: int = 8
+    pool_slots: int = 8  # KV slots per model: max_batch for the action path, the rest for language requests
     stream_every: int = 8  # report partial text every N tokens (0: final text only)
     seed: int = 0  # the flow-matching noise generator
+
+    def __post_init__(self):
+        if self.pool_slots <= self.scheduler.max_batch:
+            raise ValueError(f"pool_slots must exceed max_batch ({self.scheduler.max_batch}): one slot per action "
+                             "frame is kept, the rest hold language requests")
+
+
+@dataclass
+class Served:
+    """A model as the runtime serves it: the network, the tokenizer for its prompts and text, its norm stats."""
+
+    model: Any
+    tokenizer: Any = None
+    norm_stats: Any = None
 
 
 @dataclass
 class ActionChunk:
     frame_id: int
+    robot_id: str
     stamp_ns: int
-    actions: np.ndarray  # [horizon, robot_action_dim], robot units
-    latency_s: float  # act() call -> chunk ready
+    actions: Tensor  # [horizon, action_dim], model space, on the host
+    latency_s: float  # submission -> chunk on the host
+    missed: bool  # ready after the frame's deadline
     request_id: int | None  # the language request this frame started
+    context: Any = None
+    error: BaseException | None = None  # the model failed on this frame (then `actions` is empty)
 
 
 @dataclass
@@ -55,6 +85,9 @@ class TextUpdate:
     num_tokens: int
     final: bool
     finish_reason: str | None
+    robot_id: str = ""
+    context: Any = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -73,146 +106,378 @@ class RuntimeStats:
     bytes_total: int
 
 
-class OxygenRuntime:
-    def __init__(self, model, tokenizer: Tokenizer, config: RuntimeConfig, robot_action_dim: int,
-                 norm_stats: NormStats | None = None, on_text: Callable[[TextUpdate], None] | None = None,
-                 trace: bool = False):
-        self.model = model
-        self.tokenizer = tokenizer
+@dataclass
+class _Origin:
+    """What a request's text updates carry back to the caller."""
+
+    model_id: str
+    robot_id: str
+    stamp_ns: int
+    context: Any
+    streamed: int = 0  # tokens already reported in a partial update
+
+
+@dataclass
+class _Counters:
+    latencies: deque = field(default_factory=lambda: deque(maxlen=500))
+    action_times: deque = field(default_factory=lambda: deque(maxlen=500))
+    token_times: deque = field(default_factory=lambda: deque(maxlen=2000))
+    actions: int = 0
+    misses: int = 0
+    tokens: int = 0  # every generated token, the prefill's first ones included
+    requests_dropped: int = 0  # refused, evicted, or preempted past the cap
+
+    def action(self, now: float, latency: float, missed: bool) -> None:
+        self.latencies.append(latency)
+        self.action_times.append(now)
+        self.actions += 1
+        self.misses += missed
+
+    def produced(self, now: float, tokens: int) -> None:
+        self.tokens += tokens
+        self.token_times.append((now, tokens))
+
+
+class Runtime:
+    def __init__(self, served: Mapping[str, Served] | Served, config: RuntimeConfig,
+                 on_text: Callable[[TextUpdate], None] | None = None,
+                 on_chunk: Callable[[ActionChunk], None] | None = None):
+        if isinstance(served, Served):
+            served = {DEFAULT_MODEL: served}
+        self.served = dict(served)
         self.config = config
-        self.robot_action_dim = robot_action_dim
-        self.norm_stats = norm_stats
-        self.on_text = on_text or (lambda update: None)
         sched = config.scheduler
-        self.pool = KVPool(model.config, config.pool_slots, sched.max_new_tokens, model.dtype, model.device)
-        self.scheduler = FrameScheduler(model, self.pool, sched)
-        self.gate = ControlGate(sched.control_period_s, sched.deadline_margin_s, trace=trace)
-        self.streams = PathStreams(model.device)
-        if self.streams.enabled:  # weights and the zeroed pool are on the device before either path reads them
-            torch.cuda.synchronize(model.device)
+        self.runners = {m: ModelRunner(s.model, config.pool_slots - sched.max_batch, sched.max_new_tokens,
+                                       sched.max_batch, sched.num_steps) for m, s in self.served.items()}
+        self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()})
+        self.gate = ControlGate()
+        first = next(iter(self.served.values())).model
+        self.streams = PriorityStreams(first.device)
+        if self.streams.enabled:  # weights and the zeroed pools are on the device before either path reads them
+            torch.cuda.synchronize(first.device)
+        self.on_text = on_text or (lambda update: None)
+        self.on_chunk = on_chunk or (lambda chunk: None)
         self._noise = torch.Generator().manual_seed(config.seed)
-        self._latencies: deque[float] = deque(maxlen=500)
-        self._action_times: deque[float] = deque(maxlen=500)
-        self._token_times: deque[tuple[float, int]] = deque(maxlen=2000)
-        self._streamed: dict[int, int] = {}
-        self.actions = 0
-        self.deadline_misses = 0
-        self._worker: threading.Thread | None = None
+        self._submit_lock = threading.Lock()  # frames arrive from any thread
+        self._origins: dict[int, _Origin] = {}
+        self._notes: deque[LanguageRequest] = deque()  # finished on the control path, reported by the worker
+        self._counters = _Counters()  # all robots
+        self._robot_counters: dict[str, _Counters] = {}
+        self._steps_since_frame = 0
+        self._draining = False
         self._wake = threading.Event()
+        self._frames_ready = threading.Event()
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self.worker_error: BaseException | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------------------------
 
-    def start(self) -> OxygenRuntime:
-        self._worker = threading.Thread(target=self._language_loop, name="oxygen-language", daemon=True)
-        self._worker.start()
+    def start(self, control_thread: bool = False) -> Runtime:
+        # OpenMP gives a new thread the machine's default team size, not the caller's torch.set_num_threads
+        # budget: the runtime's threads take the caller's, or two threads would each run a full-size team
+        self._intra_op_threads = torch.get_num_threads()
+        self._threads.append(threading.Thread(target=self._language_loop, name="oxygen-language", daemon=True))
+        if control_thread:
+            self._threads.append(threading.Thread(target=self._control_loop, name="oxygen-control", daemon=True))
+        for thread in self._threads:
+            thread.start()
         return self
 
     def close(self) -> None:
         self._stop.set()
         self.gate.close()
         self._wake.set()
-        if self._worker is not None:
-            self._worker.join(timeout=10)
-            self._worker = None
+        self._frames_ready.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads = []
+
+    # ---- frames ---------------------------------------------------------------------------------------------------
+
+    def prepare(self, observation: Observation, model_id: str = DEFAULT_MODEL) -> ModelInputs:
+        """A robot observation in model space (a batch of one); raises ValueError on input the model cannot take."""
+        served = self.served[model_id]
+        return prepare_inputs([observation], served.model.config, served.tokenizer, served.norm_stats)
+
+    def robot_actions(self, chunk: ActionChunk, robot_action_dim: int, model_id: str = DEFAULT_MODEL) -> np.ndarray:
+        """A chunk in robot units: the robot's first `robot_action_dim` dims, unnormalized."""
+        return robot_actions(chunk.actions[None], robot_action_dim, self.served[model_id].norm_stats)[0]
+
+    def frame(self, inputs: ModelInputs, narrate: bool, *, model_id: str = DEFAULT_MODEL, robot_id: str = "",
+              stamp_ns: int = 0, age_s: float = 0.0, budget_s: float | None = None, noise: Tensor | None = None,
+              max_new_tokens: int | None = None, context: Any = None, arrival: float | None = None) -> ActionFrame:
+        """A frame that arrived at `arrival` (perf_counter; default now, e.g. before preprocessing), `age_s` after
+        its camera stamp; its deadline is the stamp + `budget_s` (default: the control period)."""
+        now = time.perf_counter() if arrival is None else arrival
+        budget = self.config.scheduler.control_period_s if budget_s is None else budget_s
+        return ActionFrame(model_id, inputs, narrate, now - age_s + budget, now, robot_id, stamp_ns,
+                           max_new_tokens, noise, context)
+
+    def submit(self, frame: ActionFrame) -> ActionFrame:
+        config = self.served[frame.model_id].model.config if frame.model_id in self.served else None
+        with self._submit_lock:
+            if frame.noise is None and config is not None:
+                frame.noise = torch.randn(1, config.action_horizon, config.action_dim, generator=self._noise)
+            self.scheduler.add_frame(frame)
+        self._frames_ready.set()
+        return frame
 
     # ---- control path ---------------------------------------------------------------------------------------------
 
-    def act(self, observation: Observation, stamp_ns: int, narrate: bool) -> ActionChunk:
-        """Everything the action needs, inside the gate's critical section. Raises ValueError on bad input."""
-        cfg = self.model.config
-        start = time.perf_counter()
-        noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=self._noise)
+    def act(self, frame: ActionFrame) -> ActionChunk:
+        """Run `frame` on the calling thread (with whatever else is pending); raises if the model failed on it.
+        For callers that run the control path themselves, not beside `start(control_thread=True)`."""
+        self.submit(frame)
+        while True:
+            chunks = self.run_control()
+            mine = [c for c in chunks if c.frame_id == frame.frame_id]
+            for chunk in chunks:
+                if chunk.frame_id != frame.frame_id:
+                    self.on_chunk(chunk)
+            if mine:
+                if mine[0].error is not None:
+                    raise mine[0].error
+                return mine[0]
+
+    def run_control(self) -> list[ActionChunk]:
+        """One action batch, if any frame is pending: plan, execute, hand over slots; chunks read back outside."""
+        sched = self.config.scheduler
         with self.gate.control(), self.streams.control():
-            inputs = prepare_inputs([observation], cfg, self.tokenizer, self.norm_stats)
-            inputs = inputs.to(self.model.device, self.model.dtype)
-            result = self.scheduler.act(inputs, noise.to(self.model.device), narrate, stamp_ns, start)
-        with self.streams.control():  # on a GPU: wait for this chunk on the control stream, outside the gate
-            actions = result.actions.cpu()
-        chunk = robot_actions(actions[None], self.robot_action_dim, self.norm_stats)[0]
-        latency = time.perf_counter() - start
-        self._latencies.append(latency)
-        self._action_times.append(time.perf_counter())
-        self.actions += 1
-        if latency > self.config.scheduler.control_period_s:
-            self.deadline_misses += 1
-        self._report(result)
-        if narrate:
-            self._wake.set()
-        return ActionChunk(result.frame_id, stamp_ns, chunk, latency,
-                           result.request.request_id if result.request else None)
+            with self._submit_lock:
+                plan = self.scheduler.plan_actions(time.perf_counter())
+            if plan is None:
+                return []
+            runner = self.runners[plan.model_id]
+            self._displace(plan, runner)
+            try:
+                out = runner.act([f.inputs for f in plan.frames], [f.noise for f in plan.frames], plan.bucket,
+                                 plan.admit)
+            except Exception as error:  # the frames fail; admission already happened (victims are reported)
+                self._wake.set()
+                return [self._failed(f, error) for f in plan.frames]
+            self.scheduler.cost.observe(plan.model_id, "action", len(plan.frames), out.seconds)
+            request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
+            self._steps_since_frame = 0
+            if not sched.adaptive_k and self.scheduler.has_language_work():
+                self.gate.owe(sched.tokens_per_frame)
+        with self.streams.control():  # on a GPU: wait for the chunks on the control stream, outside the gate
+            actions = out.actions.float().cpu()
+        now = time.perf_counter()
+        chunks = []
+        for i, frame in enumerate(plan.frames):
+            missed = deadline_missed(now, frame.deadline)
+            for counters in self._counting(frame.robot_id):
+                counters.action(now, now - frame.arrival, missed)
+            chunks.append(ActionChunk(frame.frame_id, frame.robot_id, frame.stamp_ns, actions[i], now - frame.arrival,
+                                      missed, request_ids[i], frame.context))
+        self._wake.set()
+        return chunks
+
+    def _counting(self, robot_id: str) -> tuple[_Counters, _Counters]:
+        return self._counters, self._robot_counters.setdefault(robot_id, _Counters())
+
+    def _dropped(self, request: LanguageRequest) -> None:
+        request.finish("evicted", time.perf_counter())
+        self._notes.append(request)
+        self._counters.requests_dropped += 1
+        origin = self._origins.get(request.request_id)
+        if origin is not None:
+            self._counting(origin.robot_id)[1].requests_dropped += 1
+
+    def _displace(self, plan: ActionPlan, runner: ModelRunner) -> None:
+        for item in plan.displaced:
+            runner.free([item.request.slot])
+            if not item.preempted:
+                self._dropped(item.request)
+        for request in plan.dropped:
+            self._dropped(request)
+        for frame in plan.refused:
+            refused = LanguageRequest(self.scheduler.new_request_id(), -1, frame.frame_id, frame.stamp_ns, 0, 0,
+                                      frame.max_new_tokens, -1)
+            self._origins[refused.request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
+            self._dropped(refused)
+
+    def _hand_over(self, plan: ActionPlan, runner: ModelRunner, out, i: int) -> int | None:
+        frame, slot = plan.frames[i], out.slots[i]
+        if not plan.admit[i]:
+            runner.free([slot])
+            return None
+        sched = self.config.scheduler
+        request_id = self.scheduler.new_request_id()
+        eos = -1 if sched.ignore_eos else runner.eos_id
+        request = start_request(request_id, slot, frame.frame_id, frame.stamp_ns, runner.model.config.prefix_len,
+                                out.num_valid[i], out.first_logits[i], frame.max_new_tokens, eos, sched.temperature,
+                                sched.seed * 1_000_003 + request_id)
+        self._origins[request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
+        for counters in self._counting(frame.robot_id):
+            counters.produced(time.perf_counter(), len(request.tokens))
+        if request.done:  # a budget of 0 or 1, or EOS first: nothing to decode
+            runner.free([slot])
+            self._notes.append(request)
+        else:
+            runner.hand_over(slot, request)
+            self.scheduler.activate(plan.model_id, request, frame.inputs)
+        return request_id
+
+    def _failed(self, frame: ActionFrame, error: BaseException) -> ActionChunk:
+        return ActionChunk(frame.frame_id, frame.robot_id, frame.stamp_ns, torch.empty(0), 0.0, True, None,
+                           frame.context, error)
+
+    def _control_loop(self) -> None:
+        torch.set_num_threads(self._intra_op_threads)
+        while not self._stop.is_set():
+            self._frames_ready.wait(timeout=0.05)
+            self._frames_ready.clear()
+            while self.scheduler.frames_pending and not self._stop.is_set():
+                for chunk in self.run_control():
+                    self.on_chunk(chunk)
 
     # ---- language path --------------------------------------------------------------------------------------------
 
     def _language_loop(self) -> None:
+        torch.set_num_threads(self._intra_op_threads)
         with self.streams.language():
-            self._language_steps()
+            try:
+                while not self._stop.is_set():
+                    self._emit_notes()
+                    if not self.scheduler.has_language_work():
+                        self.gate.forgive()
+                        self._wake.wait(timeout=0.05)
+                        self._wake.clear()
+                        continue
+                    if not self.gate.acquire_decode():
+                        continue
+                    steps = 0
+                    try:
+                        steps = self._decode()
+                    finally:
+                        self.gate.release_decode(steps)
+                    if steps == 0:  # no slack (adaptive) or no steps owed (fixed k): wait for the next frame
+                        self._wake.wait(timeout=0.002 if self.config.scheduler.adaptive_k else 0.05)
+                        self._wake.clear()
+            except BaseException as error:  # surfaced by the owner through worker_error / stats
+                self.worker_error = error
+                self.gate.close()  # never leave the control path waiting for owed steps
+                raise
 
-    def _language_steps(self) -> None:
-        try:
-            while not self._stop.is_set():
-                if not self.scheduler.active and not self.scheduler.preempted:
-                    self._wake.wait(timeout=0.05)
-                    self._wake.clear()
-                    continue
-                if not self.gate.acquire_decode(self.scheduler.step_time_s):
-                    continue
-                started = time.perf_counter()
-                result = FrameResult(-1, torch.empty(0), 0.0, None)
-                try:
-                    self.scheduler.decode_step(result)
-                    active = list(self.scheduler.active)
-                finally:
-                    self.gate.release_decode(started)
-                if result.tokens_decoded:
-                    self._token_times.append((time.perf_counter(), result.tokens_decoded))
-                self._report(result, active)
-        except BaseException as error:  # surfaced by the owner through worker_error / stats
-            self.worker_error = error
-            raise
+    def _decode(self) -> int:
+        """Plan and run decode steps inside the gate; returns how many ran."""
+        sched = self.config.scheduler
+        owed = self.gate.owed
+        if self._draining:
+            slack, max_steps = math.inf, None
+        elif owed:
+            slack, max_steps = math.inf, owed
+        elif sched.adaptive_k:
+            slack = self._slack()
+            max_steps = sched.tokens_per_frame - self._steps_since_frame if sched.tokens_per_frame else None
+        else:
+            return 0  # fixed k: this frame's steps are done; the next frame owes new ones
+        plan = self.scheduler.plan_decode(time.perf_counter(), slack, max_steps)
+        if plan is None:
+            if owed:  # nothing can decode: owing steps would only stall the control path
+                self.gate.forgive()
+            return 0
+        runner = self.runners[plan.model_id]
+        for request, inputs in plan.resume:
+            runner.resume(request, inputs)
+        steps = 0
+        while steps < plan.steps:
+            started = time.perf_counter()
+            produced = runner.decode(plan.requests)
+            now = time.perf_counter()
+            self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), now - started)
+            steps += 1
+            self._counters.produced(now, produced)
+            for request in plan.requests:
+                self._counting(self._origins[request.request_id].robot_id)[1].produced(now, 1)
+            finished = self.scheduler.retire(plan.model_id)
+            runner.free([r.slot for r in finished])
+            self._notes.extend(finished)
+            plan.requests = [r for r in plan.requests if not r.done]
+            if not plan.requests or (self.gate.control_wants_in and owed - steps <= 0):
+                break
+        self._steps_since_frame += steps
+        self._stream_partials(plan.requests)
+        return steps
 
-    def _report(self, result: FrameResult, active: list[LanguageRequest] = ()) -> None:
-        for request in result.dropped + result.finished:
-            self._emit(request, final=True)
+    def _slack(self) -> float:
+        """Seconds before the next control tick is due (infinite when the control path is idle or late)."""
+        sched = self.config.scheduler
+        last = self.gate.last_control_start
+        if last is None:
+            return math.inf
+        now = time.perf_counter()
+        next_tick = last + sched.control_period_s
+        if now >= next_tick + 0.5 * sched.control_period_s:  # late or idle control path: don't starve text
+            return math.inf
+        return next_tick - sched.deadline_margin_s - now
+
+    def _emit_notes(self) -> None:
+        while self._notes:
+            self._emit(self._notes.popleft(), final=True)
+
+    def _stream_partials(self, requests: list[LanguageRequest]) -> None:
+        self._emit_notes()
         every = self.config.stream_every
         if every:
-            for request in active:
-                if len(request.tokens) - self._streamed.get(request.request_id, 0) >= every:
+            for request in requests:
+                origin = self._origins.get(request.request_id)
+                if origin is not None and len(request.tokens) - origin.streamed >= every:
                     self._emit(request, final=False)
 
     def _emit(self, request: LanguageRequest, final: bool) -> None:
-        if final:
-            self._streamed.pop(request.request_id, None)
-        else:
-            self._streamed[request.request_id] = len(request.tokens)
-        self.on_text(TextUpdate(request.request_id, request.frame_id, request.stamp_ns,
-                                self.tokenizer.decode(request.tokens), len(request.tokens), final,
-                                request.finish_reason))
+        origin = self._origins.pop(request.request_id) if final else self._origins[request.request_id]
+        origin.streamed = len(request.tokens)
+        tokenizer = self.served[origin.model_id].tokenizer
+        text = tokenizer.decode(request.tokens) if tokenizer is not None else ""
+        self.on_text(TextUpdate(request.request_id, request.frame_id, request.stamp_ns, text, len(request.tokens),
+                                final, request.finish_reason, origin.robot_id, origin.context, tuple(request.tokens)))
 
     # ---- monitoring -----------------------------------------------------------------------------------------------
 
-    def stats(self, window_s: float = 5.0) -> RuntimeStats:
+    def drain(self, timeout_s: float) -> bool:
+        """Decode every request to its end and report it, without waiting for more frames (tests, benchmarks);
+        False if that took longer than `timeout_s`."""
+        deadline = time.perf_counter() + timeout_s
+        self._draining = True  # the worker decodes without waiting for frames (and their owed steps)
+        try:
+            while time.perf_counter() < deadline:
+                if not self.scheduler.frames_pending and not self.scheduler.has_language_work() \
+                        and not self._notes and not self._origins:
+                    return True
+                self._wake.set()
+                time.sleep(0.005)
+            return False
+        finally:
+            self._draining = False
+
+    @property
+    def tokens_generated(self) -> int:
+        return self._counters.tokens
+
+    def stats(self, window_s: float = 5.0, robot_id: str | None = None) -> RuntimeStats:
+        """All robots', or one robot's (actions, latencies, misses, tokens, requests); the pools are shared."""
+        c = self._counters if robot_id is None else self._robot_counters.get(robot_id, _Counters())
         now = time.perf_counter()
-        latencies = sorted(self._latencies)
-        recent_actions = [t for t in self._action_times if now - t <= window_s]
-        recent_tokens = sum(n for t, n in list(self._token_times) if now - t <= window_s)
+        latencies = list(c.latencies)
+        recent_actions = [t for t in c.action_times if now - t <= window_s]
+        recent_tokens = sum(n for t, n in list(c.token_times) if now - t <= window_s)
         span = min(window_s, now - recent_actions[0]) if len(recent_actions) > 1 else 0.0
-
-        def pct(q):
-            return 1e3 * latencies[min(len(latencies) - 1, int(round(q * (len(latencies) - 1))))] if latencies else 0.0
-
+        pools = [r.pool for r in self.runners.values()]
         return RuntimeStats(
             action_rate_hz=(len(recent_actions) - 1) / span if span > 0 else 0.0,
-            action_latency_p50_ms=pct(0.5),
-            action_latency_p99_ms=pct(0.99),
-            actions=self.actions,
-            deadline_misses=self.deadline_misses,
+            action_latency_p50_ms=1e3 * percentile(latencies, 0.5),
+            action_latency_p99_ms=1e3 * percentile(latencies, 0.99),
+            actions=c.actions,
+            deadline_misses=c.misses,
             tokens_per_s=recent_tokens / window_s,
-            active_requests=len(self.scheduler.active) + len(self.scheduler.preempted),
-            requests_dropped=self.scheduler.requests_dropped,
-            slots_used=self.pool.slots_used,
-            slots_total=self.pool.slots_total,
-            bytes_used=self.pool.bytes_used,
-            bytes_total=self.pool.bytes_total,
+            active_requests=self.scheduler.language_requests() if robot_id is None else
+            sum(o.robot_id == robot_id for o in list(self._origins.values())),
+            requests_dropped=c.requests_dropped,
+            slots_used=sum(r.slots_in_use for r in self.runners.values()),
+            slots_total=sum(r.language_slots + r.max_batch for r in self.runners.values()),
+            bytes_used=sum(r.slots_in_use * p.bytes_per_slot for r, p in zip(self.runners.values(), pools)),
+            bytes_total=sum(p.bytes_total for p in pools),
         )

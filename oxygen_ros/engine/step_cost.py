@@ -1,8 +1,8 @@
 """How long a batched decode step takes as a function of its batch size, learned online.
 
-Adaptive k only decodes in the slack the action leaves in a control period, so it must predict a step's time
-before running it. A step costs a fixed part (one pass over the weights, kernel launches) plus a small part per
-request; both are fitted by least squares on the recent (batch, seconds) observations. Until two different batch
+Adaptive k only decodes in the slack the action leaves in a control period, so the scheduler must predict a
+step's time before running it (and earliest-SLO-first an action's). A step costs a fixed part (one pass over the
+weights, kernel launches) plus a small part per request; both are fitted by least squares on the recent (batch, seconds) observations. Until two different batch
 sizes have been seen, the fixed part is assumed to dominate (true for small batches on both CPUs and GPUs).
 """
 
@@ -35,14 +35,3 @@ class StepCostModel:
             return 0.0
         fixed, per_request = self._fit()
         return fixed + per_request * batch
-
-    def largest_batch_within(self, seconds: float, available: int) -> int:
-        """The largest batch (<= available) whose step is expected to take at most `seconds`; 0 if none."""
-        if not self._samples:  # nothing learned yet: try the whole batch once, if there is any time at all
-            return available if seconds > 0 else 0
-        fixed, per_request = self._fit()
-        if fixed > seconds:
-            return 0
-        if per_request == 0:
-            return available
-        return max(0, min(available, int((seconds - fixed) / per_request)))

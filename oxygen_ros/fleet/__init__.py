@@ -5,5 +5,6 @@ stage serves), ``batching`` (power-of-two batches cut at stage start), ``profile
 profiler that fills it), ``device`` (what all device schedulers share, and real execution of their work),
 ``lockstep`` (the Robion device scheduler), ``baselines`` (monolithic and static-split devices), ``traffic``
 (robots -> GPUs), ``workload`` (synthetic fleets), ``simulator`` (discrete-event fleet simulation),
-``fleet_sim_cli`` (the ``fleet-sim`` command). Nothing here imports rclpy.
+``fleet_sim_cli`` (the ``fleet-sim`` command), ``server`` (the fleet server: the engine's runtime for many robots
+and models, under ``fleet_node``). Nothing here imports rclpy.
 """

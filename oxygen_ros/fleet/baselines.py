@@ -8,7 +8,8 @@
 
 from __future__ import annotations
 
-from oxygen_ros.fleet.batching import Batch, bucket_for
+from oxygen_ros.engine.scheduler import bucket_for
+from oxygen_ros.fleet.batching import Batch
 from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
 from oxygen_ros.fleet.lockstep import split_candidates
 from oxygen_ros.fleet.profile_table import ProfileTable

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.requests import FleetRequest, Stage, StageQueues
 
 
@@ -17,16 +18,6 @@ def power_of_two_buckets(max_batch: int) -> list[int]:
     if max_batch < 1 or max_batch & (max_batch - 1):
         raise ValueError(f"max_batch must be a power of two >= 1, got {max_batch}")
     return [1 << i for i in range(max_batch.bit_length())]
-
-
-def bucket_for(count: int, max_batch: int) -> int:
-    """Smallest power-of-two bucket that holds ``count`` requests, capped at ``max_batch``."""
-    if count < 1:
-        raise ValueError("a batch needs at least one request")
-    bucket = 1
-    while bucket < count and bucket < max_batch:
-        bucket *= 2
-    return min(bucket, max_batch)
 
 
 @dataclass

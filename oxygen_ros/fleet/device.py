@@ -11,7 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from oxygen_ros.fleet.batching import Batch, bucket_for, form_batch
+from oxygen_ros.engine.scheduler import bucket_for
+from oxygen_ros.fleet.batching import Batch, form_batch
 from oxygen_ros.fleet.policies import RemainingTime, make_policy
 from oxygen_ros.fleet.profile_table import ProfileTable, StageRunner
 from oxygen_ros.fleet.requests import FleetRequest, Stage, StageQueues

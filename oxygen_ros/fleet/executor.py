@@ -4,8 +4,7 @@ The schedulers are clock-free, so this loop does what the simulator's event loop
 wake-up it first reports finished work (``finish(work, end)``), then admits every request that has arrived, then
 asks the device to start work (``start(now)``) and hands each unit of work to a thread that runs it with
 ``execute_work``. Requests come from a pre-made arrival list (simulated robots, replayed at their scheduled times
-so a real run and a simulation see the same arrivals) and/or from ``submit`` (a front end such as the fleet node,
-from any thread). A request's latency runs from its arrival to the end of the work that finished its action stage.
+so a real run and a simulation see the same arrivals). A request's latency runs from its arrival to the end of the work that finished its action stage.
 
 Requests the device drops (expired in a queue) give their KV slot back to the runner.
 """
@@ -13,7 +12,6 @@ Requests the device drops (expired in a queue) give their KV slot back to the ru
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,17 +55,6 @@ class FleetExecutor:
     def now(self) -> float:
         return self.clock() - self._t0
 
-    def request(self, request_id: int, robot: RobotSpec, inputs=None, context=None) -> FleetRequest:
-        """A request of ``robot`` arriving now, with its deadline from the robot's SLO."""
-        arrival = self.now()
-        return FleetRequest(
-            request_id, robot.robot_id, robot.model_id, arrival, arrival + robot.slo_s, inputs=inputs, context=context
-        )
-
-    def submit(self, request: FleetRequest) -> None:
-        """Hand a request to the loop (thread-safe); its ``arrival`` must be on this executor's clock."""
-        self._events.put(("request", request, None))
-
     def _execute(self, work: Work) -> None:
         try:
             execute_work(work, self.runner)
@@ -75,16 +62,9 @@ class FleetExecutor:
         except BaseException as err:  # noqa: BLE001 - re-raised in the loop thread
             self._events.put(("error", work, err))
 
-    def run(
-        self,
-        arrivals: Sequence[FleetRequest] = (),
-        stop: threading.Event | None = None,
-        reset_clock: bool = True,
-    ) -> list[FleetRequest]:
-        """Serve until every scheduled arrival has been served or dropped (and, with ``stop``, until it is set;
-        work in flight is then finished, queued requests are left). Returns the finished requests."""
-        if reset_clock:
-            self._t0 = self.clock()
+    def run(self, arrivals: Sequence[FleetRequest]) -> list[FleetRequest]:
+        """Serve until every scheduled arrival has been served or dropped. Returns the finished requests."""
+        self._t0 = self.clock()
         pending = sorted(arrivals, key=lambda r: r.arrival)
         next_arrival = 0
         in_flight = 0
@@ -103,20 +83,15 @@ class FleetExecutor:
                         self.finished.extend(done)
                         if done and self.on_finish:
                             self.on_finish(done)
-                for kind, payload, _ in events:
-                    if kind == "request":
-                        self.device.submit(payload)
                 while next_arrival < len(pending) and pending[next_arrival].arrival <= now:
                     self.device.submit(pending[next_arrival])
                     next_arrival += 1
-                stopping = stop is not None and stop.is_set()
-                if not stopping:
-                    for work in self.device.start(now):
-                        in_flight += 1
-                        if self.device.units == 1:
-                            self._execute(work)  # nothing else can start meanwhile: skip two thread hand-offs
-                        else:
-                            pool.submit(self._execute, work)
+                for work in self.device.start(now):
+                    in_flight += 1
+                    if self.device.units == 1:
+                        self._execute(work)  # nothing else can start meanwhile: skip two thread hand-offs
+                    else:
+                        pool.submit(self._execute, work)
                 dropped = self.device.dropped[dropped_seen:]
                 dropped_seen += len(dropped)
                 for request in dropped:
@@ -125,15 +100,8 @@ class FleetExecutor:
                         release(request)
                 if dropped and self.on_drop:
                     self.on_drop(list(dropped))
-                if in_flight == 0 and (
-                    stopping
-                    or (
-                        stop is None
-                        and next_arrival == len(pending)
-                        and self.device.pending() == 0
-                        and self._events.empty()
-                    )
-                ):
+                if in_flight == 0 and next_arrival == len(pending) and self.device.pending() == 0 \
+                        and self._events.empty():
                     break
                 timeout = 0.05
                 if next_arrival < len(pending):

@@ -36,12 +36,11 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.engine.kv_pool import KVPool
-from oxygen_ros.engine.workloads import synthetic_frames
-from oxygen_ros.fleet.batching import bucket_for
+from oxygen_ros.engine.model_runner import concat_inputs, zero_inputs
+from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 from oxygen_ros.fleet.sm_partition import SmPartitions
 from oxygen_ros.model.config import PRESETS, Pi05Config
-from oxygen_ros.model.inputs import ModelInputs
 from oxygen_ros.model.pi05 import Pi05Model, build_model
 
 
@@ -81,15 +80,6 @@ def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype) 
     raise ValueError(f"model source {spec.source!r} is neither a preset ({sorted(PRESETS)}) nor a file or folder")
 
 
-def concat_inputs(items: Sequence[ModelInputs]) -> ModelInputs:
-    return ModelInputs(
-        images=torch.cat([i.images for i in items]),
-        image_masks=torch.cat([i.image_masks for i in items]),
-        tokens=torch.cat([i.tokens for i in items]),
-        token_masks=torch.cat([i.token_masks for i in items]),
-    )
-
-
 class ServedModel:
     """One model on the device with its KV pool. The pool holds ``max_inflight`` request slots plus two sets of
     ``max_batch`` padding slots, one per stage, so a padded VLM batch and a padded action batch of the same model
@@ -104,8 +94,7 @@ class ServedModel:
         self.pad_slots = {
             stage: [self.pool.allocate(f"pad-{stage.value}") for _ in range(max_batch)] for stage in Stage
         }
-        frames, _ = synthetic_frames(self.config, 1, seed=seed, device=device, dtype=dtype)
-        self.stock_frame = frames[0]  # stands in for padding rows and for profiling placeholders
+        self.stock_frame = zero_inputs(self.config, 1, device, dtype)  # padding rows and profiling placeholders
         self.noise = torch.Generator().manual_seed(seed)
 
 
@@ -166,7 +155,7 @@ class ModelRunner:
     """``runner(model_id, stage, requests, share)``: the real ``StageRunner`` for the fleet schedulers.
 
     Requests carry ``inputs`` (a ``ModelInputs`` batch of one) from the front end; a request without inputs (a
-    profiling placeholder) uses the model's stock frame. After the action stage each request holds ``actions``
+    profiling placeholder) uses a zero-filled frame. After the action stage each request holds ``actions``
     ([horizon, action_dim] float32 on the CPU, model space) and no slot."""
 
     def __init__(

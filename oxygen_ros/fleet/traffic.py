@@ -269,5 +269,3 @@ def assign_one_model_per_gpu(robots: list[RobotSpec], loads: np.ndarray, n_gpus:
             own_load[g] += loads[i]
     return _assignment("one_model_per_gpu", robots, loads, gpus, n_gpus)
 
-
-ASSIGNERS = {"milp": assign_milp, "even": assign_even_split, "one_model_per_gpu": assign_one_model_per_gpu}

@@ -21,10 +21,6 @@ class ModelInputs:
     tokens: Tensor
     token_masks: Tensor
 
-    @property
-    def batch_size(self) -> int:
-        return self.tokens.shape[0]
-
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> ModelInputs:
         """Move to `device`; only the images take `dtype` (masks and token ids keep theirs)."""
         return ModelInputs(

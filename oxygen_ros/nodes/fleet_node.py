@@ -1,24 +1,28 @@
 """Fleet server node: one process serving many robots, by namespace, from co-located models on one device.
 
-For each robot namespace ``ns`` in ``robots`` (with its model in the parallel ``robot_models``), the node
-subscribes ``/<ns>/camera/<cam>/image_raw`` (sensor_msgs/Image, sensor-data QoS) for every camera of the
-robot's model, ``/<ns>/joint_states`` and ``/<ns>/instruction`` (std_msgs/String, transient local), and
-publishes ``/<ns>/action_chunk`` (trajectory_msgs/JointTrajectory, header stamp = the source frame's stamp).
+A thin layer over `fleet.server.FleetServer` (the engine's runtime with many robots and models). For each robot
+namespace ``ns`` in ``robots`` (its model in the parallel ``robot_models``) the node subscribes
+``/<ns>/camera/<cam>/image_raw`` (or ``.../image_raw/compressed`` with ``compressed``) for every camera of the
+robot's model, ``/<ns>/joint_states`` and ``/<ns>/instruction`` (latched), and publishes ``/<ns>/action_chunk``
+(header stamp = the source frame's stamp), ``/<ns>/narration`` and ``/<ns>/engine_status``, plus one status per
+robot on ``/diagnostics``. The inputs go through the same checks as the VLA node's (`FrameInputs`: encodings,
+stale frames, joints picked by name, bad messages counted), the prompt is fitted before the frame is queued,
+chunks and diagnostics are built by the same helpers.
 
-Every image on the first camera of a robot's model makes one request (with the latest image of the other cameras,
-the latest joint state and instruction), which enters that model's queue. Requests of robots that use the same
-model are batched together; the device scheduler (lockstep Robion by default, or monolithic) runs on its own
-thread with the real stage runner. Requests past their SLO are dropped, not answered late.
+Every image on the first camera of a robot's model makes one frame, due at its stamp + ``slo_ms``; frames of
+robots on the same model are batched, models take turns earliest-SLO-first, and every ``narrate_every``-th frame
+of a robot also starts a narration. Chunks are published from the runtime's control thread, narration from its
+language worker.
 
-Several GPUs: run one node per GPU with the same ``assignment_file`` (from ``oxygen-ros fleet-assign`` or the
-traffic controller) and its own ``gpu_index``; each node serves exactly the robots assigned to its GPU. The
-robots need nothing else: their topics are the same whichever node serves them.
+Several GPUs: one node per GPU with the same ``assignment_file`` (``oxygen-ros fleet-assign``) and its own
+``gpu_index``; each node serves exactly the robots assigned to its GPU, so the ROS graph is the only link.
 
-Parameters: ``models`` (served model specs ``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms``,
-``assignment_file``, ``gpu_index``, ``device``, ``cpu_threads``, ``profile`` (LUT JSON; empty: profile the
-models at start-up), ``design`` (robion | monolithic), ``max_batch``, ``tokenizer`` (SentencePiece model file;
-empty: a stand-in trained at start-up), ``instruction`` (used until one arrives), ``action_dt`` (seconds between
-chunk points), ``rate_hz`` (nominal robot rate).
+Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms``, ``assignment_file``,
+``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``, ``tokenizer`` (empty: the cached stand-in),
+``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
+``compressed``, ``max_image_age_s``, ``narrate_every`` (0: never), ``max_new_tokens``, ``pool_slots`` (per model),
+``queue`` (esf | rr | lqf | fifo), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
+control rate, for the rate warning), ``status_rate_hz``.
 """
 
 from __future__ import annotations
@@ -30,63 +34,95 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
 
     sys.exit(run("fleet_node"))
 
-import tempfile
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
-import numpy as np
+import torch
+from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
+from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.assign_cli import load_assignment
-from oxygen_ros.fleet.executor import FleetExecutor
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_cli import profile_runner
-from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.requests import FleetRequest, RobotSpec
-from oxygen_ros.fleet.simulator import SimConfig, make_device
-from oxygen_ros.model.preprocess import Observation, prepare_inputs, robot_actions
-from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
-from oxygen_ros.nodes.conversions import ConversionError, chunk_to_trajectory, image_to_rgb, stamp_to_ns
-from oxygen_ros.nodes.lifecycle import ros_process, spinning
+from oxygen_ros.fleet.model_runner import ModelSpec
+from oxygen_ros.fleet.server import FleetServer, ServedRobot
+from oxygen_ros.model.preprocess import Observation
+from oxygen_ros.model.tokenizer import load_tokenizer
+from oxygen_ros.msg import EngineStatus, Narration
 
-LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+from .conversions import ConversionError, chunk_to_trajectory, ns_to_stamp
+from .diagnostics import Health, diagnostic_array, engine_status
+from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, Instruction
+from .lifecycle import ros_process, spinning
+from .model_setup import standin_tokenizer
+from .qos import LATCHED_QOS, SENSOR_QOS
 
-
-def _namespace(name: str) -> str:
-    return "/" + name.strip("/")
+NODE_NAME = "fleet_server"
+LOG_THROTTLE_S = 5.0
+MAX_INSTRUCTION_CHARS = 2000
+DEFAULTS = {
+    "models": ["a=tiny:0"],
+    "robots": ["robot1"],
+    "robot_models": ["a"],
+    "slo_ms": 200.0,
+    "assignment_file": "",
+    "gpu_index": 0,
+    "device": "cpu",
+    "cpu_threads": 0,
+    "max_batch": 8,
+    "tokenizer": "",
+    "instruction": "do the task",
+    "joint_names": [""],
+    "compressed": False,
+    "max_image_age_s": 0.0,
+    "narrate_every": 10,
+    "max_new_tokens": 32,
+    "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
+    "queue": "esf",
+    "action_dt": 0.02,
+    "rate_hz": 10.0,
+    "status_rate_hz": 1.0,
+}
 
 
 class RobotPort:
-    """What the node keeps per robot: its spec, latest inputs, and its action chunk publisher."""
+    """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
-    def __init__(self, spec: RobotSpec, namespace: str, cameras: Sequence[str], publisher):
-        self.spec = spec
+    def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
+                 joint_names: tuple[str, ...], max_image_age_s: float, instruction: str):
         self.namespace = namespace
-        self.cameras = list(cameras)
-        self.publisher = publisher
-        self.images: dict[str, np.ndarray] = {}
-        self.joint_names: list[str] = []
-        self.state = np.zeros(0)
-        self.task: str | None = None
+        self.robot = robot
+        self.cameras = tuple(cameras)
+        self.compressed = compressed
+        self.max_image_age_s = max_image_age_s
+        self.joint_names = joint_names
+        self.inputs = FrameInputs(self.cameras, (compressed,) * len(cameras), joint_names, max_image_age_s) \
+            if joint_names else None
+        self.instruction = Instruction(instruction, MAX_INSTRUCTION_CHARS)
+        self.state = WAITING_FOR_CAMERA
+        self.detail = ""
+        self.frames = 0
+        self.actions_published = 0
+        self.narrations_published = 0
+        self.model_errors = 0
+        self.lock = threading.Lock()  # the executor thread and the runtime's threads both touch the counters
+        self.chunk_pub = node.create_publisher(JointTrajectory, f"{namespace}/action_chunk", 10)
+        self.narration_pub = node.create_publisher(Narration, f"{namespace}/narration", 50)
+        self.status_pub = node.create_publisher(EngineStatus, f"{namespace}/engine_status", 10)
 
 
 class FleetNode(Node):
     def __init__(self, context=None):
-        super().__init__("fleet_server", context=context)
-        p = self._declare_parameters()
-        self.design = p["design"]
+        super().__init__(NODE_NAME, context=context)
+        p = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
+        if p["cpu_threads"]:
+            torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
         if len(p["robots"]) != len(p["robot_models"]):
             raise ValueError("robots and robot_models must have the same length")
-        served_models = {s.model_id for s in specs}
-        unknown = sorted(set(p["robot_models"]) - served_models)
-        if unknown:
-            raise ValueError(f"robot_models name models that are not served: {unknown} (served: {sorted(served_models)})")
         robots = list(zip(p["robots"], p["robot_models"]))
         if p["assignment_file"]:
             gpu_of = load_assignment(p["assignment_file"])["gpu_of"]
@@ -94,166 +130,156 @@ class FleetNode(Node):
             if missing:
                 self.get_logger().warning(f"robots not in {p['assignment_file']}, not served here: {missing}")
             robots = [(r, m) for r, m in robots if gpu_of.get(r.strip("/")) == p["gpu_index"]]
-        self.runner = ModelRunner(
-            specs, p["device"], max_batch=p["max_batch"], cpu_threads=p["cpu_threads"] or None
-        )
-        if p["profile"]:
-            self.lut = ProfileTable.load(p["profile"])
-        else:
-            self.lut = profile_runner(self.runner, p["max_batch"], repeats=3, warmup=1)
-        slowdown = float(self.lut.meta.get("co_run_slowdown", 1.1))
-        config = SimConfig(design=self.design, max_batch=p["max_batch"], guard=max(1.1, slowdown))
-        self.fleet_device = make_device(config, self.lut)
-        self.fleet = FleetExecutor(self.fleet_device, self.runner, on_finish=self._publish_chunks)
-        self.tokenizers = self._tokenizers(p["tokenizer"])
-        self.default_task = p["instruction"]
-        self.action_dt = p["action_dt"]
-        self.rate_hz = p["rate_hz"]
+        served = [ServedRobot(name.strip("/"), model_id, p["slo_ms"] / 1e3) for name, model_id in robots]
+        per_model = max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
+        pool_slots = p["pool_slots"] or p["max_batch"] + max(2, per_model)
+        scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
+                                    adaptive_k=True, tokens_per_frame=p["max_new_tokens"],
+                                    control_period_s=1.0 / p["rate_hz"])
+        tokenizer = load_tokenizer(p["tokenizer"]) if p["tokenizer"] else None
+        self.server = FleetServer(specs, served, RuntimeConfig(scheduler, pool_slots=pool_slots),
+                                  lambda vocab: tokenizer or standin_tokenizer(vocab), p["device"],
+                                  on_chunk=self._publish_chunk, on_text=self._publish_text)
+        self.params = p
+        joint_names = tuple(n for n in p["joint_names"] if n)
         self.ports: dict[str, RobotPort] = {}
-        self._ids = 0
-        self._id_lock = threading.Lock()
-        for name, model_id in robots:
-            self._add_robot(name, model_id, p["slo_ms"] / 1e3)
-        self.published = 0
-        self.get_logger().info(
-            f"serving {sorted(self.ports)} with {sorted(served_models)} on {p['device']} "
-            f"(gpu_index {p['gpu_index']}, design {self.design})"
-        )
+        for robot in served:
+            self._add_robot(robot, joint_names)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_timer(1.0 / p["status_rate_hz"], self._publish_status)
+        self.server.start()
+        self.get_logger().info(f"serving {sorted(self.ports)} with {[s.model_id for s in specs]} on {p['device']} "
+                               f"(gpu_index {p['gpu_index']}, queue {p['queue']}, max_batch {p['max_batch']})")
 
-    def _declare_parameters(self) -> dict:
-        defaults = {
-            "models": ["a=tiny:0"],
-            "robots": ["robot1"],
-            "robot_models": ["a"],
-            "slo_ms": 200.0,
-            "assignment_file": "",
-            "gpu_index": 0,
-            "device": "cpu",
-            "cpu_threads": 0,
-            "profile": "",
-            "design": "robion",
-            "max_batch": 8,
-            "tokenizer": "",
-            "instruction": "do the task",
-            "action_dt": 0.02,
-            "rate_hz": 10.0,  # the robots' nominal control rate (recorded in their specs; requests follow frames)
-        }
-        return {name: self.declare_parameter(name, value).value for name, value in defaults.items()}
+    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...]) -> None:
+        p = self.params
+        namespace = "/" + robot.robot_id
+        cameras = self.server.model_config(robot.robot_id).camera_names
+        port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, p["max_image_age_s"],
+                         p["instruction"])
+        self.ports[robot.robot_id] = port
+        for index, camera in enumerate(cameras):
+            topic = f"{namespace}/camera/{camera}/image_raw"
+            self.create_subscription(CompressedImage if port.compressed else Image,
+                                     f"{topic}/compressed" if port.compressed else topic,
+                                     lambda msg, port=port, i=index: self._on_image(port, i, msg), SENSOR_QOS)
+        self.create_subscription(JointState, f"{namespace}/joint_states", lambda m, p=port: self._on_joints(p, m),
+                                 SENSOR_QOS)
+        self.create_subscription(String, f"{namespace}/instruction", lambda m, p=port: p.instruction.set(m.data),
+                                 LATCHED_QOS)
 
-    def _tokenizers(self, path: str) -> dict:
-        if path:
-            tokenizer = load_tokenizer(path)
-            return {m: tokenizer for m in self.runner.models}
-        self._scratch = tempfile.TemporaryDirectory(prefix="fleet_tokenizer_")
-        folder = Path(self._scratch.name)
-        by_vocab = {}
-        for served in self.runner.models.values():
-            vocab = served.config.vocab_size
-            if vocab not in by_vocab:
-                by_vocab[vocab] = load_tokenizer(train_tokenizer(folder / f"stand_in_{vocab}.model", vocab))
-        return {m: by_vocab[s.config.vocab_size] for m, s in self.runner.models.items()}
+    # ---- inputs (executor thread) -------------------------------------------------------------------------
 
-    def _add_robot(self, name: str, model_id: str, slo_s: float) -> None:
-        namespace = _namespace(name)
-        cameras = self.runner.models[model_id].config.camera_names
-        publisher = self.create_publisher(JointTrajectory, f"{namespace}/action_chunk", 10)
-        spec = RobotSpec(namespace.strip("/"), model_id, self.rate_hz, slo_s)
-        port = RobotPort(spec, namespace, cameras, publisher)
-        self.ports[port.spec.robot_id] = port
-        for camera in cameras:
-            self.create_subscription(
-                Image,
-                f"{namespace}/camera/{camera}/image_raw",
-                lambda msg, port=port, camera=camera: self._on_image(port, camera, msg),
-                qos_profile_sensor_data,
-            )
-        self.create_subscription(JointState, f"{namespace}/joint_states", lambda m, p=port: self._on_joints(p, m), 10)
-        self.create_subscription(String, f"{namespace}/instruction", lambda m, p=port: self._on_task(p, m), LATCHED)
-
-    # ---- inputs --------------------------------------------------------------------------------------------
+    def _warn_drop(self, port: RobotPort, message: str) -> None:
+        self.get_logger().warning(f"{port.namespace}: dropped input: {message}", throttle_duration_sec=LOG_THROTTLE_S)
 
     def _on_joints(self, port: RobotPort, msg: JointState) -> None:
-        port.joint_names = list(msg.name)
-        port.state = np.asarray(msg.position, dtype=np.float64)
-
-    def _on_task(self, port: RobotPort, msg: String) -> None:
-        port.task = msg.data
-
-    def _on_image(self, port: RobotPort, camera: str, msg: Image) -> None:
-        arrival = self.fleet.now()
+        if port.inputs is None:  # no joint_names given: this robot's joints are those of its first message
+            port.joint_names = tuple(msg.name)
+            port.inputs = FrameInputs(port.cameras, (port.compressed,) * len(port.cameras), port.joint_names,
+                                      port.max_image_age_s)
         try:
-            port.images[camera] = image_to_rgb(msg)
+            port.inputs.on_joint_state(msg)
         except ConversionError as err:
-            self.get_logger().warning(f"{port.namespace}: {err}", throttle_duration_sec=5.0)
-            return
-        if camera != port.cameras[0]:
-            return
-        model_id = port.spec.model_id
-        served = self.runner.models[model_id]
-        observation = Observation(dict(port.images), port.state, port.task or self.default_task)
+            self._warn_drop(port, f"joint_states: {err}")
+
+    def _on_image(self, port: RobotPort, index: int, msg) -> None:
+        if port.inputs is None:
+            return  # no joint names known yet: nothing to pick the state by
         try:
-            inputs = prepare_inputs([observation], served.config, self.tokenizers[model_id], served.norm_stats)
-        except ValueError as err:
-            self.get_logger().warning(f"{port.namespace}: {err}", throttle_duration_sec=5.0)
+            port.inputs.on_image(index, msg)
+        except ConversionError as err:
+            self._warn_drop(port, f"{port.cameras[index]}: {err}")
             return
-        with self._id_lock:
-            self._ids += 1
-            request_id = self._ids
-        context = (port.spec.robot_id, msg.header.stamp, list(port.joint_names))
-        request = FleetRequest(
-            request_id, port.spec.robot_id, model_id, arrival, arrival + port.spec.slo_s, inputs=inputs, context=context
-        )
-        self.fleet.submit(request)
+        if index != 0:
+            return
+        now_ns = self.get_clock().now().nanoseconds
+        port.state, frame, errors = port.inputs.next_frame(now_ns)
+        for err in errors:
+            self._warn_drop(port, str(err))
+        if frame is None:
+            return
+        port.detail = ""
+        model = self.server.model_config(port.robot.robot_id)
+        served = self.server.runtime.served[port.robot.model_id]
+        if port.instruction.fit_prompt(served.tokenizer, frame.state, model, served.norm_stats):
+            self.get_logger().warning(f"{port.namespace}: instruction cut to {port.instruction.text!r}")
+        every = self.params["narrate_every"]
+        narrate = every > 0 and port.frames % every == 0
+        try:
+            self.server.submit(port.robot.robot_id, Observation(frame.images, frame.state, port.instruction.text),
+                               narrate, frame.stamp_ns, (now_ns - frame.stamp_ns) / 1e9,
+                               context=(frame.frame_id, port.joint_names))
+        except ValueError as err:
+            with port.lock:
+                port.model_errors += 1
+                port.state, port.detail = MODEL_ERROR, str(err)
+            self._warn_drop(port, str(err))
+            return
+        port.frames += 1
 
-    # ---- outputs (called on the fleet executor's thread) ---------------------------------------------------
+    # ---- outputs (the runtime's threads) ----------------------------------------------------------------------
 
-    def _publish_chunks(self, requests: list[FleetRequest]) -> None:
-        for request in requests:
-            robot_id, stamp, joint_names = request.context
-            port = self.ports[robot_id]
-            served = self.runner.models[request.model_id]
-            dims = min(len(joint_names), served.config.action_dim) or served.config.action_dim
-            names = joint_names[:dims] if joint_names else [f"joint_{i}" for i in range(dims)]
-            actions = robot_actions(request.actions[None], dims, served.norm_stats)[0]
-            port.publisher.publish(chunk_to_trajectory(actions, names, stamp_to_ns(stamp), self.action_dt,
-                                                       len(actions)))
-            self.published += 1
+    def _publish_chunk(self, chunk: ActionChunk) -> None:
+        port = self.ports[chunk.robot_id]
+        if chunk.error is not None:
+            with port.lock:
+                port.model_errors += 1
+                port.state, port.detail = MODEL_ERROR, f"{type(chunk.error).__name__}: {chunk.error}"
+            self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
+            return
+        _, joint_names = chunk.context
+        actions = self.server.robot_actions(chunk, len(joint_names))
+        port.chunk_pub.publish(chunk_to_trajectory(actions, joint_names, chunk.stamp_ns, self.params["action_dt"],
+                                                   len(actions)))
+        with port.lock:
+            port.actions_published += 1
 
-    def serve(self, stop: threading.Event) -> None:
-        self.fleet.run(stop=stop, reset_clock=False)
+    def _publish_text(self, update: TextUpdate) -> None:
+        port = self.ports[update.robot_id]
+        msg = Narration(request_id=update.request_id, text=update.text, num_tokens=update.num_tokens,
+                        final=update.final)
+        msg.header.stamp = ns_to_stamp(update.stamp_ns)
+        msg.header.frame_id = update.context[0]
+        port.narration_pub.publish(msg)
+        with port.lock:
+            port.narrations_published += 1
+
+    def _publish_status(self) -> None:
+        stamp = self.get_clock().now().to_msg()
+        worker_error = self.server.runtime.worker_error
+        for robot_id, port in self.ports.items():
+            with port.lock:
+                health = Health(
+                    state=port.state, detail=port.detail, stats=self.server.stats(robot_id),
+                    target_rate_hz=self.params["rate_hz"], actions_published=port.actions_published,
+                    dropped_frames=port.inputs.dropped_frames if port.inputs else 0,
+                    worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
+                    values={"narrations_published": port.narrations_published, "model_errors": port.model_errors,
+                            "model": port.robot.model_id})
+            port.status_pub.publish(engine_status(health, stamp))
+            self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
+                                                          self.params["device"]))
 
     def close(self) -> None:
-        self.runner.close()
-        if getattr(self, "_scratch", None) is not None:
-            self._scratch.cleanup()
+        self.server.close()
+        published = sum(p.actions_published for p in self.ports.values())
+        self.get_logger().info(f"published {published} action chunks")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    with ros_process("fleet_node", argv) as (context, stop):
+    with ros_process(NODE_NAME, argv) as (context, stop):
         try:
             node = FleetNode(context=context)
         except (ValueError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        failure: list[BaseException] = []
-
-        def serve() -> None:
-            try:
-                node.serve(stop)
-            except BaseException as err:  # noqa: BLE001 - reported below, then the node exits
-                failure.append(err)
-                stop.set()
-
-        # the fleet executor runs batches on its own thread and publishes chunks from there
-        worker = threading.Thread(target=serve, name="fleet-executor")
         with spinning(node, stop, before_destroy=node.close) as spinner:
-            worker.start()
             stop.wait()
-            worker.join()
-            node.get_logger().info(f"published {node.published} action chunks")
-        if failure or spinner.failure is not None:
-            print(f"error: fleet node failed: {(failure or [spinner.failure])[0]!r}", file=sys.stderr)
+        if spinner.failure is not None or node.server.runtime.worker_error is not None:
+            print(f"error: fleet node failed: {spinner.failure or node.server.runtime.worker_error!r}",
+                  file=sys.stderr)
             return 1
         return 0
 

@@ -30,6 +30,8 @@ from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import Image, JointState
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.engine.stats import percentile
+
 from .conversions import ns_to_stamp, stamp_to_ns
 
 
@@ -88,7 +90,7 @@ class SensorPublisher:
 
 
 def percentile_ms(values_ns: Sequence[int], q: float) -> float:
-    return float(np.percentile(np.asarray(values_ns, dtype=np.float64), q)) / 1e6 if len(values_ns) else 0.0
+    return percentile(values_ns, q) / 1e6
 
 
 def measure(node: Node, sensors: SensorPublisher, rate_hz: float, seconds: float, warmup_s: float,
@@ -130,8 +132,8 @@ def measure(node: Node, sensors: SensorPublisher, rate_hz: float, seconds: float
         return {
             "chunks": len(measured),
             "chunk_rate_hz": len(measured) / elapsed,
-            "e2e_ms_p50": percentile_ms(latencies, 50),
-            "e2e_ms_p99": percentile_ms(latencies, 99),
+            "e2e_ms_p50": percentile_ms(latencies, 0.5),
+            "e2e_ms_p99": percentile_ms(latencies, 0.99),
             "e2e_ms_max": max(latencies) / 1e6 if latencies else 0.0,
             "node": dict(diagnostics),  # the node's last /diagnostics key-values
         }

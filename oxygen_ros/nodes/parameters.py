@@ -21,7 +21,7 @@ from rclpy.exceptions import (
 )
 from rclpy.parameter import Parameter
 
-from oxygen_ros.engine.frame_scheduler import ADMISSION_POLICIES
+from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 

@@ -32,14 +32,16 @@ import time
 from collections.abc import Sequence
 
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.utilities import remove_ros_args
 
 from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.bag import TopicInfo, bag_problem, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.nodes.bag_qos import replay_profile
+from oxygen_ros.nodes.conversions import ns_to_stamp
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
+from oxygen_ros.nodes.qos import LATCHED_QOS
 from oxygen_ros.nodes.topic_types import TopicTypeError, is_sensor_stream, message_class
 
 
@@ -65,7 +67,7 @@ def qos_for(info: TopicInfo) -> QoSProfile:
     if is_sensor_stream(info.msgtype):
         return qos_profile_sensor_data
     if info.count == 1:
-        return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        return LATCHED_QOS
     return QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 
 
@@ -112,7 +114,7 @@ class ReplayNode(Node):
 
     def _publish_clock(self, bag_ns: int) -> None:
         msg = self._clock_class()
-        msg.clock.sec, msg.clock.nanosec = divmod(int(bag_ns), 1_000_000_000)
+        msg.clock = ns_to_stamp(bag_ns)
         self._clock_pub.publish(msg)
 
     def _wait_until(self, target: float, bag_start_ns: int, wall_start: float, stop: threading.Event) -> bool:

@@ -37,14 +37,16 @@ from collections.abc import Sequence
 
 import numpy as np
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.nodes.conversions import ns_to_stamp, stamp_to_ns
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
+from oxygen_ros.nodes.qos import LATCHED_QOS
 from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, REWARD_STAGES, AlohaSimEnv, SimulationDiverged
 from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor
 from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
@@ -68,20 +70,20 @@ def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOIN
         raise ValueError(f"every point needs {len(names)} positions")
     order = [names.index(j) for j in joint_names]
     actions = np.array([p.positions for p in msg.points], dtype=np.float64)[:, order]
-    offsets = np.array([p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points])
+    offsets = np.array([stamp_to_ns(p.time_from_start) * 1e-9 for p in msg.points])
     time_step = DT
     if len(offsets) > 1:
         gaps = np.diff(offsets)
         time_step = float(gaps[0])
         if time_step <= 0 or np.abs(gaps - time_step).max() > 1e-6:
             raise ValueError("points must be evenly spaced in time_from_start")
-    frame_stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+    frame_stamp = stamp_to_ns(msg.header.stamp) * 1e-9
     return actions, float(frame_stamp + offsets[0]), time_step, float(frame_stamp)
 
 
 def image_msg(frame: np.ndarray, camera: str, stamp_ns: int) -> Image:
     msg = Image()
-    msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    msg.header.stamp = ns_to_stamp(stamp_ns)
     msg.header.frame_id = camera
     msg.height, msg.width = frame.shape[:2]
     msg.encoding = "rgb8"
@@ -123,9 +125,7 @@ class SimNode(Node):
         self._image_pubs = {cam: self.create_publisher(Image, f"camera/{cam}/image_raw", qos_profile_sensor_data)
                             for cam in self.env.cameras}
         self._joint_pub = self.create_publisher(JointState, "joint_states", QoSProfile(depth=10))
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        self._instruction_pub = self.create_publisher(String, "instruction", latched)
+        self._instruction_pub = self.create_publisher(String, "instruction", LATCHED_QOS)
         self._status_pub = self.create_publisher(String, "sim/status", QoSProfile(depth=10))
         # Best effort matches both reliable and best-effort chunk publishers.
         self._chunk_sub = self.create_subscription(
@@ -154,7 +154,7 @@ class SimNode(Node):
     def _publish_observation(self, obs, step: int) -> None:
         stamp_ns = step * STEP_NS
         clock = Clock()
-        clock.clock.sec, clock.clock.nanosec = divmod(stamp_ns, 1_000_000_000)
+        clock.clock = ns_to_stamp(stamp_ns)
         self._clock_pub.publish(clock)
         for cam, pub in self._image_pubs.items():
             pub.publish(image_msg(obs.images[cam], cam, stamp_ns))

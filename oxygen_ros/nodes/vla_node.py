@@ -4,12 +4,13 @@
 oxygen.launch.py`). Threads:
 
 - the executor thread (a SingleThreadedExecutor) runs every callback: subscriptions only keep the newest message;
-  the control timer at `control.rate_hz` builds the frame (`FrameInputs`), calls `OxygenRuntime.act` (one prefill,
+  the control timer at `control.rate_hz` builds the frame (`FrameInputs`), calls `Runtime.act` (one prefill,
   the action chunk, and - when this frame narrates - the hand-over of its KV slot to a language request) and
   publishes the chunk; the status timer publishes `engine_status` and `/diagnostics`;
 - the runtime's language worker decodes narrations in batches between control ticks and publishes `narration`
   from its own thread through `on_text` (rclpy publishers are safe to use from a plain thread). The control tick
-  never waits for language beyond the one decode step that may be in flight (the runtime's `ControlGate`).
+  never waits for language beyond the one decode step that may be in flight: the runtime runs with adaptive k,
+  decoding only in the slack before the next tick (the runtime's `ControlGate` and scheduler).
 
 A model error in a tick, or a chunk with a non-finite value (never published), is logged, counted and reported
 as state `model_error`; the node keeps running. Every drop is logged with its source and reason, throttled per
@@ -27,9 +28,8 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
 
     sys.exit(run("vla_node"))
 
-import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,13 +38,13 @@ import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.exceptions import InvalidTopicNameException
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
-from oxygen_ros.engine.frame_scheduler import SchedulerConfig
-from oxygen_ros.engine.runtime import OxygenRuntime, RuntimeConfig, TextUpdate
+from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
+from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.engine.stats import percentile
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
@@ -64,21 +64,14 @@ from .lifecycle import ros_process, spinning
 from .log_throttle import LogThrottle
 from .model_setup import load_policy
 from .parameters import ParameterError, declare_parameters, read_parameters
+from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
-INSTRUCTION_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-# Sensor-data QoS (best effort: hears best-effort and reliable publishers) with a history of one: only the newest
-# image or joint state matters, so a busy executor never works through a backlog of older frames.
-SENSOR_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE)
 
 
 def _percentile_ms(samples: Sequence[float], q: float) -> float:
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    return 1e3 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return 1e3 * percentile(samples, q)
 
 
 class VlaNode(Node):
@@ -99,8 +92,11 @@ class VlaNode(Node):
         self.policy = load_policy(p)
         config = self.policy.config
         self.horizon = p.horizon or config.action_horizon
+        # adaptive k: text decodes only in the slack before the next tick (at most one narration's budget of
+        # steps per period), so the control rate holds however long the text
         scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
                                     deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
+                                    adaptive_k=True, tokens_per_frame=p.max_new_tokens,
                                     admission=p.admission, max_preempted=p.max_preempted,
                                     temperature=p.temperature, seed=p.seed)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
@@ -122,19 +118,13 @@ class VlaNode(Node):
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
-        # source stamp -> camera frame_id of each narrating frame until its final text; the engine holds at most
-        # pool_slots + max_preempted requests, so that bounds it too.
-        self._frame_ids: OrderedDict[int, str] = OrderedDict()
-        self._max_frame_ids = p.pool_slots + p.max_preempted
-        self._frame_ids_lock = threading.Lock()
 
         self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
         self.narration_pub = self.create_publisher(Narration, "narration", 50)
         self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.runtime = OxygenRuntime(self.policy.model, self.policy.tokenizer, runtime_config,
-                                     robot_action_dim=len(p.action_names), norm_stats=self.policy.norm_stats,
-                                     on_text=self._publish_text).start()
+        served = Served(self.policy.model, self.policy.tokenizer, self.policy.norm_stats)
+        self.runtime = Runtime(served, runtime_config, on_text=self._publish_text).start()
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
             try:
                 self.create_subscription(CompressedImage if compressed else Image,
@@ -143,7 +133,7 @@ class VlaNode(Node):
             except InvalidTopicNameException as err:
                 raise ParameterError(f"cameras.topics: {err}") from None
         self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
-        self.create_subscription(String, "instruction", self._on_instruction, INSTRUCTION_QOS)
+        self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS)
         self.control_timer = self.create_timer(p.period_s, self._control_tick)
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
         self.get_logger().info(
@@ -197,13 +187,8 @@ class VlaNode(Node):
                 self.get_logger().warning(f"not acting ({self.state}): {self.detail}{suffix}")
             return
         narrate = self._should_narrate()
-        if narrate:
-            with self._frame_ids_lock:
-                self._frame_ids[frame.stamp_ns] = frame.frame_id
-                while len(self._frame_ids) > self._max_frame_ids:
-                    self._frame_ids.popitem(last=False)
         try:
-            chunk = self._act(frame, narrate)
+            chunk, actions = self._act(frame, narrate, (now_ns - frame.stamp_ns) / 1e9)
         except Exception as err:  # a model error must not stop the robot's node; it is reported instead
             self.model_errors += 1
             self.state, self.detail = MODEL_ERROR, f"{type(err).__name__}: {err}"
@@ -213,7 +198,7 @@ class VlaNode(Node):
         self._acted += 1  # narration cadence counts frames the model ran on, published or not
         if narrate:
             self._narrated_version = self.instruction.version
-        finite = np.isfinite(chunk.actions)
+        finite = np.isfinite(actions)
         if not finite.all():  # never sent to a robot
             self.nonfinite_chunks += 1
             bad_joints = [name for name, ok in zip(self.params.action_names, finite.all(axis=0), strict=True)
@@ -224,33 +209,29 @@ class VlaNode(Node):
             if (suffix := self._throttled("nonfinite")) is not None:
                 self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
             return
-        self.chunk_pub.publish(chunk_to_trajectory(chunk.actions, self.params.action_names, frame.stamp_ns,
+        self.chunk_pub.publish(chunk_to_trajectory(actions, self.params.action_names, frame.stamp_ns,
                                                    self.params.time_step_s, self.horizon))
         self.actions_published += 1
         self._act_times.append(chunk.latency_s)
         self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
         self._tick_times.append(time.perf_counter() - start)
 
-    def _act(self, frame: Frame, narrate: bool):
-        def act():
-            observation = Observation(images=frame.images, state=frame.state, task=self.instruction.text)
-            return self.runtime.act(observation, frame.stamp_ns, narrate)
-
-        try:
-            return act()
-        except ValueError:
-            # The prompt may not fit max_token_len with this instruction: shorten it and try once more.
-            outcome = self.instruction.fit_prompt(self.policy.tokenizer, frame.state, self.policy.config,
-                                                  self.policy.norm_stats)
-            if outcome is None:
-                raise
-            if outcome == "cut":
-                self.get_logger().warning(f"instruction too long for the model's prompt; using "
-                                          f"{self.instruction.text!r}")
-            else:
-                self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the "
-                                          f"previous task {self.instruction.text!r}")
-            return act()
+    def _act(self, frame: Frame, narrate: bool, age_s: float):
+        """The chunk (the camera frame_id travels as its context, for the narration) and its robot actions."""
+        # the prompt must fit max_token_len with this instruction and state: shortened before acting if need be
+        outcome = self.instruction.fit_prompt(self.policy.tokenizer, frame.state, self.policy.config,
+                                              self.policy.norm_stats)
+        if outcome == "cut":
+            self.get_logger().warning(f"instruction too long for the model's prompt; using {self.instruction.text!r}")
+        elif outcome == "previous":
+            self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the previous task "
+                                      f"{self.instruction.text!r}")
+        start = time.perf_counter()  # the chunk's latency includes preprocessing
+        observation = Observation(images=frame.images, state=frame.state, task=self.instruction.text)
+        inputs = self.runtime.prepare(observation)
+        chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
+                                                    context=frame.frame_id, arrival=start))
+        return chunk, self.runtime.robot_actions(chunk, len(self.params.action_names))
 
     def _throttled(self, key) -> str | None:
         """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.
@@ -270,12 +251,10 @@ class VlaNode(Node):
     # ---- language path (runtime worker thread) ------------------------------------------------------------------
 
     def _publish_text(self, update: TextUpdate) -> None:
-        with self._frame_ids_lock:
-            frame_id = (self._frame_ids.pop if update.final else self._frame_ids.get)(update.stamp_ns, "")
         msg = Narration(request_id=update.request_id, text=update.text, num_tokens=update.num_tokens,
                         final=update.final)
         msg.header.stamp = ns_to_stamp(update.stamp_ns)
-        msg.header.frame_id = frame_id
+        msg.header.frame_id = update.context or ""
         self.narration_pub.publish(msg)
         self.narrations_published += 1
 

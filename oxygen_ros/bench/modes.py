@@ -8,8 +8,12 @@ model weights, so the only thing that differs is how work is shared and schedule
   into its own cache and decoding to completion before the next frame;
 - `shared_kv`: one prefill; the action and the text both read it; text still decoded to completion in-frame;
 - `parallel`: two workers with their own model copies and prefills (as separate processes or MPS would);
-- `continuous_batching`: OxyGen: one prefill, the action now, language from many frames decoded together, k steps
-  per frame (`FrameScheduler`).
+- `continuous_batching`: OxyGen as a robot runs it: the engine's threaded `Runtime` (control path on this thread,
+  the language worker on its own, the gate between them): one prefill, the action now, language from many frames
+  decoded together, k steps per frame (each frame waits for the k steps its predecessor owes) or, with adaptive k,
+  frames paced at the control period and text only in the slack.
+
+The first four are the baselines the paper compares against; they are written here, not in the engine.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..engine.kv_pool import KVPool
+from ..engine.language import LanguageRequest, decode_batch, start_request
+from ..engine.model_runner import PriorityStreams
+from ..engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
+from ..engine.scheduler import SchedulerConfig
 from ..model.inputs import ModelInputs
-from .frame_scheduler import FrameScheduler, SchedulerConfig
-from .kv_pool import KVPool
-from .language import LanguageRequest, decode_batch, start_request
-from .path_streams import PathStreams
 
 SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")
 
@@ -59,7 +64,8 @@ class SettingRun:
     action_done_s: list[float] = field(default_factory=list)  # time each action was ready, from the run's start
     action_latency_s: list[float] = field(default_factory=list)  # frame start -> action ready
     actions: dict[int, Tensor] = field(default_factory=dict)  # frame index -> [horizon, action_dim]
-    requests: dict[int, LanguageRequest] = field(default_factory=dict)  # frame index -> finished request
+    texts: dict[int, list[int]] = field(default_factory=dict)  # frame index -> its request's generated tokens
+    completion_s: list[float] = field(default_factory=list)  # request start -> finish, measured frames only
     tokens_generated: int = 0
     pool_bytes: int = 0
 
@@ -106,9 +112,10 @@ def _record_action(run: SettingRun, window: _Window, frame: int, actions: Tensor
 
 
 def _record_request(run: SettingRun, window: _Window, frame: int, request: LanguageRequest) -> None:
-    run.requests[frame] = request
+    run.texts[frame] = request.tokens
     if window.measured(frame):
         run.tokens_generated += len(request.tokens)
+        run.completion_s.append(request.finish_time - request.arrival_time)
 
 
 def run_action_only(model, workload: Workload) -> SettingRun:
@@ -173,7 +180,7 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     """
     run = SettingRun("parallel")
     language_model = copy.deepcopy(model)
-    streams = PathStreams(model.device, prioritized=False)
+    streams = PriorityStreams(model.device, prioritized=False)
     action_pool = KVPool(model.config, 1, 0, model.dtype, model.device)
     language_pool = KVPool(model.config, 1, workload.decode_len, model.dtype, model.device)
     run.pool_bytes = action_pool.bytes_total + language_pool.bytes_total
@@ -182,8 +189,10 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     taken = -1
     done = threading.Event()
     progress = threading.Condition()
+    threads = torch.get_num_threads()
 
     def language_worker():
+        torch.set_num_threads(threads)  # the caller's intra-op budget, not OpenMP's default for a new thread
         with streams.language():
             language_loop()
 
@@ -210,7 +219,9 @@ def run_parallel(model, workload: Workload) -> SettingRun:
                 produced = decode_batch(language_model, language_pool.cache, [request])
             if window.open and not done.is_set():
                 run.tokens_generated += produced
-                run.requests[frame] = request
+                run.texts[frame] = request.tokens
+                if window.measured(frame):
+                    run.completion_s.append(request.finish_time - request.arrival_time)
 
     window = _Window(workload)
     worker = threading.Thread(target=language_worker, name="language-worker")
@@ -233,31 +244,47 @@ def run_parallel(model, workload: Workload) -> SettingRun:
 
 
 def run_continuous_batching(model, workload: Workload, drain: bool = False) -> SettingRun:
-    """OxyGen. With `drain`, unfinished requests are decoded to the end after the measured window (for tests)."""
+    """OxyGen through the engine's threaded runtime. With `drain`, unfinished requests are decoded to the end after
+    the measured window (for tests)."""
     run = SettingRun("continuous_batching")
     per_request_frames = -(-workload.decode_len // max(workload.tokens_per_frame, 1))
     slots = workload.pool_slots or per_request_frames + 2
-    pool = KVPool(model.config, slots, workload.decode_len, model.dtype, model.device)
-    run.pool_bytes = pool.bytes_total
     config = SchedulerConfig(num_steps=workload.num_steps, tokens_per_frame=workload.tokens_per_frame,
                              adaptive_k=workload.adaptive_k, control_period_s=workload.control_period_s,
                              max_new_tokens=workload.decode_len, ignore_eos=workload.ignore_eos)
-    scheduler = FrameScheduler(model, pool, config)
     window = _Window(workload)
-    for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
-        t0 = window.begin(frame)
-        result = scheduler.run_frame(inputs, noise, workload.narrate[frame], frame_start=t0)
-        run.actions[frame] = result.actions
-        if window.measured(frame):
-            run.action_latency_s.append(result.action_latency_s)
-            run.action_done_s.append(t0 + result.action_latency_s - window.start)
-            run.tokens_generated += result.tokens_decoded + (1 if result.request else 0)
-        for request in result.finished:
-            run.requests[request.frame_id] = request
-    run.elapsed_s = time.perf_counter() - window.start
-    if drain:
-        for request in scheduler.drain():
-            run.requests[request.frame_id] = request
+    starts: dict[int, float] = {}
+
+    def on_text(update: TextUpdate) -> None:  # the worker thread; the final update is a request's last
+        if update.final:
+            run.texts[update.context] = list(update.token_ids)
+            if window.measured(update.context):
+                run.completion_s.append(time.perf_counter() - starts[update.context])
+
+    runtime = Runtime(Served(model), RuntimeConfig(config, pool_slots=slots, stream_every=0), on_text=on_text)
+    run.pool_bytes = sum(runner.pool.bytes_total for runner in runtime.runners.values())
+    runtime.start()
+    try:
+        tokens_at_open = 0
+        next_start = time.perf_counter()
+        for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
+            if workload.adaptive_k:  # a robot's control timer: text gets the slack of each period
+                time.sleep(max(0.0, next_start - time.perf_counter()))
+            t0 = window.begin(frame)
+            next_start = t0 + workload.control_period_s
+            if frame == window.first:
+                tokens_at_open = runtime.tokens_generated
+            starts[frame] = t0
+            chunk = runtime.act(runtime.frame(inputs, workload.narrate[frame], noise=noise, context=frame))
+            _record_action(run, window, frame, chunk.actions, t0)
+        run.elapsed_s = time.perf_counter() - window.start
+        run.tokens_generated = runtime.tokens_generated - tokens_at_open
+        if drain and not runtime.drain(600):
+            raise RuntimeError("continuous batching did not drain its requests")
+    finally:
+        runtime.close()
+    if runtime.worker_error is not None:
+        raise RuntimeError("the language worker failed") from runtime.worker_error
     return run
 
 

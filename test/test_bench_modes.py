@@ -1,0 +1,68 @@
+"""The OxyGen benchmark's five modes on the real tiny model: sharing and batching change speed, never results."""
+
+import pytest
+import torch
+
+from oxygen_ros.bench.modes import RUNNERS, SETTINGS, Workload
+from oxygen_ros.bench.workloads import arrivals, synthetic_frames
+from oxygen_ros.engine.kv_pool import KVPool
+from oxygen_ros.engine.language import decode_batch, start_request
+from oxygen_ros.engine.step_cost import StepCostModel
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.pi05 import build_model
+
+CONFIG = get_preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(CONFIG, seed=3)
+
+
+def isolated_tokens(model, inputs, max_new_tokens):
+    """Greedy text of one frame decoded alone in a pool of its own (the reference)."""
+    pool = KVPool(CONFIG, 1, max_new_tokens)
+    prefill = model.prefill(inputs, pool.cache, torch.tensor([0]), want_logits=True)
+    request = start_request(1, 0, 0, 0, CONFIG.prefix_len, int(prefill.num_valid[0]), prefill.logits[0],
+                            max_new_tokens, -1)
+    while not request.done:
+        decode_batch(model, pool.cache, [request])
+    return request.tokens
+
+
+def test_every_setting_gives_the_same_actions_and_text(model):
+    frames, noises = synthetic_frames(CONFIG, 7, seed=11)
+    workload = Workload(frames, noises, arrivals("every_frame", 7), decode_len=6, num_steps=3, tokens_per_frame=2)
+    runs = {s: (RUNNERS[s](model, workload, drain=True) if s == "continuous_batching" else RUNNERS[s](model, workload))
+            for s in SETTINGS}
+    reference = runs["action_only"]
+    for setting, run in runs.items():
+        assert sorted(run.actions) == list(range(7)), setting
+        for frame in range(7):
+            assert torch.equal(run.actions[frame], reference.actions[frame]), (setting, frame)
+    expected = {frame: isolated_tokens(model, frames[frame], 6) for frame in range(7)}
+    assert len(set(map(tuple, expected.values()))) > 1, "frames should produce different text"
+    for setting in ("baseline", "shared_kv", "continuous_batching"):
+        assert runs[setting].texts == expected, setting
+    assert runs["parallel"].texts, "the parallel language worker finished no request"
+    for frame, tokens in runs["parallel"].texts.items():
+        assert tokens == expected[frame]
+
+
+def test_continuous_batching_with_adaptive_k_paces_frames_and_still_finishes_the_text(model):
+    frames, noises = synthetic_frames(CONFIG, 6, seed=1)
+    workload = Workload(frames, noises, [True] * 6, decode_len=8, num_steps=1, tokens_per_frame=64, adaptive_k=True,
+                        control_period_s=0.05, pool_slots=8)
+    run = RUNNERS["continuous_batching"](model, workload, drain=True)
+    assert run.elapsed_s >= 5 * 0.05  # paced at the control period, as a robot's timer would
+    assert run.texts == {frame: isolated_tokens(model, frames[frame], 8) for frame in range(6)}
+
+
+def test_step_cost_model_fits_fixed_and_per_request_cost():
+    cost = StepCostModel()
+    assert cost.predict(4) == 0.0
+    cost.observe(4, 0.003)
+    assert cost.predict(16) == 0.003  # one batch size seen: the fixed part is assumed to dominate
+    for batch in (1, 2, 8, 16):
+        cost.observe(batch, 0.002 + 0.0005 * batch)
+    assert abs(cost.predict(10) - 0.007) < 1e-3
