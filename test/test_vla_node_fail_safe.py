@@ -4,6 +4,7 @@ narration requests bounded. Node processes as in test_vla_node_ros (tiny preset,
 
 import time
 
+import numpy as np
 import pytest
 import torch
 from diagnostic_msgs.msg import DiagnosticStatus
@@ -135,7 +136,9 @@ def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error
     with torch.no_grad():  # finite weights whose products overflow: the chunk comes out NaN
         model.action_out_proj.weight.fill_(3e38)
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    checkpoint = save_checkpoint(model, tmp_path / "checkpoint")
+    stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},  # the 14 ALOHA joints
+             "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
+    checkpoint = save_checkpoint(model, tmp_path / "checkpoint", stats)
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
     robot = Robot(ros_context)
     spinner = Spinner(ros_context, [robot.node])

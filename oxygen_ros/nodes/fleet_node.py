@@ -20,8 +20,9 @@ Several GPUs: one node per GPU with the same ``assignment_file`` (``oxygen-ros f
 Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms``, ``assignment_file``,
 ``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``, ``tokenizer`` (empty: the cached stand-in),
 ``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
-``compressed``, ``max_image_age_s``, ``narrate_every`` (0: never), ``max_new_tokens``, ``pool_slots`` (per model),
-``queue`` (esf | rr | lqf | fifo), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
+``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
+VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
+``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``.
 """
 
@@ -37,6 +38,7 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
 import threading
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
@@ -53,9 +55,9 @@ from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.model.tokenizer import load_tokenizer
 from oxygen_ros.msg import EngineStatus, Narration
 
-from .conversions import ConversionError, chunk_to_trajectory, ns_to_stamp
+from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
-from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, Instruction
+from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
 from .model_setup import standin_tokenizer
 from .qos import LATCHED_QOS, SENSOR_QOS
@@ -78,6 +80,9 @@ DEFAULTS = {
     "joint_names": [""],
     "compressed": False,
     "max_image_age_s": 0.0,
+    "max_state_age_s": 0.0,
+    "future_tolerance_s": 0.1,
+    "max_pixels": 16_777_216,  # 4096 x 4096
     "narrate_every": 10,
     "max_new_tokens": 32,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
@@ -92,15 +97,14 @@ class RobotPort:
     """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
     def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
-                 joint_names: tuple[str, ...], max_image_age_s: float, instruction: str):
+                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str):
         self.namespace = namespace
         self.robot = robot
         self.cameras = tuple(cameras)
         self.compressed = compressed
-        self.max_image_age_s = max_image_age_s
+        self.limits = limits
         self.joint_names = joint_names
-        self.inputs = FrameInputs(self.cameras, (compressed,) * len(cameras), joint_names, max_image_age_s) \
-            if joint_names else None
+        self.inputs = self.frame_inputs(joint_names) if joint_names else None
         self.instruction = Instruction(instruction, MAX_INSTRUCTION_CHARS)
         self.state = WAITING_FOR_CAMERA
         self.detail = ""
@@ -112,6 +116,14 @@ class RobotPort:
         self.chunk_pub = node.create_publisher(JointTrajectory, f"{namespace}/action_chunk", 10)
         self.narration_pub = node.create_publisher(Narration, f"{namespace}/narration", 50)
         self.status_pub = node.create_publisher(EngineStatus, f"{namespace}/engine_status", 10)
+
+    def camera_topic(self, camera: str) -> str:
+        return f"{self.namespace}/camera/{camera}/image_raw"
+
+    def frame_inputs(self, joint_names: tuple[str, ...]) -> FrameInputs:
+        """The VLA node's input rules for this robot, its state picked by `joint_names`."""
+        return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
+                           (self.compressed,) * len(self.cameras), joint_names, self.limits)
 
 
 class FleetNode(Node):
@@ -155,11 +167,14 @@ class FleetNode(Node):
         p = self.params
         namespace = "/" + robot.robot_id
         cameras = self.server.model_config(robot.robot_id).camera_names
-        port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, p["max_image_age_s"],
-                         p["instruction"])
+        model_size = self.server.model_config(robot.robot_id).vision.image_size
+        limits = InputLimits(max_image_age_s=p["max_image_age_s"], max_state_age_s=p["max_state_age_s"],
+                             future_tolerance_s=p["future_tolerance_s"],
+                             images=ImageLimits(p["max_pixels"], model_size))
+        port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"])
         self.ports[robot.robot_id] = port
         for index, camera in enumerate(cameras):
-            topic = f"{namespace}/camera/{camera}/image_raw"
+            topic = port.camera_topic(camera)
             self.create_subscription(CompressedImage if port.compressed else Image,
                                      f"{topic}/compressed" if port.compressed else topic,
                                      lambda msg, port=port, i=index: self._on_image(port, i, msg), SENSOR_QOS)
@@ -176,8 +191,7 @@ class FleetNode(Node):
     def _on_joints(self, port: RobotPort, msg: JointState) -> None:
         if port.inputs is None:  # no joint_names given: this robot's joints are those of its first message
             port.joint_names = tuple(msg.name)
-            port.inputs = FrameInputs(port.cameras, (port.compressed,) * len(port.cameras), port.joint_names,
-                                      port.max_image_age_s)
+            port.inputs = port.frame_inputs(port.joint_names)
         try:
             port.inputs.on_joint_state(msg)
         except ConversionError as err:
@@ -194,16 +208,19 @@ class FleetNode(Node):
         if index != 0:
             return
         now_ns = self.get_clock().now().nanoseconds
-        port.state, frame, errors = port.inputs.next_frame(now_ns)
-        for err in errors:
-            self._warn_drop(port, str(err))
+        decision = port.inputs.next_frame(now_ns)
+        port.state, frame = decision.state, decision.frame
+        for dropped in decision.dropped:
+            self._warn_drop(port, f"{dropped.source}: {dropped.reason}: {dropped.message}")
         if frame is None:
+            port.detail = decision.detail
             return
         port.detail = ""
         model = self.server.model_config(port.robot.robot_id)
         served = self.server.runtime.served[port.robot.model_id]
-        if port.instruction.fit_prompt(served.tokenizer, frame.state, model, served.norm_stats):
-            self.get_logger().warning(f"{port.namespace}: instruction cut to {port.instruction.text!r}")
+        if port.instruction.fit_prompt(served.tokenizer, frame.state, model, served.norm_stats) is not None:
+            self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
+                                      f"{port.instruction.text!r}")
         every = self.params["narrate_every"]
         narrate = every > 0 and port.frames % every == 0
         try:
@@ -230,6 +247,12 @@ class FleetNode(Node):
             return
         _, joint_names = chunk.context
         actions = self.server.robot_actions(chunk, len(joint_names))
+        if not np.isfinite(actions).all():  # never sent to a robot
+            with port.lock:
+                port.model_errors += 1
+                port.state, port.detail = MODEL_ERROR, "action chunk has non-finite values; not published"
+            self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
+            return
         port.chunk_pub.publish(chunk_to_trajectory(actions, joint_names, chunk.stamp_ns, self.params["action_dt"],
                                                    len(actions)))
         with port.lock:
