@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .command_line import CommandParser
 from .data.aloha import read_aloha
 from .data.atomic import atomic_output
 from .data.captions import frame_captions
@@ -245,16 +246,17 @@ def _train(episode: Episode, out: Path, config: TrainConfig, tokenizer_path: str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oxygen-ros train-tiny", description=__doc__.splitlines()[0])
+    parser = CommandParser("train-tiny", __doc__)
     parser.add_argument("episode", help="ALOHA episode (.hdf5)")
     parser.add_argument("out", help="checkpoint folder to write (must not exist)")
     parser.add_argument("--task", default="", help="the instruction the episode shows (the prompt's task)")
     parser.add_argument("--tokenizer", help="SentencePiece file (default: the stand-in tokenizer, trained here)")
     defaults = TrainConfig()
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="frames per step")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="weights, batches and flow-matching noise")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (one is fastest on a busy 2-core machine)")
     return parser
 
 
