@@ -20,6 +20,7 @@ from ..engine.settings import RUNNERS, SETTINGS, SettingRun, Workload
 from ..engine.workloads import arrivals, synthetic_frames
 from ..model.config import Pi05Config, get_preset
 from ..model.pi05 import build_model
+from ..model.precision import DTYPE_NAMES, resolve_dtype
 
 MB = 2**20
 DEFAULT_K = 4  # decode steps per frame for continuous batching unless a sweep varies it
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="small", help="model preset (tiny, small, pi05)")
     parser.add_argument("--model-config", help="JSON file with model shapes (overrides --preset)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, help="model dtype; default bfloat16 on cuda, float32 on cpu "
+                        "(auto: as the node's model.dtype)")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -220,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     config = Pi05Config.load_json(args.model_config) if args.model_config else get_preset(args.preset)
     preset = args.model_config or args.preset
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    requested = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    choice = resolve_dtype(requested, args.device, config.backbone.width, config.vocab_size)
+    print(f"model dtype: {choice}", flush=True)
+    dtype = choice.dtype
     model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)
     frames = args.frames or (8 if args.quick else 16)
     rounds = args.rounds or (2 if args.quick else 3)
