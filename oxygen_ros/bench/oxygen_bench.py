@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, help="model dtype; default bfloat16 on cuda, float32 on cpu "
                         "(auto: as the node's model.dtype)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the denoise and decode steps")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model dtype: {choice}", flush=True)
     dtype = choice.dtype
     model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)
+    if args.compile:
+        model.compile_steps()
     frames = args.frames or (8 if args.quick else 16)
     rounds = args.rounds or (2 if args.quick else 3)
     out = Path(args.out)
@@ -235,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     period = measure_action_only_period(model, config, args.device, args.seed)
     meta = {"preset": preset, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+            "compiled": args.compile,
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or
             platform.machine(), "control_period_ms": 1e3 * period, "frames_per_round": frames, "rounds": rounds}
     print(f"oxygen bench: {meta}", flush=True)

@@ -74,6 +74,15 @@ class Pi05Model(nn.Module):
     def device(self) -> torch.device:
         return self.action_in_proj.weight.device
 
+    def compile_steps(self) -> Pi05Model:
+        """Opt in to `torch.compile` (inductor; on a CPU it needs a C++ compiler) for the two hot loops: one
+        denoise step of the action expert and the backbone layers of a decode step. The first calls compile (tens
+        of seconds on a CPU, again for each new batch size); outputs match the eager model to floating-point
+        rounding. Returns the model."""
+        self._velocity = torch.compile(self._velocity)
+        self._decode_hidden = torch.compile(self._decode_hidden)
+        return self
+
     # ---- embeddings -------------------------------------------------------------------------------------------
 
     def embed_prefix(self, batch: ModelInputs) -> tuple[Tensor, Tensor]:
