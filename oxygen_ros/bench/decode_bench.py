@@ -11,9 +11,11 @@ For every dtype and batch it times `Pi05Model.decode_step` (logits, then the arg
   by the read bandwidth measured here over a 1 GiB buffer.
 Variants are interleaved round by round, so machine load moves them together; each figure is the median over all
 rounds. The cache holds random K/V (a decode step's cost does not depend on the values); every request sits at
-cache index prefix_len + 24, the middle of a 50-token narration.
+cache index prefix_len + 24, the middle of a 50-token narration. `decode_next scattered` passes the slots in
+descending order, which the cache cannot serve as a view: every layer gathers the requests' K/V.
 `--profile` prints torch.profiler's per-operator table for each variant; `--compile` adds the compiled decode
-step (`Pi05Model.compile_steps`) as a variant; compiling takes tens of seconds per batch size.
+step (`Pi05Model.compile_steps`) and one denoise step (one Euler step of `sample_actions`), eager and compiled,
+as variants; compiling takes tens of seconds per batch size.
 """
 
 from __future__ import annotations
@@ -74,10 +76,14 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
     runs = {
         "decode_step+argmax": lambda: model.decode_step(cache, slots, tokens, index, positions).argmax(dim=-1),
         "decode_next": lambda: model.decode_next(cache, slots, tokens, index, positions),
+        "decode_next scattered": lambda: model.decode_next(cache, slots.flip(0), tokens, index, positions),
         "floor: head matmul": lambda: hidden @ head.T,
     }
     if compiled is not None:
+        noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
         runs["decode_next compiled"] = lambda: compiled.decode_next(cache, slots, tokens, index, positions)
+        runs["denoise step"] = lambda: model.sample_actions(cache, slots, noise, num_steps=1)
+        runs["denoise step compiled"] = lambda: compiled.sample_actions(cache, slots, noise, num_steps=1)
     return runs
 
 
@@ -136,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             memory_ms = step_bytes(model, batch, config.prefix_len + TEXT_OFFSET + 1) / bandwidth / 1e6
             head_ms = result["floor: head matmul"]
             for name, ms in result.items():
-                print(f"{dtype_name:<10}{batch:>6}  {name:<24}{ms:>9.2f}{ms / head_ms:>8.2f}{ms / memory_ms:>10.2f}")
+                ratios = "" if name.startswith("denoise") else f"{ms / head_ms:>8.2f}{ms / memory_ms:>10.2f}"
+                print(f"{dtype_name:<10}{batch:>6}  {name:<24}{ms:>9.2f}{ratios}")
             print(f"{dtype_name:<10}{batch:>6}  {'floor: memory':<24}{memory_ms:>9.2f}")
             if args.profile:
                 for name, fn in runs.items():

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Pi05Config.load_json(args.model_config) if args.model_config else get_preset(args.preset)
     preset = args.model_config or args.preset
     requested = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    choice = resolve_dtype(requested, args.device, config.backbone.width, config.vocab_size)
+    choice = resolve_dtype(requested, args.device, config)
     print(f"model dtype: {choice}", flush=True)
     dtype = choice.dtype
     model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)

@@ -40,8 +40,7 @@ class Policy:
 
 def resolve_dtype(params: VlaParams) -> DtypeChoice:
     """model.dtype for this device; `auto` measures at the preset's shapes (pi05's stand in for a checkpoint's)."""
-    shape = get_preset("pi05" if params.checkpoint else params.preset)
-    return resolve_model_dtype(params.dtype, params.device, shape.backbone.width, shape.vocab_size)
+    return resolve_model_dtype(params.dtype, params.device, get_preset("pi05" if params.checkpoint else params.preset))
 
 
 def cache_dir() -> Path:
