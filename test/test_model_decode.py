@@ -93,3 +93,5 @@ def test_sampled_rows_follow_each_requests_own_stream(dtype):
         off_greedy += sum(c != g for c, g in zip(chosen, greedy))
         tokens = torch.tensor(chosen)
     assert off_greedy > 0  # the samplers were used, not just the argmax
+    with pytest.raises(ValueError, match="2 samplers for 3 requests"):
+        model.decode_next(fast, slots, tokens, index, positions, ours[:2])

@@ -242,6 +242,8 @@ class Pi05Model(nn.Module):
         stream; either way exactly what the float32 logits of `decode_step` give. The logits stay in the model's
         dtype and only sampled rows are converted, so no [B, vocab] float32 copy is made.
         """
+        if samplers is not None and len(samplers) != len(slots):
+            raise ValueError(f"{len(samplers)} samplers for {len(slots)} requests")
         logits = self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions))
         chosen = greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
