@@ -10,13 +10,14 @@ REQUIRED = {"setting", "preset", "device", "denoise_steps", "decode_len", "token
 
 
 def test_quick_bench_writes_results_table_and_plots(tmp_path, capsys):
-    assert main(["--preset", "tiny", "--quick", "--frames", "2", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    assert main(["--preset", "tiny", "--quick", "--frames", "2", "--rounds", "1", "--dtype", "bfloat16",
+                 "--out", str(tmp_path)]) == 0
     records = json.loads((tmp_path / "results.json").read_text())
     assert records and all(REQUIRED <= set(r) for r in records)
     assert {r["setting"] for r in records} == set(SETTINGS)
     assert {r["decode_len"] for r in records if r["sweep"] == "decode_len"} == {10, 50, 200}
     for r in records:
-        assert r["action_hz"] > 0 and r["frames"] == 2 and r["preset"] == "tiny"
+        assert r["action_hz"] > 0 and r["frames"] == 2 and r["preset"] == "tiny" and r["dtype"] == "bfloat16"
         if r["arrival"] == "every_frame":  # (2 frames of a burst pattern may all be quiet ones)
             assert (r["tokens_per_s"] > 0) == (r["setting"] != "action_only"), r
     table = (tmp_path / "results.md").read_text()

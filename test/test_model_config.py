@@ -33,6 +33,17 @@ def test_pi05_shapes():
     assert 16.5 * 2**20 < per_slot < 17.5 * 2**20
 
 
+def test_fullvocab_preset_has_the_real_vocabulary_at_tiny_widths():
+    cfg, real = get_preset("fullvocab"), get_preset("pi05")
+    assert cfg.vocab_size == real.vocab_size == 257_152
+    assert cfg.camera_names == real.camera_names and cfg.vision.image_size == 224
+    assert cfg.prefix_len == 3 * 256 + 100 == 868
+    with torch.device("meta"):
+        counts = parameter_counts(Pi05Model(cfg))
+    # The text head (the tied embedding) is most of the backbone: the regime a real checkpoint decodes in.
+    assert 257_152 * 64 / counts["backbone"] > 0.9
+
+
 def test_config_json_round_trip(tmp_path):
     for name, cfg in PRESETS.items():
         cfg.save_json(tmp_path / f"{name}.json")

@@ -20,6 +20,7 @@ from ..engine.scheduler import deadline_missed
 from ..engine.stats import percentile
 from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
+from ..model.precision import DTYPE_NAMES, resolve_dtype
 from .modes import RUNNERS, SETTINGS, SettingRun, Workload
 from .workloads import arrivals, synthetic_frames
 
@@ -203,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model preset")
     parser.add_argument("--model-config", help="JSON file with model shapes (overrides --preset)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, help="model dtype; default bfloat16 on cuda, float32 on cpu "
+                        "(auto: as the node's model.dtype)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the denoise and decode steps")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -215,8 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     config = Pi05Config.load_json(args.model_config) if args.model_config else get_preset(args.preset)
     preset = args.model_config or args.preset
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    requested = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    choice = resolve_dtype(requested, args.device, config)
+    print(f"model dtype: {choice}", flush=True)
+    dtype = choice.dtype
     model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)
+    if args.compile:
+        model.compile_steps()
     frames = args.frames or (8 if args.quick else 16)
     rounds = args.rounds or (2 if args.quick else 3)
     out = Path(args.out)
@@ -224,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     period = measure_action_only_period(model, config, args.device, args.seed)
     meta = {"preset": preset, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+            "compiled": args.compile,
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or
             platform.machine(), "control_period_ms": 1e3 * period, "frames_per_round": frames, "rounds": rounds}
     print(f"oxygen bench: {meta}", flush=True)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model.kv_cache import KVCache
+from ..model.sampling import Sampler, sample_token
 
 
 @dataclass
@@ -48,14 +49,18 @@ class LanguageRequest:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def choose(self, logits: Tensor) -> int:
-        """The next token from one row of logits: argmax, or a sample from this request's own generator."""
+    def sampler(self) -> Sampler | None:
+        """None when greedy, else the request's own sampling stream (seeded on first use)."""
         if self.temperature <= 0:
-            return int(logits.argmax())
+            return None
         if self._generator is None:
             self._generator = torch.Generator().manual_seed(self.seed)
-        probabilities = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
-        return int(torch.multinomial(probabilities, 1, generator=self._generator))
+        return Sampler(self.temperature, self._generator)
+
+    def choose(self, logits: Tensor) -> int:
+        """The next token from one row of logits: argmax, or a sample from this request's own generator."""
+        sampler = self.sampler()
+        return int(logits.argmax()) if sampler is None else sample_token(logits, sampler)
 
     def accept(self, token: int, now: float) -> None:
         """Record the model's next token; finishes the request on EOS or when the budget is spent."""
@@ -108,11 +113,7 @@ def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
     offsets = torch.tensor([len(r.tokens) - 1 for r in active], dtype=torch.long)
     cache_index = torch.tensor([r.prefix_len for r in active], dtype=torch.long) + offsets
     positions = torch.tensor([r.num_valid_prefix for r in active], dtype=torch.long) + offsets
-    logits = model.decode_step(cache, slots, fed, cache_index, positions)
-    if all(r.temperature <= 0 for r in active):
-        next_tokens = logits.argmax(dim=-1).tolist()
-    else:
-        next_tokens = [request.choose(row) for request, row in zip(active, logits)]
+    next_tokens = model.decode_next(cache, slots, fed, cache_index, positions, [r.sampler() for r in active]).tolist()
     now = time.perf_counter()
     for request, token in zip(active, next_tokens):
         request.accept(token, now)

@@ -88,6 +88,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
 
 
+def attend_one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """`attend` for one query per sequence (a decode step): q [B, H, 1, D]; k, v [B, KV, S, D]; mask [B, 1, 1, S].
+
+    The query heads that share a K/V head become that head's query rows, so each K/V head is read once by one
+    attention over [B, KV, H/KV, D] instead of once per query head.
+    """
+    b, heads, _, d = q.shape
+    kv_heads = k.shape[1]
+    grouped = F.scaled_dot_product_attention(q.reshape(b, kv_heads, heads // kv_heads, d), k, v, attn_mask=mask)
+    return grouped.reshape(b, heads, 1, d)
+
+
 def prefix_attention_bias(prefix_valid: Tensor, group: int, queries: int, dtype: torch.dtype) -> Tensor:
     """Additive mask [B, 1, group*queries, P] (0 = visible, -inf = padding) for `attend_prefix_and_self`.
 

@@ -53,12 +53,11 @@ def greedy_decode(
         if not active:
             break
         offset = torch.tensor([len(outputs[b]) - 1 for b in active])
-        logits = model.decode_step(
+        next_tokens = model.decode_next(
             cache,
             slots[active],
             tokens=torch.tensor([outputs[b][-1] for b in active]),
             cache_index=start + offset,
             positions=prefill.num_valid.cpu()[active] + offset,
-        )
-        next_tokens = logits.argmax(dim=-1).tolist()
+        ).tolist()
     return outputs

@@ -12,6 +12,7 @@ actions at all, so computing it once and caching its K/V gives exactly the joint
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,9 +20,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import Pi05Config
-from .gemma import GemmaStack, attend, attend_prefix_and_self, prefix_attention_bias, rope_cos_sin
+from .gemma import (
+    GemmaStack,
+    attend,
+    attend_one_query,
+    attend_prefix_and_self,
+    prefix_attention_bias,
+    rope_cos_sin,
+)
 from .inputs import ModelInputs
 from .kv_cache import KVCache, slot_index
+from .sampling import Sampler, greedy_tokens, sample_token
 from .vision import VisionEncoder
 
 
@@ -64,6 +73,15 @@ class Pi05Model(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.action_in_proj.weight.device
+
+    def compile_steps(self) -> Pi05Model:
+        """Opt in to `torch.compile` (inductor; on a CPU it needs a C++ compiler) for the two hot loops: one
+        denoise step of the action expert and the backbone layers of a decode step. The first calls compile (tens
+        of seconds on a CPU, again for each new batch size); outputs match the eager model to floating-point
+        rounding. Returns the model."""
+        self._velocity = torch.compile(self._velocity)
+        self._decode_hidden = torch.compile(self._decode_hidden)
+        return self
 
     # ---- embeddings -------------------------------------------------------------------------------------------
 
@@ -206,6 +224,37 @@ class Pi05Model(nn.Module):
         `positions[b]`, and attends to the valid positions of its own slot up to and including that index.
         Requests may sit at different lengths.
         """
+        return self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions)).float()
+
+    @torch.inference_mode()
+    def decode_next(
+        self,
+        cache: KVCache,
+        slots: Tensor,
+        tokens: Tensor,
+        cache_index: Tensor,
+        positions: Tensor,
+        samplers: Sequence[Sampler | None] | None = None,
+    ) -> Tensor:
+        """`decode_step` that returns the chosen next tokens [B] long instead of the logits.
+
+        Request b takes the first maximum of its logits, or with `samplers[b]` a sample from that request's own
+        stream; either way exactly what the float32 logits of `decode_step` give. The logits stay in the model's
+        dtype and only sampled rows are converted, so no [B, vocab] float32 copy is made.
+        """
+        if samplers is not None and len(samplers) != len(slots):
+            raise ValueError(f"{len(samplers)} samplers for {len(slots)} requests")
+        logits = self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions))
+        chosen = greedy_tokens(logits)
+        for row, sampler in enumerate(samplers or ()):
+            if sampler is not None:
+                chosen[row] = sample_token(logits[row], sampler)
+        return chosen
+
+    def _decode_hidden(
+        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
+    ) -> Tensor:
+        """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""
         cfg = self.config
         b = len(slots)
         for name, t in (("tokens", tokens), ("cache_index", cache_index), ("positions", positions)):
@@ -232,8 +281,8 @@ class Pi05Model(nn.Module):
             cache.v[i, slots, :, cache_index] = v[:, :, 0].to(cache.dtype)
             keys = cache.k[i, idx, :, :span].to(x.dtype)
             values = cache.v[i, idx, :, :span].to(x.dtype)
-            x = layer.finish(x, attend(q, keys, values, mask), gate, None)
-        return self.backbone.logits(x[:, 0]).float()
+            x = layer.finish(x, attend_one_query(q, keys, values, mask), gate, None)
+        return x[:, 0]
 
 
 def build_model(

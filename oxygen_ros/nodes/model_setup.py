@@ -18,6 +18,8 @@ import torch
 from oxygen_ros.model.checkpoint import CheckpointError, load_checkpoint
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.precision import DtypeChoice
+from oxygen_ros.model.precision import resolve_dtype as resolve_model_dtype
 from oxygen_ros.model.preprocess import NormStats
 from oxygen_ros.model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
@@ -29,17 +31,16 @@ class Policy:
     model: torch.nn.Module
     tokenizer: Tokenizer
     norm_stats: NormStats | None
-    source: str  # "preset tiny" or "checkpoint <dir>", for logs
+    source: str  # "preset tiny in float32 (...)" or "checkpoint <dir> ... in <dtype> (...)", for logs
 
     @property
     def config(self) -> Pi05Config:
         return self.model.config
 
 
-def resolve_dtype(params: VlaParams) -> torch.dtype:
-    if params.dtype == "auto":
-        return torch.bfloat16 if params.device == "cuda" else torch.float32
-    return getattr(torch, params.dtype)
+def resolve_dtype(params: VlaParams) -> DtypeChoice:
+    """model.dtype for this device; `auto` measures at the preset's shapes (pi05's stand in for a checkpoint's)."""
+    return resolve_model_dtype(params.dtype, params.device, get_preset("pi05" if params.checkpoint else params.preset))
 
 
 def cache_dir() -> Path:
@@ -67,7 +68,8 @@ def load_policy(params: VlaParams) -> Policy:
     """The model, tokenizer and norm stats the parameters name; raises ParameterError with the reason."""
     if params.device == "cuda" and not torch.cuda.is_available():
         raise ParameterError("model.device is cuda but torch sees no CUDA device (use cpu)")
-    dtype = resolve_dtype(params)
+    choice = resolve_dtype(params)
+    dtype = choice.dtype
     if params.checkpoint:
         if not params.tokenizer:
             raise ParameterError("model.checkpoint needs model.tokenizer: the SentencePiece file the checkpoint "
@@ -97,4 +99,4 @@ def load_policy(params: VlaParams) -> Policy:
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ParameterError(f"model.tokenizer has {tokenizer.vocab_size} tokens, the model's vocabulary only "
                              f"{model.config.vocab_size}")
-    return Policy(model=model, tokenizer=tokenizer, norm_stats=norm_stats, source=source)
+    return Policy(model=model, tokenizer=tokenizer, norm_stats=norm_stats, source=f"{source} in {choice}")

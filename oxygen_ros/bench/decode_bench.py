@@ -1,0 +1,155 @@
+"""Decode-step benchmark: what one language decode step costs against its compute and memory floors, and where
+its time goes.
+
+    python -m oxygen_ros.bench.decode_bench [--preset fullvocab] [--batches 1 50] [--dtypes float32 bfloat16]
+                                            [--rounds 5] [--steps 10] [--profile] [--compile]
+
+For every dtype and batch it times `Pi05Model.decode_step` (logits, then the argmax a greedy request takes) and
+`Pi05Model.decode_next` (the token chosen inside the model, no [batch, vocab] logits), and two floors:
+- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype);
+- memory: the bytes one step must read (backbone weights, text head included, plus the requests' K/V) divided
+  by the read bandwidth measured here over a 1 GiB buffer.
+Variants are interleaved round by round, so machine load moves them together; each figure is the median over all
+rounds. The cache holds random K/V (a decode step's cost does not depend on the values); every request sits at
+cache index prefix_len + 24, the middle of a 50-token narration. `decode_next scattered` passes the slots in
+descending order, which the cache cannot serve as a view: every layer gathers the requests' K/V.
+`--profile` prints torch.profiler's per-operator table for each variant; `--compile` adds the compiled decode
+step (`Pi05Model.compile_steps`) and one denoise step (one Euler step of `sample_actions`), eager and compiled,
+as variants; compiling takes tens of seconds per batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from oxygen_ros.model.config import Pi05Config, get_preset
+from oxygen_ros.model.kv_cache import KVCache
+from oxygen_ros.model.pi05 import Pi05Model, build_model
+
+TEXT_OFFSET = 24  # generated tokens before the timed step
+
+
+def read_bandwidth_gbs(repeats: int = 5) -> float:
+    """Best-of-`repeats` read bandwidth in GB/s: summing a 1 GiB float32 buffer reads each byte once."""
+    buffer = torch.ones(2**28)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * buffer.element_size() / best / 1e9
+
+
+def step_bytes(model: Pi05Model, batch: int, span: int) -> int:
+    """Bytes one decode step reads at least: the backbone's weights (the embedding once, as the text head) and
+    each request's K/V over `span` positions of every layer."""
+    weights = sum(p.numel() * p.element_size() for p in model.backbone.parameters())
+    g = model.config.backbone
+    kv = 2 * g.depth * batch * g.num_kv_heads * span * g.head_dim * model.dtype.itemsize
+    return weights + kv
+
+
+def random_cache(config: Pi05Config, batch: int, dtype: torch.dtype, seed: int) -> KVCache:
+    cache = KVCache(config, num_slots=batch, max_len=config.prefix_len + 2 * TEXT_OFFSET, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    cache.valid[:, : config.prefix_len + TEXT_OFFSET] = True
+    return cache
+
+
+def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None) -> dict[str, Callable]:
+    cfg = model.config
+    cache = random_cache(cfg, batch, model.dtype, seed)
+    slots = torch.arange(batch)
+    tokens = torch.randint(4, cfg.vocab_size, (batch,), generator=torch.Generator().manual_seed(seed))
+    index = torch.full((batch,), cfg.prefix_len + TEXT_OFFSET)
+    positions = index - cfg.max_token_len // 2
+    hidden = torch.randn(batch, cfg.backbone.width, dtype=model.dtype)
+    head = model.backbone.text_head.detach()
+    runs = {
+        "decode_step+argmax": lambda: model.decode_step(cache, slots, tokens, index, positions).argmax(dim=-1),
+        "decode_next": lambda: model.decode_next(cache, slots, tokens, index, positions),
+        "decode_next scattered": lambda: model.decode_next(cache, slots.flip(0), tokens, index, positions),
+        "floor: head matmul": lambda: hidden @ head.T,
+    }
+    if compiled is not None:
+        noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
+        runs["decode_next compiled"] = lambda: compiled.decode_next(cache, slots, tokens, index, positions)
+        runs["denoise step"] = lambda: model.sample_actions(cache, slots, noise, num_steps=1)
+        runs["denoise step compiled"] = lambda: compiled.sample_actions(cache, slots, noise, num_steps=1)
+    return runs
+
+
+def measure(runs: dict[str, Callable], rounds: int, steps: int) -> dict[str, float]:
+    """Median ms per call for each run, interleaving the runs round by round after one warm-up each."""
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, fn in runs.items():
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    fn()
+                    times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def print_profile(name: str, fn: Callable, steps: int) -> None:
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+    print(f"\n--- profile: {name}, {steps} calls ---")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="fullvocab")
+    parser.add_argument("--model-config", help="JSON file with model shapes (overrides --preset)")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 50])
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="timed calls per variant and round")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--profile", action="store_true", help="print the profiler's operator table per variant")
+    parser.add_argument("--compile", action="store_true", help="also time the torch.compile'd decode step")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = Pi05Config.load_json(args.model_config) if args.model_config else get_preset(args.preset)
+    bandwidth = read_bandwidth_gbs()
+    print(f"decode bench: {args.model_config or args.preset} (vocab {config.vocab_size}, backbone width "
+          f"{config.backbone.width}, depth {config.backbone.depth}), torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, read bandwidth {bandwidth:.1f} GB/s, median of {args.rounds} "
+          f"interleaved rounds x {args.steps} calls")
+    print(f"{'dtype':<10}{'batch':>6}  {'variant':<24}{'ms':>9}{'x head':>8}{'x memory':>10}")
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        model = build_model(config, dtype=dtype, seed=args.seed)
+        compiled = build_model(config, dtype=dtype, seed=args.seed).compile_steps() if args.compile else None
+        for batch in args.batches:
+            runs = variants(model, batch, args.seed, compiled)
+            result = measure(runs, args.rounds, args.steps)
+            memory_ms = step_bytes(model, batch, config.prefix_len + TEXT_OFFSET + 1) / bandwidth / 1e6
+            head_ms = result["floor: head matmul"]
+            for name, ms in result.items():
+                ratios = "" if name.startswith("denoise") else f"{ms / head_ms:>8.2f}{ms / memory_ms:>10.2f}"
+                print(f"{dtype_name:<10}{batch:>6}  {name:<24}{ms:>9.2f}{ratios}")
+            print(f"{dtype_name:<10}{batch:>6}  {'floor: memory':<24}{memory_ms:>9.2f}")
+            if args.profile:
+                for name, fn in runs.items():
+                    print_profile(f"{dtype_name} batch {batch} {name}", fn, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
