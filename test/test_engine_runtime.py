@@ -158,7 +158,7 @@ def test_language_work_never_overlaps_the_control_paths_model_calls(tokenizer):
                     calls.append((threading.current_thread().name, name, start, time.perf_counter()))
         setattr(model, name, wrapped)
 
-    for name in ("prefill", "sample_actions", "decode_step"):
+    for name in ("prefill", "sample_actions", "decode_step", "decode_next"):
         spy(name)
     period = 0.03
     config = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True,
