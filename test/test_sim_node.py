@@ -69,7 +69,6 @@ def run_sim_against(ros_context, ros_env, sim_argv: list[str], *policy_nodes) ->
         spinner.close()
 
 
-@pytest.mark.slow
 def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_env, tmp_path):
     delay, steps = 2, 250
     responder = ChunkResponder(context=ros_context, delay_steps=delay)
@@ -114,7 +113,6 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     assert convert_main(["aloha", path, str(bag)]) == 0
 
 
-@pytest.mark.slow
 def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):
     """A policy commanding +-5 rad bang-bang makes MuJoCo's state invalid within a few steps: each episode ends
     as a counted failure, is still recorded, and the sim resets and runs the next; the process exits 0."""
