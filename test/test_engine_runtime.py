@@ -25,7 +25,9 @@ def test_language_never_runs_inside_the_control_critical_section(tokenizer):
             updates.append(update)
 
     scheduler = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True)
-    runtime = OxygenRuntime(model, tokenizer, RuntimeConfig(scheduler=scheduler, pool_slots=6, stream_every=4),
+    # Room for all 15 requests: however far a busy machine lets the worker fall behind, none is evicted, so
+    # every one must finish with its 12 tokens (eviction itself is test_engine_scheduling's subject).
+    runtime = OxygenRuntime(model, tokenizer, RuntimeConfig(scheduler=scheduler, pool_slots=15, stream_every=4),
                             robot_action_dim=3, on_text=on_text, trace=True).start()
     chunks = []
     try:
@@ -34,7 +36,7 @@ def test_language_never_runs_inside_the_control_critical_section(tokenizer):
             next_tick += period
             chunks.append(runtime.act(observation(i), stamp_ns=1000 + i, narrate=i % 2 == 0))
             time.sleep(max(0.0, next_tick - time.perf_counter()))
-        deadline = time.perf_counter() + 10
+        deadline = time.perf_counter() + 60  # returns as soon as every request has its final text
         while time.perf_counter() < deadline:
             with lock:
                 if sum(u.final for u in updates) == 15:
@@ -56,14 +58,17 @@ def test_language_never_runs_inside_the_control_critical_section(tokenizer):
 
     control = [(s, e) for kind, s, e in runtime.gate.trace if kind == "control"]
     decode = [(s, e) for kind, s, e in runtime.gate.trace if kind == "decode"]
-    assert len(control) == 30 and len(decode) >= 15 * 11 / 6  # many batched steps happened
+    # Every request needs 11 decode steps after its prefill token; and the worker decoded while the control loop
+    # ran (between its first and last act), so the overlap check below is not vacuous.
+    assert len(control) == 30 and len(decode) >= 11
+    assert any(control[0][1] <= d_start and d_end <= control[-1][0] for d_start, d_end in decode)
     for c_start, c_end in control:
         for d_start, d_end in decode:
             assert d_end <= c_start or d_start >= c_end, "a decode step overlapped the control path"
 
     stats = runtime.stats(window_s=60)
     assert stats.actions == 30 and stats.active_requests == 0 and stats.slots_used == 0
-    assert stats.slots_total == 6 and stats.bytes_total == runtime.pool.bytes_total
+    assert stats.slots_total == 15 and stats.bytes_total == runtime.pool.bytes_total
     assert 0 < stats.action_latency_p50_ms <= stats.action_latency_p99_ms
 
 
