@@ -12,10 +12,11 @@ from domain_coordinator import domain_id
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="oxygen_ros_test_logs_"))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("HOME", tempfile.gettempdir())
-# One OpenMP thread per process (this one and its children), set before torch loads. The tests' models are tiny;
-# on a machine whose cores are busy, two spinning OpenMP workers per process made a 6 s test take over 4 minutes.
-# Tests about thread budgets set their own counts.
+# One OpenMP thread per process (this one and its children), set before torch loads, and workers that sleep
+# instead of spinning where a test asks for more (thread budgets). The tests' models are tiny; on a machine whose
+# cores are busy, two spinning OpenMP workers per process made a 6 s test take over 4 minutes.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for every test here
 
