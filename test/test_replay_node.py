@@ -78,7 +78,7 @@ class Child:
             pass
         return self.stop()
 
-    def stop(self, timeout: float = 10.0) -> tuple[int, str]:
+    def stop(self, timeout: float = 30.0) -> tuple[int, str]:  # SIGINT, then the exit (slow on busy cores)
         if self.process.poll() is None:
             self.note_shm()
             stop(self.process, timeout)
