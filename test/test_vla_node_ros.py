@@ -246,7 +246,9 @@ def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_contex
     assert max(s.action_rate_hz for s in running) <= 1.1 * rate  # the node's own view: never faster either
     assert any(s.language_tokens_per_s > 0 for s in running)
 
-    assert any(s.level == DiagnosticStatus.OK for s in robot1.diagnostics)
+    # Acting: OK, or a WARN that says it acts below 90 % of its rate (a busy machine); never an ERROR.
+    assert all(s.level in (DiagnosticStatus.OK, DiagnosticStatus.WARN) for s in robot1.diagnostics)
+    assert any(s.level == DiagnosticStatus.OK or s.message.startswith("acting at") for s in robot1.diagnostics)
     values = diagnostic_values(robot1.diagnostics[-1])
     # Good inputs only: nothing dropped but frames that a busy machine let age past control.max_image_age_s.
     stale = int(values["dropped_stale_frame"])
