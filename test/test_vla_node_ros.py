@@ -243,7 +243,6 @@ def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_contex
         assert status.kv_bytes_used <= status.kv_bytes_total and status.kv_bytes_total > 0
         assert status.actions_published > 0
         assert 0 < status.action_latency_p50_ms <= status.action_latency_p99_ms
-    assert max(s.action_rate_hz for s in running) <= 1.1 * rate  # the node's own view: never faster either
     assert any(s.language_tokens_per_s > 0 for s in running)
 
     # Acting: OK, or a WARN that says it acts below 90 % of its rate (a busy machine); never an ERROR.
