@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test lint demo sim-demo bench test-gpu gpu-check
+.PHONY: setup test test-fast lint demo sim-demo bench test-gpu gpu-check
 
 setup:
 	bash scripts/setup.sh
@@ -10,8 +10,19 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check oxygen_ros test test_gpu launch
 
+# Two tiers, each one pytest run that prints its wall time: the unit tier, then the system tier (`-m system`: processes,
+# DDS, the simulator, colcon). `make test` (what CI runs) is ruff and both tiers; `make test-fast` the unit tier alone.
+define pytest_tier
+	@start=$$(date +%s); $(PY) -m pytest -q -m "$(2)"; status=$$?; \
+	echo "$(1) tier: $$(($$(date +%s) - start)) s"; exit $$status
+endef
+
 test: lint
-	$(PY) -m pytest -q
+	$(call pytest_tier,unit,not system)
+	$(call pytest_tier,system,system)
+
+test-fast: lint
+	$(call pytest_tier,unit,not system)
 
 # Generated ALOHA episode -> rosbag2 -> tiny policy trained on it (cached in out/cache) -> replay into the VLA node
 # loading that checkpoint + recorder -> report (out/demo).

@@ -1,29 +1,37 @@
-"""Shared test setup: ROS 2 isolation (log dir, localhost-only discovery, a private DDS domain per test)."""
+"""Shared test setup: ROS 2 isolation (log dir, localhost-only discovery, a reserved DDS domain per test) and the
+test tiers (`system`: processes, DDS, the simulator, colcon; everything else is the unit tier, `make test-fast`)."""
 
+import itertools
 import os
-import random
 import tempfile
 
 import pytest
-
-from engine_fixtures import tokenizer  # noqa: F401 - the fixture, for every test here
+from domain_coordinator import domain_id
 
 # Set before any test imports rclpy: logs go to a temp dir, discovery stays on this machine.
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="oxygen_ros_test_logs_"))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("HOME", tempfile.gettempdir())
+# One OpenMP thread per process (this one and its children), set before torch loads, and workers that sleep
+# instead of spinning where a test asks for more (thread budgets). The tests' models are tiny; on a machine whose
+# cores are busy, two spinning OpenMP workers per process made a 6 s test take over 4 minutes.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-_used_domains: set[int] = set()
+from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for every test here
+
+# Candidates for domain_coordinator, which maps them into 1..100 (ids above 101 put DDS ports into the ephemeral
+# range). One counter for the whole run: consecutive tests get different domains, so nothing a finished test left
+# behind can be discovered by the next one.
+_domain_candidates = itertools.count()
 
 
 @pytest.fixture
-def ros_domain_id() -> int:
-    """A DDS domain no other test of this run uses (random, so parallel runs on one machine rarely meet)."""
-    while True:
-        domain = random.randint(1, 200)
-        if domain not in _used_domains:
-            _used_domains.add(domain)
-            return domain
+def ros_domain_id():
+    """A DDS domain reserved for this test: domain_coordinator holds a port bound for it until the test ends, so
+    no other test of this run, nor of another run on this machine, uses it meanwhile."""
+    with domain_id(selector=lambda: next(_domain_candidates) % 100 + 1) as domain:
+        yield domain
 
 
 @pytest.fixture
@@ -44,3 +52,12 @@ def ros_context(ros_domain_id):
     rclpy.init(context=context, domain_id=ros_domain_id)
     yield context
     context.try_shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items):
+    """Every test that needs a DDS domain is a system test; tests that start processes, the simulator or a build
+    without DDS carry `@pytest.mark.system` themselves."""
+    for item in items:
+        if "ros_domain_id" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.system)

@@ -14,10 +14,14 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FILES = ["CMakeLists.txt", "package.xml", "setup.py", "setup.cfg", "msg", "oxygen_ros", "launch",
                  "config", "resource", "cmake", "test", "scripts"]
 MARKER = "<!-- workspace-build-wheels"
+
+pytestmark = pytest.mark.system
 
 
 def readme_build_lines() -> str:

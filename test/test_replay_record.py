@@ -4,6 +4,7 @@ with each publisher's offered QoS, and replay turns recorded offers back into a 
 import time
 
 import numpy as np
+from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosbags.interfaces import QosDurability, QosReliability
 from sensor_msgs.msg import Image, JointState
@@ -52,7 +53,8 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
             text.header.stamp.sec = 100 + i
             pubs["vla/narration"].publish(text)
             time.sleep(0.01)
-        time.sleep(0.5)
+        for topic in ("joint_states", "vla/narration"):  # reliable: the recorder holds every message
+            assert pubs[topic].wait_for_all_acked(Duration(seconds=30)), topic
         rc, output = child.stop()
     finally:
         child.stop()

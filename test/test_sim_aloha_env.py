@@ -10,6 +10,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 from oxygen_ros.sim.aloha_env import AlohaSimEnv, SimulationDiverged  # noqa: E402
 
+pytestmark = pytest.mark.system  # MuJoCo physics and EGL rendering
+
 
 def wiggle(qpos: np.ndarray, steps: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)

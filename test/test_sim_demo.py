@@ -23,7 +23,6 @@ def demo_env(monkeypatch, ros_domain_id):
     monkeypatch.setenv("MUJOCO_GL", "egl")
 
 
-@pytest.mark.slow
 def test_sim_demo_runs_the_closed_loop_and_writes_its_outputs(tmp_path, demo_env, ros_env, ros_context):
     """With --user-domain the run is on the shell's domain: a node there hears the sim's /clock and cameras."""
     from rosgraph_msgs.msg import Clock
@@ -82,7 +81,6 @@ def test_policy_command_passes_the_vla_node_overrides(tmp_path):
     assert overrides["control"] == {"rate_hz": 10.0, "horizon": 4}
 
 
-@pytest.mark.slow
 def test_sim_demo_closes_the_loop_with_the_real_vla_node(tmp_path, capsys, demo_env):
     """The default policy: the VLA node (tiny preset, random weights) acting on the sim's cameras on sim time."""
     out = tmp_path / "demo"
@@ -100,7 +98,6 @@ def test_sim_demo_closes_the_loop_with_the_real_vla_node(tmp_path, capsys, demo_
     assert summary["chunks_malformed"] == 0
 
 
-@pytest.mark.slow
 def test_sim_demo_scripted_policy_lifts_the_cube(tmp_path, capsys, demo_env):
     """The scripted (not learned) plan drives the closed loop over DDS to gym-aloha's lift stage, and the summary
     and the recorded episode keep the staged reward and its maximum."""

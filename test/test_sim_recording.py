@@ -13,6 +13,8 @@ from oxygen_ros.data.convert import main as convert_main  # noqa: E402
 from oxygen_ros.sim.aloha_env import AlohaSimEnv  # noqa: E402
 from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path  # noqa: E402
 
+pytestmark = pytest.mark.system  # episodes come from the MuJoCo simulator
+
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_recorded_episode_reads_back_and_converts(tmp_path, compress):

@@ -8,6 +8,8 @@ from oxygen_ros.sim.scripted import transfer_cube_lift_plan
 
 LIFTED = REWARD_STAGES["transfer_cube"].index("cube lifted")
 
+pytestmark = pytest.mark.system  # MuJoCo physics
+
 
 @pytest.mark.parametrize("seed", [0, 5])
 def test_scripted_plan_grasps_and_lifts_the_cube(seed, monkeypatch):
