@@ -188,7 +188,7 @@ def test_fleet_launch_starts_fleet_node_with_its_installed_parameter_file():
     assert config == REPO / "config" / "fleet.yaml"
     # every key of the shipped file is a parameter the node declares, with the same type as its default
     source = (REPO / "oxygen_ros" / "nodes" / "fleet_node.py").read_text()
-    declared = ast.literal_eval(re.search(r"defaults = (\{.*?\n        \})", source, re.S).group(1))
+    declared = ast.literal_eval(re.search(r"DEFAULTS = (\{.*?\n\})", source, re.S).group(1))
     parameters = yaml.safe_load(config.read_text())["/**"]["ros__parameters"]
     assert set(parameters) == set(declared)
     assert all(type(parameters[k]) is type(v) for k, v in declared.items()), "a type differs from the node's"
