@@ -144,8 +144,10 @@ def test_milp_scales_to_64_robots_8_models_4_gpus():
 
 def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys):
     from oxygen_ros.fleet.assign_cli import load_assignment, main
+    from oxygen_ros.fleet.server import served_robots
 
-    robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1} for i in range(12)]
+    robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1 + 0.01 * i}
+              for i in range(12)]
     (tmp_path / "fleet.json").write_text(json.dumps({"robots": robots}))
     synthetic_table(model_scales(3)).save(tmp_path / "lut.json")
     argv = ["--fleet", str(tmp_path / "fleet.json"), "--profile", str(tmp_path / "lut.json"), "--gpus", "4"]
@@ -153,3 +155,7 @@ def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys)
     data = load_assignment(tmp_path / "assignment.json")
     assert set(data["gpu_of"]) == {r["robot_id"] for r in robots} and set(data["gpu_of"].values()) == {0, 1, 2, 3}
     assert data["method"] == "milp" and data["pairs"] >= 4 and "gpu 3" in capsys.readouterr().out
+    # what a fleet node serves: its GPU's robots, each with its model and SLO
+    mine = served_robots([], [], 1.0, data, gpu_index=0)
+    assert mine and all(r.model_id == f"vla{int(r.robot_id[5:]) % 3}" for r in mine)
+    assert all(r.slo_s == pytest.approx(0.1 + 0.01 * int(r.robot_id[5:])) for r in mine)

@@ -2,8 +2,9 @@
 that each fleet server node reads (``assignment_file``, with its own ``gpu_index``).
 
 Fleet file: ``{"robots": [{"robot_id": "robot1", "model_id": "a", "rate_hz": 10, "slo_s": 0.1}, ...]}``.
-Assignment file: ``{"method", "gpus", "gpu_of": {robot: gpu}, "model_of": {robot: model}, "loads", "pairs",
-"capacity", "load_cap"}``.
+Assignment file: ``{"method", "gpus", "gpu_of": {robot: gpu}, "model_of": {robot: model}, "slo_of": {robot:
+seconds}, "loads", "pairs", "capacity", "load_cap"}``; a fleet node serves the robots of its GPU with their models
+and SLOs from it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ def load_fleet(path: str | Path) -> list[RobotSpec]:
     return [RobotSpec(r["robot_id"], r["model_id"], float(r["rate_hz"]), float(r["slo_s"])) for r in data["robots"]]
 
 
-def assignment_to_dict(assignment: Assignment) -> dict:
+def assignment_to_dict(assignment: Assignment, robots: Sequence[RobotSpec]) -> dict:
     return {
         "method": assignment.method,
         "gpus": len(assignment.loads),
         "gpu_of": dict(assignment.gpu_of),
         "model_of": dict(assignment.model_of),
+        "slo_of": {r.robot_id: r.slo_s for r in robots},
         "loads": list(assignment.loads),
         "pairs": assignment.pairs,
         "capacity": assignment.capacity,
@@ -71,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = robot_loads(robots, lut)
     extra = {"capacity": args.capacity} if args.method == "milp" else {}
     assignment = METHODS[args.method](robots, loads, args.gpus, **extra)
-    Path(args.out).write_text(json.dumps(assignment_to_dict(assignment), indent=1))
+    Path(args.out).write_text(json.dumps(assignment_to_dict(assignment, robots), indent=1))
     for gpu, load in enumerate(assignment.loads):
         served = sorted(r for r, g in assignment.gpu_of.items() if g == gpu)
         print(f"gpu {gpu}: load {load:.2f}  robots {served}")
