@@ -6,10 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from oxygen_ros.fleet.fleet_sim_cli import robots_at_target
 from oxygen_ros.fleet.profile_table import synthetic_table
 from oxygen_ros.fleet.requests import RobotSpec
-from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
     InfeasibleAssignment,
     assign_even_split,
@@ -77,25 +75,15 @@ def test_milp_concentrates_models_where_even_split_spreads_them():
 
 
 def test_milp_spreads_load_when_there_are_fewer_models_than_gpus():
-    """3 models on 4 GPUs: fewest pairs alone would use 3 GPUs and leave one idle; balancing first uses all four,
-    and in the simulator the MILP placement then serves at least as many robots at 98% SLO as even split."""
+    """3 models on 4 GPUs: fewest pairs alone would use 3 GPUs and leave one idle; balancing first uses all four.
+    (Whether that serves more robots than an even split is a simulator result, reported in the docs: over seeds
+    with jitter it does not.)"""
     robots = [RobotSpec(f"r{i}", f"m{i % 3}", 5.0, 0.1) for i in range(12)]
     loads = np.full(12, 0.2)
     assignment = assign_milp(robots, loads, 4)
     check_feasible(assignment, robots, loads)
     assert assignment.max_load == pytest.approx(0.6) and min(assignment.loads) > 0
     assert assignment.pairs <= assign_even_split(robots, loads, 4).pairs
-
-    lut = synthetic_table(model_scales(3))
-    served = {}
-    for name, assign in (("milp", assign_milp_relaxed), ("even", assign_even_split)):
-        points = {}
-        for n in range(8, 65, 8):
-            fleet = make_fleet(n, 3, seed=0)
-            placement = assign(fleet, robot_loads(fleet, lut), 4)
-            points[n] = simulate(fleet, placement.gpu_of, lut, SimConfig(design="robion", duration_s=3.0)).attainment
-        served[name] = robots_at_target(points)
-    assert served["milp"] >= served["even"] > 0, served
 
 
 def test_one_model_per_gpu_gives_spare_gpus_to_the_heaviest_model():
