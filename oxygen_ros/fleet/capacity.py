@@ -6,13 +6,26 @@ curve two seeds can differ by several robots. So the count is found per seed by 
 `bisect_robots` checks the count it returns and the next one), and reported over several seeds as median, min
 and max, with the worst robot's attainment at that count (a fleet can reach 98 % overall while one robot gets far
 less).
+
+The traffic controller's loads come from the same search (`SloSafeLoads`): a robot's load is 1 / the number of
+robots like it (same model, rate and SLO) that one device serves at the target on its own, in the simulator on
+the profiled table, the fewest over seeds. A device holding robots of one class is then SLO-safe at load <= 1 by
+construction; robots of several classes sum their fractions, which is optimistic (several models on a device
+batch less and take turns). `place_slo_safe` therefore checks a placement in the simulator and lowers the
+capacity until every device reaches the target on every seed.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.requests import RobotSpec
+from oxygen_ros.fleet.simulator import SimConfig, simulate
+from oxygen_ros.fleet.traffic import Assignment, InfeasibleAssignment, assign_milp
 
 TARGET = 0.98
 
@@ -108,3 +121,64 @@ def capacity(run: Callable[[int, int], Point], seeds: Sequence[int], high: int, 
         n, at, above, runs = bisect_robots(lambda robots, seed=seed: run(robots, seed), high, target)
         per_seed.append(SeedCapacity(seed, n, at, above, runs))
     return Capacity(tuple(per_seed), target)
+
+
+class SloSafeLoads:
+    """``loads(robot)`` -> the robot's SLO-safe fraction of one device (see the module docstring); each class's
+    count is simulated once and kept (``counts``)."""
+
+    def __init__(self, lut: ProfileTable, config: SimConfig, seeds: Sequence[int] = range(3), high: int = 256,
+                 target: float = TARGET):
+        self.lut, self.config, self.seeds, self.high, self.target = lut, config, list(seeds), high, target
+        self.counts: dict[tuple[str, float, float], int] = {}
+
+    def robots_per_device(self, model_id: str, rate_hz: float, slo_s: float) -> int:
+        key = (model_id, float(rate_hz), float(slo_s))
+        if key not in self.counts:
+            def run(n: int, seed: int) -> Point:
+                robots = [RobotSpec(f"r{i}", model_id, rate_hz, slo_s) for i in range(n)]
+                result = simulate(robots, dict.fromkeys((r.robot_id for r in robots), 0), self.lut,
+                                  replace(self.config, seed=seed))
+                return Point(n, result.attainment, min(result.per_robot.values()))
+
+            self.counts[key] = min(capacity(run, self.seeds, self.high, self.target).counts)
+        return self.counts[key]
+
+    def __call__(self, robot: RobotSpec) -> float:
+        count = self.robots_per_device(robot.model_id, robot.rate_hz, robot.slo_s)
+        return 1.0 / count if count else math.inf
+
+
+@dataclass
+class SafePlacement:
+    assignment: Assignment  # its ``capacity`` is the load limit at which the check passed
+    device_attainment: list[float]  # per device, the lowest over seeds
+    worst_robot: float  # lowest per-robot attainment over seeds
+    tries: int
+
+
+def place_slo_safe(robots: Sequence[RobotSpec], n_devices: int, loads: SloSafeLoads, step: float = 0.9,
+                   min_capacity: float = 0.3) -> SafePlacement:
+    """The MILP placement at capacity 1, checked in the simulator (the loads' table, config and seeds): while
+    some device misses the target on some seed, re-solve at ``step`` x the capacity. Raises InfeasibleAssignment
+    when the robots do not fit even at capacity 1, or no capacity down to ``min_capacity`` passes."""
+    robots = list(robots)
+    vector = [loads(r) for r in robots]
+    capacity_now, tries = 1.0, 0
+    while capacity_now >= min_capacity:
+        assignment = assign_milp(robots, vector, n_devices, capacity=capacity_now)
+        tries += 1
+        per_device = [1.0] * n_devices
+        worst = 1.0
+        for seed in loads.seeds:
+            result = simulate(robots, assignment.gpu_of, loads.lut, replace(loads.config, seed=seed))
+            for device in range(n_devices):
+                flags = [r.met_slo for r in result.requests if assignment.gpu_of[r.robot_id] == device]
+                if flags:
+                    per_device[device] = min(per_device[device], sum(flags) / len(flags))
+            worst = min(worst, min(result.per_robot.values(), default=1.0))
+        if min(per_device) >= loads.target:
+            return SafePlacement(assignment, per_device, worst, tries)
+        capacity_now *= step
+    raise InfeasibleAssignment(f"no placement of {len(robots)} robots on {n_devices} devices reaches "
+                               f"{loads.target:.0%} on every device down to capacity {min_capacity}")
