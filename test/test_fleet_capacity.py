@@ -38,6 +38,11 @@ def test_bisection_finds_the_last_count_at_the_target():
     assert bisect_robots(lambda n: Point(n, 1.0, 1.0), 50)[::2] == (50, None)  # capped: no count above missed
     assert bisect_robots(lambda n: Point(n, 0.5, 0.5), 50)[:2] == (0, None)
     assert robots_at_target({4: 1.0, 8: 0.99, 12: 0.5, 16: 0.99}) == 8  # grid reading: the first miss ends it
+    # every robot at the target: the worst robot falls below it before the fleet does
+    worst = lambda n: Point(n, values[n], 1.0 if n < 30 else 0.9)  # noqa: E731
+    assert bisect_robots(worst, 100)[0] == 37 and bisect_robots(worst, 100, criterion="worst_robot")[0] == 29
+    with pytest.raises(ValueError, match="criterion"):
+        bisect_robots(worst, 100, criterion="mean")
 
 
 def test_jitter_is_on_by_default_so_robots_do_not_phase_lock():

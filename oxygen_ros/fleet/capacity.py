@@ -59,10 +59,17 @@ class SeedCapacity:
     runs: int  # simulations the bisection needed
 
 
+CRITERIA = ("overall", "worst_robot")
+"""What must reach the target: the fleet's attainment, or every robot's (the worst robot's)."""
+
+
 def bisect_robots(attainment_of: Callable[[int], Point], high: int, target: float = TARGET,
-                  low: int = 1) -> tuple[int, Point | None, Point | None, int]:
-    """The largest n in [low, high] with attainment_of(n).attainment >= target, by bisection; returns
-    (n or low - 1, the point at n, the point at n + 1 or None when n == high, runs)."""
+                  low: int = 1, criterion: str = "overall") -> tuple[int, Point | None, Point | None, int]:
+    """The largest n in [low, high] whose point reaches ``target`` (overall or worst-robot attainment, by
+    ``criterion``), by bisection; returns (n or low - 1, the point at n, the point at n + 1 or None when
+    n == high, runs)."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
     if low < 1 or high < low:
         raise ValueError("need 1 <= low <= high")
     seen: dict[int, Point] = {}
@@ -70,7 +77,8 @@ def bisect_robots(attainment_of: Callable[[int], Point], high: int, target: floa
     def ok(n: int) -> bool:
         if n not in seen:
             seen[n] = attainment_of(n)
-        return seen[n].attainment >= target
+        point = seen[n]
+        return (point.attainment if criterion == "overall" else point.worst_robot) >= target
 
     if ok(high):
         return high, seen[high], None, len(seen)
@@ -92,6 +100,7 @@ class Capacity:
 
     per_seed: tuple[SeedCapacity, ...]
     target: float = TARGET
+    criterion: str = "overall"
 
     @property
     def counts(self) -> list[int]:
@@ -102,6 +111,7 @@ class Capacity:
         worst = [s.at.worst_robot for s in self.per_seed if s.at is not None]
         return {
             "target": self.target,
+            "criterion": self.criterion,
             "robots_median": statistics.median(counts),
             "robots_min": min(counts),
             "robots_max": max(counts),
@@ -112,15 +122,17 @@ class Capacity:
         }
 
 
-def capacity(run: Callable[[int, int], Point], seeds: Sequence[int], high: int, target: float = TARGET) -> Capacity:
+def capacity(run: Callable[[int, int], Point], seeds: Sequence[int], high: int, target: float = TARGET,
+             criterion: str = "overall") -> Capacity:
     """`run(robots, seed)` -> Point; the bisection per seed."""
     if not seeds:
         raise ValueError("need at least one seed")
     per_seed = []
     for seed in seeds:
-        n, at, above, runs = bisect_robots(lambda robots, seed=seed: run(robots, seed), high, target)
+        n, at, above, runs = bisect_robots(lambda robots, seed=seed: run(robots, seed), high, target,
+                                           criterion=criterion)
         per_seed.append(SeedCapacity(seed, n, at, above, runs))
-    return Capacity(tuple(per_seed), target)
+    return Capacity(tuple(per_seed), target, criterion)
 
 
 class SloSafeLoads:
