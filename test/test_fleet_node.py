@@ -1,11 +1,14 @@
 """The fleet server node over real DDS: 4 namespaced robots on one node, each gets only its own chunks, its own
-narration and its own engine_status."""
+narration and its own engine_status; the node serves only its GPU's robots and loads only their models, each robot
+with its SLO from the assignment file; a frame whose stamp is already past its deadline is never served and is
+counted, in the robot's engine_status and on /diagnostics."""
 
 import json
 import subprocess
 import sys
 
 from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -31,12 +34,12 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
     robots = [f"robot{i}" for i in range(1, 6)]
     assignment = tmp_path / "assignment.json"
     gpu_of = {r: 0 for r in robots[:4]} | {"robot5": 1}  # robot5 belongs to another GPU's node
-    assignment.write_text(json.dumps({"method": "milp", "gpu_of": gpu_of}))
+    model_of = {"robot1": "a", "robot2": "b", "robot3": "a", "robot4": "b", "robot5": "c"}
+    slo_of = {r: 20.0 + i for i, r in enumerate(robots)}  # loose (the machine is loaded), one per robot
+    assignment.write_text(json.dumps({"method": "milp", "gpu_of": gpu_of, "model_of": model_of, "slo_of": slo_of}))
     args = [
-        "-p", "models:=['a=tiny:0', 'b=tiny:1']",
-        "-p", f"robots:=[{', '.join(robots)}]",
-        "-p", "robot_models:=[a, b, a, b, a]",
-        "-p", "slo_ms:=5000.0",
+        "-p", "models:=['a=tiny:0', 'b=tiny:1', 'c=tiny:2']",  # c is only robot5's, on the other GPU
+        "-p", "slo_ms:=1.0",  # every robot's SLO comes from the file
         "-p", f"assignment_file:={assignment}",
         "-p", "gpu_index:=0",
         "-p", "cpu_threads:=1",
@@ -57,6 +60,9 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         received = {r: [] for r in robots}
         narrations = {r: [] for r in robots}
         statuses = {r: [] for r in robots}
+        diagnostics = {}
+        node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: diagnostics.update(
+            {s.name.split(":")[0].strip("/"): {kv.key: kv.value for kv in s.values} for s in m.status}), 10)
         for r in robots:
             node.create_subscription(
                 JointTrajectory, f"/{r}/action_chunk", lambda m, r=r: received[r].append(m), 10
@@ -78,9 +84,18 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
             joints[r].publish(joint_state(r, i, Time(sec=1)))
         spin_until(node, lambda: False, timeout=0.5)  # the node knows every robot's joints before any frame
         sent = {r: set() for r in robots}
+        old = node.get_clock().now().to_msg()
+        old.sec -= 60  # a minute old, past robot1's 20 s deadline before it arrives
+        for k in range(3):  # best-effort camera topics: some may be lost, one is enough
+            old.nanosec = k
+            joints["robot1"].publish(joint_state("robot1", 1, old))
+            cams["robot1"][1].publish(image(old, 1))
+            cams["robot1"][0].publish(image(old, 1))
+            spin_until(node, lambda: False, timeout=0.3)  # each is the newest when the node reads it
         for k in range(8):
             for i, r in enumerate(robots, start=1):
-                stamp = Time(sec=1000 * i + k, nanosec=i)  # distinct per robot and frame
+                stamp = node.get_clock().now().to_msg()
+                stamp.nanosec = (stamp.nanosec // 10 * 10 + i) % 1_000_000_000  # distinct per robot and frame
                 joints[r].publish(joint_state(r, i, stamp))
                 cams[r][1].publish(image(stamp, 10 * i + k))
                 cams[r][0].publish(image(stamp, 10 * i + k))
@@ -94,6 +109,16 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         }
         assert spin_until(node, lambda: all(s and s[-1].actions_published >= 3 for r, s in statuses.items()
                                             if r in served), timeout=10)
+        late = lambda: statuses["robot1"] and statuses["robot1"][-1].deadline_misses >= 1  # noqa: E731
+        assert spin_until(node, lambda: late() and "robot4" in diagnostics, timeout=10), statuses["robot1"][-1:]
+        misses = statuses["robot1"][-1].deadline_misses
+        assert misses <= 3 and statuses["robot1"][-1].dropped_frames == misses  # never served, counted and told
+        assert all(statuses[r][-1].deadline_misses == 0 for r in served[1:])
+        assert diagnostics["robot1"]["late_on_arrival"] == str(misses)
+        assert float(diagnostics["robot1"]["slo_attainment"]) < 1.0
+        for r in served:
+            assert diagnostics[r]["slo_ms"] == f"{1e3 * slo_of[r]:g}" and diagnostics[r]["model"] == model_of[r]
+        assert all(float(diagnostics[r]["slo_attainment"]) == 1.0 for r in served[1:])
         for r in served:
             assert statuses[r][-1].state == "running" and statuses[r][-1].kv_slots_total > 0
             for narration in narrations[r]:
@@ -102,7 +127,7 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         assert narrations["robot5"] == [] and statuses["robot5"] == []
         for r in served:
             stamps = {(m.header.stamp.sec, m.header.stamp.nanosec) for m in received[r]}
-            assert stamps <= sent[r], (r, stamps - sent[r])  # only its own frames, never another robot's
+            assert stamps <= sent[r], (r, stamps - sent[r])  # only its own fresh frames, never another robot's
             for msg in received[r]:
                 assert msg.joint_names == [f"{r}_j{j}" for j in range(14)]
                 assert len(msg.points) == 8 and len(msg.points[0].positions) == 14  # tiny: horizon 8
@@ -113,3 +138,4 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         output = server.stdout.read()
     assert code == 0, output
     assert "published" in output and "action chunks" in output
+    assert "with models ['a', 'b']" in output  # c is robot5's, on the other GPU: not loaded here

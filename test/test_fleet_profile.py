@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from oxygen_ros.fleet.fleet_sim_cli import main
-from oxygen_ros.fleet.profile_table import ProfileTable, profile_stages, synthetic_table
+from oxygen_ros.fleet.profile_table import ProfileTable, find_inversions, profile_stages, synthetic_table
 from oxygen_ros.fleet.requests import Stage
 
 
@@ -72,14 +72,34 @@ def test_fleet_sim_cli_writes_results_and_plot(tmp_path, capsys):
     lut_path = tmp_path / "lut.json"
     synthetic_table({"x": 0.8, "y": 1.2}).save(lut_path)
     out = tmp_path / "out"
-    argv = ["--robots", "4,12", "--gpus", "1", "--models", "2", "--policy", "esf,rr", "--duration", "1.5"]
+    argv = ["--runs", "monolithic:esf,robion:esf,robion:rr", "--assign", "even", "--gpus", "1", "--models", "2",
+            "--duration", "1.5", "--seeds", "2", "--max-robots", "24"]
     assert main([*argv, "--profile", str(lut_path), "--out", str(out)]) == 0
     report = json.loads((out / "results.json").read_text())
-    assert set(report["results"]["design"]) == {"monolithic", "disaggregated", "lockstep", "robion"}
-    assert set(report["results"]["policy"]) == {"esf", "rr"}
-    assert report["results"]["design"]["robion"]["4"]["attainment"] == 1.0
-    assert (out / "attainment_vs_robots.png").stat().st_size > 1000
+    assert set(report["runs"]) == {"monolithic:esf", "robion:esf", "robion:rr"} and set(report["assignments"]) == {
+        "even"}
+    for summary in [*report["runs"].values(), *report["assignments"].values()]:
+        assert len(summary["robots_per_seed"]) == 2
+        assert summary["robots_min"] <= summary["robots_median"] <= summary["robots_max"] <= 24
+        assert summary["robots_min"] >= 1 and 0 <= summary["worst_robot_attainment_min"] <= 1
+    assert (out / "robots_at_98.png").stat().st_size > 1000
     printed = capsys.readouterr().out
-    assert "robots@98%" in printed and f"LUT: {lut_path} (source: synthetic)" in printed
-    main(["--robots", "4", "--gpus", "1", "--models", "1", "--designs", "robion", "--out", str(out)])
+    assert "robots at 98% SLO" in printed and f"LUT: {lut_path} (source: synthetic)" in printed
+    main(["--runs", "robion:esf", "--assign", "", "--gpus", "1", "--models", "1", "--seeds", "1", "--max-robots", "4",
+          "--duration", "1", "--out", str(out)])
     assert "SYNTHETIC" in capsys.readouterr().out
+
+
+def test_inversions_are_flagged():
+    table = ProfileTable()
+    for batch, seconds in ((1, 0.010), (2, 0.012), (4, 0.011), (8, 0.020)):  # batch 4 faster than batch 2
+        table.add("m", Stage.VLM, batch, 1.0, seconds)
+        table.add("m", Stage.VLM, batch, 0.5, 1.5 * seconds)
+    table.add("m", Stage.VLM, 1, 0.25, 0.009)  # a quarter of the device faster than half of it
+    table.add("m", Stage.ACTION, 1, 0.5, 0.010)
+    table.add("m", Stage.ACTION, 1, 1.0, 0.013)  # the whole device slower than half of it
+    found = find_inversions(table)
+    assert len(found) == 4, found  # batch 2 -> 4 at both shares, share 0.25 -> 0.5 at batch 1, action 0.5 -> 1
+    assert any("batch 4" in line and "share 0.5" in line for line in found)
+    assert any(line.startswith("m action batch 1: share 1") for line in found)
+    assert table.fastest_share("m", Stage.ACTION, 1) == 0.5 and table.fastest_share("m", Stage.VLM, 1) == 0.25

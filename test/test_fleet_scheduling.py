@@ -2,6 +2,7 @@
 
 import threading
 
+import numpy as np
 import pytest
 
 from oxygen_ros.engine.scheduler import bucket_for
@@ -55,14 +56,15 @@ def test_esf_beats_round_robin_and_largest_queue_on_mixed_slos():
     robots = [RobotSpec(f"tight{i}", "m3", 5.0, 0.12) for i in range(2)]
     robots += [RobotSpec(f"loose{m}{i}", f"m{m}", 5.0, 0.5) for m in range(3) for i in range(3)]
     gpu_of = {r.robot_id: 0 for r in robots}
-    results = {
-        p: simulate(robots, gpu_of, LUT, SimConfig(design="lockstep", policy=p, duration_s=3.0))
-        for p in ("esf", "rr", "lqf")
-    }
-    assert results["esf"].attainment > results["rr"].attainment
-    assert results["esf"].attainment > results["lqf"].attainment
-    tight = {p: min(r.per_robot["tight0"], r.per_robot["tight1"]) for p, r in results.items()}
-    assert tight["esf"] >= 0.98 and tight["rr"] < 0.9 and tight["lqf"] < 0.98
+    overall, tight = {p: [] for p in ("esf", "rr", "lqf")}, {p: [] for p in ("esf", "rr", "lqf")}
+    for seed in range(5):  # jittered arrivals: a policy's edge must hold over seeds, not on one lucky phase
+        for p in overall:
+            result = simulate(robots, gpu_of, LUT, SimConfig(design="robion", policy=p, duration_s=3.0, seed=seed))
+            overall[p].append(result.attainment)
+            tight[p].append(min(result.per_robot["tight0"], result.per_robot["tight1"]))
+        assert overall["esf"][-1] >= max(overall["rr"][-1], overall["lqf"][-1])
+    mean = {p: float(np.mean(v)) for p, v in tight.items()}
+    assert mean["esf"] >= 0.9 and mean["rr"] < 0.7 and mean["lqf"] < mean["esf"], mean
 
 
 def test_power_of_two_buckets():

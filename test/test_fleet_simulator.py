@@ -1,15 +1,13 @@
-"""Fleet simulator: attainment trends, Robion vs monolithic, determinism and scale (synthetic LUT)."""
+"""Fleet simulator: attainment trends, determinism and scale (synthetic LUT)."""
 
 import time
 
-from oxygen_ros.fleet.fleet_sim_cli import robots_at_target
 from oxygen_ros.fleet.profile_table import synthetic_table
 from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import assign_milp_relaxed, robot_loads
 from oxygen_ros.fleet.workload import make_fleet, model_scales
 
 LUT8 = synthetic_table(model_scales(8))
-LUT2 = synthetic_table(model_scales(2))
 
 
 def sweep(design, counts, n_models, n_gpus, lut, duration_s=3.0):
@@ -29,13 +27,6 @@ def test_more_robots_never_raise_attainment():
     values = [points[n] for n in sorted(points)]
     assert values[0] == 1.0 and values[-1] < 0.9
     assert all(b <= a for a, b in zip(values, values[1:])), points
-
-
-def test_robion_serves_more_robots_than_monolithic_at_98_percent():
-    counts = list(range(2, 17, 2))
-    robion = robots_at_target(sweep("robion", counts, 2, 1, LUT2))
-    monolithic = robots_at_target(sweep("monolithic", counts, 2, 1, LUT2))
-    assert robion > monolithic >= 2, (robion, monolithic)
 
 
 def test_per_robot_and_overall_metrics_are_consistent_and_deterministic():

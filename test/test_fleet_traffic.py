@@ -6,10 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from oxygen_ros.fleet.fleet_sim_cli import robots_at_target
 from oxygen_ros.fleet.profile_table import synthetic_table
 from oxygen_ros.fleet.requests import RobotSpec
-from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
     InfeasibleAssignment,
     assign_even_split,
@@ -77,25 +75,15 @@ def test_milp_concentrates_models_where_even_split_spreads_them():
 
 
 def test_milp_spreads_load_when_there_are_fewer_models_than_gpus():
-    """3 models on 4 GPUs: fewest pairs alone would use 3 GPUs and leave one idle; balancing first uses all four,
-    and in the simulator the MILP placement then serves at least as many robots at 98% SLO as even split."""
+    """3 models on 4 GPUs: fewest pairs alone would use 3 GPUs and leave one idle; balancing first uses all four.
+    (Whether that serves more robots than an even split is a simulator result, reported in the docs: over seeds
+    with jitter it does not.)"""
     robots = [RobotSpec(f"r{i}", f"m{i % 3}", 5.0, 0.1) for i in range(12)]
     loads = np.full(12, 0.2)
     assignment = assign_milp(robots, loads, 4)
     check_feasible(assignment, robots, loads)
     assert assignment.max_load == pytest.approx(0.6) and min(assignment.loads) > 0
     assert assignment.pairs <= assign_even_split(robots, loads, 4).pairs
-
-    lut = synthetic_table(model_scales(3))
-    served = {}
-    for name, assign in (("milp", assign_milp_relaxed), ("even", assign_even_split)):
-        points = {}
-        for n in range(8, 65, 8):
-            fleet = make_fleet(n, 3, seed=0)
-            placement = assign(fleet, robot_loads(fleet, lut), 4)
-            points[n] = simulate(fleet, placement.gpu_of, lut, SimConfig(design="robion", duration_s=3.0)).attainment
-        served[name] = robots_at_target(points)
-    assert served["milp"] >= served["even"] > 0, served
 
 
 def test_one_model_per_gpu_gives_spare_gpus_to_the_heaviest_model():
@@ -144,12 +132,47 @@ def test_milp_scales_to_64_robots_8_models_4_gpus():
 
 def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys):
     from oxygen_ros.fleet.assign_cli import load_assignment, main
+    from oxygen_ros.fleet.server import served_robots
 
-    robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1} for i in range(12)]
+    robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1 + 0.01 * i}
+              for i in range(12)]
     (tmp_path / "fleet.json").write_text(json.dumps({"robots": robots}))
     synthetic_table(model_scales(3)).save(tmp_path / "lut.json")
-    argv = ["--fleet", str(tmp_path / "fleet.json"), "--profile", str(tmp_path / "lut.json"), "--gpus", "4"]
+    argv = ["--fleet", str(tmp_path / "fleet.json"), "--profile", str(tmp_path / "lut.json"), "--gpus", "4",
+            "--seeds", "2"]
     assert main([*argv, "--out", str(tmp_path / "assignment.json")]) == 0
     data = load_assignment(tmp_path / "assignment.json")
     assert set(data["gpu_of"]) == {r["robot_id"] for r in robots} and set(data["gpu_of"].values()) == {0, 1, 2, 3}
-    assert data["method"] == "milp" and data["pairs"] >= 4 and "gpu 3" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert data["method"] == "milp" and data["pairs"] >= 4 and "gpu 3" in printed and "SLO-safe at capacity" in printed
+    # what a fleet node serves: its GPU's robots, each with its model and SLO
+    mine = served_robots([], [], 1.0, data, gpu_index=0)
+    assert mine and all(r.model_id == f"vla{int(r.robot_id[5:]) % 3}" for r in mine)
+    assert all(r.slo_s == pytest.approx(0.1 + 0.01 * int(r.robot_id[5:])) for r in mine)
+
+
+def test_the_controller_re_solves_when_robots_join_or_leave_and_keeps_robots_in_place():
+    from oxygen_ros.fleet.traffic import TrafficController
+
+    load = {"a": 0.3, "b": 0.2}
+    controller = TrafficController(3, lambda r: load[r.model_id])
+    for i in range(6):
+        controller.join(RobotSpec(f"r{i}", "ab"[i % 2], 5.0, 0.1))
+    first = dict(controller.assignment.gpu_of)
+    assert set(first) == {f"r{i}" for i in range(6)} and controller.assignment.max_load <= 1.0
+    controller.join(RobotSpec("r6", "b", 5.0, 0.1))
+    assert all(controller.assignment.gpu_of[r] == g for r, g in first.items() if r not in controller.moved)
+    assert len(controller.moved) <= 2  # a join moves at most a couple of robots, not the fleet
+    before = dict(controller.assignment.gpu_of)
+    controller.leave("r0")
+    assert "r0" not in controller.assignment.gpu_of and len(controller.assignment.gpu_of) == 6
+    assert sum(before[r] != g for r, g in controller.assignment.gpu_of.items()) == len(controller.moved)
+    with pytest.raises(InfeasibleAssignment):
+        for i in range(20):  # 3 GPUs hold at most 9 robots of model a
+            kept = dict(controller.assignment.gpu_of)
+            controller.join(RobotSpec(f"big{i}", "a", 5.0, 0.1))
+    assert controller.assignment.gpu_of == kept and set(controller.robots) == set(kept)  # a failed join: no change
+    with pytest.raises(ValueError, match="already"):
+        controller.join(RobotSpec("r1", "a", 5.0, 0.1))
+    with pytest.raises(KeyError):
+        controller.leave("nobody")

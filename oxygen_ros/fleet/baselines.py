@@ -1,7 +1,8 @@
 """Device designs Robion is compared against, on the same queues, policies and LUT.
 
-- ``MonolithicScheduler``: one model call per batch runs VLM then action back to back on the whole device; the next
-  batch waits for the whole call (no stage split, no pipelining).
+- ``MonolithicScheduler``: one model call per batch runs VLM then action back to back, each on the share where the
+  LUT says it runs fastest (the whole GPU; on a CPU its best thread count); the next batch waits for the whole call
+  (no stage split, no pipelining).
 - ``StaticSplitScheduler``: stage-disaggregated with fixed batching, but each stage owns a fixed share of the
   device and runs its own batches independently (no lockstep, no per-batch partition choice).
 """
@@ -32,10 +33,7 @@ class MonolithicScheduler(QueuedDevice):
         if batch is None:
             return []
         action = Batch(batch.model_id, Stage.ACTION, batch.requests, batch.bucket)
-        slots = [
-            StageSlot(batch, 1.0, self.lut.latency(batch.model_id, Stage.VLM, batch.bucket, 1.0)),
-            StageSlot(action, 1.0, self.lut.latency(batch.model_id, Stage.ACTION, batch.bucket, 1.0)),
-        ]
+        slots = [self.solo_slot(b) for b in (batch, action)]
         self.busy = True
         work = Work(self.unit, now, slots, 0.0, sequential=True)
         work.predicted_s = work.duration()

@@ -1,7 +1,7 @@
 """Fixed-size batching: power-of-two buckets, formed only when a stage starts.
 
-Profiled latencies exist only for a few batch sizes, and compiled kernels / CUDA graphs are captured for the same
-few shapes, so a batch is padded up to the next bucket. A batch is cut from the queue at the moment its stage
+Latencies are profiled only for a few batch sizes, so a batch is padded up to the next bucket (a few fixed shapes
+are also what compiled kernels or captured CUDA graphs would need; none are captured here yet). A batch is cut from the queue at the moment its stage
 starts and is closed from then on: a request that arrives while the stage runs waits for the next stage start.
 """
 

@@ -82,7 +82,7 @@ class QueuedDevice:
 
     def remaining_estimate(self, stage: Stage) -> RemainingTime:
         """Service time still ahead of a model's head request, at the batch its queue would form, on the whole
-        device. Used by ESF to rank queues; the exact partition is decided later.
+        device (its fastest share). Used by ESF to rank queues; the exact partition is decided later.
 
         Not inflated by the guard: the guard is headroom for two stages co-running on split shares, and this
         estimate is of whole-device runs. Inflating it too made ESF give up on heads that could still make their
@@ -92,12 +92,21 @@ class QueuedDevice:
 
         def remaining(model_id: str) -> float:
             bucket = bucket_for(max(queues.length(model_id), 1), self.max_batch)
-            seconds = self.lut.latency(model_id, Stage.ACTION, bucket, 1.0)
+            seconds = self.solo_latency(model_id, Stage.ACTION, bucket)
             if stage is Stage.VLM:
-                seconds += self.lut.latency(model_id, Stage.VLM, bucket, 1.0)
+                seconds += self.solo_latency(model_id, Stage.VLM, bucket)
             return seconds
 
         return remaining
+
+    def solo_latency(self, model_id: str, stage: Stage, bucket: int) -> float:
+        """A stage's LUT latency with the device to itself, on its fastest share."""
+        return self.lut.latency(model_id, stage, bucket, self.lut.fastest_share(model_id, stage, bucket))
+
+    def solo_slot(self, batch: Batch) -> StageSlot:
+        """``batch`` with the device to itself, on its fastest share."""
+        share = self.lut.fastest_share(batch.model_id, batch.stage, batch.bucket)
+        return StageSlot(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
 
     def next_batch(self, stage: Stage, now: float) -> Batch | None:
         """Cut the next batch for ``stage`` at stage start ``now`` (expired requests are dropped first)."""

@@ -1,9 +1,16 @@
-"""``oxygen-ros fleet-sim``: SLO attainment vs robot count for the serving designs, queue policies and
-robot-to-GPU assignments, in the fleet simulator.
+"""``oxygen-ros fleet-sim``: robots served at 98 % SLO attainment per serving design, queue policy and
+robot-to-GPU assignment, in the fleet simulator, over several seeds.
+
+Each run is a design with a queue policy (``design:policy``) and an assignment; every design gets the same policies,
+so a design comparison is made at equal policy. For each run and seed the robot count at the target is found by
+bisection (`capacity`), and the report gives its median, min and max over seeds and the worst robot's attainment
+at that count. ``--sensitivity`` repeats the monolithic vs Robion comparison on synthetic tables across the
+assumptions it depends on (how much the action stage slows on a smaller share; interference between co-running
+stages).
 
 Without ``--profile`` the latencies come from the synthetic LUT (``SyntheticLatencyModel``), and the output says
-so: those numbers show how the designs compare under a plausible latency model, not how a real GPU performs.
-Pass a LUT measured with ``profile_stages`` to simulate a real deployment.
+so: those numbers show how the designs compare under a latency model, not how a real device performs. Pass a LUT
+measured with ``fleet-profile`` to simulate a real deployment.
 """
 
 from __future__ import annotations
@@ -12,10 +19,13 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, progress
-from oxygen_ros.fleet.profile_table import ProfileTable, synthetic_table
+from oxygen_ros.fleet.capacity import CRITERIA, TARGET, Point, capacity
+from oxygen_ros.fleet.profile_table import ProfileTable, SyntheticLatencyModel, synthetic_table
+from oxygen_ros.fleet.requests import RobotSpec
 from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
     assign_even_split,
@@ -25,12 +35,13 @@ from oxygen_ros.fleet.traffic import (
 )
 from oxygen_ros.fleet.workload import make_fleet, model_scales
 
-TARGET = 0.98
 ASSIGNERS = {
     "milp": assign_milp_relaxed,
     "even": assign_even_split,
     "one_model_per_gpu": assign_one_model_per_gpu,
 }
+DEFAULT_RUNS = "monolithic:esf,monolithic:rr,disaggregated:esf,robion:esf,robion:rr,robion:lqf"
+SENSITIVITY = {"action_share_exponent": (0.35, 0.6, 0.9), "interference": (1.05, 1.3)}
 
 
 def _floats(text: str) -> list[float]:
@@ -43,26 +54,26 @@ def _names(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser("fleet-sim", __doc__)
-    p.add_argument(
-        "--robots", default="8,16,24,32,40,48,56,64", help="robot counts to sweep (comma separated)"
-    )
+    p.add_argument("--runs", default=DEFAULT_RUNS, help=f"design:policy pairs (designs: {', '.join(DESIGNS)}; "
+                   "policies: esf, rr, lqf), each on the MILP assignment")
+    p.add_argument("--assign", default=",".join(ASSIGNERS), help="assignments to compare (with robion:esf)")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in the fleet")
     p.add_argument("--models", type=int, default=8, help="distinct models served")
-    p.add_argument("--policy", default="esf,rr,lqf", help="queue policies to compare on the lockstep design")
-    p.add_argument("--designs", default=",".join(DESIGNS), help=f"designs to compare ({', '.join(DESIGNS)})")
-    p.add_argument("--assign", default=",".join(ASSIGNERS), help="robot->GPU assignments to compare")
-    p.add_argument("--profile", help="LUT JSON from profile_stages; default: the synthetic LUT")
+    p.add_argument("--profile", help="LUT JSON from fleet-profile; default: the synthetic LUT")
     p.add_argument("--rate", type=_floats, default=[5.0], help="robot request rates in Hz (mixed per robot)")
     p.add_argument("--slo", type=_floats, default=[0.1, 0.2], help="latency budgets in s (mixed per robot)")
     p.add_argument("--duration", type=float, default=5.0, help="simulated seconds of arrivals")
     p.add_argument("--guard", type=float, default=1.1, help="latency inflation assumed for co-running stages")
     p.add_argument("--interference", type=float, default=1.05, help="actual slowdown of co-running stages")
-    p.add_argument(
-        "--capacity", type=float, default=1.0, help="MILP per-GPU load limit (below 1 leaves SLO headroom)"
-    )
+    p.add_argument("--jitter", type=float, default=0.2, help="arrival jitter, as a fraction of a robot's period")
+    p.add_argument("--capacity", type=float, default=1.0, help="MILP per-GPU load limit")
     p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fleet and its arrivals")
-    p.add_argument("--out", required=True, help="output folder for results.json and plots")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per run (fleet draw, phases and jitter)")
+    p.add_argument("--max-robots", type=int, default=128, help="upper end of the bisection")
+    p.add_argument("--criterion", choices=CRITERIA, default="overall",
+                   help="what must reach 98%%: the fleet's attainment or every robot's")
+    p.add_argument("--sensitivity", action="store_true", help="also sweep the synthetic latency assumptions")
+    p.add_argument("--out", required=True, help="output folder for results.json and the plot")
     return p
 
 
@@ -76,85 +87,89 @@ def load_lut(path: str | None, n_models: int) -> tuple[ProfileTable, list[str]]:
     return lut, lut.models()[:n_models]
 
 
-def robots_at_target(points: dict[int, float], target: float = TARGET) -> int:
-    """Largest robot count of the sweep such that it and every smaller count reach ``target`` (0 if none)."""
-    served = 0
-    for n in sorted(points):
-        if points[n] < target:
-            break
-        served = n
-    return served
+def fleet(n: int, seed: int, models: list[str], args: argparse.Namespace) -> list[RobotSpec]:
+    """The first ``n`` robots of seed ``seed``'s fleet, on the LUT's model ids."""
+    rename = {f"vla{k}": m for k, m in enumerate(models)}
+    robots = make_fleet(n, len(models), seed, tuple(args.rate), tuple(args.slo))
+    return [RobotSpec(r.robot_id, rename[r.model_id], r.rate_hz, r.slo_s) for r in robots]
+
+
+def run_capacity(lut: ProfileTable, models: list[str], args: argparse.Namespace, design: str, policy: str,
+                 assign: str = "milp", interference: float | None = None) -> dict:
+    """Robots at the target for one design:policy on one assignment, over ``args.seeds`` seeds."""
+    base = SimConfig(design=design, policy=policy, duration_s=args.duration, max_batch=args.max_batch,
+                     guard=args.guard, interference=args.interference if interference is None else interference,
+                     jitter=args.jitter)
+    extra = {"capacity": args.capacity} if assign == "milp" else {}
+
+    def run(n: int, seed: int) -> Point:
+        robots = fleet(n, seed, models, args)
+        placement = ASSIGNERS[assign](robots, robot_loads(robots, lut, guard=args.guard), args.gpus, **extra)
+        result = simulate(robots, placement.gpu_of, lut, replace(base, seed=seed))
+        return Point(n, result.attainment, min(result.per_robot.values()))
+
+    return capacity(run, range(args.seeds), args.max_robots, criterion=args.criterion).summary()
 
 
 def run_sweep(args: argparse.Namespace) -> dict:
     lut, models = load_lut(args.profile, args.models)
-    rename = {f"vla{k}": m for k, m in enumerate(models)}
-    base = SimConfig(
-        duration_s=args.duration,
-        seed=args.seed,
-        max_batch=args.max_batch,
-        guard=args.guard,
-        interference=args.interference,
-    )
-    groups: dict[str, dict[str, dict[int, dict]]] = {"design": {}, "policy": {}, "assign": {}}
-    assignments: dict[int, dict] = {}
-    for n in progress([int(x) for x in _names(args.robots)], desc="robot counts"):
-        robots = make_fleet(n, len(models), args.seed, tuple(args.rate), tuple(args.slo))
-        robots = [r.__class__(r.robot_id, rename[r.model_id], r.rate_hz, r.slo_s) for r in robots]
-        loads = robot_loads(robots, lut, guard=args.guard)
-        placed = {
-            name: ASSIGNERS[name](
-                robots, loads, args.gpus, **({"capacity": args.capacity} if name == "milp" else {})
-            )
-            for name in ["milp", *_names(args.assign)]
-        }
-        milp = placed["milp"]
-        assignments[n] = {
-            name: {"pairs": a.pairs, "max_load": a.max_load, "capacity": a.capacity}
-            for name, a in placed.items()
-        }
-        runs = [("design", d, milp, {"design": d}) for d in _names(args.designs)]
-        runs += [("policy", p, milp, {"design": "lockstep", "policy": p}) for p in _names(args.policy)]
-        runs += [("assign", a, placed[a], {"design": "robion"}) for a in _names(args.assign)]
-        for group, name, assignment, overrides in runs:
-            config = SimConfig(**{**base.__dict__, **overrides})
-            result = simulate(robots, assignment.gpu_of, lut, config)
-            groups[group].setdefault(name, {})[n] = result.summary()
-    at_target = {
-        group: {
-            name: robots_at_target({n: s["attainment"] for n, s in pts.items()})
-            for name, pts in series.items()
-        }
-        for group, series in groups.items()
-    }
-    return {
-        "config": {k: v for k, v in vars(args).items()},
-        "lut": lut.meta,
-        "gpus": args.gpus,
-        "models": models,
-        "results": groups,
-        "assignments": assignments,
-        "robots_at_98pct": at_target,
-    }
+    runs = {}
+    for label in progress(_names(args.runs), desc="runs"):
+        design, _, policy = label.partition(":")
+        runs[label] = run_capacity(lut, models, args, design, policy or "esf")
+    assignments = {name: run_capacity(lut, models, args, "robion", "esf", name) for name in _names(args.assign)}
+    report = {"config": dict(vars(args)), "lut": lut.meta, "gpus": args.gpus, "models": models, "runs": runs,
+              "assignments": assignments}
+    if args.sensitivity:
+        report["sensitivity"] = run_sensitivity(args)
+    return report
+
+
+def run_sensitivity(args: argparse.Namespace) -> list[dict]:
+    """Monolithic vs Robion (both ESF, MILP) on synthetic tables: action-stage share exponent x interference."""
+    rows = []
+    for exponent in SENSITIVITY["action_share_exponent"]:
+        latency_model = SyntheticLatencyModel(action_share_exponent=exponent)
+        scales = model_scales(args.models)
+        lut, models = synthetic_table(scales, latency_model=latency_model), list(scales)
+        for interference in SENSITIVITY["interference"]:
+            row = {"action_share_exponent": exponent, "interference": interference}
+            for design in ("monolithic", "robion"):
+                row[design] = run_capacity(lut, models, args, design, "esf", interference=interference)
+            rows.append(row)
+    return rows
+
+
+def _cell(summary: dict) -> str:
+    return (f"{summary['robots_median']:>6g}  [{summary['robots_min']:>3}-{summary['robots_max']:<3}]"
+            f"{'+' if summary['capped'] else ' '}  {summary['worst_robot_attainment_min']:6.3f}")
 
 
 def print_report(report: dict, out=None) -> None:
     out = out or sys.stdout
-    source = report["lut"].get("source", "unknown")
-    if report["config"]["profile"] is None:
+    config = report["config"]
+    if config["profile"] is None:
         print("LUT: SYNTHETIC latency model (no --profile given): " + report["lut"]["formula"], file=out)
     else:
-        print(f"LUT: {report['config']['profile']} (source: {source})", file=out)
-    print(f"{report['gpus']} GPUs, {len(report['models'])} models; SLO attainment per robot count", file=out)
-    titles = {"design": "design", "policy": "queue policy (lockstep)", "assign": "assignment (robion)"}
-    for group, series in report["results"].items():
-        if not series:
-            continue
-        counts = sorted({n for pts in series.values() for n in pts})
-        print(f"\n{titles[group]:<26}" + "".join(f"{n:>7}" for n in counts) + "   robots@98%", file=out)
-        for name, pts in series.items():
-            cells = "".join(f"{pts[n]['attainment']:7.3f}" for n in counts)
-            print(f"{name:<26}{cells}   {report['robots_at_98pct'][group][name]:>5}", file=out)
+        print(f"LUT: {config['profile']} (source: {report['lut'].get('source', 'unknown')})", file=out)
+    print(f"{report['gpus']} GPUs, {len(report['models'])} models, {config['seeds']} seeds, jitter "
+          f"{config['jitter']:g} period, interference {config['interference']:g}, guard {config['guard']:g}", file=out)
+    title = "robots at 98% SLO" if config["criterion"] == "overall" else "robots, each at 98% SLO"
+    header = f"{title:<28}{'median':>6}  [min-max]   worst robot at that count"
+    print(f"\n{header}", file=out)
+    for label, summary in report["runs"].items():
+        print(f"{label:<28}{_cell(summary)}", file=out)
+    print(f"\n{'robion:esf with assignment':<28}", file=out)
+    for label, summary in report["assignments"].items():
+        print(f"{label:<28}{_cell(summary)}", file=out)
+    if report.get("sensitivity"):
+        print("\nsensitivity (synthetic LUT, ESF, MILP): robots at 98%, median [min-max]", file=out)
+        print(f"{'action exponent':>16}{'interference':>14}{'monolithic':>18}{'robion':>18}", file=out)
+        for row in report["sensitivity"]:
+            cells = "".join(f"{row[d]['robots_median']:>9g} [{row[d]['robots_min']}-{row[d]['robots_max']}]"
+                            .rjust(18) for d in ("monolithic", "robion"))
+            print(f"{row['action_share_exponent']:>16g}{row['interference']:>14g}{cells}", file=out)
+    print("(+: some seed reached the bisection's upper bound, --max-robots)", file=out)
 
 
 def plot_report(report: dict, path: Path) -> None:
@@ -163,17 +178,17 @@ def plot_report(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [g for g, series in report["results"].items() if series]
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
-    for ax, group in zip(axes[0], groups):
-        for name, pts in report["results"][group].items():
-            counts = sorted(pts)
-            ax.plot(counts, [pts[n]["attainment"] for n in counts], marker="o", label=name)
-        ax.axhline(TARGET, color="grey", linestyle="--", linewidth=0.8)
-        ax.set(xlabel="robots", ylabel="SLO attainment", title=group, ylim=(0, 1.02))
-        ax.legend()
+    series = {**report["runs"], **{f"robion:esf@{k}": v for k, v in report["assignments"].items()}}
+    labels = list(series)
+    medians = [series[k]["robots_median"] for k in labels]
+    low = [m - series[k]["robots_min"] for k, m in zip(labels, medians)]
+    high = [series[k]["robots_max"] - m for k, m in zip(labels, medians)]
+    fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 4))
+    ax.bar(range(len(labels)), medians, yerr=[low, high], capsize=4)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_ylabel(f"robots at {TARGET:.0%} SLO (median, min-max over seeds)")
     source = report["lut"].get("source", "unknown")
-    fig.suptitle(f"{report['gpus']} GPUs, {len(report['models'])} models, {source} LUT")
+    ax.set_title(f"{report['gpus']} GPUs, {len(report['models'])} models, {source} LUT")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -188,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = time.perf_counter() - started
     print_report(report)
     (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
-    plot_report(report, out / "attainment_vs_robots.png")
-    print(f"\nwrote {out / 'results.json'} and {out / 'attainment_vs_robots.png'} ({report['wall_s']:.1f} s)")
+    plot_report(report, out / "robots_at_98.png")
+    print(f"\nwrote {out / 'results.json'} and {out / 'robots_at_98.png'} ({report['wall_s']:.1f} s)")
     return 0
 
 

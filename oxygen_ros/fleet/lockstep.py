@@ -7,7 +7,8 @@ action queues for a later lockstep, so the two stages of consecutive batches pip
 The partition is picked per lockstep from the LUT, never preempted. "Guarded": a co-running stage is predicted
 at its LUT latency times ``guard`` (>= 1, headroom for interference between the partitions, which the offline
 profile did not see), and the scheduler only splits the device when the guarded split beats running the two
-batches back to back on the whole device.
+batches back to back, each with the device to itself (on its fastest share: the whole GPU, or on a CPU the thread
+count the LUT found fastest).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ StageLoad = tuple[str, int]
 
 @dataclass(frozen=True)
 class PartitionChoice:
-    """How one lockstep uses the device. ``mode``: "single" (one stage, whole device), "split" (both stages side
-    by side on vlm_share / action_share) or "serial" (both stages back to back on the whole device)."""
+    """How one lockstep uses the device. ``mode``: "single" (one stage, device to itself), "split" (both stages
+    side by side on vlm_share / action_share) or "serial" (both stages back to back, each with the device to
+    itself); a stage with the device to itself runs on its fastest share."""
 
     mode: str
     vlm_share: float
@@ -50,13 +52,15 @@ def choose_partition(
     if vlm is None or action is None:
         model_id, bucket = vlm or action
         stage = Stage.VLM if vlm else Stage.ACTION
-        seconds = lut.latency(model_id, stage, bucket, 1.0)
+        share = lut.fastest_share(model_id, stage, bucket)
+        seconds = lut.latency(model_id, stage, bucket, share)
         if vlm:
-            return PartitionChoice("single", 1.0, 0.0, seconds, 0.0, seconds)
-        return PartitionChoice("single", 0.0, 1.0, 0.0, seconds, seconds)
+            return PartitionChoice("single", share, 0.0, seconds, 0.0, seconds)
+        return PartitionChoice("single", 0.0, share, 0.0, seconds, seconds)
     (vm, vb), (am, ab) = vlm, action
-    tv_full, ta_full = lut.latency(vm, Stage.VLM, vb, 1.0), lut.latency(am, Stage.ACTION, ab, 1.0)
-    best = PartitionChoice("serial", 1.0, 1.0, tv_full, ta_full, tv_full + ta_full)
+    sv, sa = lut.fastest_share(vm, Stage.VLM, vb), lut.fastest_share(am, Stage.ACTION, ab)
+    tv_full, ta_full = lut.latency(vm, Stage.VLM, vb, sv), lut.latency(am, Stage.ACTION, ab, sa)
+    best = PartitionChoice("serial", sv, sa, tv_full, ta_full, tv_full + ta_full)
     for share in split_candidates(lut, vm, am):
         tv = guard * lut.latency(vm, Stage.VLM, vb, share)
         ta = guard * lut.latency(am, Stage.ACTION, ab, round(1 - share, 6))

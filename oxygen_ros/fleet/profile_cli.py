@@ -10,6 +10,7 @@ alone cannot see); ``fleet-sim --profile`` and the real executor read the same f
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -70,6 +71,7 @@ def profile_runner(
     """The measured LUT of every model the runner serves, with the co-run slowdown and the setup in ``meta``."""
     buckets = power_of_two_buckets(max_batch)
     shares = list(shares or runner.shares())
+    load_before = os.getloadavg()[0]
     table = profile_stages(runner, list(runner.models), buckets, shares, repeats=repeats, warmup=warmup)
     table.meta.update(measure_co_run(runner, table, buckets, repeats=max(3, repeats // 2)))
     table.meta.update(
@@ -84,6 +86,9 @@ def profile_runner(
             "torch": torch.__version__,
             "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
             "num_steps": runner.num_steps,
+            # other work on the machine while profiling (1-minute load average before and after, and cores)
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "cores": os.cpu_count(),
         }
     )
     return table
@@ -130,6 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 print(f"{model_id:>8} {stage.value:<6} share {share:<5} ms: {row}", file=sys.stdout)
     print(f"co-run slowdown (median): {table.meta['co_run_slowdown']:.2f}  max: {table.meta['co_run_max']:.2f}")
+    print(f"load average before/after: {table.meta['load_average']} on {table.meta['cores']} cores")
+    noise = table.meta.get("relative_iqr")
+    if noise:
+        print(f"noise (IQR / median over repeats): median {noise['median']:.2f}  max {noise['max']:.2f}")
+    inversions = table.meta["inversions"]
+    print(f"{len(inversions)} inversions (a bigger batch faster, or more of the device slower, by > 5%)"
+          + "".join(f"\n  {line}" for line in inversions))
     return 0
 
 

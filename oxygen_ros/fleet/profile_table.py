@@ -75,6 +75,14 @@ class ProfileTable:
         t_hi = self.entries[(model_id, stage.value, hi, _share_key(share))]
         return t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
 
+    def fastest_share(self, model_id: str, stage: Stage, batch: int) -> float:
+        """The profiled share on which ``stage`` alone runs fastest: what a call that has the device to itself
+        should use. On a GPU that is the whole device; on a loaded CPU fewer threads can beat all of them."""
+        shares = self.shares(model_id, stage)
+        if not shares:
+            raise KeyError(f"no profile for model={model_id} stage={Stage(stage).value}")
+        return min(shares, key=lambda share: (self.latency(model_id, stage, batch, share), -share))
+
     def scaled(self, factor: float) -> ProfileTable:
         """Every latency times ``factor`` (e.g. the slowdown a loaded machine showed during a run)."""
         meta = {**self.meta, "scaled_by": factor * self.meta.get("scaled_by", 1.0)}
@@ -146,9 +154,41 @@ def profile_stages(
             start = clock()
             run_stage(model_id, stage, batches[(model_id, bucket)], share)
             samples[key].append(clock() - start)
+    spreads = []
     for (model_id, stage, bucket, share), times in samples.items():
-        table.add(model_id, stage, bucket, share, max(statistics.median(times), 1e-9))
+        median = max(statistics.median(times), 1e-9)
+        table.add(model_id, stage, bucket, share, median)
+        if len(times) >= 4:
+            q1, _, q3 = statistics.quantiles(times, n=4)
+            spreads.append((q3 - q1) / median)
+    if spreads:  # noise of the repeats: interquartile range over median, per entry
+        table.meta["relative_iqr"] = {"median": statistics.median(spreads), "max": max(spreads)}
+    table.meta["inversions"] = find_inversions(table)
     return table
+
+
+def find_inversions(table: ProfileTable, tolerance: float = 0.05) -> list[str]:
+    """Entries that break what a clean profile shows: a bigger batch faster than a smaller one, or more of the
+    device slower than less, each by more than ``tolerance`` (relative). On a shared machine these are noise or
+    real effects (too many threads for the cores free); either way a scheduler reading the table should know."""
+    found = []
+    for model_id in table.models():
+        for stage in Stage:
+            shares = table.shares(model_id, stage)
+            for share in shares:
+                sizes = table.batches(model_id, stage, share)
+                for small, big in zip(sizes, sizes[1:]):
+                    t_small, t_big = (table.latency(model_id, stage, b, share) for b in (small, big))
+                    if t_big < t_small * (1 - tolerance):
+                        found.append(f"{model_id} {stage.value} share {share:g}: batch {big} "
+                                     f"{1e3 * t_big:.2f} ms < batch {small} {1e3 * t_small:.2f} ms")
+            for less, more in zip(shares, shares[1:]):
+                for batch in set(table.batches(model_id, stage, less)) & set(table.batches(model_id, stage, more)):
+                    t_less, t_more = (table.latency(model_id, stage, batch, s) for s in (less, more))
+                    if t_more > t_less * (1 + tolerance):
+                        found.append(f"{model_id} {stage.value} batch {batch}: share {more:g} {1e3 * t_more:.2f} ms"
+                                     f" > share {less:g} {1e3 * t_less:.2f} ms")
+    return sorted(found)
 
 
 @dataclass(frozen=True)

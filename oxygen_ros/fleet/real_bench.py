@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.command_line import CommandParser
+from oxygen_ros.fleet.capacity import TARGET, robots_at_target
 from oxygen_ros.fleet.executor import cycle_factors, run_real
-from oxygen_ros.fleet.fleet_sim_cli import TARGET, robots_at_target
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
 from oxygen_ros.fleet.profile_cli import profile_runner
 from oxygen_ros.fleet.requests import RobotSpec

@@ -5,10 +5,18 @@ robot, due at its camera stamp + the robot's SLO. Frames of robots on the same m
 together (power-of-two buckets), models take turns by earliest-SLO-first (or another queue policy), and narration
 of every robot decodes in the same batches as everyone else's. The ROS node (`nodes/fleet_node.py`) is a thin
 layer over this; nothing here knows about ROS.
+
+Deadlines are the camera's: a frame whose stamp + SLO has already passed when it arrives is never queued, and a
+chunk ready after its deadline is not handed on as if it were on time (dropped, unless `publish_late`). Both are
+counted per robot (`RobotCounts`), with the chunks on time, so a robot's SLO attainment is known at any moment.
+
+Which robots and models a server serves (`served_robots`, `models_to_load`) and on which device
+(`serving_device`) are plain functions of its parameters and the traffic controller's assignment file.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,23 +36,97 @@ class ServedRobot:
     slo_s: float
 
 
+def served_robots(robots: Sequence[str], robot_models: Sequence[str], slo_s: float,
+                  assignment: Mapping | None = None, gpu_index: int = 0) -> list[ServedRobot]:
+    """The robots one server serves. Without an assignment: `robots` with the parallel `robot_models`, all with
+    `slo_s`. With one (the traffic controller's file): exactly the robots it places on `gpu_index`, each with its
+    model (`model_of`, else from `robot_models`) and its own SLO (`slo_of`, else `slo_s`)."""
+    if len(robots) != len(robot_models):
+        raise ValueError("robots and robot_models must have the same length")
+    named = {r.strip("/"): m for r, m in zip(robots, robot_models)}
+    if assignment is None:
+        return [ServedRobot(r, m, slo_s) for r, m in named.items()]
+    model_of, slo_of = assignment.get("model_of", {}), assignment.get("slo_of", {})
+    mine = [r for r, gpu in assignment["gpu_of"].items() if int(gpu) == gpu_index]
+    unknown = [r for r in mine if r not in model_of and r not in named]
+    if unknown:
+        raise ValueError(f"no model for robots {unknown}: the assignment has no model_of for them and they are "
+                         "not in robots/robot_models")
+    return [ServedRobot(r, model_of.get(r, named.get(r)), float(slo_of.get(r, slo_s))) for r in mine]
+
+
+def models_to_load(specs: Sequence[ModelSpec], robots: Sequence[ServedRobot]) -> list[ModelSpec]:
+    """Only the models some served robot uses (a GPU of a fleet holds only its robots' models)."""
+    if len({s.model_id for s in specs}) != len(specs):
+        raise ValueError("model ids must be unique")
+    unknown = sorted({r.model_id for r in robots} - {s.model_id for s in specs})
+    if unknown:
+        raise ValueError(f"robots name models that are not served: {unknown} (served: "
+                         f"{sorted(s.model_id for s in specs)})")
+    needed = {r.model_id for r in robots}
+    return [s for s in specs if s.model_id in needed]
+
+
+def serving_device(device: str, gpu_index: int, cuda_devices: int | None = None) -> str:
+    """The torch device a server runs on: ``cuda`` means the assignment's GPU ``cuda:<gpu_index>``; an explicit
+    ``cuda:N`` is kept (e.g. a remapped GPU list); ``cpu`` ignores the index. `cuda_devices` (default: what torch
+    sees) bounds the index, so a wrong one is an error at start-up, not a crash at the first frame."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return device
+    if gpu_index < 0:
+        raise ValueError(f"gpu_index must be >= 0, got {gpu_index}")
+    chosen = int(index) if index else gpu_index
+    count = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+    if chosen >= count:
+        raise ValueError(f"device cuda:{chosen} does not exist ({count} CUDA devices visible)")
+    return f"cuda:{chosen}"
+
+
+@dataclass
+class RobotCounts:
+    """One robot's fate of frames so far (all counts since start)."""
+
+    on_time: int = 0  # chunks ready by their deadline (handed on)
+    late_on_arrival: int = 0  # stamp + SLO already past when the frame arrived: never queued
+    late_done: int = 0  # chunk ready after its deadline: dropped (or handed on marked late with publish_late)
+    failed: int = 0  # the model raised on the frame
+
+    @property
+    def missed(self) -> int:
+        return self.late_on_arrival + self.late_done + self.failed
+
+    @property
+    def attainment(self) -> float:
+        """Share of this robot's frames answered by their deadline (1.0 before any frame)."""
+        total = self.on_time + self.missed
+        return self.on_time / total if total else 1.0
+
+
 class FleetServer:
     def __init__(self, specs: Sequence[ModelSpec], robots: Sequence[ServedRobot], config: RuntimeConfig,
                  tokenizer_for: Callable[[int], object], device: str = "cpu", dtype: torch.dtype = torch.float32,
                  on_chunk: Callable[[ActionChunk], None] | None = None,
-                 on_text: Callable[[TextUpdate], None] | None = None):
-        """`tokenizer_for(vocab_size)` gives the tokenizer of a random-init model (checkpoints need theirs too)."""
-        if len({s.model_id for s in specs}) != len(specs):
-            raise ValueError("model ids must be unique")
+                 on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False):
+        """`tokenizer_for(vocab_size)` gives the tokenizer of a random-init model (checkpoints need theirs too).
+        Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
+        ones (`error` set); late ones only with `publish_late` (then `missed` is set)."""
         served: dict[str, Served] = {}
-        for spec in specs:
+        for spec in models_to_load(specs, robots):
             model, norm_stats = load_model(spec, device, dtype)
             served[spec.model_id] = Served(model, tokenizer_for(model.config.vocab_size), norm_stats)
-        unknown = sorted({r.model_id for r in robots} - set(served))
-        if unknown:
-            raise ValueError(f"robots name models that are not served: {unknown} (served: {sorted(served)})")
+        if not served:
+            raise ValueError("no robots to serve")
         self.robots: Mapping[str, ServedRobot] = {r.robot_id: r for r in robots}
-        self.runtime = Runtime(served, config, on_text=on_text, on_chunk=on_chunk)
+        self.counts = {r.robot_id: RobotCounts() for r in robots}
+        self._counts_lock = threading.Lock()
+        self.publish_late = publish_late
+        self._on_chunk = on_chunk or (lambda chunk: None)
+        self.runtime = Runtime(served, config, on_text=on_text, on_chunk=self._chunk_ready)
+
+    @property
+    def model_ids(self) -> list[str]:
+        return list(self.runtime.served)
 
     def model_config(self, robot_id: str):
         return self.runtime.served[self.robots[robot_id].model_id].model.config
@@ -54,14 +136,36 @@ class FleetServer:
         return self
 
     def submit(self, robot_id: str, observation: Observation, narrate: bool, stamp_ns: int, age_s: float,
-               context=None) -> None:
-        """Queue a robot's frame (any thread); raises ValueError when the observation does not fit its model."""
+               context=None) -> bool:
+        """Queue a robot's frame taken `age_s` ago (any thread); False (counted) when its deadline has already
+        passed; raises ValueError when the observation does not fit its model."""
         robot = self.robots[robot_id]
+        if age_s >= robot.slo_s:
+            with self._counts_lock:
+                self.counts[robot_id].late_on_arrival += 1
+            return False
         arrival = time.perf_counter()  # latency counts preprocessing too
         inputs = self.runtime.prepare(observation, robot.model_id)
         self.runtime.submit(self.runtime.frame(inputs, narrate, model_id=robot.model_id, robot_id=robot_id,
                                                stamp_ns=stamp_ns, age_s=age_s, budget_s=robot.slo_s,
                                                context=context, arrival=arrival))
+        return True
+
+    def _chunk_ready(self, chunk: ActionChunk) -> None:
+        with self._counts_lock:
+            counts = self.counts[chunk.robot_id]
+            if chunk.error is not None:
+                counts.failed += 1
+            elif chunk.missed:
+                counts.late_done += 1
+            else:
+                counts.on_time += 1
+        if chunk.error is not None or not chunk.missed or self.publish_late:
+            self._on_chunk(chunk)
+
+    def robot_counts(self, robot_id: str) -> RobotCounts:
+        with self._counts_lock:
+            return RobotCounts(**self.counts[robot_id].__dict__)
 
     def robot_actions(self, chunk: ActionChunk, dims: int) -> np.ndarray:
         return self.runtime.robot_actions(chunk, dims, self.robots[chunk.robot_id].model_id)

@@ -1,6 +1,8 @@
 """Discrete-event fleet simulator driven by LUT latencies.
 
-Robots send requests periodically (seeded random phase, optional jitter); each GPU runs one device scheduler
+Robots send requests periodically (seeded random phase, and each request delayed by a random part of its
+robot's period: ``jitter``, on by default, since without it robots phase-lock to batch starts and one seed's result
+says little about another's); each GPU runs one device scheduler
 (lockstep, static split or monolithic) and every piece of work lasts its LUT latency, inflated by an
 ``interference`` factor when it co-runs with other work. Time is a simulated clock: nothing sleeps, and the same
 inputs and seed give the same result.
@@ -23,26 +25,26 @@ from oxygen_ros.fleet.lockstep import LockstepScheduler
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, RobotSpec
 
-DESIGNS: dict[str, tuple[type[QueuedDevice], str]] = {
-    "monolithic": (MonolithicScheduler, "rr"),
-    "disaggregated": (StaticSplitScheduler, "rr"),
-    "lockstep": (LockstepScheduler, "rr"),
-    "robion": (LockstepScheduler, "esf"),
+DESIGNS: dict[str, type[QueuedDevice]] = {
+    "monolithic": MonolithicScheduler,
+    "disaggregated": StaticSplitScheduler,
+    "robion": LockstepScheduler,
 }
-"""The comparison ladder: monolithic; + stage disaggregation with fixed batching (static split);
-+ lockstep guarded partitioning; + Earliest-SLO-First. The first three use round-robin queue selection."""
+"""The device designs: monolithic; stage disaggregation with fixed batching (static split); lockstep guarded
+partitioning (Robion). Every design takes the same queue policy (``SimConfig.policy``, earliest-SLO-first by
+default): a comparison of designs compares designs, and a comparison of policies runs one design."""
 
 
 @dataclass(frozen=True)
 class SimConfig:
     design: str = "robion"
-    policy: str | None = None  # overrides the design's default queue policy
+    policy: str = "esf"  # which model's queue a free stage serves: esf, rr or lqf
     duration_s: float = 5.0
     seed: int = 0
     max_batch: int = 8
     guard: float = 1.1
     interference: float = 1.05
-    jitter_s: float = 0.0
+    jitter: float = 0.2  # each request arrives up to this fraction of its robot's period late (uniform)
     drop_expired: bool = True
     # Service-time drift: when given, the k-th unit of work (in start order) lasts its LUT duration times
     # factor k (cycling), e.g. the wall/LUT ratios a real run showed, in order, on a shared machine
@@ -86,12 +88,12 @@ class SimResult:
 
 def make_device(config: SimConfig, lut: ProfileTable) -> QueuedDevice:
     try:
-        cls, default_policy = DESIGNS[config.design]
+        cls = DESIGNS[config.design]
     except KeyError:
         raise ValueError(f"unknown design {config.design!r}; choose from {sorted(DESIGNS)}") from None
     return cls(
         lut,
-        policy=config.policy or default_policy,
+        policy=config.policy,
         max_batch=config.max_batch,
         guard=config.guard,
         drop_expired=config.drop_expired,
@@ -99,7 +101,8 @@ def make_device(config: SimConfig, lut: ProfileTable) -> QueuedDevice:
 
 
 def make_arrivals(robots: list[RobotSpec], config: SimConfig) -> list[FleetRequest]:
-    """Every robot's requests in ``[0, duration_s)``: seeded random phase, then one per period (plus jitter).
+    """Every robot's requests in ``[0, duration_s)``: seeded random phase, then one per period, each delayed by
+    up to ``jitter`` periods.
     The real executor replays the same list on the wall clock, so a simulation and a real run see the same
     arrivals."""
     rng = np.random.default_rng(config.seed)
@@ -108,7 +111,7 @@ def make_arrivals(robots: list[RobotSpec], config: SimConfig) -> list[FleetReque
     for robot in robots:
         t = float(rng.uniform(0.0, robot.period_s))
         while t < config.duration_s:
-            arrival = t + (float(rng.uniform(0.0, config.jitter_s)) if config.jitter_s else 0.0)
+            arrival = t + (float(rng.uniform(0.0, config.jitter * robot.period_s)) if config.jitter else 0.0)
             requests.append(
                 FleetRequest(next(ids), robot.robot_id, robot.model_id, arrival, arrival + robot.slo_s)
             )

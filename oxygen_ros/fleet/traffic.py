@@ -88,6 +88,7 @@ def assign_milp(
     max_models_per_gpu: int | None = None,
     time_limit_s: float = 10.0,
     balance_slack: float = 0.1,
+    previous: dict[str, int] | None = None,
 ) -> Assignment:
     """Every robot placed, every GPU load <= capacity; lexicographic objective:
 
@@ -100,7 +101,11 @@ def assign_milp(
     Robots with the same model and the same load are interchangeable, so they form one class and the program
     counts them instead of naming them (far fewer variables and no symmetry between identical robots):
     n[c, g] >= 0 integer robots of class c on GPU g, y[m, g] binary model m resident on GPU g, L >= every GPU
-    load. Steps 2-3 minimize sum(y) + eps * L with eps * L < 1 under the cap of step 1."""
+    load. Steps 2-3 minimize sum(y) + eps * L with eps * L < 1 under the cap of step 1.
+
+    ``previous`` (robot -> GPU, a placement in force): a class's robots keep their GPU wherever the new counts
+    allow, so a re-solve moves only as many robots as the new counts require (among the optimal placements of
+    classes, not the one with fewest moves)."""
     loads = np.asarray(loads, dtype=float)
     if len(robots) == 0:
         return _assignment("milp", robots, loads, [], n_gpus, capacity)
@@ -186,9 +191,19 @@ def assign_milp(
     check(result)
     counts = np.rint(result.x[:n_n]).astype(int).reshape(n_c, n_g)
     gpus = [0] * len(robots)
+    previous = previous or {}
     for c, key in enumerate(classes):
-        slots = [g for g in range(n_g) for _ in range(counts[c, g])]
-        for i, g in zip(members[key], slots, strict=True):
+        free = {g: int(counts[c, g]) for g in range(n_g)}
+        unplaced = []
+        for i in members[key]:
+            g = previous.get(robots[i].robot_id)
+            if g is not None and free.get(g, 0) > 0:
+                gpus[i] = g
+                free[g] -= 1
+            else:
+                unplaced.append(i)
+        slots = [g for g in range(n_g) for _ in range(free[g])]
+        for i, g in zip(unplaced, slots, strict=True):
             gpus[i] = g
     assignment = _assignment("milp", robots, loads, gpus, n_gpus, capacity)
     assignment.optimal = result.status == 0
@@ -269,3 +284,36 @@ def assign_one_model_per_gpu(robots: list[RobotSpec], loads: np.ndarray, n_gpus:
             own_load[g] += loads[i]
     return _assignment("one_model_per_gpu", robots, loads, gpus, n_gpus)
 
+
+class TrafficController:
+    """The fleet's placement kept current: robots join and leave, and each change re-solves the MILP with the
+    placement in force as ``previous`` (robots stay where the new counts allow). ``load_of(robot)`` is a robot's
+    fraction of a GPU (e.g. ``capacity.SloSafeLoads``); ``moved`` lists the robots the last change moved."""
+
+    def __init__(self, n_gpus: int, load_of, capacity: float = 1.0):
+        self.n_gpus = n_gpus
+        self.load_of = load_of
+        self.capacity = capacity
+        self.robots: dict[str, RobotSpec] = {}
+        self.assignment = _assignment("milp", [], np.zeros(0), [], n_gpus, capacity)
+        self.moved: list[str] = []
+
+    def join(self, robot: RobotSpec) -> Assignment:
+        """Place a new robot (raises InfeasibleAssignment, leaving the placement as it was, if it does not fit)."""
+        if robot.robot_id in self.robots:
+            raise ValueError(f"robot {robot.robot_id} is already placed")
+        return self._solve({**self.robots, robot.robot_id: robot})
+
+    def leave(self, robot_id: str) -> Assignment:
+        if robot_id not in self.robots:
+            raise KeyError(f"robot {robot_id} is not placed")
+        return self._solve({r: spec for r, spec in self.robots.items() if r != robot_id})
+
+    def _solve(self, robots: dict[str, RobotSpec]) -> Assignment:
+        specs = list(robots.values())
+        loads = np.array([self.load_of(r) for r in specs], dtype=float)
+        before = dict(self.assignment.gpu_of)
+        assignment = assign_milp(specs, loads, self.n_gpus, self.capacity, previous=before)
+        self.robots, self.assignment = robots, assignment
+        self.moved = sorted(r for r, g in assignment.gpu_of.items() if r in before and before[r] != g)
+        return assignment

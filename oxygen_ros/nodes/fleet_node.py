@@ -9,16 +9,22 @@ robot on ``/diagnostics``. The inputs go through the same checks as the VLA node
 stale frames, joints picked by name, bad messages counted), the prompt is fitted before the frame is queued,
 chunks and diagnostics are built by the same helpers.
 
-Every image on the first camera of a robot's model makes one frame, due at its stamp + ``slo_ms``; frames of
-robots on the same model are batched, models take turns earliest-SLO-first, and every ``narrate_every``-th frame
-of a robot also starts a narration. Chunks are published from the runtime's control thread, narration from its
-language worker.
+Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
+frames of robots on the same model are batched, models take turns earliest-SLO-first, and every
+``narrate_every``-th frame of a robot also starts a narration. Chunks are published from the runtime's control
+thread, narration from its language worker. A frame already past its deadline on arrival is not served, and a
+chunk ready after its deadline is not published (``publish_late``: published all the same, with its stamp); both
+are counted in the robot's ``engine_status`` (``deadline_misses``, ``dropped_frames``) and, with its SLO
+attainment, on ``/diagnostics``.
 
 Several GPUs: one node per GPU with the same ``assignment_file`` (``oxygen-ros fleet-assign``) and its own
-``gpu_index``; each node serves exactly the robots assigned to its GPU, so the ROS graph is the only link.
+``gpu_index``; each node serves exactly the robots assigned to its GPU, each with its model and SLO from the file,
+loads only those robots' models, and with ``device: cuda`` runs on ``cuda:<gpu_index>``, so the ROS graph is the
+only link.
 
-Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms``, ``assignment_file``,
-``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``, ``tokenizer`` (empty: the cached stand-in),
+Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms`` (without an assignment,
+or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``,
+``publish_late``, ``tokenizer`` (empty: the cached stand-in),
 ``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
@@ -37,6 +43,7 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -50,7 +57,7 @@ from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.assign_cli import load_assignment
 from oxygen_ros.fleet.model_runner import ModelSpec
-from oxygen_ros.fleet.server import FleetServer, ServedRobot
+from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots, serving_device
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.model.tokenizer import load_tokenizer
 from oxygen_ros.msg import EngineStatus, Narration
@@ -75,6 +82,7 @@ DEFAULTS = {
     "device": "cpu",
     "cpu_threads": 0,
     "max_batch": 8,
+    "publish_late": False,
     "tokenizer": "",
     "instruction": "do the task",
     "joint_names": [""],
@@ -133,16 +141,9 @@ class FleetNode(Node):
         if p["cpu_threads"]:
             torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
-        if len(p["robots"]) != len(p["robot_models"]):
-            raise ValueError("robots and robot_models must have the same length")
-        robots = list(zip(p["robots"], p["robot_models"]))
-        if p["assignment_file"]:
-            gpu_of = load_assignment(p["assignment_file"])["gpu_of"]
-            missing = [r for r, _ in robots if r.strip("/") not in gpu_of]
-            if missing:
-                self.get_logger().warning(f"robots not in {p['assignment_file']}, not served here: {missing}")
-            robots = [(r, m) for r, m in robots if gpu_of.get(r.strip("/")) == p["gpu_index"]]
-        served = [ServedRobot(name.strip("/"), model_id, p["slo_ms"] / 1e3) for name, model_id in robots]
+        assignment = load_assignment(p["assignment_file"]) if p["assignment_file"] else None
+        served = served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment, p["gpu_index"])
+        device = serving_device(p["device"], p["gpu_index"])
         per_model = max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
         pool_slots = p["pool_slots"] or p["max_batch"] + max(2, per_model)
         scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
@@ -150,8 +151,14 @@ class FleetNode(Node):
                                     control_period_s=1.0 / p["rate_hz"])
         tokenizer = load_tokenizer(p["tokenizer"]) if p["tokenizer"] else None
         self.server = FleetServer(specs, served, RuntimeConfig(scheduler, pool_slots=pool_slots),
-                                  lambda vocab: tokenizer or standin_tokenizer(vocab), p["device"],
-                                  on_chunk=self._publish_chunk, on_text=self._publish_text)
+                                  lambda vocab: tokenizer or standin_tokenizer(vocab), device,
+                                  on_chunk=self._publish_chunk, on_text=self._publish_text,
+                                  publish_late=p["publish_late"])
+        self.device = device
+        # the device choice each batch gets, for /diagnostics: this node runs a batch's prefill and denoise as one
+        # call on the whole device (no lockstep stage split here), models taking turns by the queue policy
+        self.batching = (f"whole device per batch (prefill + denoise in one call), queue {p['queue']}, "
+                         f"buckets up to {p['max_batch']}")
         self.params = p
         joint_names = tuple(n for n in p["joint_names"] if n)
         self.ports: dict[str, RobotPort] = {}
@@ -160,8 +167,10 @@ class FleetNode(Node):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / p["status_rate_hz"], self._publish_status)
         self.server.start()
-        self.get_logger().info(f"serving {sorted(self.ports)} with {[s.model_id for s in specs]} on {p['device']} "
-                               f"(gpu_index {p['gpu_index']}, queue {p['queue']}, max_batch {p['max_batch']})")
+        slos = {r.robot_id: r.slo_s * 1e3 for r in served}
+        self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
+                               f"(gpu_index {p['gpu_index']}, queue {p['queue']}, max_batch {p['max_batch']}, "
+                               f"SLO ms {slos})")
 
     def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...]) -> None:
         p = self.params
@@ -223,15 +232,20 @@ class FleetNode(Node):
                                       f"{port.instruction.text!r}")
         every = self.params["narrate_every"]
         narrate = every > 0 and port.frames % every == 0
+        age_s = (now_ns - frame.stamp_ns) / 1e9
         try:
-            self.server.submit(port.robot.robot_id, Observation(frame.images, frame.state, port.instruction.text),
-                               narrate, frame.stamp_ns, (now_ns - frame.stamp_ns) / 1e9,
-                               context=(frame.frame_id, port.joint_names))
+            queued = self.server.submit(port.robot.robot_id,
+                                        Observation(frame.images, frame.state, port.instruction.text), narrate,
+                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names))
         except ValueError as err:
             with port.lock:
                 port.model_errors += 1
                 port.state, port.detail = MODEL_ERROR, str(err)
             self._warn_drop(port, str(err))
+            return
+        if not queued:
+            self._warn_drop(port, f"frame {1e3 * age_s:.0f} ms old on arrival, past its {1e3 * port.robot.slo_s:g} "
+                                  "ms deadline (counted as a deadline miss)")
             return
         port.frames += 1
 
@@ -272,17 +286,25 @@ class FleetNode(Node):
         stamp = self.get_clock().now().to_msg()
         worker_error = self.server.runtime.worker_error
         for robot_id, port in self.ports.items():
+            counts = self.server.robot_counts(robot_id)
+            late = counts.late_on_arrival + counts.late_done
+            dropped = counts.late_on_arrival + (0 if self.params["publish_late"] else counts.late_done)
             with port.lock:
                 health = Health(
-                    state=port.state, detail=port.detail, stats=self.server.stats(robot_id),
+                    state=port.state, detail=port.detail,
+                    stats=replace(self.server.stats(robot_id), deadline_misses=late),
                     target_rate_hz=self.params["rate_hz"], actions_published=port.actions_published,
-                    dropped_frames=port.inputs.dropped_frames if port.inputs else 0,
+                    dropped_frames=(port.inputs.dropped_frames if port.inputs else 0) + dropped,
                     worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
                     values={"narrations_published": port.narrations_published, "model_errors": port.model_errors,
-                            "model": port.robot.model_id})
+                            "model": port.robot.model_id, "slo_ms": f"{1e3 * port.robot.slo_s:g}",
+                            "slo_attainment": f"{counts.attainment:.4f}", "chunks_on_time": counts.on_time,
+                            "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
+                            "late_chunks_published": self.params["publish_late"],
+                            "batching": self.batching})
             port.status_pub.publish(engine_status(health, stamp))
             self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
-                                                          self.params["device"]))
+                                                          self.device))
 
     def close(self) -> None:
         self.server.close()

@@ -1,0 +1,111 @@
+"""The fleet server without ROS: which robots, models and device a server takes from its parameters and the
+assignment file, and deadlines anchored at the camera stamp (real tiny models on CPU)."""
+
+import time
+
+import pytest
+import torch
+
+from oxygen_ros.engine.runtime import RuntimeConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.fleet.model_runner import ModelSpec
+from oxygen_ros.fleet.server import (
+    FleetServer,
+    RobotCounts,
+    ServedRobot,
+    models_to_load,
+    served_robots,
+    serving_device,
+)
+
+from engine_fixtures import observation, tokenizer  # noqa: F401 - pytest fixture
+
+ASSIGNMENT = {
+    "gpu_of": {"r1": 0, "r2": 1, "r3": 0, "r4": 1},
+    "model_of": {"r1": "a", "r2": "b", "r3": "c", "r4": "a"},
+    "slo_of": {"r1": 0.05, "r2": 0.2, "r3": 0.1},
+}
+
+
+def test_without_an_assignment_every_listed_robot_is_served_with_the_one_slo():
+    robots = served_robots(["/r1", "r2"], ["a", "b"], 0.2)
+    assert robots == [ServedRobot("r1", "a", 0.2), ServedRobot("r2", "b", 0.2)]
+    with pytest.raises(ValueError, match="same length"):
+        served_robots(["r1"], [], 0.2)
+
+
+def test_an_assignment_gives_each_gpu_its_robots_with_their_models_and_slos():
+    assert served_robots([], [], 0.3, ASSIGNMENT, gpu_index=0) == [ServedRobot("r1", "a", 0.05),
+                                                                   ServedRobot("r3", "c", 0.1)]
+    # r4 has no SLO in the file: the node's default
+    assert served_robots([], [], 0.3, ASSIGNMENT, gpu_index=1) == [ServedRobot("r2", "b", 0.2),
+                                                                   ServedRobot("r4", "a", 0.3)]
+    assert served_robots([], [], 0.3, ASSIGNMENT, gpu_index=2) == []
+    # an old assignment without model_of: models come from robots/robot_models, and a robot in neither is an error
+    old = {"gpu_of": {"r1": 0, "r2": 0}}
+    assert served_robots(["r1", "r2"], ["a", "b"], 0.1, old) == [ServedRobot("r1", "a", 0.1),
+                                                                 ServedRobot("r2", "b", 0.1)]
+    with pytest.raises(ValueError, match="no model for robots"):
+        served_robots(["r1"], ["a"], 0.1, old)
+
+
+def test_a_server_loads_only_the_models_its_robots_use():
+    specs = [ModelSpec.parse(t) for t in ("a=tiny:0", "b=tiny:1", "c=tiny:2")]
+    robots = served_robots([], [], 0.3, ASSIGNMENT, gpu_index=1)
+    assert [s.model_id for s in models_to_load(specs, robots)] == ["a", "b"]
+    with pytest.raises(ValueError, match="not served"):
+        models_to_load(specs[:1], robots)
+    with pytest.raises(ValueError, match="unique"):
+        models_to_load(specs + specs[:1], robots)
+
+
+def test_gpu_index_selects_the_cuda_device():
+    assert serving_device("cuda", 3, cuda_devices=4) == "cuda:3"
+    assert serving_device("cuda", 0, cuda_devices=1) == "cuda:0"
+    assert serving_device("cuda:1", 3, cuda_devices=2) == "cuda:1"  # an explicit device is kept
+    assert serving_device("cpu", 3) == "cpu"  # the index still picks the robots, the CPU has no index
+    with pytest.raises(ValueError, match="does not exist"):
+        serving_device("cuda", 2, cuda_devices=2)
+    with pytest.raises(ValueError, match=">= 0"):
+        serving_device("cuda", -1, cuda_devices=2)
+
+
+def test_attainment_counts_every_kind_of_miss():
+    counts = RobotCounts(on_time=6, late_on_arrival=2, late_done=1, failed=1)
+    assert counts.missed == 4 and counts.attainment == pytest.approx(0.6)
+    assert RobotCounts().attainment == 1.0
+
+
+def _server(tokenizer, robots, publish_late, on_chunk):  # noqa: F811 - the fixture's value
+    specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=4)
+    torch.set_num_threads(1)
+    return FleetServer(specs, robots, config, lambda vocab: tokenizer, on_chunk=on_chunk, publish_late=publish_late)
+
+
+@pytest.mark.parametrize("publish_late", [False, True])
+def test_deadlines_run_from_the_camera_stamp(tokenizer, publish_late):  # noqa: F811
+    """A frame past its deadline on arrival is never queued; one queued with a sliver of its budget left is late
+    when done: dropped (or handed on marked missed with publish_late); a fresh one is on time. All counted."""
+    robots = [ServedRobot("loose", "a", 30.0), ServedRobot("tight", "a", 0.5)]
+    chunks = []
+    server = _server(tokenizer, robots, publish_late, chunks.append)
+    assert server.model_ids == ["a"]  # "b" has no robot here: not loaded
+    server.start()
+    try:
+        assert server.submit("tight", observation(0), False, stamp_ns=1, age_s=0.6) is False  # old stamp
+        assert server.submit("tight", observation(1), False, stamp_ns=2, age_s=0.5 - 1e-5) is True
+        assert server.submit("loose", observation(2), False, stamp_ns=3, age_s=0.01) is True
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.robot_counts("tight").late_done + \
+                server.robot_counts("loose").on_time < 2:
+            time.sleep(0.01)
+    finally:
+        server.close()
+    tight, loose = server.robot_counts("tight"), server.robot_counts("loose")
+    assert (tight.late_on_arrival, tight.late_done, tight.on_time) == (1, 1, 0)
+    assert (loose.late_on_arrival, loose.late_done, loose.on_time) == (0, 0, 1)
+    assert tight.attainment == 0.0 and loose.attainment == 1.0
+    published = {c.stamp_ns: c.missed for c in chunks}
+    assert published == ({2: True, 3: False} if publish_late else {3: False})
+    assert server.stats("tight").deadline_misses == 1  # the engine's own count agrees for the queued one
