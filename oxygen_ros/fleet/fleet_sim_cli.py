@@ -55,7 +55,7 @@ def _names(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser("fleet-sim", __doc__)
     p.add_argument("--runs", default=DEFAULT_RUNS, help=f"design:policy pairs (designs: {', '.join(DESIGNS)}; "
-                   "policies: esf, rr, lqf), each on the MILP assignment")
+                   "policies: esf, rr, lqf), each on the MILP assignment; default: %(default)s")
     p.add_argument("--assign", default=",".join(ASSIGNERS), help="assignments to compare (with robion:esf)")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in the fleet")
     p.add_argument("--models", type=int, default=8, help="distinct models served")
