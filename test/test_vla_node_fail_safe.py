@@ -38,22 +38,13 @@ def test_hostile_inputs_never_kill_the_node_nor_reach_the_robot(ros_context, ros
                        "-p", "language.max_new_tokens:=200", "-p", "language.stream_every:=0",
                        "-p", "language.max_preempted:=3")
 
-    def counter(name: str) -> int:
-        return int(robot.last_values().get(name, "0"))
+    counter = robot.counter
 
     def now() -> int:
         return robot.node.get_clock().now().nanoseconds
 
     def recovers() -> None:
-        """Good frames again: a chunk computed from one of them arrives."""
-        good: list[int] = []
-
-        def acted() -> bool:
-            good.append(robot.publish_good())
-            time.sleep(1 / 30)
-            return bool(set(good) & robot.chunk_stamps())
-
-        assert wait_until(acted, 10, child), (robot.last_values(), child.stop()[1])
+        robot.recovers(10, child)
 
     def bad(publish, counter_name: str) -> None:
         before = counter(counter_name)

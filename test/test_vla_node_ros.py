@@ -114,6 +114,21 @@ class Robot:
         with self.lock:
             return diagnostic_values(self.diagnostics[-1]) if self.diagnostics else {}
 
+    def counter(self, name: str) -> int:
+        """A counter from the node's latest /diagnostics (0 before it reports one)."""
+        return int(self.last_values().get(name, "0"))
+
+    def recovers(self, timeout: float, child: "Child | None" = None) -> None:
+        """Good frames again until a chunk computed from one of them arrives."""
+        good: list[int] = []
+
+        def acted() -> bool:
+            good.append(self.publish_good())
+            time.sleep(1 / 30)
+            return bool(set(good) & self.chunk_stamps())
+
+        assert wait_until(acted, timeout, child), (self.last_values(), child.stop()[1] if child else "")
+
 
 class Spinner:
     """One SingleThreadedExecutor thread for the test's nodes."""
@@ -266,19 +281,10 @@ def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, r
                        "-p", "control.max_image_age_s:=0.5", "-p", "instruction.max_chars:=300",
                        "-p", "language.policy:=on_instruction_change")
 
-    def counter(name: str) -> int:
-        return int(robot.last_values().get(name, "0"))
+    counter = robot.counter
 
     def recovers() -> None:
-        """Good frames again: a chunk computed from one of them arrives."""
-        good: list[int] = []
-
-        def acted() -> bool:
-            good.append(robot.publish_good())
-            time.sleep(1 / 30)
-            return bool(set(good) & robot.chunk_stamps())
-
-        assert wait_until(acted, 20), (robot.last_values(), child.stop()[1])
+        robot.recovers(20)
 
     def bad(publish, counter_name: str) -> None:
         before = counter(counter_name)
