@@ -112,7 +112,7 @@ def test_demo_flags_reach_the_node_on_an_isolated_domain(tmp_path, ros_env, ros_
     result, heard = listen_while_running(ros_context, command, ros_env, topics, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     node_log = (out / "vla_node.log").read_text()
-    assert "preset small on cpu" in node_log and ", 5 Hz," in node_log, node_log[:2000]
+    assert re.search(r"preset small in \w+ \(.*\) on cpu", node_log) and ", 5 Hz," in node_log, node_log[:2000]
     report = json.loads((out / "summary.json").read_text())["report"]
     assert 0 < report["topics"]["/action_chunk"]["rate_hz"] < 7  # 5 Hz, not the file's 10 Hz
     domain = re.search(r"isolated DDS domain, ROS_DOMAIN_ID=(\d+), localhost-only discovery", result.stdout)

@@ -116,7 +116,8 @@ def test_the_node_decodes_with_the_chosen_text_head_and_says_why(tmp_path, token
         node = VlaNode(context=context)
         try:
             backbone = node.policy.model.backbone
-            assert torch.equal(backbone.text_head, head if choice == "lm_head" else backbone.embed_tokens.weight)
+            expected = head.to(backbone.text_head.dtype) if choice == "lm_head" else backbone.embed_tokens.weight
+            assert torch.equal(backbone.text_head, expected)  # in the dtype `auto` chose
             assert f"text head {choice}: " in node.policy.source
         finally:
             node.close()
