@@ -80,7 +80,7 @@ def _server(tokenizer, robots, publish_late, on_chunk):  # noqa: F811 - the fixt
     specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=4)
     torch.set_num_threads(1)
-    return FleetServer(specs, robots, config, lambda vocab: tokenizer, on_chunk=on_chunk, publish_late=publish_late)
+    return FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=on_chunk, publish_late=publish_late)
 
 
 @pytest.mark.parametrize("publish_late", [False, True])

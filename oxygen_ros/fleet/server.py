@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from ..engine.runtime import ActionChunk, Runtime, RuntimeConfig, RuntimeStats, Served, TextUpdate
+from ..model.loading import load_model_source, tokenizer_for
 from ..model.preprocess import Observation
-from .model_runner import ModelSpec, load_model
+from .model_runner import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -105,16 +106,18 @@ class RobotCounts:
 
 class FleetServer:
     def __init__(self, specs: Sequence[ModelSpec], robots: Sequence[ServedRobot], config: RuntimeConfig,
-                 tokenizer_for: Callable[[int], object], device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 tokenizer_of: Callable[[object], object] | None = None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32,
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False):
-        """`tokenizer_for(vocab_size)` gives the tokenizer of a random-init model (checkpoints need theirs too).
+        """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
         Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
         ones (`error` set); late ones only with `publish_late` (then `missed` is set)."""
         served: dict[str, Served] = {}
         for spec in models_to_load(specs, robots):
-            model, norm_stats = load_model(spec, device, dtype)
-            served[spec.model_id] = Served(model, tokenizer_for(model.config.vocab_size), norm_stats)
+            loaded = load_model_source(spec.source, device, dtype, spec.seed)
+            tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
+            served[spec.model_id] = Served(loaded.model, tokenizer, loaded.norm_stats)
         if not served:
             raise ValueError("no robots to serve")
         self.robots: Mapping[str, ServedRobot] = {r.robot_id: r for r in robots}

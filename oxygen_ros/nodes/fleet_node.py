@@ -58,15 +58,14 @@ from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.assign_cli import load_assignment
 from oxygen_ros.fleet.model_runner import ModelSpec
 from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots, serving_device
+from oxygen_ros.model.loading import tokenizer_for
 from oxygen_ros.model.preprocess import Observation
-from oxygen_ros.model.tokenizer import load_tokenizer
 from oxygen_ros.msg import EngineStatus, Narration
 
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
-from .model_setup import standin_tokenizer
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
@@ -149,9 +148,8 @@ class FleetNode(Node):
         scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
                                     adaptive_k=True, tokens_per_frame=p["max_new_tokens"],
                                     control_period_s=1.0 / p["rate_hz"])
-        tokenizer = load_tokenizer(p["tokenizer"]) if p["tokenizer"] else None
         self.server = FleetServer(specs, served, RuntimeConfig(scheduler, pool_slots=pool_slots),
-                                  lambda vocab: tokenizer or standin_tokenizer(vocab), device,
+                                  lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
                                   publish_late=p["publish_late"])
         self.device = device
