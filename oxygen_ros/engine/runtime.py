@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from .scheduler import (
     ActionPlan,
     Scheduler,
     SchedulerConfig,
+    StageBatch,
     StagePlanner,
     StageWork,
     deadline_missed,
@@ -254,7 +256,10 @@ class Runtime:
 
     def act(self, frame: ActionFrame) -> ActionChunk:
         """Run `frame` on the calling thread (with whatever else is pending); raises if the model failed on it.
-        For callers that run the control path themselves, not beside `start(control_thread=True)`."""
+        For callers that run the control path themselves, not beside `start(control_thread=True)`, and without a
+        stage split (whose chunks leave through `on_chunk`)."""
+        if self.stage_planner is not None:
+            raise RuntimeError("with a stage split, submit frames and run start(control_thread=True)")
         self.submit(frame)
         while True:
             chunks = self.run_control()
@@ -275,7 +280,8 @@ class Runtime:
 
     def run_control(self) -> list[ActionChunk]:
         """One action batch, if any frame is pending: plan, execute, hand over slots; chunks read back outside.
-        Frames whose deadline passed in the queue come back first, as expired chunks (`drop_expired`)."""
+        Frames whose deadline passed in the queue come back first, as expired chunks (`drop_expired`). With a
+        stage split the chunks go to `on_chunk` as they come instead (the control thread's way)."""
         if self.stage_planner is not None:
             return self._run_stages()
         with self.gate.control(), self.streams.control():
@@ -328,58 +334,79 @@ class Runtime:
     # ---- control path with a stage split ----------------------------------------------------------------------
 
     def _run_stages(self) -> list[ActionChunk]:
-        """The planner's next stage work, run on the stage workers: a VLM batch prefills its frames into slots
-        they keep; an action batch denoises from those slots, then its narrating frames hand their slots to
-        language requests as after a whole-device call. Frames the planner dropped as expired come back first."""
-        chunks: list[ActionChunk] = []
+        """The planner's stage work, run on the stage workers until none is running: a VLM batch prefills its
+        frames into slots they keep; an action batch denoises from those slots, then its narrating frames hand
+        their slots to language requests as after a whole-device call. A unit that finishes while another still
+        runs (a static split) starts its next work at once. Chunks (and frames the planner dropped as expired)
+        go to `on_chunk` as they come; nothing is returned."""
         with self.gate.control():
-            with self._submit_lock:
-                now = time.perf_counter()
-                works = self.stage_planner.start(now)
-                for frame in self.stage_planner.take_expired():
+            running: list[tuple[StageWork, list]] = []
+            while True:
+                with self._submit_lock:
+                    now = time.perf_counter()
+                    works = self.stage_planner.start(now)
+                    expired = self.stage_planner.take_expired()
+                for frame in expired:
                     held = self._prefilled.pop(frame.frame_id, None)
                     if held is not None:
                         self.runners[frame.model_id].free([held[0]])
-                    chunks.append(self._expired(frame, now))
-            for work in works:
-                done = self._execute(work)
-                with self._submit_lock:
-                    self.stage_planner.finish(work, time.perf_counter())
-                chunks.extend(done)
+                    self.on_chunk(self._expired(frame, now))
+                for work in works:
+                    if work.sequential:  # one after the other: a later batch may read an earlier one's slots
+                        self._emit_chunks([c for b in work.batches for c in self._collect(*self._launch(b))])
+                        self._finish_work(work)
+                    else:
+                        running.append((work, [self._launch(b) for b in work.batches]))
+                if not running:
+                    break
+                wait([item[2] for _, items in running for item in items], return_when=FIRST_COMPLETED)
+                still = []
+                for work, items in running:
+                    if all(item[2].done() for item in items):
+                        self._emit_chunks([c for item in items for c in self._collect(*item)])
+                        self._finish_work(work)
+                    else:
+                        still.append((work, items))
+                running = still
+                if not running:
+                    break
         self._wake.set()
-        return chunks
+        return []
 
-    def _execute(self, work: StageWork) -> list[ActionChunk]:
-        """Run a work's batches (side by side, or one after the other) and hand over the frames that finished."""
-        def launch(batch):
-            runner = self.runners[batch.model_id]
-            frames = [f for f in batch.frames if batch.stage == Stage.VLM or f.frame_id in self._prefilled]
-            if batch.stage == Stage.VLM:
-                fn = runner.prefill_stage, [f.inputs for f in frames], batch.bucket, [f.narrate for f in frames]
-            else:
-                slots = [self._prefilled[f.frame_id][0] for f in frames]
-                fn = self._denoise, runner, slots, [f.noise for f in frames], batch.bucket
-            return frames, self.stage_workers.submit(Stage(batch.stage), batch.share, *fn)
+    def _emit_chunks(self, chunks: list[ActionChunk]) -> None:
+        for chunk in chunks:
+            self.on_chunk(chunk)
 
-        def collect(batch, frames, future) -> list[ActionChunk]:
-            try:
-                result = future.result()
-            except Exception as error:  # these frames fail; their slots go back
-                for frame in frames:
-                    held = self._prefilled.pop(frame.frame_id, None)
-                    if held is not None:
-                        self.runners[batch.model_id].free([held[0]])
-                return [self._failed(f, error) for f in frames]
-            if batch.stage == Stage.VLM:
-                for i, frame in enumerate(frames):
-                    self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_logits[i])
-                return []
-            return self._finish_actions(batch, frames, result) if frames else []
+    def _finish_work(self, work: StageWork) -> None:
+        with self._submit_lock:
+            self.stage_planner.finish(work, time.perf_counter())
 
-        if work.sequential:  # one after the other: a monolithic call's action stage reads its VLM stage's slots
-            return [chunk for batch in work.batches for chunk in collect(batch, *launch(batch))]
-        running = [(batch, *launch(batch)) for batch in work.batches]
-        return [chunk for item in running for chunk in collect(*item)]
+    def _launch(self, batch: StageBatch) -> tuple[StageBatch, list[ActionFrame], Future]:
+        """Start one stage batch on its worker (frames that failed their VLM stage are left out)."""
+        runner = self.runners[batch.model_id]
+        frames = [f for f in batch.frames if batch.stage == Stage.VLM or f.frame_id in self._prefilled]
+        if batch.stage == Stage.VLM:
+            call = runner.prefill_stage, [f.inputs for f in frames], batch.bucket, [f.narrate for f in frames]
+        else:
+            call = self._denoise, runner, [self._prefilled[f.frame_id][0] for f in frames], \
+                [f.noise for f in frames], batch.bucket
+        return batch, frames, self.stage_workers.submit(Stage(batch.stage), batch.share, *call)
+
+    def _collect(self, batch: StageBatch, frames: list[ActionFrame], future: Future) -> list[ActionChunk]:
+        """A finished stage batch: a VLM batch's frames keep their slots; an action batch's frames get chunks."""
+        try:
+            result = future.result()
+        except Exception as error:  # these frames fail; their slots go back
+            for frame in frames:
+                held = self._prefilled.pop(frame.frame_id, None)
+                if held is not None:
+                    self.runners[batch.model_id].free([held[0]])
+            return [self._failed(f, error) for f in frames]
+        if batch.stage == Stage.VLM:
+            for i, frame in enumerate(frames):
+                self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_logits[i])
+            return []
+        return self._finish_actions(batch, frames, result) if frames else []
 
     @staticmethod
     def _denoise(runner: ModelRunner, slots: list[int], noises: list[Tensor], bucket: int) -> Tensor:
