@@ -166,3 +166,21 @@ def test_a_frame_whose_deadline_passes_in_the_queue_is_dropped_unserved_and_coun
     assert (counts.expired_in_queue, counts.on_time, counts.late_done) == (1, 0, 0) and counts.attainment == 0.0
     assert chunks == [] and calls == [] and server.runtime.scheduler.language_requests() == 0
     assert server.stats("r1").deadline_misses == 1
+
+
+def test_frames_wait_for_frame_slots_instead_of_failing(tokenizer):  # noqa: F811
+    """One model keeping a single batch of frame slots, six frames at once: a VLM batch waits until the previous
+    batch's action stage gave its slots back; every frame gets its chunk."""
+    chunks = []
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=3, frame_slots=2)
+    server = FleetServer([ModelSpec.parse("a=tiny:0")], [ServedRobot("r1", "a", 30.0)], config,
+                         lambda model: tokenizer, on_chunk=chunks.append, design="robion", cpu_threads=2,
+                         profile_repeats=1)
+    server.start()
+    try:
+        for i in range(6):
+            assert server.submit("r1", observation(i), False, stamp_ns=i + 1, age_s=0.0, context=i)
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+    assert sorted(c.context for c in chunks) == list(range(6)) and all(c.error is None for c in chunks)

@@ -173,7 +173,8 @@ class Runtime:
                                        sched.max_batch, sched.num_steps, frame_slots, stage_split=stages is not None)
                         for m, s in self.served.items()}
         self.stage_planner, self.stage_workers = stages if stages is not None else (None, None)
-        self._prefilled: dict[int, tuple[int, int, Tensor | None]] = {}  # frame id -> slot, valid prefix, logits
+        # frame id -> slot, valid prefix, first logits, model: frames between their two stages
+        self._prefilled: dict[int, tuple[int, int, Tensor | None, str]] = {}
         self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()})
         self.gate = ControlGate()
         first = next(iter(self.served.values())).model
@@ -271,6 +272,12 @@ class Runtime:
                 if mine[0].error is not None:
                     raise mine[0].error
                 return mine[0]
+
+    def frame_room(self, model_id: str) -> int:
+        """With a stage split: frames of a model that may still start their VLM stage (its frame slots not held
+        by frames waiting for their action stage)."""
+        held = sum(1 for entry in self._prefilled.values() if entry[3] == model_id)
+        return self.runners[model_id].frame_slots - held
 
     def frames_pending(self) -> int:
         if self.stage_planner is None:
@@ -404,7 +411,8 @@ class Runtime:
             return [self._failed(f, error) for f in frames]
         if batch.stage == Stage.VLM:
             for i, frame in enumerate(frames):
-                self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_logits[i])
+                self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_logits[i],
+                                                   batch.model_id)
             return []
         return self._finish_actions(batch, frames, result) if frames else []
 

@@ -108,9 +108,6 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         self._lock = threading.Lock()
 
-    def threads_for(self, share: float) -> int:
-        return self.workers.threads_for(share)
-
     def shares(self) -> list[float]:
         return device_shares(self.workers, self.partitions)
 

@@ -179,7 +179,8 @@ class FleetServer:
             raise ValueError(f"the profile table has no entries for models {missing}")
         self.lut = profile
         planner.device = STAGE_DEVICES[design](profile, policy=config.scheduler.queue, max_batch=max_batch,
-                                               guard=guard, drop_expired=True)
+                                               guard=guard, drop_expired=True,
+                                               vlm_room=self.runtime.frame_room)
 
     @property
     def model_ids(self) -> list[str]:
