@@ -23,7 +23,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,18 +34,17 @@ from ..model.inputs import ModelInputs
 from ..model.preprocess import Observation, prepare_inputs, robot_actions
 from .control_gate import ControlGate
 from .language import LanguageRequest, start_request
-from .model_runner import ModelRunner, Prefilled, PriorityStreams
+from .model_runner import ModelRunner, PriorityStreams
 from .scheduler import (
     ActionFrame,
     ActionPlan,
     Scheduler,
     SchedulerConfig,
-    StageBatch,
     StagePlanner,
-    StageWork,
     deadline_missed,
 )
-from .stage_workers import Stage, StageWorkers
+from .stage_control import StagedControl
+from .stage_workers import StageWorkers
 from .stats import percentile
 
 DEFAULT_MODEL = "default"
@@ -172,9 +170,8 @@ class Runtime:
         self.runners = {m: ModelRunner(s.model, config.pool_slots - frame_slots, sched.max_new_tokens,
                                        sched.max_batch, sched.num_steps, frame_slots, stage_split=stages is not None)
                         for m, s in self.served.items()}
-        self.stage_planner, self.stage_workers = stages if stages is not None else (None, None)
-        # frame id -> slot, valid prefix, first logits, model: frames between their two stages
-        self._prefilled: dict[int, tuple[int, int, Tensor | None, str]] = {}
+        self.stage_planner = stages[0] if stages is not None else None
+        self._stages = StagedControl(self, *stages) if stages is not None else None
         self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()})
         self.gate = ControlGate()
         first = next(iter(self.served.values())).model
@@ -276,8 +273,7 @@ class Runtime:
     def frame_room(self, model_id: str) -> int:
         """With a stage split: frames of a model that may still start their VLM stage (its frame slots not held
         by frames waiting for their action stage)."""
-        held = sum(1 for entry in self._prefilled.values() if entry[3] == model_id)
-        return self.runners[model_id].frame_slots - held
+        return self._stages.frame_room(model_id)
 
     def frames_pending(self) -> int:
         if self.stage_planner is None:
@@ -289,8 +285,8 @@ class Runtime:
         """One action batch, if any frame is pending: plan, execute, hand over slots; chunks read back outside.
         Frames whose deadline passed in the queue come back first, as expired chunks (`drop_expired`). With a
         stage split the chunks go to `on_chunk` as they come instead (the control thread's way)."""
-        if self.stage_planner is not None:
-            return self._run_stages()
+        if self._stages is not None:
+            return self._stages.run()
         with self.gate.control(), self.streams.control():
             with self._submit_lock:
                 now = time.perf_counter()
@@ -339,96 +335,6 @@ class Runtime:
                            None, frame.context, expired=True)
 
     # ---- control path with a stage split ----------------------------------------------------------------------
-
-    def _run_stages(self) -> list[ActionChunk]:
-        """The planner's stage work, run on the stage workers until none is running: a VLM batch prefills its
-        frames into slots they keep; an action batch denoises from those slots, then its narrating frames hand
-        their slots to language requests as after a whole-device call. A unit that finishes while another still
-        runs (a static split) starts its next work at once. Chunks (and frames the planner dropped as expired)
-        go to `on_chunk` as they come; nothing is returned."""
-        with self.gate.control():
-            running: list[tuple[StageWork, list]] = []
-            while True:
-                with self._submit_lock:
-                    now = time.perf_counter()
-                    works = self.stage_planner.start(now)
-                    expired = self.stage_planner.take_expired()
-                for frame in expired:
-                    held = self._prefilled.pop(frame.frame_id, None)
-                    if held is not None:
-                        self.runners[frame.model_id].free([held[0]])
-                    self.on_chunk(self._expired(frame, now))
-                for work in works:
-                    if work.sequential:  # one after the other: a later batch may read an earlier one's slots
-                        self._emit_chunks([c for b in work.batches for c in self._collect(*self._launch(b))])
-                        self._finish_work(work)
-                    else:
-                        running.append((work, [self._launch(b) for b in work.batches]))
-                if not running:
-                    break
-                wait([item[2] for _, items in running for item in items], return_when=FIRST_COMPLETED)
-                still = []
-                for work, items in running:
-                    if all(item[2].done() for item in items):
-                        self._emit_chunks([c for item in items for c in self._collect(*item)])
-                        self._finish_work(work)
-                    else:
-                        still.append((work, items))
-                running = still
-                if not running:
-                    break
-        self._wake.set()
-        return []
-
-    def _emit_chunks(self, chunks: list[ActionChunk]) -> None:
-        for chunk in chunks:
-            self.on_chunk(chunk)
-
-    def _finish_work(self, work: StageWork) -> None:
-        with self._submit_lock:
-            self.stage_planner.finish(work, time.perf_counter())
-
-    def _launch(self, batch: StageBatch) -> tuple[StageBatch, list[ActionFrame], Future]:
-        """Start one stage batch on its worker (frames that failed their VLM stage are left out)."""
-        runner = self.runners[batch.model_id]
-        frames = [f for f in batch.frames if batch.stage == Stage.VLM or f.frame_id in self._prefilled]
-        if batch.stage == Stage.VLM:
-            call = runner.prefill_stage, [f.inputs for f in frames], batch.bucket, [f.narrate for f in frames]
-        else:
-            call = self._denoise, runner, [self._prefilled[f.frame_id][0] for f in frames], \
-                [f.noise for f in frames], batch.bucket
-        return batch, frames, self.stage_workers.submit(Stage(batch.stage), batch.share, *call)
-
-    def _collect(self, batch: StageBatch, frames: list[ActionFrame], future: Future) -> list[ActionChunk]:
-        """A finished stage batch: a VLM batch's frames keep their slots; an action batch's frames get chunks."""
-        try:
-            result = future.result()
-        except Exception as error:  # these frames fail; their slots go back
-            for frame in frames:
-                held = self._prefilled.pop(frame.frame_id, None)
-                if held is not None:
-                    self.runners[batch.model_id].free([held[0]])
-            return [self._failed(f, error) for f in frames]
-        if batch.stage == Stage.VLM:
-            for i, frame in enumerate(frames):
-                self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_logits[i],
-                                                   batch.model_id)
-            return []
-        return self._finish_actions(batch, frames, result) if frames else []
-
-    @staticmethod
-    def _denoise(runner: ModelRunner, slots: list[int], noises: list[Tensor], bucket: int) -> Tensor:
-        return runner.denoise_stage(slots, noises, bucket).float().cpu()
-
-    def _finish_actions(self, batch, frames: list[ActionFrame], actions: Tensor) -> list[ActionChunk]:
-        runner = self.runners[batch.model_id]
-        held = [self._prefilled.pop(f.frame_id) for f in frames]
-        out = Prefilled([h[0] for h in held], [h[1] for h in held], [h[2] for h in held])
-        plan = self.scheduler.plan_admission(batch.model_id, frames, batch.bucket)
-        self._displace(plan, runner)
-        request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(frames))]
-        self._after_frames()
-        return self._chunks(plan, actions, request_ids)
 
     def _counting(self, robot_id: str) -> tuple[_Counters, _Counters]:
         return self._counters, self._robot_counters.setdefault(robot_id, _Counters())
