@@ -145,6 +145,9 @@ class FleetServer:
         if design != "monolithic" and config.scheduler.queue not in POLICIES:
             raise ValueError(f"design {design} takes queue {' | '.join(POLICIES)}, got {config.scheduler.queue!r}")
         config = replace(config, scheduler=replace(config.scheduler, drop_expired=True))
+        missing = sorted({r.model_id for r in robots} - set(profile.models())) if profile is not None else []
+        if missing:
+            raise ValueError(f"the profile table has no entries for models {missing}")
         served: dict[str, Served] = {}
         for spec in models_to_load(specs, robots):
             loaded = load_model_source(spec.source, device, dtype, spec.seed)
@@ -174,9 +177,6 @@ class FleetServer:
             profile = profile_stages(stage_runner(self.runtime.runners, self.workers), list(served),
                                      power_of_two_buckets(max_batch), device_shares(self.workers, partitions),
                                      repeats=profile_repeats)
-        missing = sorted(set(served) - set(profile.models()))
-        if missing:
-            raise ValueError(f"the profile table has no entries for models {missing}")
         self.lut = profile
         planner.device = STAGE_DEVICES[design](profile, policy=config.scheduler.queue, max_batch=max_batch,
                                                guard=guard, drop_expired=True,
