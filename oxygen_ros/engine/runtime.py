@@ -10,6 +10,8 @@
   final (including requests refused or evicted by the control path), leaves through `on_text` from this thread
   only, so a request's final text is always its last update.
 - An opaque per-frame `context` travels from the frame to its chunk and to every text update of its request.
+- With a stage split (`stages`: a planner and the stage workers) the control thread runs the planner's stage
+  batches instead of whole-device calls (`stage_control.StagedControl`); the language path is the same.
 
 With a fixed k (`SchedulerConfig.tokens_per_frame`) the control path owes the worker k decode steps after each
 frame that leaves language work; with `adaptive_k` the worker decodes only in the slack the cost model predicts
@@ -276,6 +278,7 @@ class Runtime:
         return self._stages.frame_room(model_id)
 
     def frames_pending(self) -> int:
+        """Frames queued or between their two stages."""
         if self.stage_planner is None:
             return self.scheduler.frames_pending
         with self._submit_lock:
@@ -333,8 +336,6 @@ class Runtime:
             counters.misses += 1
         return ActionChunk(frame.frame_id, frame.robot_id, frame.stamp_ns, torch.empty(0), now - frame.arrival, True,
                            None, frame.context, expired=True)
-
-    # ---- control path with a stage split ----------------------------------------------------------------------
 
     def _counting(self, robot_id: str) -> tuple[_Counters, _Counters]:
         return self._counters, self._robot_counters.setdefault(robot_id, _Counters())
