@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .runtime import ActionChunk, Runtime
 
 
+POLL_S = 0.002
+
+
 class StagedControl:
     def __init__(self, runtime: Runtime, planner: StagePlanner, workers: StageWorkers):
         self.runtime = runtime
@@ -59,7 +62,9 @@ class StagedControl:
                         running.append((work, [self._launch(b) for b in work.batches]))
                 if not running:
                     break
-                wait([item[2] for _, items in running for item in items], return_when=FIRST_COMPLETED)
+                # a short timeout: a frame arriving meanwhile can start on a unit that is idle (a static split)
+                wait([item[2] for _, items in running for item in items], timeout=POLL_S,
+                     return_when=FIRST_COMPLETED)
                 still = []
                 for work, items in running:
                     if all(item[2].done() for item in items):
