@@ -223,7 +223,10 @@ class StageWork:
 
 class StagePlanner(Protocol):
     """A device-scheduling plug-in for a stage split: it queues frames and decides which stage batches run and
-    on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners."""
+    on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners.
+    `units`: how many works it may have running at once."""
+
+    units: int
 
     def submit(self, frame: ActionFrame) -> None: ...
 

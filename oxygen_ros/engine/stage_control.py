@@ -62,8 +62,9 @@ class StagedControl:
                         running.append((work, [self._launch(b) for b in work.batches]))
                 if not running:
                     break
-                # a short timeout: a frame arriving meanwhile can start on a unit that is idle (a static split)
-                wait([item[2] for _, items in running for item in items], timeout=POLL_S,
+                # while a unit is idle (a static split), a frame arriving meanwhile may start on it: look again soon
+                idle = len(running) < self.planner.units
+                wait([item[2] for _, items in running for item in items], timeout=POLL_S if idle else None,
                      return_when=FIRST_COMPLETED)
                 still = []
                 for work, items in running:

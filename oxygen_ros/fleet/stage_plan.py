@@ -32,6 +32,10 @@ class FleetStagePlanner:
         self.device.submit(FleetRequest(next(self._ids), frame.robot_id, frame.model_id, frame.arrival,
                                         frame.deadline, context=frame))
 
+    @property
+    def units(self) -> int:
+        return self.device.units
+
     def pending(self) -> int:
         return self.device.pending()
 
