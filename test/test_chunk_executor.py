@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor, rtc_prefix_weights
+from oxygen_ros.control.chunk_executor import BLENDING_MODES, ChunkExecutor, rtc_prefix_weights
 
 DT = 0.02
 DOF = 14
