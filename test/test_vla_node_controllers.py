@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 from test_vla_node_ros import (
+    ALOHA,
     CAMERAS,
     REPO,
     STARTUP_TIMEOUT_S,
@@ -20,6 +21,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.nodes.conversions import stamp_to_ns
+from oxygen_ros.nodes.vla_node import main as vla_node_main
 
 CONTROLLERS = REPO / "config" / "aloha_controllers.yaml"
 GROUP_TOPICS = {"left_arm": "left_arm_controller/joint_trajectory",
@@ -155,3 +157,23 @@ def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_cont
     assert "clock mismatch: joint_states arrives stamped 10800.0 s behind" in output
     assert f"clock mismatch over: {CAMERAS[0]}" in output
     assert "not acting (clock_mismatch)" in output
+
+
+def test_bad_groups_are_one_clear_start_up_line(capfd, tmp_path, monkeypatch):
+    # The node's own main() with the arguments ros2 run would pass; it stops before building the model.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    files = ["--ros-args", "--params-file", str(ALOHA), "--params-file", str(CONTROLLERS)]
+    for override, message in (
+            ("output.left_arm.joints:=[left_waist,left_thumb]",
+             "output.left_arm.joints: ['left_thumb'] are not in joints.action_names"),
+            ("output.right_gripper.joints:=[left_gripper]",
+             "output.right_gripper.joints: left_gripper (also in left_gripper): a joint belongs to one group only"),
+            ("output.groups:=[left_arm,spare]", "output.spare.joints is not set"),
+            ("output.right_arm.topic:=left_arm_controller/joint_trajectory",
+             "output.right_arm.topic 'left_arm_controller/joint_trajectory' is also group left_arm's"),
+            ("output.right_arm.scale:=[1.0,2.0]", "output.right_arm.scale must be a finite number or a list of 6"),
+            ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc")):
+        assert vla_node_main([*files, "-p", override]) == 1
+        err = capfd.readouterr().err
+        assert f"cannot start: {message}" in err and err.count("cannot start") == 1, err
+        assert "Traceback" not in err
