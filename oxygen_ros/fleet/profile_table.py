@@ -110,6 +110,17 @@ class ProfileTable:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+def mean_table(a: ProfileTable, b: ProfileTable) -> ProfileTable:
+    """Two profiles of the same entries averaged entry by entry (and their co-run slowdowns): on a machine whose
+    load changes, a profile taken before a run and one taken after it bracket the run better than either."""
+    if set(a.entries) != set(b.entries):
+        raise ValueError("the two profiles do not cover the same (model, stage, batch, share) entries")
+    meta = {"source": "mean of two measured profiles"}
+    if "co_run_slowdown" in a.meta and "co_run_slowdown" in b.meta:
+        meta["co_run_slowdown"] = (a.meta["co_run_slowdown"] + b.meta["co_run_slowdown"]) / 2
+    return ProfileTable({key: (t + b.entries[key]) / 2 for key, t in a.entries.items()}, meta)
+
+
 def profile_stages(
     run_stage: StageRunner,
     models: Iterable[str],
