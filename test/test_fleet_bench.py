@@ -35,7 +35,11 @@ def test_bench_reprofiles_after_each_count_and_reports_the_prediction_band(tmp_p
             low, high = point["band"]
             assert low <= high
             assert sorted((point["sim"]["attainment"], point["sim_after"]["attainment"])) == [low, high]
-            assert 0 <= point["sim_mean"]["attainment"] <= 1
+            assert 0 <= point["sim_mean"]["attainment"] <= 1 and 0 <= point["sim_noise"]["attainment"] <= 1
             assert point["real_in_band"] == (low - 1e-9 <= point["real"]["attainment"] <= high + 1e-9)
+    for lut in report["luts"]:
+        factors = lut["meta"]["noise_factors"]  # every timed call of the profile, relative to its entry's median
+        assert len(factors) == 2 * len(lut["entries"]) and all(f > 0 for f in factors)
     out = capsys.readouterr().out
-    assert "before / after / their mean" in out and "inside the before/after band at" in out
+    assert "before / after / their mean / the mean with their noise" in out
+    assert "inside the before/after band at" in out and "with the profiles' noise" in out

@@ -174,6 +174,12 @@ def profile_stages(
             spreads.append((q3 - q1) / median)
     if spreads:  # noise of the repeats: interquartile range over median, per entry
         table.meta["relative_iqr"] = {"median": statistics.median(spreads), "max": max(spreads)}
+    # Every timed call / its entry's median, in the order they ran (round by round): the service-time noise this
+    # profile saw, slow spells together, for a simulation to replay (``SimConfig.duration_factors``).
+    medians = {key: max(statistics.median(times), 1e-9) for key, times in samples.items()}
+    table.meta["noise_factors"] = [
+        round(samples[key][r] / medians[key], 4) for r in range(repeats) for key in keys
+    ]
     table.meta["inversions"] = find_inversions(table)
     return table
 

@@ -10,7 +10,9 @@ A design's sweep stops at its first point below the target.
 ``--reprofile``: profile again after every robot count, so that each count is served between two profiles, and
 predict it also from the profile after it and from the mean of the two (``profile_table.mean_table``); the two
 single-profile predictions give a band. On a machine whose load drifts, one profile taken minutes before a run
-predicts it poorly; the profiles on both sides of it bracket it. Nothing from the run itself is replayed.
+predicts it poorly; the profiles on both sides of it bracket it. A last prediction also replays the two profiles'
+own noise (each timed call / its entry's median, ``meta["noise_factors"]``) as service-time drift on the mean
+table: a median-only table has no tail. Nothing from the run itself is replayed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -110,16 +113,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.reprofile:
                 after = profile_runner(runner, args.max_batch, repeats=args.repeats)
                 profiles.append(after.to_dict())
+                mean = mean_table(lut, after)
+                noise = tuple(lut.meta.get("noise_factors", ())) + tuple(after.meta.get("noise_factors", ()))
+                gpu_of = {r.robot_id: 0 for r in robots}
                 for design in served_now:
                     point = points[design][n]
-                    for name, table in (("sim_after", after), ("sim_mean", mean_table(lut, after))):
-                        gpu_of = {r.robot_id: 0 for r in robots}
-                        point[name] = simulate(robots, gpu_of, table, config_of(design, table)).summary()
+                    point["sim_after"] = simulate(robots, gpu_of, after, config_of(design, after)).summary()
+                    point["sim_mean"] = simulate(robots, gpu_of, mean, config_of(design, mean)).summary()
+                    noisy = replace(config_of(design, mean), duration_factors=noise)
+                    point["sim_noise"] = simulate(robots, gpu_of, mean, noisy).summary()
                     band = sorted((point["sim"]["attainment"], point["sim_after"]["attainment"]))
                     point["band"] = band
                     point["real_in_band"] = band[0] - 1e-9 <= point["real"]["attainment"] <= band[1] + 1e-9
-                    print(f"{'':<11} {'':>11}  predicted from the profiles before / after / their mean: "
-                          f"{band_text(point)}   real {'inside' if point['real_in_band'] else 'outside'} the band")
+                    print(f"{design:<11} robots {n:>4}: predicted from the profiles before / after / their mean / "
+                          f"the mean with their noise: {band_text(point)}   real {point['real']['attainment']:.3f}, "
+                          f"{'inside' if point['real_in_band'] else 'outside'} the before/after band")
                 lut = after
             if not active:
                 break
@@ -129,12 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulated = {d: robots_at_target({n: p["sim"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     print(f"\nrobots served at >= {TARGET:.0%} SLO (real): {served}   simulated at the same points: {simulated}")
     if args.reprofile:
-        mean = {d: robots_at_target({n: p["sim_mean"]["attainment"] for n, p in pts.items()})
-                for d, pts in points.items()}
+        for key, what in (("sim_mean", "the mean of the profiles around each point"), ("sim_noise", "that mean "
+                          "with the profiles' noise")):
+            predicted = {d: robots_at_target({n: p[key]["attainment"] for n, p in pts.items()})
+                         for d, pts in points.items()}
+            print(f"predicted from {what}: {predicted}")
         inside = sum(p["real_in_band"] for pts in points.values() for p in pts.values())
         total = sum(len(pts) for pts in points.values())
-        print(f"predicted from the mean of the profiles around each point: {mean}; real attainment inside the "
-              f"before/after band at {inside} of {total} points")
+        print(f"real attainment inside the before/after band at {inside} of {total} points")
     print(f"({time.perf_counter() - started:.0f} s)")
     if args.out:
         out = Path(args.out)
@@ -152,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def band_text(point: dict) -> str:
-    return " / ".join(f"{point[k]['attainment']:.3f}" for k in ("sim", "sim_after", "sim_mean"))
+    return " / ".join(f"{point[k]['attainment']:.3f}" for k in ("sim", "sim_after", "sim_mean", "sim_noise"))
 
 
 if __name__ == "__main__":
