@@ -85,6 +85,9 @@ def _needs(lut: ProfileTable, key: str, design: str):
 class _StagePipeline(QueuedDevice):
     """Continuous batching on two independent stage units; subclasses say what a batch costs beyond the LUT."""
 
+    needs_hop_costs = True
+    """It reads hand-off or link costs from the LUT's meta (``attach_hop_costs``)."""
+
     def __init__(self, lut: ProfileTable, **kwargs):
         super().__init__(lut, **kwargs)
         self.busy = {Stage.VLM: False, Stage.ACTION: False}
