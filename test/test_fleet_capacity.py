@@ -16,6 +16,7 @@ from oxygen_ros.fleet.capacity import (
     place_slo_safe,
     robots_at_target,
 )
+from oxygen_ros.fleet.omni import LINKS, attach_hop_costs
 from oxygen_ros.fleet.profile_table import ProfileTable, synthetic_table
 from oxygen_ros.fleet.requests import FleetRequest, RobotSpec, Stage
 from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, make_arrivals, make_device, simulate
@@ -55,7 +56,8 @@ def test_jitter_is_on_by_default_so_robots_do_not_phase_lock():
 
 
 def test_every_design_runs_the_queue_policy_it_is_given():
-    lut = synthetic_table({"m": 1.0})
+    hops = {hop: {b: 1e-4 for b in (1, 2, 4, 8)} for hop in ("input", "kv", "output")}
+    lut = attach_hop_costs(synthetic_table({"m": 1.0}), hops, "test", 1000, LINKS["pcie4"], "pcie4")
     for design in DESIGNS:
         assert make_device(SimConfig(design=design), lut).policies[Stage.VLM].name == "esf"
         assert make_device(SimConfig(design=design, policy="rr"), lut).policies[Stage.ACTION].name == "rr"

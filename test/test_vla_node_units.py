@@ -29,7 +29,14 @@ from oxygen_ros.nodes.conversions import (
 from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
 from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction
 from oxygen_ros.nodes.log_throttle import LogThrottle
-from oxygen_ros.nodes.parameters import SPECS, ParameterError, check_against_model, read_parameters
+from oxygen_ros.nodes.parameters import (
+    OPTIONAL,
+    REQUIRED,
+    SPECS,
+    ParameterError,
+    check_against_model,
+    read_parameters,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(0)
@@ -368,7 +375,7 @@ def test_log_throttle_is_per_key_and_counts_what_it_held_back():
 # ---- parameters -----------------------------------------------------------------------------------------------------
 
 def parameter_values(**changes) -> dict:
-    values = {spec.name: spec.default for spec in SPECS}
+    values = {spec.name: None if spec.default in (REQUIRED, OPTIONAL) else spec.default for spec in SPECS}
     values.update({"cameras.topics": ["cam/a", "cam/b"], "cameras.keys": ["base_0_rgb", "left_wrist_0_rgb"],
                    "joints.state_names": ["a", "b"], "joints.action_names": ["a", "b"]})
     values.update({k.replace("__", "."): v for k, v in changes.items()})
@@ -402,6 +409,49 @@ def test_parameters_are_validated_with_clear_errors():
     for name, (value, message) in bad.items():
         with pytest.raises(ParameterError, match=message):
             read_parameters(parameter_values(**{name.replace(".", "__"): value}))
+
+
+def group_values(groups: dict, **changes) -> dict:
+    """Parameters with output groups {name: {field: value}} over the action joints a, b, c."""
+    values = parameter_values(joints__action_names=["a", "b", "c"], output__groups=list(groups), **changes)
+    for name, fields in groups.items():
+        values.update({f"output.{name}.{field}": fields.get(field, "" if field == "topic" else None)
+                       for field in ("joints", "topic", "scale", "offset")})
+    return values
+
+
+def test_output_groups_pick_joints_by_name_with_their_units_and_topics():
+    params = read_parameters(group_values({"arm": {"joints": ["b", "a"]},
+                                           "gripper": {"joints": ["c"], "topic": "hand/command", "scale": 2,
+                                                       "offset": [-0.5]}}))
+    arm, gripper = params.groups
+    assert (arm.joints, arm.columns, arm.topic, arm.scale, arm.offset) == (
+        ("b", "a"), (1, 0), "arm_controller/joint_trajectory", (1.0, 1.0), (0.0, 0.0))
+    assert (gripper.topic, gripper.columns, gripper.scale, gripper.offset) == ("hand/command", (2,), (2.0,), (-0.5,))
+    assert read_parameters(parameter_values()).groups == ()  # unset: action_chunk only
+    assert params.handover == "newest_wins"
+    bad = (
+        ({"arm": {"joints": ["a", "x"]}}, r"output.arm.joints: \['x'\] are not in joints.action_names"),
+        ({"arm": {"joints": ["a", "b"]}, "hand": {"joints": ["b"]}},
+         r"output.hand.joints: b \(also in arm\): a joint belongs to one group only"),
+        ({"arm": {"joints": ["a", "a"]}}, r"output.arm.joints lists \['a'\] more than once"),
+        ({"arm": {}}, "output.arm.joints is not set"),
+        ({"arm": {"joints": [" "]}}, "output.arm.joints must be a non-empty list"),
+        ({"arm": {"joints": ["a"], "topic": "t"}, "hand": {"joints": ["b"], "topic": "t"}},
+         "output.hand.topic 't' is also group arm's"),
+        ({"arm": {"joints": ["a", "b"], "scale": [1.0]}}, r"output.arm.scale must be a finite number or a list of 2"),
+        ({"arm": {"joints": ["a"], "offset": math.nan}}, "output.arm.offset must be a finite number"),
+        ({"arm": {"joints": ["a"], "scale": 0.0}}, "output.arm.scale must not be 0"),
+        ({"handover": {"joints": ["a"]}}, r"output.groups: \['handover'\] cannot name a group"),
+        ({"left arm": {"joints": ["a"]}}, "cannot name a group"),
+    )
+    for groups, message in bad:
+        with pytest.raises(ParameterError, match=message):
+            read_parameters(group_values(groups))
+    with pytest.raises(ParameterError, match="output.handover must be one of newest_wins | temporal_ensemble | rtc"):
+        read_parameters(parameter_values(output__handover="average"))
+    with pytest.raises(ParameterError, match=r"output.groups lists \['arm'\] more than once"):
+        read_parameters(parameter_values(output__groups=["arm", "arm"]))
 
 
 def test_parameters_are_checked_against_the_model():

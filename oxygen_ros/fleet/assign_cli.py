@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=float, default=1.0, help="MILP per-GPU load limit (throughput loads)")
     p.add_argument("--loads", choices=("slo_safe", "throughput"), default="slo_safe",
                    help="a robot's load: from simulated robots-at-98%% per device (slo_safe) or from throughput")
-    p.add_argument("--design", choices=sorted(DESIGNS), default="robion", help="device design (slo_safe loads)")
+    # Designs that need measured hand-offs (omni, intergpu) are fleet-sim's comparisons, not placements.
+    designs = sorted(name for name, cls in DESIGNS.items() if not getattr(cls, "needs_hop_costs", False))
+    p.add_argument("--design", choices=designs, default="robion", help="device design (slo_safe loads)")
     p.add_argument("--seeds", type=int, default=3, help="simulator seeds (slo_safe loads)")
     p.add_argument("--out", required=True, help="assignment JSON to write")
     return p

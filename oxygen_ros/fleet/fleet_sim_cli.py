@@ -11,6 +11,11 @@ stages).
 Without ``--profile`` the latencies come from the synthetic LUT (``SyntheticLatencyModel``), and the output says
 so: those numbers show how the designs compare under a latency model, not how a real device performs. Pass a LUT
 measured with ``fleet-profile`` to simulate a real deployment.
+
+The ``omni`` (stage processes, continuous batching) and ``intergpu`` (stages on two GPUs) designs also need the
+measured inter-process hand-offs, ``--ipc`` (from ``fleet-ipc``, for the served model's payloads; ``--ipc-way``
+picks how they are handed over) and a link (``--link``, assumed figures). An ``intergpu`` device is a pair of GPUs,
+so it runs on ``--gpus`` / 2 pairs (one pair at least); compare designs per GPU (the ``per GPU`` column).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, progress
 from oxygen_ros.fleet.capacity import CRITERIA, TARGET, Point, capacity
+from oxygen_ros.fleet.ipc import WAYS, hop_seconds
+from oxygen_ros.fleet.omni import LINKS, attach_hop_costs
 from oxygen_ros.fleet.profile_table import ProfileTable, SyntheticLatencyModel, synthetic_table
 from oxygen_ros.fleet.requests import RobotSpec
 from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, simulate
@@ -72,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-robots", type=int, default=128, help="upper end of the bisection")
     p.add_argument("--criterion", choices=CRITERIA, default="overall",
                    help="what must reach 98%%: the fleet's attainment or every robot's")
+    p.add_argument("--ipc", help="hand-off costs JSON from fleet-ipc (needed by the omni and intergpu designs)")
+    p.add_argument("--ipc-way", choices=WAYS, default="shm_handle", help="which measured hand-off the omni design pays")
+    p.add_argument("--link", choices=sorted(LINKS), default="nvlink4",
+                   help="GPU-to-GPU link of the intergpu design (assumed bandwidth and latency)")
     p.add_argument("--sensitivity", action="store_true", help="also sweep the synthetic latency assumptions")
     p.add_argument("--out", required=True, help="output folder for results.json and the plot")
     return p
@@ -85,6 +96,22 @@ def load_lut(path: str | None, n_models: int) -> tuple[ProfileTable, list[str]]:
     if len(lut.models()) < n_models:
         raise SystemExit(f"{path} profiles {len(lut.models())} models, {n_models} requested")
     return lut, lut.models()[:n_models]
+
+
+def with_hop_costs(lut: ProfileTable, args: argparse.Namespace) -> ProfileTable:
+    """The LUT with the measured hand-offs and the link attached (unchanged without ``--ipc``)."""
+    if args.ipc is None:
+        return lut
+    ipc = json.loads(Path(args.ipc).read_text())
+    return attach_hop_costs(lut, hop_seconds(ipc, args.ipc_way), args.ipc_way, ipc["meta"]["kv_bytes_per_request"],
+                            LINKS[args.link], args.link)
+
+
+def devices_of(design: str, gpus: int) -> tuple[int, int]:
+    """(simulated devices, GPUs they use) for ``gpus`` GPUs: an intergpu device is a pair of GPUs."""
+    per_device = getattr(DESIGNS[design], "gpus", 1)
+    devices = max(1, gpus // per_device)
+    return devices, devices * per_device
 
 
 def fleet(n: int, seed: int, models: list[str], args: argparse.Namespace) -> list[RobotSpec]:
@@ -101,18 +128,21 @@ def run_capacity(lut: ProfileTable, models: list[str], args: argparse.Namespace,
                      guard=args.guard, interference=args.interference if interference is None else interference,
                      jitter=args.jitter)
     extra = {"capacity": args.capacity} if assign == "milp" else {}
+    devices, gpus_used = devices_of(design, args.gpus)
 
     def run(n: int, seed: int) -> Point:
         robots = fleet(n, seed, models, args)
-        placement = ASSIGNERS[assign](robots, robot_loads(robots, lut, guard=args.guard), args.gpus, **extra)
+        placement = ASSIGNERS[assign](robots, robot_loads(robots, lut, guard=args.guard), devices, **extra)
         result = simulate(robots, placement.gpu_of, lut, replace(base, seed=seed))
         return Point(n, result.attainment, min(result.per_robot.values()))
 
-    return capacity(run, range(args.seeds), args.max_robots, criterion=args.criterion).summary()
+    summary = capacity(run, range(args.seeds), args.max_robots, criterion=args.criterion).summary()
+    return {**summary, "gpus_used": gpus_used, "robots_per_gpu_median": summary["robots_median"] / gpus_used}
 
 
 def run_sweep(args: argparse.Namespace) -> dict:
     lut, models = load_lut(args.profile, args.models)
+    lut = with_hop_costs(lut, args)
     runs = {}
     for label in progress(_names(args.runs), desc="runs"):
         design, _, policy = label.partition(":")
@@ -141,8 +171,10 @@ def run_sensitivity(args: argparse.Namespace) -> list[dict]:
 
 
 def _cell(summary: dict) -> str:
+    per_gpu = summary.get("robots_per_gpu_median", float("nan"))
     return (f"{summary['robots_median']:>6g}  [{summary['robots_min']:>3}-{summary['robots_max']:<3}]"
-            f"{'+' if summary['capped'] else ' '}  {summary['worst_robot_attainment_min']:6.3f}")
+            f"{'+' if summary['capped'] else ' '}  {summary['worst_robot_attainment_min']:6.3f}"
+            f"  {per_gpu:8.2f} ({summary.get('gpus_used', '?')} GPUs)")
 
 
 def print_report(report: dict, out=None) -> None:
@@ -154,8 +186,11 @@ def print_report(report: dict, out=None) -> None:
         print(f"LUT: {config['profile']} (source: {report['lut'].get('source', 'unknown')})", file=out)
     print(f"{report['gpus']} GPUs, {len(report['models'])} models, {config['seeds']} seeds, jitter "
           f"{config['jitter']:g} period, interference {config['interference']:g}, guard {config['guard']:g}", file=out)
+    if config.get("ipc"):
+        print(f"hand-offs: {config['ipc']} ({config['ipc_way']}); link {config['link']} "
+              f"{report['lut']['link']['bytes_per_s'] / 1e9:g} GB/s (assumed)", file=out)
     title = "robots at 98% SLO" if config["criterion"] == "overall" else "robots, each at 98% SLO"
-    header = f"{title:<28}{'median':>6}  [min-max]   worst robot at that count"
+    header = f"{title:<28}{'median':>6}  [min-max]   worst robot  per GPU (median / GPUs used)"
     print(f"\n{header}", file=out)
     for label, summary in report["runs"].items():
         print(f"{label:<28}{_cell(summary)}", file=out)

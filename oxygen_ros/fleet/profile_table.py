@@ -110,6 +110,17 @@ class ProfileTable:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+def mean_table(a: ProfileTable, b: ProfileTable) -> ProfileTable:
+    """Two profiles of the same entries averaged entry by entry (and their co-run slowdowns): on a machine whose
+    load changes, a profile taken before a run and one taken after it bracket the run better than either."""
+    if set(a.entries) != set(b.entries):
+        raise ValueError("the two profiles do not cover the same (model, stage, batch, share) entries")
+    meta = {"source": "mean of two measured profiles"}
+    if "co_run_slowdown" in a.meta and "co_run_slowdown" in b.meta:
+        meta["co_run_slowdown"] = (a.meta["co_run_slowdown"] + b.meta["co_run_slowdown"]) / 2
+    return ProfileTable({key: (t + b.entries[key]) / 2 for key, t in a.entries.items()}, meta)
+
+
 def profile_stages(
     run_stage: StageRunner,
     models: Iterable[str],
@@ -163,6 +174,12 @@ def profile_stages(
             spreads.append((q3 - q1) / median)
     if spreads:  # noise of the repeats: interquartile range over median, per entry
         table.meta["relative_iqr"] = {"median": statistics.median(spreads), "max": max(spreads)}
+    # Every timed call / its entry's median, in the order they ran (round by round): the service-time noise this
+    # profile saw, slow spells together, for a simulation to replay (``SimConfig.duration_factors``).
+    medians = {key: max(statistics.median(times), 1e-9) for key, times in samples.items()}
+    table.meta["noise_factors"] = [
+        round(samples[key][r] / medians[key], 4) for r in range(repeats) for key in keys
+    ]
     table.meta["inversions"] = find_inversions(table)
     return table
 

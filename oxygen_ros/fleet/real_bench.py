@@ -6,6 +6,13 @@ its control rate with its SLO, arrivals as in the simulator) for ``--duration`` 
 interleaved per robot count, so a change in machine load hits all of them alike. Next to each real point the
 simulator's prediction from the same LUT is printed (interference = the profiled co-run slowdown).
 A design's sweep stops at its first point below the target.
+
+``--reprofile``: profile again after every robot count, so that each count is served between two profiles, and
+predict it also from the profile after it and from the mean of the two (``profile_table.mean_table``); the two
+single-profile predictions give a band. On a machine whose load drifts, one profile taken minutes before a run
+predicts it poorly; the profiles on both sides of it bracket it. A last prediction also replays the two profiles'
+own noise (each timed call / its entry's median, ``meta["noise_factors"]``) as service-time drift on the mean
+table: a median-only table has no tail. Nothing from the run itself is replayed.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,6 +32,7 @@ from oxygen_ros.fleet.capacity import TARGET, robots_at_target
 from oxygen_ros.fleet.executor import cycle_factors, run_real
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
 from oxygen_ros.fleet.profile_cli import profile_runner
+from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
 from oxygen_ros.fleet.requests import RobotSpec
 from oxygen_ros.fleet.simulator import SimConfig, simulate
 
@@ -49,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
     p.add_argument("--repeats", type=int, default=7, help="profiling repeats")
     p.add_argument("--seed", type=int, default=0, help="seed of the fleet, its arrivals and the weights")
+    p.add_argument("--reprofile", action="store_true",
+                   help="profile after every robot count too; predict each count from the profiles on both sides")
     p.add_argument("--out", default=None, help="folder for results.json")
     return p
 
@@ -61,9 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     slos = [float(x) for x in args.slo.split(",") if x]
     counts = [int(x) for x in args.robots.split(",") if x]
     started = time.perf_counter()
+
+    def config_of(design: str, table: ProfileTable) -> SimConfig:
+        slowdown = table.meta["co_run_slowdown"]
+        return SimConfig(design=design, duration_s=args.duration, seed=args.seed, max_batch=args.max_batch,
+                         guard=max(1.1, slowdown), interference=slowdown)
+
     try:
         lut = profile_runner(runner, args.max_batch, repeats=args.repeats)
         slowdown = lut.meta["co_run_slowdown"]
+        profiles = [lut.to_dict()]
         frames = {m: s.stock_frame for m, s in runner.models.items()}
         print(
             f"device {runner.device} ({runner.cpu_threads} threads), models {[s.model_id for s in specs]}, "
@@ -73,17 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         active = set(designs)
         for n in counts:
             robots = make_robots(n, list(runner.models), args.rate, slos)
-            for design in designs:
-                if design not in active:
-                    continue
-                config = SimConfig(
-                    design=design,
-                    duration_s=args.duration,
-                    seed=args.seed,
-                    max_batch=args.max_batch,
-                    guard=max(1.1, slowdown),
-                    interference=slowdown,
-                )
+            served_now = [d for d in designs if d in active]
+            for design in served_now:
+                config = config_of(design, lut)
+                slowdown = lut.meta["co_run_slowdown"]
                 real = run_real(robots, lut, runner, config, lambda r: frames[r.model_id])
                 sim = simulate(robots, {r.robot_id: 0 for r in robots}, lut, config)
                 factors = cycle_factors(real.works, slowdown)
@@ -99,6 +110,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 if real.attainment < TARGET:
                     active.discard(design)
+            if args.reprofile:
+                after = profile_runner(runner, args.max_batch, repeats=args.repeats)
+                profiles.append(after.to_dict())
+                mean = mean_table(lut, after)
+                noise = tuple(lut.meta.get("noise_factors", ())) + tuple(after.meta.get("noise_factors", ()))
+                gpu_of = {r.robot_id: 0 for r in robots}
+                for design in served_now:
+                    point = points[design][n]
+                    point["sim_after"] = simulate(robots, gpu_of, after, config_of(design, after)).summary()
+                    point["sim_mean"] = simulate(robots, gpu_of, mean, config_of(design, mean)).summary()
+                    noisy = replace(config_of(design, mean), duration_factors=noise)
+                    point["sim_noise"] = simulate(robots, gpu_of, mean, noisy).summary()
+                    band = sorted((point["sim"]["attainment"], point["sim_after"]["attainment"]))
+                    point["band"] = band
+                    point["real_in_band"] = band[0] - 1e-9 <= point["real"]["attainment"] <= band[1] + 1e-9
+                    print(f"{design:<11} robots {n:>4}: predicted from the profiles before / after / their mean / "
+                          f"the mean with their noise: {band_text(point)}   real {point['real']['attainment']:.3f}, "
+                          f"{'inside' if point['real_in_band'] else 'outside'} the before/after band")
+                lut = after
             if not active:
                 break
     finally:
@@ -106,13 +136,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     served = {d: robots_at_target({n: p["real"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     simulated = {d: robots_at_target({n: p["sim"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     print(f"\nrobots served at >= {TARGET:.0%} SLO (real): {served}   simulated at the same points: {simulated}")
+    if args.reprofile:
+        for key, what in (("sim_mean", "the mean of the profiles around each point"), ("sim_noise", "that mean "
+                          "with the profiles' noise")):
+            predicted = {d: robots_at_target({n: p[key]["attainment"] for n, p in pts.items()})
+                         for d, pts in points.items()}
+            print(f"predicted from {what}: {predicted}")
+        inside = sum(p["real_in_band"] for pts in points.values() for p in pts.values())
+        total = sum(len(pts) for pts in points.values())
+        print(f"real attainment inside the before/after band at {inside} of {total} points")
     print(f"({time.perf_counter() - started:.0f} s)")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         report = {
             "config": vars(args),
-            "lut": lut.to_dict(),
+            "luts": profiles,
             "points": points,
             "robots_at_98pct": served,
             "simulated_robots_at_98pct": simulated,
@@ -120,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"wrote {out / 'results.json'}")
     return 0
+
+
+def band_text(point: dict) -> str:
+    return " / ".join(f"{point[k]['attainment']:.3f}" for k in ("sim", "sim_after", "sim_mean", "sim_noise"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import numpy as np
 from oxygen_ros.fleet.baselines import MonolithicScheduler, StaticSplitScheduler
 from oxygen_ros.fleet.device import QueuedDevice, Work
 from oxygen_ros.fleet.lockstep import LockstepScheduler
+from oxygen_ros.fleet.omni import InterGpuScheduler, OmniScheduler
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, RobotSpec
 
@@ -29,10 +30,14 @@ DESIGNS: dict[str, type[QueuedDevice]] = {
     "monolithic": MonolithicScheduler,
     "disaggregated": StaticSplitScheduler,
     "robion": LockstepScheduler,
+    "omni": OmniScheduler,
+    "intergpu": InterGpuScheduler,
 }
 """The device designs: monolithic; stage disaggregation with fixed batching (static split); lockstep guarded
-partitioning (Robion). Every design takes the same queue policy (``SimConfig.policy``, earliest-SLO-first by
-default): a comparison of designs compares designs, and a comparison of policies runs one design."""
+partitioning (Robion); stage processes with continuous batching and measured IPC (omni); the stages on two GPUs
+with the K/V sent over the link (intergpu: one device of the simulation is a pair of GPUs). Every design takes the
+same queue policy (``SimConfig.policy``, earliest-SLO-first by default): a comparison of designs compares designs,
+and a comparison of policies runs one design."""
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,15 @@ declared `read_only`: `ros2 param set` then fails loudly instead of changing not
 accept integers too (`rate_hz: 50` in YAML, `-p control.rate_hz:=20` on the command line). Validation happens in
 two steps: `read_parameters` checks each value on its own, `check_against_model` checks what depends on the
 model (camera keys, state/action widths, horizon). Every error names the parameter and what would be accepted.
+
+Output groups are named by `output.groups`; each group's own parameters (`output.<group>.joints`, `.topic`,
+`.scale`, `.offset`) are declared once those names are known (`declare_parameters`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +25,8 @@ from rclpy.exceptions import (
 )
 from rclpy.parameter import Parameter
 
+from oxygen_ros.control.chunk_executor import BLENDING_MODES
+from oxygen_ros.control.joint_groups import JointGroup
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.precision import DTYPE_NAMES
@@ -30,6 +36,9 @@ PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("cpu", "cuda")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
+OPTIONAL = object()  # marks a string array that may stay unset
+GROUP_FIELDS = ("joints", "topic", "scale", "offset")  # output.<group>.<field>
+GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 class ParameterError(ValueError):
@@ -99,7 +108,25 @@ SPECS = (
     Spec("instruction.default", "", "task text used until an instruction message arrives"),
     Spec("instruction.max_chars", 200, "longer instructions are cut to this many characters", ">= 1"),
     Spec("status.rate_hz", 2.0, "engine_status and /diagnostics publications per second", "> 0"),
+    Spec("output.handover", "newest_wins", "what a new chunk does to the plan already published: newest_wins "
+                                           "publishes each chunk as computed; temporal_ensemble and rtc publish "
+                                           "the blend of the received chunks from the present control step on",
+         " | ".join(BLENDING_MODES)),
+    Spec("output.temporal_ensemble_m", 0.01, "with temporal_ensemble: weight exp(-m i) of the i-th oldest "
+                                             "prediction for a step", ">= 0"),
+    Spec("output.rtc_overlap", 0, "with rtc: blend over at most this many steps after the hand-over; 0: the "
+                                  "whole overlap with the published plan", ">= 0"),
+    Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
+                                    "controller); unset: action_chunk only"),
 )
+
+GROUP_SPECS = {  # output.<group>.<field>: default, description
+    "joints": (REQUIRED, "the group's joints, picked by name from joints.action_names, in the controller's order"),
+    "topic": ("", "JointTrajectory topic; empty: <group>_controller/joint_trajectory"),
+    "scale": (None, "robot = offset + scale * model, per joint: a number for every joint or a list, one per "
+                    "joint; unset: 1"),
+    "offset": (None, "see scale; unset: 0"),
+}
 
 
 @dataclass(frozen=True)
@@ -137,6 +164,10 @@ class VlaParams:
     default_instruction: str
     max_chars: int
     status_rate_hz: float
+    handover: str
+    ensemble_m: float
+    rtc_overlap: int
+    groups: tuple[JointGroup, ...]  # empty: action_chunk only
 
     @property
     def period_s(self) -> float:
@@ -145,26 +176,75 @@ class VlaParams:
 
 def _descriptor(spec: Spec) -> ParameterDescriptor:
     # Floats are dynamically typed so that integer values are accepted (checked in read_parameters); so is
-    # language.policy, because YAML and `-p` read a bare `off` as the boolean false.
-    dynamic = isinstance(spec.default, float) or spec.name in ("cameras.compressed", "language.policy")
+    # language.policy, because YAML and `-p` read a bare `off` as the boolean false; and a group's scale and
+    # offset (unset, a number or a list).
+    dynamic = isinstance(spec.default, float) or spec.default is None \
+        or spec.name in ("cameras.compressed", "language.policy")
     return ParameterDescriptor(name=spec.name, description=spec.description, additional_constraints=spec.constraints,
                                read_only=True, dynamic_typing=dynamic)
 
 
 def declare_parameters(node) -> dict[str, Any]:
-    """Declare every parameter of SPECS on `node`; returns name -> value (None for unset required ones)."""
-    values = {}
-    for spec in SPECS:
-        default = Parameter.Type.STRING_ARRAY if spec.default is REQUIRED else spec.default
-        try:
-            node.declare_parameter(spec.name, default, _descriptor(spec))
-        except (InvalidParameterTypeException, InvalidParameterValueException) as err:
-            raise ParameterError(f"parameter {spec.name}: {err}") from None
-        try:
-            values[spec.name] = node.get_parameter(spec.name).value
-        except ParameterUninitializedException:
-            values[spec.name] = None
+    """Declare every parameter of SPECS on `node`, then those of each output group; returns name -> value (None
+    for unset required or optional ones)."""
+    values = {spec.name: _declare(node, spec) for spec in SPECS}
+    for group in _group_names(values["output.groups"]):
+        for field in GROUP_FIELDS:
+            default, description = GROUP_SPECS[field]
+            spec = Spec(f"output.{group}.{field}", default, description)
+            values[spec.name] = _declare(node, spec)
     return values
+
+
+def _declare(node, spec: Spec):
+    default = Parameter.Type.STRING_ARRAY if spec.default in (REQUIRED, OPTIONAL) else spec.default
+    try:
+        node.declare_parameter(spec.name, default, _descriptor(spec))
+    except (InvalidParameterTypeException, InvalidParameterValueException) as err:
+        raise ParameterError(f"parameter {spec.name}: {err}") from None
+    try:
+        return node.get_parameter(spec.name).value
+    except ParameterUninitializedException:
+        return None
+
+
+def _group_names(value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    names = _Reader({"output.groups": value}).names("output.groups")
+    bad = [n for n in names if not GROUP_NAME.fullmatch(n) or n in ("handover", "temporal_ensemble_m",
+                                                                      "rtc_overlap", "groups")]
+    if bad:
+        raise ParameterError(f"output.groups: {bad} cannot name a group (a letter, then letters, digits or _; not "
+                             f"an output.* parameter)")
+    return names
+
+
+def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[JointGroup, ...]:
+    """The output groups, checked: every joint known and in one group only, topics distinct, finite non-zero
+    scales."""
+    p = _Reader(values)
+    groups, owner, topics = [], {}, {}
+    for name in _group_names(values["output.groups"]):
+        key = f"output.{name}"
+        joints = p.names(f"{key}.joints")
+        unknown = [j for j in joints if j not in action_names]
+        if unknown:
+            raise ParameterError(f"{key}.joints: {unknown} are not in joints.action_names {list(action_names)}")
+        shared = [f"{j} (also in {owner[j]})" for j in joints if j in owner]
+        if shared:
+            raise ParameterError(f"{key}.joints: {', '.join(shared)}: a joint belongs to one group only")
+        owner.update(dict.fromkeys(joints, name))
+        topic = p.text(f"{key}.topic") or f"{name}_controller/joint_trajectory"
+        if topic in topics:
+            raise ParameterError(f"{key}.topic {topic!r} is also group {topics[topic]}'s: one topic per group")
+        topics[topic] = name
+        scale = p.per_joint(f"{key}.scale", len(joints), 1.0)
+        if 0.0 in scale:
+            raise ParameterError(f"{key}.scale must not be 0 (a joint that never moves), got {list(scale)}")
+        groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale,
+                                 p.per_joint(f"{key}.offset", len(joints), 0.0)))
+    return tuple(groups)
 
 
 def read_parameters(values: dict[str, Any]) -> VlaParams:
@@ -193,6 +273,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
     if values["language.policy"] is False:  # `policy: off` unquoted
         values = {**values, "language.policy": "off"}
         p = _Reader(values)
+    action_names = p.names("joints.action_names")
     return VlaParams(
         preset=p.choice("model.preset", PRESET_NAMES),
         checkpoint=p.text("model.checkpoint"),
@@ -207,7 +288,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         camera_compressed=compressed,
         max_pixels=p.integer("cameras.max_pixels"),
         state_names=p.names("joints.state_names"),
-        action_names=p.names("joints.action_names"),
+        action_names=action_names,
         rate_hz=rate_hz,
         horizon=p.integer("control.horizon"),
         time_step_s=time_step if time_step > 0 else 1.0 / rate_hz,
@@ -227,6 +308,10 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         default_instruction=p.text("instruction.default"),
         max_chars=p.integer("instruction.max_chars", minimum=1),
         status_rate_hz=p.number("status.rate_hz", positive=True),
+        handover=p.choice("output.handover", BLENDING_MODES),
+        ensemble_m=p.number("output.temporal_ensemble_m"),
+        rtc_overlap=p.integer("output.rtc_overlap"),
+        groups=read_groups(values, action_names),
     )
 
 
@@ -286,6 +371,18 @@ class _Reader:
         if value < 0 or (positive and value == 0):
             raise ParameterError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
         return float(value)
+
+    def per_joint(self, name: str, count: int, default: float) -> tuple[float, ...]:
+        """A number for all `count` joints, or a list with one per joint; unset: `default` for each."""
+        value = self._get(name)
+        if value is None:
+            return (default,) * count
+        numbers = list(value) if isinstance(value, list | tuple) else [value] * count
+        if len(numbers) != count or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                            and math.isfinite(v) for v in numbers):
+            raise ParameterError(f"{name} must be a finite number or a list of {count} (one per joint), got "
+                                 f"{value!r}")
+        return tuple(float(v) for v in numbers)
 
     def names(self, name: str) -> tuple[str, ...]:
         value = self._get(name)

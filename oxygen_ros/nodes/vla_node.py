@@ -12,6 +12,16 @@ oxygen.launch.py`). Threads:
   never waits for language beyond the one decode step that may be in flight: the runtime runs with adaptive k,
   decoding only in the slack before the next tick (the runtime's `ControlGate` and scheduler).
 
+Output: every acted chunk becomes one plan (`output.handover`: the chunk as computed, or the blend of the received
+chunks from the present control step on, `oxygen_ros.control.handover`), published whole on `action_chunk` (model
+units) and, per declared `output.groups`, as one JointTrajectory per controller with that group's joints in robot
+units (`oxygen_ros.control.joint_groups`). A chunk the hand-over cannot use (every point already past) is counted
+and logged, and nothing is published for it.
+
+Inputs stamped on another clock than the node's (a bag played without `--clock`, wall-clock stamps under
+`use_sim_time`) are named once per source and condition in the log, with the fix; ticks they make skip report
+state `clock_mismatch` with the same hint (`clock_check`).
+
 A model error in a tick, or a chunk with a non-finite value (never published), is logged, counted and reported
 as state `model_error`; the node keeps running. Every drop is logged with its source and reason, throttled per
 (source, reason) so that one repeating fault never hides another.
@@ -42,13 +52,15 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.control.handover import Handover, Plan
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.engine.stats import percentile
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
-from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
+from .clock_check import CLOCK_MISMATCH, ClockCheck
+from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp, stamp_to_ns
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import (
     JOINT_STATES,
@@ -119,7 +131,16 @@ class VlaNode(Node):
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
 
+        self.handover = Handover(p.handover, len(p.action_names), p.time_step_s, p.ensemble_m, p.rtc_overlap)
+        self.chunks_unused = 0  # acted chunks the hand-over could not use (nothing published for them)
+        self.clock_check = ClockCheck()
         self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
+        self.group_pubs = []
+        for group in p.groups:
+            try:
+                self.group_pubs.append((group, self.create_publisher(JointTrajectory, group.topic, 10)))
+            except InvalidTopicNameException as err:
+                raise ParameterError(f"output.{group.name}.topic: {err}") from None
         self.narration_pub = self.create_publisher(Narration, "narration", 50)
         self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -139,7 +160,9 @@ class VlaNode(Node):
         self.get_logger().info(
             f"{self.policy.source} on {p.device}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
             f"{len(p.state_names)} state / {len(p.action_names)} action joints, {p.rate_hz:g} Hz, horizon "
-            f"{self.horizon} x {p.time_step_s:g} s, language {p.language_policy}")
+            f"{self.horizon} x {p.time_step_s:g} s, language {p.language_policy}, hand-over {p.handover}"
+            + "".join(f", {g.name} -> {self.group_pubs[i][1].topic_name} {list(g.joints)}"
+                      for i, g in enumerate(p.groups)))
 
     def close(self) -> None:
         """Stop the language worker (call after the executor has stopped, before destroy_node)."""
@@ -148,12 +171,14 @@ class VlaNode(Node):
     # ---- subscriptions: keep the newest message ------------------------------------------------------------------
 
     def _on_image(self, index: int, msg) -> None:
+        self._check_clock(self.params.camera_topics[index], msg)
         try:
             self.inputs.on_image(index, msg)
         except ConversionError as err:
             self._warn_drop(self.params.camera_topics[index], err.reason, str(err))
 
     def _on_joint_state(self, msg: JointState) -> None:
+        self._check_clock(JOINT_STATES, msg)
         try:
             self.inputs.on_joint_state(msg)
         except ConversionError as err:
@@ -169,6 +194,18 @@ class VlaNode(Node):
         else:
             self.get_logger().info(f"instruction: {self.instruction.text!r}")
 
+    def _check_clock(self, source: str, msg) -> None:
+        clock = self.get_clock()
+        line = self.clock_check.observe(source, stamp_to_ns(msg.header.stamp), clock.now().nanoseconds,
+                                        clock.ros_time_is_active)
+        if line is None:
+            return
+        entered, text = line
+        if entered:
+            self.get_logger().warning(f"clock mismatch: {text}")
+        else:
+            self.get_logger().info(f"clock mismatch over: {text}")
+
     def _warn_drop(self, source: str, reason: str, message: str) -> None:
         if (suffix := self._throttled((source, reason))) is not None:
             self.get_logger().warning(f"dropped a message from {source} ({reason}): {message}{suffix}")
@@ -182,8 +219,11 @@ class VlaNode(Node):
         for dropped in decision.dropped:
             self._warn_drop(dropped.source, dropped.reason, dropped.message)
         self.state, self.detail, frame = decision.state, decision.detail, decision.frame
+        if self.state in SKIPPED_TICK_STATES and (hint := self.clock_check.hint()):
+            self.state, self.detail = CLOCK_MISMATCH, f"{self.detail}: {hint}"
         if frame is None:
-            if self.state in SKIPPED_TICK_STATES and (suffix := self._throttled(self.state)) is not None:
+            if self.state in (*SKIPPED_TICK_STATES, CLOCK_MISMATCH) and (suffix := self._throttled(self.state)) \
+                    is not None:
                 self.get_logger().warning(f"not acting ({self.state}): {self.detail}{suffix}")
             return
         narrate = self._should_narrate()
@@ -209,12 +249,38 @@ class VlaNode(Node):
             if (suffix := self._throttled("nonfinite")) is not None:
                 self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
             return
-        self.chunk_pub.publish(chunk_to_trajectory(actions, self.params.action_names, frame.stamp_ns,
-                                                   self.params.time_step_s, self.horizon))
+        step_ns = self.handover.step_ns  # point i of the chunk is for its frame's time + (i + 1) steps
+        plan = self.handover.add(actions[:self.horizon], frame.stamp_ns + step_ns, self.get_clock().now().nanoseconds)
+        if isinstance(plan, str):
+            self.chunks_unused += 1
+            if (suffix := self._throttled("unused")) is not None:
+                self.get_logger().warning(f"acted chunk not published ({self.params.handover}): {plan} "
+                                          f"({self.chunks_unused} so far){suffix}")
+            return
+        if not self._publish_plan(plan):
+            return
         self.actions_published += 1
         self._act_times.append(chunk.latency_s)
         self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
         self._tick_times.append(time.perf_counter() - start)
+
+    def _publish_plan(self, plan: Plan) -> bool:
+        """`action_chunk` (every action joint, model units), then each group's joints in robot units; header.stamp
+        one step before the first point, point i at (i + 1) steps, as `chunk_to_trajectory` lays them out. All or
+        nothing: False (nothing published) if a value in robot units is not finite."""
+        stamp_ns, time_step, count = plan.first_ns - plan.step_ns, self.params.time_step_s, len(plan.values)
+        outputs = [(self.chunk_pub, self.params.action_names, plan.values)]
+        outputs += [(pub, group.joints, group.to_robot(plan.values)) for group, pub in self.group_pubs]
+        if not all(np.isfinite(values).all() for _, _, values in outputs):  # a scale beyond float range
+            self.nonfinite_chunks += 1
+            self.state, self.detail = MODEL_ERROR, "a plan overflows in robot units (output.*.scale / offset); " \
+                                                   "not published"
+            if (suffix := self._throttled("overflow")) is not None:
+                self.get_logger().error(f"{self.detail}{suffix}")
+            return False
+        for publisher, joints, values in outputs:
+            publisher.publish(chunk_to_trajectory(values, joints, stamp_ns, time_step, count))
+        return True
 
     def _act(self, frame: Frame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and its robot actions."""
@@ -282,6 +348,9 @@ class VlaNode(Node):
                 "state_age_ms": f"{state_age / 1e6:.2f}" if state_age is not None else "none",
                 "model_errors": self.model_errors,
                 "nonfinite_chunks": self.nonfinite_chunks,
+                "handover": self.params.handover,
+                "chunks_unused": self.chunks_unused,
+                "clock_mismatch": self.clock_check.hint() or "none",
                 "instructions_ignored": self.instruction.ignored,
                 "instructions_truncated": self.instruction.truncated,
                 **{f"dropped_{reason}": count for reason, count in sorted(drops.items())},

@@ -21,6 +21,10 @@ Hand-over between chunks (`mode`):
 When no chunk covers a step the last command is held. The executor reports the switch discontinuity (the largest
 joint jump between the command before and the first command after a chunk takes effect) and jerk (the third
 difference of the commands, divided by dt^3).
+
+Two ways to drive it: a simulator takes one command per step (`next_command`); a node that hands whole plans to a
+trajectory controller moves the step to the present (`advance_to`) before each chunk and publishes `plan()`, the
+blended commands from the present step on.
 """
 
 from __future__ import annotations
@@ -133,13 +137,14 @@ class ChunkExecutor:
         if initial_command is not None:
             self.reset(initial_command)
 
-    def reset(self, hold_command: np.ndarray) -> None:
-        """Start a new episode at the current step: drop all chunks, hold `hold_command` until one arrives.
+    def reset(self, hold_command: np.ndarray | None) -> None:
+        """Start a new episode at the current step: drop all chunks, hold `hold_command` until one arrives (None:
+        nothing to hold, for a caller that only reads `plan()`).
 
         Chunks sourced before this step belong to the previous episode and are rejected when they arrive.
         """
         self._plan, self._chunks = None, []
-        self._last = np.asarray(hold_command, dtype=np.float64).copy()
+        self._last = None if hold_command is None else np.asarray(hold_command, dtype=np.float64).copy()
         self._history = []
         self._newest_source = -math.inf
         self._min_source = self.step - _EPS
@@ -215,12 +220,53 @@ class ChunkExecutor:
         self._record(command, held)
         self._last = command
         self.step += 1
+        self._chunks = [c for c in self._chunks if c.end > self.step]
         return command.copy()
 
+    def advance_to(self, step: int) -> None:
+        """Move to control step `step` as if every step before it had been commanded (a trajectory controller
+        executed the published plan meanwhile). Steps past everything planned are counted as held in one go, so
+        a long gap costs nothing."""
+        while self.step < step and self._covered_end() > self.step:
+            if self._last is None and self._blend(self.step) is None:  # before the first command: nothing to hold
+                self._skip(1)
+            else:
+                self.next_command()
+        if self.step < step:
+            self._skip(step - self.step)
+
+    def _skip(self, steps: int) -> None:
+        self.stats.steps += steps
+        self.stats.held_steps += steps
+        if self._last is not None:  # holding: the jerk history sees a still command
+            self._history = [*self._history, *[self._last] * min(steps, 4)][-4:]
+        self.step += steps
+        self._chunks = [c for c in self._chunks if c.end > self.step]
+
+    def plan(self) -> tuple[int, np.ndarray]:
+        """(first step, commands [n, dof]) for the consecutive steps from the current one (or from the first later
+        step a chunk covers) that the received chunks cover, blended as `next_command` would; n = 0 when none
+        does. Nothing is held or invented: every row comes from a received chunk. Does not advance."""
+        end = self._covered_end()
+        first = next((t for t in range(self.step, end) if self._blend(t) is not None), end)
+        rows = []
+        for t in range(first, end):
+            command = self._blend(t)
+            if command is None:  # a gap between chunks: the plan stops before it
+                break
+            rows.append(command)
+        return first, np.array(rows).reshape(len(rows), self.dof)
+
+    def _covered_end(self) -> int:
+        """One past the last step any received chunk covers."""
+        if self.mode != "temporal_ensemble":
+            return self._plan.end if self._plan is not None else self.step
+        return max((c.end for c in self._chunks), default=self.step)
+
     def _blend(self, step: int) -> np.ndarray | None:
+        """The command for `step` from the chunks held now (reads only: chunks that ended are pruned on advance)."""
         if self.mode != "temporal_ensemble":
             return None if self._plan is None else self._plan.at(step)
-        self._chunks = [c for c in self._chunks if c.end > step]
         predictions = [v for v in (c.at(step) for c in self._chunks) if v is not None]
         if not predictions:
             return None

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from oxygen_ros.sim.chunk_executor import BLENDING_MODES, ChunkExecutor, rtc_prefix_weights
+from oxygen_ros.control.chunk_executor import BLENDING_MODES, ChunkExecutor, rtc_prefix_weights
 
 DT = 0.02
 DOF = 14
@@ -191,3 +191,23 @@ def test_ensemble_and_rtc_reduce_switch_discontinuity_and_jerk_vs_newest_wins(se
     for mode in ("temporal_ensemble", "rtc"):
         assert results[mode]["switch_discontinuity"]["mean"] < 0.5 * baseline["switch_discontinuity"]["mean"], results
         assert results[mode]["jerk_rms"] < 0.5 * baseline["jerk_rms"], results
+
+
+@pytest.mark.parametrize("mode", BLENDING_MODES)
+def test_advance_to_and_plan_read_what_next_command_would_take(mode):
+    stepped = ChunkExecutor(DOF, DT, mode=mode, initial_command=np.zeros(DOF))
+    jumped = ChunkExecutor(DOF, DT, mode=mode)  # a node's: nothing to hold
+    for ex in (stepped, jumped):
+        ex.add_chunk(tagged_chunk(0, 20), stamp=0.0, time_step=DT)
+    for _ in range(5):
+        stepped.next_command()
+    jumped.advance_to(5)
+    for ex in (stepped, jumped):
+        ex.add_chunk(tagged_chunk(1, 20), stamp=3 * DT, time_step=DT)
+    first, plan = jumped.plan()
+    assert first == 5 and len(plan) == 18  # steps 5..22: chunk 1 ends there
+    np.testing.assert_array_equal(jumped.plan()[1], plan)  # reading does not advance
+    np.testing.assert_array_equal(plan, [stepped.next_command() for _ in range(18)])
+    jumped.advance_to(10**9)  # a long pause: counted as held in one go, nothing left to plan
+    assert jumped.step == 10**9 and jumped.stats.steps == 10**9 and jumped.plan()[1].shape == (0, DOF)
+    assert jumped.stats.held_steps == 10**9 - 23

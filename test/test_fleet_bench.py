@@ -1,0 +1,45 @@
+"""fleet-bench with --reprofile: each robot count is served between two real profiles and predicted from both."""
+
+import json
+
+import pytest
+
+from oxygen_ros.fleet import real_bench
+from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
+from oxygen_ros.fleet.requests import Stage
+
+
+def test_mean_table_averages_entries_and_co_run_slowdowns():
+    a = ProfileTable(meta={"co_run_slowdown": 1.2})
+    b = ProfileTable(meta={"co_run_slowdown": 2.0})
+    a.add("m", Stage.VLM, 1, 1.0, 0.010)
+    b.add("m", Stage.VLM, 1, 1.0, 0.030)
+    mean = mean_table(a, b)
+    assert mean.latency("m", Stage.VLM, 1, 1.0) == pytest.approx(0.020)
+    assert mean.meta["co_run_slowdown"] == pytest.approx(1.6) and "mean" in mean.meta["source"]
+    b.add("m", Stage.ACTION, 1, 1.0, 0.005)
+    with pytest.raises(ValueError, match="same"):
+        mean_table(a, b)
+
+
+def test_bench_reprofiles_after_each_count_and_reports_the_prediction_band(tmp_path, capsys):
+    code = real_bench.main(["--robots", "2,4", "--designs", "monolithic,robion", "--duration", "0.5",
+                            "--repeats", "2", "--max-batch", "2", "--slo", "1.0", "--reprofile",
+                            "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    served = {d: list(points) for d, points in report["points"].items()}
+    assert len(report["luts"]) == 1 + len({n for counts in served.values() for n in counts})
+    for points in report["points"].values():
+        for point in points.values():
+            low, high = point["band"]
+            assert low <= high
+            assert sorted((point["sim"]["attainment"], point["sim_after"]["attainment"])) == [low, high]
+            assert 0 <= point["sim_mean"]["attainment"] <= 1 and 0 <= point["sim_noise"]["attainment"] <= 1
+            assert point["real_in_band"] == (low - 1e-9 <= point["real"]["attainment"] <= high + 1e-9)
+    for lut in report["luts"]:
+        factors = lut["meta"]["noise_factors"]  # every timed call of the profile, relative to its entry's median
+        assert len(factors) == 2 * len(lut["entries"]) and all(f > 0 for f in factors)
+    out = capsys.readouterr().out
+    assert "before / after / their mean / the mean with their noise" in out
+    assert "inside the before/after band at" in out and "with the profiles' noise" in out

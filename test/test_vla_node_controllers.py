@@ -1,0 +1,179 @@
+"""The VLA node's outputs for real controllers, over real DDS: joint groups on their own topics in robot units,
+a hand-over policy shaping what is published, and a clock mismatch named with its fix."""
+
+import threading
+import time
+
+import numpy as np
+from test_vla_node_ros import (
+    ALOHA,
+    CAMERAS,
+    REPO,
+    STARTUP_TIMEOUT_S,
+    Robot,
+    Spinner,
+    drive,
+    model_cache,  # noqa: F401 - the module's shared user cache
+    start_node,
+    wait_until,
+)
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.nodes.conversions import stamp_to_ns
+from oxygen_ros.nodes.vla_node import main as vla_node_main
+
+CONTROLLERS = REPO / "config" / "aloha_controllers.yaml"
+GROUP_TOPICS = {"left_arm": "left_arm_controller/joint_trajectory",
+                "right_arm": "right_arm_controller/joint_trajectory",
+                "left_gripper": "left_gripper_controller/joint_trajectory",
+                "right_gripper": "right_gripper_controller/joint_trajectory"}
+CLOSED, OPEN = -0.6213, 1.4910  # the shipped file's gripper range (rad)
+STEP_NS = 100_000_000
+
+
+def points(msg: JointTrajectory) -> tuple[np.ndarray, np.ndarray]:
+    """(absolute time of each point in ns, positions [n, joints])."""
+    stamp = stamp_to_ns(msg.header.stamp)
+    times = np.array([stamp + stamp_to_ns(p.time_from_start) for p in msg.points])
+    return times, np.array([p.positions for p in msg.points])
+
+
+class Trajectories:
+    """Every JointTrajectory heard on the given topics of `node`, by topic."""
+
+    def __init__(self, node, topics):
+        self.lock = threading.Lock()
+        self.heard = {topic: [] for topic in topics}
+        for topic in topics:
+            node.create_subscription(JointTrajectory, topic, lambda msg, t=topic: self._keep(t, msg), 100)
+
+    def _keep(self, topic: str, msg: JointTrajectory) -> None:
+        with self.lock:
+            self.heard[topic].append(msg)
+
+    def get(self, topic: str) -> list[JointTrajectory]:
+        with self.lock:
+            return list(self.heard[topic])
+
+
+def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_the_oldest_prediction(
+        ros_context, ros_env, model_cache):  # noqa: F811
+    robot = Robot(ros_context)
+    heard = Trajectories(robot.node, ["action_chunk", *GROUP_TOPICS.values()])
+    spinner = Spinner(ros_context, [robot.node])
+    # m = 50: the oldest prediction for a step outweighs the next by e^50, so once a step is planned, every later
+    # plan repeats its value (newest_wins would replace it with the newer chunk's).
+    child = start_node(ros_env, model_cache, "--params-file", str(CONTROLLERS), "-p", "control.rate_hz:=10.0",
+                       "-p", "control.time_step:=0.1", "-p", "output.handover:=temporal_ensemble",
+                       "-p", "output.temporal_ensemble_m:=50.0")
+    try:
+        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        child.note_shm()
+
+        def enough() -> bool:
+            robot.publish_good()
+            time.sleep(1 / 30)
+            return all(len(heard.get(t)) >= 8 for t in heard.heard)
+
+        assert wait_until(enough, 60, child), ({t: len(m) for t, m in heard.heard.items()}, robot.last_values())
+        rc, output = child.stop()
+    finally:
+        child.stop()
+        spinner.close([robot.node])
+    assert rc == 0, output
+    assert "hand-over temporal_ensemble" in output and "left_arm -> /left_arm_controller/joint_trajectory" in output
+
+    chunks = heard.get("action_chunk")
+    assert all(list(m.joint_names) == list(ALOHA_JOINT_NAMES) for m in chunks)
+    by_stamp: dict[int, list[np.ndarray]] = {}
+    for msg in chunks:
+        by_stamp.setdefault(stamp_to_ns(msg.header.stamp), []).append(points(msg)[1])
+    expected_joints = {
+        "left_arm": ALOHA_JOINT_NAMES[:6], "right_arm": ALOHA_JOINT_NAMES[7:13],
+        "left_gripper": (ALOHA_JOINT_NAMES[6],), "right_gripper": (ALOHA_JOINT_NAMES[13],)}
+    for group, topic in GROUP_TOPICS.items():
+        columns = [ALOHA_JOINT_NAMES.index(j) for j in expected_joints[group]]
+        gripper = group.endswith("gripper")
+        for msg in heard.get(topic):
+            assert list(msg.joint_names) == list(expected_joints[group])
+            values = points(msg)[1]
+            # The same plan as action_chunk's (same stamp), these joints only, grippers scaled to the robot's range.
+            whole = [c[:, columns] for c in by_stamp.get(stamp_to_ns(msg.header.stamp), []) if len(c) == len(values)]
+            robot_units = [CLOSED + (OPEN - CLOSED) * c if gripper else c for c in whole]
+            assert any(np.allclose(values, r, atol=1e-9) for r in robot_units), (group, values, whole)
+            if gripper:
+                assert not any(np.allclose(values, c, atol=1e-3) for c in whole)  # really mapped
+
+    # Temporal ensemble on the control grid: every point lies on one grid of 0.1 s steps, and where two plans
+    # cover the same step they publish the same value (the oldest prediction's).
+    all_times = np.concatenate([points(m)[0] for m in chunks])
+    assert np.all((all_times - all_times[0]) % STEP_NS == 0)
+    planned: dict[int, np.ndarray] = {}
+    overlaps = 0
+    for msg in sorted(chunks, key=lambda m: stamp_to_ns(m.header.stamp)):
+        for t, value in zip(*points(msg), strict=True):
+            if t in planned:
+                overlaps += 1
+                np.testing.assert_allclose(value, planned[t], atol=1e-9)
+            planned[int(t)] = value
+    assert overlaps >= 10
+    assert len({v.tobytes() for v in planned.values()}) > 1  # the model does move
+
+
+def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_context, ros_env, model_cache):  # noqa: F811
+    robot = Robot(ros_context)
+    spinner = Spinner(ros_context, [robot.node])
+    child = start_node(ros_env, model_cache, "-p", "control.rate_hz:=10.0", "-p", "control.max_image_age_s:=0.5")
+    hours = 3 * 3600 * 10**9
+    try:
+        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        child.note_shm()
+        robot.recovers(60, child)  # on the node's clock: it acts
+
+        def replayed() -> bool:  # a bag recorded three hours ago, played without --clock
+            robot.sensors.publish_frame(robot.node.get_clock().now().nanoseconds - hours)
+            time.sleep(1 / 30)
+            return robot.last_status().state == "clock_mismatch"
+
+        assert wait_until(replayed, 20, child), robot.last_values()
+        diagnostics = robot.diagnostics[-1]
+        for text in (diagnostics.message, robot.last_values()["clock_mismatch"]):
+            assert f"{CAMERAS[0]} arrives stamped 10800.0 s behind the node clock" in text, text
+            assert "`ros2 bag play --clock`" in text and "use_sim_time:=true" in text, text
+        assert "newest image from" in diagnostics.message  # the skipped tick's own reason stays
+        assert int(robot.last_values()["dropped_stale_frame"]) >= 1
+        drive(robot, 0.5)
+        robot.recovers(30, child)  # stamps on the node's clock again: it acts, the hint is gone
+        assert wait_until(lambda: robot.last_values().get("clock_mismatch") == "none", 10, child)
+        rc, output = child.stop()
+    finally:
+        child.stop()
+        spinner.close([robot.node])
+    assert rc == 0, output
+    warnings = [line for line in output.splitlines() if "clock mismatch: " + CAMERAS[0] in line]
+    assert len(warnings) == 1, output  # once per source and condition, not once per frame
+    assert "play it with `ros2 bag play --clock` and start the node with use_sim_time:=true" in warnings[0]
+    assert "clock mismatch: joint_states arrives stamped 10800.0 s behind" in output
+    assert f"clock mismatch over: {CAMERAS[0]}" in output
+    assert "not acting (clock_mismatch)" in output
+
+
+def test_bad_groups_are_one_clear_start_up_line(capfd, tmp_path, monkeypatch):
+    # The node's own main() with the arguments ros2 run would pass; it stops before building the model.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    files = ["--ros-args", "--params-file", str(ALOHA), "--params-file", str(CONTROLLERS)]
+    for override, message in (
+            ("output.left_arm.joints:=[left_waist,left_thumb]",
+             "output.left_arm.joints: ['left_thumb'] are not in joints.action_names"),
+            ("output.right_gripper.joints:=[left_gripper]",
+             "output.right_gripper.joints: left_gripper (also in left_gripper): a joint belongs to one group only"),
+            ("output.groups:=[left_arm,spare]", "output.spare.joints is not set"),
+            ("output.right_arm.topic:=left_arm_controller/joint_trajectory",
+             "output.right_arm.topic 'left_arm_controller/joint_trajectory' is also group left_arm's"),
+            ("output.right_arm.scale:=[1.0,2.0]", "output.right_arm.scale must be a finite number or a list of 6"),
+            ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc")):
+        assert vla_node_main([*files, "-p", override]) == 1
+        err = capfd.readouterr().err
+        assert f"cannot start: {message}" in err and err.count("cannot start") == 1, err
+        assert "Traceback" not in err
