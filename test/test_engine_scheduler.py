@@ -128,3 +128,28 @@ def test_retire_removes_finished_requests():
 def test_max_preempted_is_validated():
     with pytest.raises(ValueError, match="max_preempted"):
         SchedulerConfig(max_preempted=-1)
+
+
+def test_frames_whose_deadline_passed_in_the_queue_are_dropped_before_compute():
+    scheduler = Scheduler(SchedulerConfig(max_batch=4, queue="esf", drop_expired=True), {"a": 2, "b": 2},
+                          TableCost())
+    old = scheduler.add_frame(frame("a", deadline=0.10, robot="r1"))
+    fresh = scheduler.add_frame(frame("a", deadline=0.30, robot="r2"))
+    other = scheduler.add_frame(frame("b", deadline=0.05, robot="r3"))
+    assert scheduler.take_expired(0.08) == [other]  # b's frame is past its deadline at 0.08
+    assert scheduler.take_expired(0.10) == []  # a deadline is met at its own instant
+    assert scheduler.take_expired(0.2) == [old]
+    plan = scheduler.plan_actions(0.2)
+    assert plan.frames == [fresh] and scheduler.frames_pending == 0
+    # without drop_expired (one robot's node) a late frame is still computed; its chunk is then counted late
+    keep = Scheduler(SchedulerConfig(), {"a": 1}, TableCost())
+    late = keep.add_frame(frame("a", deadline=0.1))
+    assert keep.take_expired(5.0) == [] and keep.plan_actions(5.0).frames == [late]
+
+
+def test_a_stage_split_asks_admission_when_a_batch_finishes_its_action_stage():
+    scheduler = Scheduler(SchedulerConfig(max_batch=2, admission="drop_new"), {"a": 1}, TableCost())
+    frames = [scheduler.register(frame("a", robot=f"r{i}")) for i in range(2)]
+    assert scheduler.frames_pending == 0  # registered frames wait in the plug-in's queues, not here
+    plan = scheduler.plan_admission("a", frames, 2)
+    assert plan.admit == [True, False] and plan.refused == [frames[1]]

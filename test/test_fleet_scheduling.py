@@ -187,3 +187,19 @@ def test_execute_work_runs_split_stages_concurrently():
     execute_work(work, runner)
     assert sorted(s[0] for s in seen) == [Stage.ACTION, Stage.VLM]
     assert sum(s[3] for s in seen) == pytest.approx(1.0)
+
+
+def test_a_vlm_batch_takes_only_what_the_frame_slots_hold():
+    """Real serving: a request holds a KV slot from its VLM stage to its action stage, so a VLM batch takes at
+    most the slots its model has left (a power of two), and none while they are all held."""
+    room = {"m0": 3}
+    device = LockstepScheduler(LUT, max_batch=8, vlm_room=room.get)
+    for i in range(6):
+        device.submit(req(i, "m0"))
+    (work,) = device.start(0.0)
+    assert [len(s.batch.requests) for s in work.slots] == [2]  # 3 slots left: a bucket of 2
+    device.finish(work, 0.01)
+    room["m0"] = 0
+    (work,) = device.start(0.02)  # the two wait for their action stage; the other four stay queued
+    assert [(s.batch.stage, len(s.batch.requests)) for s in work.slots] == [(Stage.ACTION, 2)]
+    assert device.queues[Stage.VLM].length("m0") == 4

@@ -80,21 +80,30 @@ def _server(tokenizer, robots, publish_late, on_chunk):  # noqa: F811 - the fixt
     specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=4)
     torch.set_num_threads(1)
-    return FleetServer(specs, robots, config, lambda vocab: tokenizer, on_chunk=on_chunk, publish_late=publish_late)
+    return FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=on_chunk, publish_late=publish_late)
 
 
 @pytest.mark.parametrize("publish_late", [False, True])
 def test_deadlines_run_from_the_camera_stamp(tokenizer, publish_late):  # noqa: F811
-    """A frame past its deadline on arrival is never queued; one queued with a sliver of its budget left is late
-    when done: dropped (or handed on marked missed with publish_late); a fresh one is on time. All counted."""
-    robots = [ServedRobot("loose", "a", 30.0), ServedRobot("tight", "a", 0.5)]
+    """A frame past its deadline on arrival is never queued; one computed in time to start but finished after
+    its deadline is late: dropped (or handed on marked missed with publish_late); a fresh one is on time. All
+    counted."""
+    robots = [ServedRobot("loose", "a", 30.0), ServedRobot("tight", "a", 0.15)]
     chunks = []
     server = _server(tokenizer, robots, publish_late, chunks.append)
     assert server.model_ids == ["a"]  # "b" has no robot here: not loaded
+    model = server.runtime.runners["a"].model
+    denoise = model.sample_actions
+
+    def slow(*args, **kwargs):  # every chunk takes longer than the tight robot's SLO
+        time.sleep(0.3)
+        return denoise(*args, **kwargs)
+
+    model.sample_actions = slow
     server.start()
     try:
-        assert server.submit("tight", observation(0), False, stamp_ns=1, age_s=0.6) is False  # old stamp
-        assert server.submit("tight", observation(1), False, stamp_ns=2, age_s=0.5 - 1e-5) is True
+        assert server.submit("tight", observation(0), False, stamp_ns=1, age_s=0.2) is False  # old stamp
+        assert server.submit("tight", observation(1), False, stamp_ns=2, age_s=0.0) is True
         assert server.submit("loose", observation(2), False, stamp_ns=3, age_s=0.01) is True
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.robot_counts("tight").late_done + \
@@ -109,3 +118,69 @@ def test_deadlines_run_from_the_camera_stamp(tokenizer, publish_late):  # noqa: 
     published = {c.stamp_ns: c.missed for c in chunks}
     assert published == ({2: True, 3: False} if publish_late else {3: False})
     assert server.stats("tight").deadline_misses == 1  # the engine's own count agrees for the queued one
+
+
+@pytest.mark.parametrize("design", ["robion", "disaggregated"])
+def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenizer, design):  # noqa: F811
+    """Two robots on two models, every frame narrating: each gets its chunks and its narration's final text;
+    the frame slots all come back; the plan came from a table profiled on the served runners at start-up."""
+    robots = [ServedRobot("r1", "a", 30.0), ServedRobot("r2", "b", 30.0)]
+    chunks, texts = [], []
+    specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=12, frame_slots=8)
+    torch.set_num_threads(1)
+    server = FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=chunks.append,
+                         on_text=texts.append, design=design, cpu_threads=2, profile_repeats=1)
+    assert server.lut.models() == ["a", "b"] and server.lut.meta["source"] == "measured"
+    server.start()
+    try:
+        for i in range(3):
+            for robot in ("r1", "r2"):
+                assert server.submit(robot, observation(i), True, stamp_ns=10 * i + 1, age_s=0.0, context=i)
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
+    finals = [t for t in texts if t.final]
+    assert sorted((t.robot_id, t.context) for t in finals) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert all(t.num_tokens >= 1 for t in finals)
+    assert all(r.slots_in_use == 0 for r in server.runtime.runners.values())
+    assert server.robot_counts("r1").on_time == 3
+
+
+def test_a_frame_whose_deadline_passes_in_the_queue_is_dropped_unserved_and_counted(tokenizer):  # noqa: F811
+    robots = [ServedRobot("r1", "a", 0.3)]
+    chunks = []
+    server = _server(tokenizer, robots, False, chunks.append)
+    model = server.runtime.runners["a"].model
+    calls = []
+    model.prefill = lambda *args, **kwargs: calls.append(args)  # no compute may be spent on the frame
+    # the server is not started: the frame waits in the queue past its deadline, then the control path runs once
+    assert server.submit("r1", observation(0), True, stamp_ns=1, age_s=0.0)
+    time.sleep(0.35)
+    for chunk in server.runtime.run_control():
+        server.runtime.on_chunk(chunk)
+    server.close()
+    counts = server.robot_counts("r1")
+    assert (counts.expired_in_queue, counts.on_time, counts.late_done) == (1, 0, 0) and counts.attainment == 0.0
+    assert chunks == [] and calls == [] and server.runtime.scheduler.language_requests() == 0
+    assert server.stats("r1").deadline_misses == 1
+
+
+def test_frames_wait_for_frame_slots_instead_of_failing(tokenizer):  # noqa: F811
+    """One model keeping a single batch of frame slots, six frames at once: a VLM batch waits until the previous
+    batch's action stage gave its slots back; every frame gets its chunk."""
+    chunks = []
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=3, frame_slots=2)
+    server = FleetServer([ModelSpec.parse("a=tiny:0")], [ServedRobot("r1", "a", 30.0)], config,
+                         lambda model: tokenizer, on_chunk=chunks.append, design="robion", cpu_threads=2,
+                         profile_repeats=1)
+    server.start()
+    try:
+        for i in range(6):
+            assert server.submit("r1", observation(i), False, stamp_ns=i + 1, age_s=0.0, context=i)
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+    assert sorted(c.context for c in chunks) == list(range(6)) and all(c.error is None for c in chunks)

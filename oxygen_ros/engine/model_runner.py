@@ -66,61 +66,132 @@ def zero_inputs(config, rows: int, device, dtype) -> ModelInputs:
 
 
 @dataclass
-class ActOutput:
-    slots: list[int]  # one per frame, still allocated
-    actions: Tensor  # [frames, horizon, action_dim], model space, possibly still in flight on the device
+class Prefilled:
+    """Frames whose prefixes a VLM stage wrote: one slot per frame, still allocated."""
+
+    slots: list[int]
     num_valid: list[int]  # valid prefix tokens per frame
     first_logits: list[Tensor | None]  # host logits of each narrating frame's first token
+
+
+@dataclass
+class ActOutput(Prefilled):
+    actions: Tensor  # [frames, horizon, action_dim], model space, possibly still in flight on the device
     seconds: float  # launch time on a GPU, compute time on a CPU
 
 
 class ModelRunner:
-    """One model and its pool: `language_slots` for requests, `max_batch` for frames, and padding slots."""
+    """One model and its pool: `language_slots` for requests, `frame_slots` (default `max_batch`) for frames
+    between their prefill and the end of their denoising, and padding slots.
 
-    def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int = 10):
+    `act` runs both stages of a batch in one call. With `stage_split` the two stages also run apart, as a lockstep
+    or a disaggregated device runs them (possibly side by side on two stage workers, `stage_workers`):
+    `prefill_stage` writes a batch's prefixes into slots that stay allocated, `denoise_stage` denoises a batch of
+    such slots (any grouping, padded to a bucket). Its padding rows read slots of their own, prefilled once with
+    zero-filled inputs, so a VLM batch and an action batch of the same model never touch each other's padding."""
+
+    def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int = 10,
+                 frame_slots: int | None = None, stage_split: bool = False):
         if language_slots < 0:
             raise ValueError("language_slots must be >= 0")
+        frame_slots = max_batch if frame_slots is None else frame_slots
+        if frame_slots < max_batch:
+            raise ValueError(f"frame_slots ({frame_slots}) must hold a batch of max_batch ({max_batch})")
         self.model = model
         self.max_batch = max_batch
         self.num_steps = num_steps
         self.language_slots = language_slots
+        self.frame_slots = frame_slots
         padding = max(bucket_for(n, max_batch) - n for n in range(1, max_batch + 1))
-        self.pool = KVPool(model.config, language_slots + max_batch + padding, max_new_tokens, model.dtype,
-                           model.device)
+        action_padding = max_batch if stage_split else 0
+        self.pool = KVPool(model.config, language_slots + frame_slots + padding + action_padding, max_new_tokens,
+                           model.dtype, model.device)
         self._pad_slots = [self.pool.allocate("padding") for _ in range(padding)]
+        self._action_pad_slots = [self.pool.allocate("action padding") for _ in range(action_padding)]
+        if action_padding:
+            zeros = zero_inputs(model.config, action_padding, model.device, model.dtype)
+            model.prefill(zeros, self.pool.cache, torch.tensor(self._action_pad_slots))
 
     @property
     def eos_id(self) -> int:
         return self.model.config.eos_id
 
-    # ---- control path -----------------------------------------------------------------------------------------
+    @property
+    def config(self):
+        return self.model.config
+
+    # ---- the two stages -----------------------------------------------------------------------------------------
+
+    def _allocate(self, count: int) -> list[int]:
+        slots = [self.pool.allocate("frame") for _ in range(count)]
+        if None in slots:
+            self.free([s for s in slots if s is not None])
+            raise RuntimeError(f"no KV slot left for frames: all {self.frame_slots} frame slots hold frames "
+                               "between their two stages")
+        return slots
+
+    def _prefill(self, inputs: list[ModelInputs | None], bucket: int, slot_ids: list[int],
+                 narrate: list[bool]) -> tuple[list[int], list[Tensor | None]]:
+        """Prefill `inputs` (None: a zero-filled row) padded to `bucket` with zero-filled rows into `slot_ids`."""
+        device, dtype = self.model.device, self.model.dtype
+        pad = bucket - len(inputs)
+        rows = [i.to(device, dtype) if i is not None else zero_inputs(self.model.config, 1, device, dtype)
+                for i in inputs]
+        if pad:
+            rows.append(zero_inputs(self.model.config, pad, device, dtype))
+        prefill = self.model.prefill(concat_inputs(rows) if len(rows) > 1 else rows[0], self.pool.cache,
+                                     torch.tensor(slot_ids), want_logits=any(narrate))
+        # read back before denoising: on a GPU this waits for the prefill, not for the chunk too
+        num_valid = prefill.num_valid[: len(inputs)].tolist()
+        return num_valid, [prefill.logits[i].cpu() if n else None for i, n in enumerate(narrate)]
+
+    def _denoise(self, slot_ids: list[int], noises: list[Tensor]) -> Tensor:
+        """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros."""
+        cfg = self.model.config
+        pad = len(slot_ids) - len(noises)
+        noise = torch.cat(noises + [torch.zeros(pad, cfg.action_horizon, cfg.action_dim)] if pad else noises)
+        actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise.to(self.model.device),
+                                            self.num_steps)
+        return actions[: len(noises)]
 
     def act(self, inputs: list[ModelInputs], noises: list[Tensor], bucket: int, narrate: list[bool]) -> ActOutput:
         """Prefill + denoise the frames together; their slots stay allocated (the caller hands them over or frees
         them). Raises after giving the slots back if the model fails."""
         start = time.perf_counter()
-        slots = [self.pool.allocate("frame") for _ in inputs]
-        if None in slots:  # cannot happen while the scheduler keeps its capacity: a bug, not a load condition
-            self.free([s for s in slots if s is not None])
-            raise RuntimeError("no KV slot left for the action path")
-        pad = bucket - len(inputs)
-        device, dtype = self.model.device, self.model.dtype
-        rows = [i.to(device, dtype) for i in inputs]
-        if pad:
-            rows.append(zero_inputs(self.model.config, pad, device, dtype))
-        slot_ids = torch.tensor(slots + self._pad_slots[:pad])
-        noise = torch.cat(noises + [torch.zeros_like(noises[0]).expand(pad, -1, -1)] if pad else noises)
+        slots = self._allocate(len(inputs))
+        slot_ids = slots + self._pad_slots[: bucket - len(inputs)]
         try:
-            prefill = self.model.prefill(concat_inputs(rows) if len(rows) > 1 else rows[0], self.pool.cache,
-                                         slot_ids, want_logits=any(narrate))
-            # read back before denoising: on a GPU this waits for the prefill, not for the chunk too
-            num_valid = prefill.num_valid[: len(inputs)].tolist()
-            first = [prefill.logits[i].cpu() if n else None for i, n in enumerate(narrate)]
-            actions = self.model.sample_actions(self.pool.cache, slot_ids, noise.to(device), self.num_steps)
+            num_valid, first = self._prefill(inputs, bucket, slot_ids, narrate)
+            actions = self._denoise(slot_ids, [n.float() for n in noises])
         except Exception:
             self.free(slots)
             raise
-        return ActOutput(slots, actions[: len(inputs)], num_valid, first, time.perf_counter() - start)
+        return ActOutput(slots, num_valid, first, actions, time.perf_counter() - start)
+
+    def prefill_stage(self, inputs: list[ModelInputs | None], bucket: int, narrate: list[bool] | None = None
+                      ) -> Prefilled:
+        """The VLM stage of a batch: each frame's prefix into a fresh slot that stays allocated for its action
+        stage (None: a zero-filled placeholder row). Raises after giving the slots back if the model fails."""
+        if len(inputs) > bucket or bucket > self.max_batch:
+            raise ValueError(f"a batch of {len(inputs)} in bucket {bucket} exceeds max_batch {self.max_batch}")
+        narrate = narrate or [False] * len(inputs)
+        slots = self._allocate(len(inputs))
+        try:
+            num_valid, first = self._prefill(inputs, bucket, slots + self._pad_slots[: bucket - len(inputs)], narrate)
+        except Exception:
+            self.free(slots)
+            raise
+        return Prefilled(slots, num_valid, first)
+
+    def denoise_stage(self, slots: list[int], noises: list[Tensor], bucket: int) -> Tensor:
+        """The action stage of a batch whose prefixes are in `slots` (read in place, left allocated), padded to
+        `bucket` with rows of the action padding slots: [frames, horizon, action_dim], model space."""
+        if len(slots) > bucket or bucket > len(self._action_pad_slots):
+            raise ValueError(f"a batch of {len(slots)} in bucket {bucket} needs a runner built with stage_split "
+                             f"and max_batch >= {bucket}")
+        if len(noises) != len(slots):
+            raise ValueError("one noise per slot")
+        return self._denoise(slots + self._action_pad_slots[: bucket - len(slots)], [n.float() for n in noises])
 
     # ---- language path ----------------------------------------------------------------------------------------
 
@@ -153,4 +224,4 @@ class ModelRunner:
     @property
     def slots_in_use(self) -> int:
         """Slots held by frames and requests (padding slots not counted)."""
-        return self.pool.slots_used - len(self._pad_slots)
+        return self.pool.slots_used - len(self._pad_slots) - len(self._action_pad_slots)

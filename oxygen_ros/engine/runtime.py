@@ -10,6 +10,8 @@
   final (including requests refused or evicted by the control path), leaves through `on_text` from this thread
   only, so a request's final text is always its last update.
 - An opaque per-frame `context` travels from the frame to its chunk and to every text update of its request.
+- With a stage split (`stages`: a planner and the stage workers) the control thread runs the planner's stage
+  batches instead of whole-device calls (`stage_control.StagedControl`); the language path is the same.
 
 With a fixed k (`SchedulerConfig.tokens_per_frame`) the control path owes the worker k decode steps after each
 frame that leaves language work; with `adaptive_k` the worker decodes only in the slack the cost model predicts
@@ -35,7 +37,16 @@ from ..model.preprocess import Observation, prepare_inputs, robot_actions
 from .control_gate import ControlGate
 from .language import LanguageRequest, start_request
 from .model_runner import ModelRunner, PriorityStreams
-from .scheduler import ActionFrame, ActionPlan, Scheduler, SchedulerConfig, deadline_missed
+from .scheduler import (
+    ActionFrame,
+    ActionPlan,
+    Scheduler,
+    SchedulerConfig,
+    StagePlanner,
+    deadline_missed,
+)
+from .stage_control import StagedControl
+from .stage_workers import StageWorkers
 from .stats import percentile
 
 DEFAULT_MODEL = "default"
@@ -47,11 +58,17 @@ class RuntimeConfig:
     pool_slots: int = 8  # KV slots per model: max_batch for the action path, the rest for language requests
     stream_every: int = 8  # report partial text every N tokens (0: final text only)
     seed: int = 0  # the flow-matching noise generator
+    frame_slots: int = 0  # KV slots per model kept for frames (0: max_batch); a stage split holds frames between
+    # their two stages and needs more
 
     def __post_init__(self):
-        if self.pool_slots <= self.scheduler.max_batch:
-            raise ValueError(f"pool_slots must exceed max_batch ({self.scheduler.max_batch}): one slot per action "
-                             "frame is kept, the rest hold language requests")
+        if self.pool_slots <= self.kept_for_frames:
+            raise ValueError(f"pool_slots must exceed the slots kept for frames ({self.kept_for_frames}): one slot "
+                             "per action frame is kept, the rest hold language requests")
+
+    @property
+    def kept_for_frames(self) -> int:
+        return self.frame_slots or self.scheduler.max_batch
 
 
 @dataclass
@@ -74,6 +91,7 @@ class ActionChunk:
     request_id: int | None  # the language request this frame started
     context: Any = None
     error: BaseException | None = None  # the model failed on this frame (then `actions` is empty)
+    expired: bool = False  # dropped unserved: its deadline passed while it was queued (`actions` is empty)
 
 
 @dataclass
@@ -141,14 +159,21 @@ class _Counters:
 class Runtime:
     def __init__(self, served: Mapping[str, Served] | Served, config: RuntimeConfig,
                  on_text: Callable[[TextUpdate], None] | None = None,
-                 on_chunk: Callable[[ActionChunk], None] | None = None):
+                 on_chunk: Callable[[ActionChunk], None] | None = None,
+                 stages: tuple[StagePlanner, StageWorkers] | None = None):
+        """`stages`: a stage split (a planner deciding which stage batches run on which shares, and the stage
+        workers they run on) instead of one prefill + denoise call per batch on the whole device."""
         if isinstance(served, Served):
             served = {DEFAULT_MODEL: served}
         self.served = dict(served)
         self.config = config
         sched = config.scheduler
-        self.runners = {m: ModelRunner(s.model, config.pool_slots - sched.max_batch, sched.max_new_tokens,
-                                       sched.max_batch, sched.num_steps) for m, s in self.served.items()}
+        frame_slots = config.kept_for_frames
+        self.runners = {m: ModelRunner(s.model, config.pool_slots - frame_slots, sched.max_new_tokens,
+                                       sched.max_batch, sched.num_steps, frame_slots, stage_split=stages is not None)
+                        for m, s in self.served.items()}
+        self.stage_planner = stages[0] if stages is not None else None
+        self._stages = StagedControl(self, *stages) if stages is not None else None
         self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()})
         self.gate = ControlGate()
         first = next(iter(self.served.values())).model
@@ -165,6 +190,7 @@ class Runtime:
         self._robot_counters: dict[str, _Counters] = {}
         self._steps_since_frame = 0
         self._draining = False
+        self._control_busy = False  # the control thread is running a batch or handing its chunks on
         self._wake = threading.Event()
         self._frames_ready = threading.Event()
         self._stop = threading.Event()
@@ -219,7 +245,10 @@ class Runtime:
         with self._submit_lock:
             if frame.noise is None and config is not None:
                 frame.noise = torch.randn(1, config.action_horizon, config.action_dim, generator=self._noise)
-            self.scheduler.add_frame(frame)
+            if self.stage_planner is None:
+                self.scheduler.add_frame(frame)
+            else:
+                self.stage_planner.submit(self.scheduler.register(frame))
         self._frames_ready.set()
         return frame
 
@@ -227,7 +256,10 @@ class Runtime:
 
     def act(self, frame: ActionFrame) -> ActionChunk:
         """Run `frame` on the calling thread (with whatever else is pending); raises if the model failed on it.
-        For callers that run the control path themselves, not beside `start(control_thread=True)`."""
+        For callers that run the control path themselves, not beside `start(control_thread=True)`, and without a
+        stage split (whose chunks leave through `on_chunk`)."""
+        if self.stage_planner is not None:
+            raise RuntimeError("with a stage split, submit frames and run start(control_thread=True)")
         self.submit(frame)
         while True:
             chunks = self.run_control()
@@ -240,14 +272,31 @@ class Runtime:
                     raise mine[0].error
                 return mine[0]
 
+    def frame_room(self, model_id: str) -> int:
+        """With a stage split: frames of a model that may still start their VLM stage (its frame slots not held
+        by frames waiting for their action stage)."""
+        return self._stages.frame_room(model_id)
+
+    def frames_pending(self) -> int:
+        """Frames queued or between their two stages."""
+        if self.stage_planner is None:
+            return self.scheduler.frames_pending
+        with self._submit_lock:
+            return self.stage_planner.pending()
+
     def run_control(self) -> list[ActionChunk]:
-        """One action batch, if any frame is pending: plan, execute, hand over slots; chunks read back outside."""
-        sched = self.config.scheduler
+        """One action batch, if any frame is pending: plan, execute, hand over slots; chunks read back outside.
+        Frames whose deadline passed in the queue come back first, as expired chunks (`drop_expired`). With a
+        stage split the chunks go to `on_chunk` as they come instead (the control thread's way)."""
+        if self._stages is not None:
+            return self._stages.run()
         with self.gate.control(), self.streams.control():
             with self._submit_lock:
-                plan = self.scheduler.plan_actions(time.perf_counter())
+                now = time.perf_counter()
+                expired = [self._expired(f, now) for f in self.scheduler.take_expired(now)]
+                plan = self.scheduler.plan_actions(now)
             if plan is None:
-                return []
+                return expired
             runner = self.runners[plan.model_id]
             self._displace(plan, runner)
             try:
@@ -255,14 +304,21 @@ class Runtime:
                                  plan.admit)
             except Exception as error:  # the frames fail; admission already happened (victims are reported)
                 self._wake.set()
-                return [self._failed(f, error) for f in plan.frames]
+                return expired + [self._failed(f, error) for f in plan.frames]
             self.scheduler.cost.observe(plan.model_id, "action", len(plan.frames), out.seconds)
             request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
-            self._steps_since_frame = 0
-            if not sched.adaptive_k and self.scheduler.has_language_work():
-                self.gate.owe(sched.tokens_per_frame)
+            self._after_frames()
         with self.streams.control():  # on a GPU: wait for the chunks on the control stream, outside the gate
             actions = out.actions.float().cpu()
+        return expired + self._chunks(plan, actions, request_ids)
+
+    def _after_frames(self) -> None:
+        sched = self.config.scheduler
+        self._steps_since_frame = 0
+        if not sched.adaptive_k and self.scheduler.has_language_work():
+            self.gate.owe(sched.tokens_per_frame)
+
+    def _chunks(self, plan: ActionPlan, actions: Tensor, request_ids: list[int | None]) -> list[ActionChunk]:
         now = time.perf_counter()
         chunks = []
         for i, frame in enumerate(plan.frames):
@@ -273,6 +329,13 @@ class Runtime:
                                       missed, request_ids[i], frame.context))
         self._wake.set()
         return chunks
+
+    def _expired(self, frame: ActionFrame, now: float) -> ActionChunk:
+        """A frame dropped unserved because its deadline passed in the queue: a deadline miss."""
+        for counters in self._counting(frame.robot_id):
+            counters.misses += 1
+        return ActionChunk(frame.frame_id, frame.robot_id, frame.stamp_ns, torch.empty(0), now - frame.arrival, True,
+                           None, frame.context, expired=True)
 
     def _counting(self, robot_id: str) -> tuple[_Counters, _Counters]:
         return self._counters, self._robot_counters.setdefault(robot_id, _Counters())
@@ -329,9 +392,13 @@ class Runtime:
         while not self._stop.is_set():
             self._frames_ready.wait(timeout=0.05)
             self._frames_ready.clear()
-            while self.scheduler.frames_pending and not self._stop.is_set():
-                for chunk in self.run_control():
-                    self.on_chunk(chunk)
+            while self.frames_pending() and not self._stop.is_set():
+                self._control_busy = True  # before frames leave the queue: `drain` reads the queue, then this
+                try:
+                    for chunk in self.run_control():
+                        self.on_chunk(chunk)
+                finally:
+                    self._control_busy = False
 
     # ---- language path --------------------------------------------------------------------------------------------
 
@@ -444,7 +511,7 @@ class Runtime:
         self._draining = True  # the worker decodes without waiting for frames (and their owed steps)
         try:
             while time.perf_counter() < deadline:
-                if not self.scheduler.frames_pending and not self.scheduler.has_language_work() \
+                if not self.frames_pending() and not self._control_busy and not self.scheduler.has_language_work() \
                         and not self._notes and not self._origins:
                     return True
                 self._wake.set()
@@ -477,7 +544,7 @@ class Runtime:
             sum(o.robot_id == robot_id for o in list(self._origins.values())),
             requests_dropped=c.requests_dropped,
             slots_used=sum(r.slots_in_use for r in self.runners.values()),
-            slots_total=sum(r.language_slots + r.max_batch for r in self.runners.values()),
+            slots_total=sum(r.language_slots + r.frame_slots for r in self.runners.values()),
             bytes_used=sum(r.slots_in_use * p.bytes_per_slot for r, p in zip(self.runners.values(), pools)),
             bytes_total=sum(p.bytes_total for p in pools),
         )

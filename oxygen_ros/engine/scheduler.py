@@ -48,6 +48,7 @@ class SchedulerConfig:
     ignore_eos: bool = False  # benchmarks decode exactly max_new_tokens so every setting does the same work
     temperature: float = 0.0  # 0: greedy narration; > 0: sampled, each request from its own seeded stream
     seed: int = 0  # request i samples with its own seed derived from (seed, i): runs are repeatable
+    drop_expired: bool = False  # a queued frame whose deadline has passed is dropped before compute (fleets)
 
     def __post_init__(self):
         if self.admission not in ADMISSION_POLICIES:
@@ -200,6 +201,47 @@ class DecodePlan:
 
 
 @dataclass
+class StageBatch:
+    """One stage of a batch of one model's frames on `share` of the device (a stage split's unit of work)."""
+
+    model_id: str
+    stage: str  # "vlm" (prefill into slots) or "action" (denoise from them)
+    frames: list[ActionFrame]
+    bucket: int
+    share: float
+
+
+@dataclass
+class StageWork:
+    """What a stage plug-in starts at once: its batches side by side, or one after the other (`sequential`).
+    `token` is the plug-in's own record, handed back to its `finish`."""
+
+    batches: list[StageBatch]
+    sequential: bool = False
+    token: Any = None
+
+
+class StagePlanner(Protocol):
+    """A device-scheduling plug-in for a stage split: it queues frames and decides which stage batches run and
+    on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners.
+    `units`: how many works it may have running at once."""
+
+    units: int
+
+    def submit(self, frame: ActionFrame) -> None: ...
+
+    def pending(self) -> int: ...
+
+    def start(self, now: float) -> list[StageWork]: ...
+
+    def finish(self, work: StageWork, now: float) -> None: ...
+
+    def take_expired(self) -> list[ActionFrame]:
+        """Frames dropped from its queues since the last call because their deadline passed."""
+        ...
+
+
+@dataclass
 class _ModelState:
     capacity: int  # language requests this model's pool holds at once
     active: list[LanguageRequest] = field(default_factory=list)  # oldest first
@@ -226,6 +268,12 @@ class Scheduler:
     # ---- action frames ------------------------------------------------------------------------------------------
 
     def add_frame(self, frame: ActionFrame) -> ActionFrame:
+        self.register(frame)
+        self.pending[frame.model_id].append(frame)
+        return frame
+
+    def register(self, frame: ActionFrame) -> ActionFrame:
+        """Check a frame and give it its id (a stage plug-in queues it itself)."""
         if frame.model_id not in self.pending:
             raise KeyError(f"model {frame.model_id!r} is not served here (served: {sorted(self.pending)})")
         budget = self.config.max_new_tokens if frame.max_new_tokens is None else frame.max_new_tokens
@@ -233,8 +281,20 @@ class Scheduler:
             raise ValueError(f"max_new_tokens must lie in [0, {self.config.max_new_tokens}], got {budget}")
         frame.max_new_tokens = budget
         frame.frame_id = next(self._frame_ids)
-        self.pending[frame.model_id].append(frame)
         return frame
+
+    def take_expired(self, now: float) -> list[ActionFrame]:
+        """With `drop_expired`: the queued frames whose deadline has passed at `now`, removed before any compute
+        is spent on them (their chunk could only be late; serving them would make others late too)."""
+        if not self.config.drop_expired:
+            return []
+        expired = []
+        for model_id, queue in self.pending.items():
+            late = [f for f in queue if deadline_missed(now, f.deadline)]
+            if late:
+                expired.extend(late)
+                self.pending[model_id] = [f for f in queue if not deadline_missed(now, f.deadline)]
+        return sorted(expired, key=lambda f: f.frame_id)
 
     @property
     def frames_pending(self) -> int:
@@ -251,7 +311,12 @@ class Scheduler:
         frames = order[: self.config.max_batch]
         taken = set(map(id, frames))
         self.pending[model_id] = [f for f in queue if id(f) not in taken]
-        plan = ActionPlan(model_id, frames, bucket_for(len(frames), self.config.max_batch), [])
+        return self.plan_admission(model_id, frames, bucket_for(len(frames), self.config.max_batch))
+
+    def plan_admission(self, model_id: str, frames: list[ActionFrame], bucket: int) -> ActionPlan:
+        """For each narrating frame of a batch, whether its slot becomes a language request and whom that
+        displaces (a stage split asks when the batch's action stage is done)."""
+        plan = ActionPlan(model_id, frames, bucket, [])
         for frame in frames:
             plan.admit.append(self._admit(model_id, frame, plan))
         return plan

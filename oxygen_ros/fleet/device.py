@@ -8,6 +8,7 @@ so the same object runs under the discrete-event simulator (simulated clock) and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -63,13 +64,18 @@ class QueuedDevice:
         max_batch: int = 8,
         guard: float = 1.1,
         drop_expired: bool = True,
+        vlm_room: Callable[[str], int] | None = None,
     ):
+        """`vlm_room(model_id)`: how many more requests of a model may enter a VLM batch now (real serving: the
+        frame slots its KV pool has left, since a request holds its slot until its action stage); None: no
+        limit (the simulator)."""
         if guard < 1.0:
             raise ValueError("the interference guard is a latency inflation factor and must be >= 1")
         self.lut = lut
         self.max_batch = max_batch
         self.guard = guard
         self.drop_expired = drop_expired
+        self.vlm_room = vlm_room
         self.queues = {Stage.VLM: StageQueues(Stage.VLM), Stage.ACTION: StageQueues(Stage.ACTION)}
         self.policies = {Stage.VLM: make_policy(policy), Stage.ACTION: make_policy(policy)}
         self.dropped: list[FleetRequest] = []
@@ -114,7 +120,15 @@ class QueuedDevice:
         if self.drop_expired:
             self.dropped.extend(queues.drop_expired(now))
         model_id = self.policies[stage].choose(queues, now, self.remaining_estimate(stage))
-        return None if model_id is None else form_batch(queues, model_id, self.max_batch, now)
+        if model_id is None:
+            return None
+        limit = self.max_batch
+        if stage is Stage.VLM and self.vlm_room is not None:
+            room = min(limit, self.vlm_room(model_id))
+            if room < 1:  # this model's frames wait until its action stage gives slots back
+                return None
+            limit = 1 << (room.bit_length() - 1)  # a power-of-two bucket
+        return form_batch(queues, model_id, limit, now)
 
     def complete_slot(self, slot: StageSlot, now: float) -> list[FleetRequest]:
         """VLM outputs move on to the action queues; action outputs finish their requests."""

@@ -10,15 +10,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-
-class Stage(StrEnum):
-    """The two stages of a pi0.5-shaped call: VLM prefill of the image+prompt prefix, then action denoising."""
-
-    VLM = "vlm"
-    ACTION = "action"
+from oxygen_ros.engine.stage_workers import Stage
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,26 @@
 """A fleet server: the engine's runtime serving many robots from several co-located models.
 
 Robots are registered with their model and latency budget (SLO); each frame becomes an action frame of that
-robot, due at its camera stamp + the robot's SLO. Frames of robots on the same model are prefilled and denoised
-together (power-of-two buckets), models take turns by earliest-SLO-first (or another queue policy), and narration
-of every robot decodes in the same batches as everyone else's. The ROS node (`nodes/fleet_node.py`) is a thin
-layer over this; nothing here knows about ROS.
+robot, due at its camera stamp + the robot's SLO. Frames of robots on the same model are batched (power-of-two
+buckets), and narration of every robot decodes in the same batches as everyone else's. How a batch uses the
+device is the `design`:
 
-Deadlines are the camera's: a frame whose stamp + SLO has already passed when it arrives is never queued, and a
-chunk ready after its deadline is not handed on as if it were on time (dropped, unless `publish_late`). Both are
+- `monolithic`: the engine's own path: a batch's prefill and denoise in one call on the whole device, models
+  taking turns by the queue policy (earliest-SLO-first by default).
+- `robion`: the fleet's lockstep (`lockstep.LockstepScheduler`): each lockstep runs one VLM batch and one action
+  batch side by side on complementary shares chosen from the profile table with a guard, or back to back when
+  that is predicted faster; a frame's prefix slot waits between its two stages.
+- `disaggregated`: the static split (`baselines.StaticSplitScheduler`): each stage on a fixed share.
+
+With a stage split the runtime executes the plug-in's stage batches on the engine's stage workers; after a
+frame's action stage its slot goes to its narration as after a whole-device call. The profile table is given or
+measured at start-up on the served models themselves (`stage_plan.stage_runner`).
+
+Deadlines are the camera's: a frame whose stamp + SLO has already passed when it arrives is never queued, a
+queued frame whose deadline passes before it is computed is dropped unserved (in every design), and a chunk
+ready after its deadline is not handed on as if it were on time (dropped, unless `publish_late`). All are
 counted per robot (`RobotCounts`), with the chunks on time, so a robot's SLO attainment is known at any moment.
+The ROS node (`nodes/fleet_node.py`) is a thin layer over this; nothing here knows about ROS.
 
 Which robots and models a server serves (`served_robots`, `models_to_load`) and on which device
 (`serving_device`) are plain functions of its parameters and the traffic controller's assignment file.
@@ -19,14 +31,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from ..engine.runtime import ActionChunk, Runtime, RuntimeConfig, RuntimeStats, Served, TextUpdate
+from ..engine.stage_workers import StageWorkers
+from ..model.loading import load_model_source, tokenizer_for
 from ..model.preprocess import Observation
-from .model_runner import ModelSpec, load_model
+from .baselines import StaticSplitScheduler
+from .batching import power_of_two_buckets
+from .lockstep import LockstepScheduler
+from .model_runner import ModelSpec, device_partitions, device_shares
+from .policies import POLICIES
+from .profile_table import ProfileTable, profile_stages
+from .stage_plan import FleetStagePlanner, stage_runner
+
+DESIGNS = ("monolithic", "robion", "disaggregated")
+STAGE_DEVICES = {"robion": LockstepScheduler, "disaggregated": StaticSplitScheduler}
 
 
 @dataclass(frozen=True)
@@ -90,11 +113,12 @@ class RobotCounts:
     on_time: int = 0  # chunks ready by their deadline (handed on)
     late_on_arrival: int = 0  # stamp + SLO already past when the frame arrived: never queued
     late_done: int = 0  # chunk ready after its deadline: dropped (or handed on marked late with publish_late)
+    expired_in_queue: int = 0  # deadline passed while queued: dropped before any compute
     failed: int = 0  # the model raised on the frame
 
     @property
     def missed(self) -> int:
-        return self.late_on_arrival + self.late_done + self.failed
+        return self.late_on_arrival + self.late_done + self.expired_in_queue + self.failed
 
     @property
     def attainment(self) -> float:
@@ -105,16 +129,30 @@ class RobotCounts:
 
 class FleetServer:
     def __init__(self, specs: Sequence[ModelSpec], robots: Sequence[ServedRobot], config: RuntimeConfig,
-                 tokenizer_for: Callable[[int], object], device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 tokenizer_of: Callable[[object], object] | None = None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32,
                  on_chunk: Callable[[ActionChunk], None] | None = None,
-                 on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False):
-        """`tokenizer_for(vocab_size)` gives the tokenizer of a random-init model (checkpoints need theirs too).
+                 on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False,
+                 design: str = "monolithic", profile: ProfileTable | None = None, guard: float = 1.1,
+                 cpu_threads: int | None = None, profile_repeats: int = 3):
+        """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
         Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
-        ones (`error` set); late ones only with `publish_late` (then `missed` is set)."""
+        ones (`error` set); late ones only with `publish_late` (then `missed` is set). `design`: see the module;
+        a stage split plans from `profile` (default: measured now, `profile_repeats` per entry) with `guard`, on
+        `cpu_threads` cores of a CPU (default: torch's intra-op threads)."""
+        if design not in DESIGNS:
+            raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
+        if design != "monolithic" and config.scheduler.queue not in POLICIES:
+            raise ValueError(f"design {design} takes queue {' | '.join(POLICIES)}, got {config.scheduler.queue!r}")
+        config = replace(config, scheduler=replace(config.scheduler, drop_expired=True))
+        missing = sorted({r.model_id for r in robots} - set(profile.models())) if profile is not None else []
+        if missing:
+            raise ValueError(f"the profile table has no entries for models {missing}")
         served: dict[str, Served] = {}
         for spec in models_to_load(specs, robots):
-            model, norm_stats = load_model(spec, device, dtype)
-            served[spec.model_id] = Served(model, tokenizer_for(model.config.vocab_size), norm_stats)
+            loaded = load_model_source(spec.source, device, dtype, spec.seed)
+            tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
+            served[spec.model_id] = Served(loaded.model, tokenizer, loaded.norm_stats)
         if not served:
             raise ValueError("no robots to serve")
         self.robots: Mapping[str, ServedRobot] = {r.robot_id: r for r in robots}
@@ -122,7 +160,27 @@ class FleetServer:
         self._counts_lock = threading.Lock()
         self.publish_late = publish_late
         self._on_chunk = on_chunk or (lambda chunk: None)
-        self.runtime = Runtime(served, config, on_text=on_text, on_chunk=self._chunk_ready)
+        self.design = design
+        self.workers: StageWorkers | None = None
+        self.partition_mode = "whole device"
+        self.lut: ProfileTable | None = None
+        if design == "monolithic":
+            self.runtime = Runtime(served, config, on_text=on_text, on_chunk=self._chunk_ready)
+            return
+        partitions, self.partition_mode = device_partitions(torch.device(device))
+        self.workers = StageWorkers(device, cpu_threads, partitions, name="fleet")
+        planner = FleetStagePlanner()
+        self.runtime = Runtime(served, config, on_text=on_text, on_chunk=self._chunk_ready,
+                               stages=(planner, self.workers))
+        max_batch = config.scheduler.max_batch
+        if profile is None:
+            profile = profile_stages(stage_runner(self.runtime.runners, self.workers), list(served),
+                                     power_of_two_buckets(max_batch), device_shares(self.workers, partitions),
+                                     repeats=profile_repeats)
+        self.lut = profile
+        planner.device = STAGE_DEVICES[design](profile, policy=config.scheduler.queue, max_batch=max_batch,
+                                               guard=guard, drop_expired=True,
+                                               vlm_room=self.runtime.frame_room)
 
     @property
     def model_ids(self) -> list[str]:
@@ -156,6 +214,9 @@ class FleetServer:
             counts = self.counts[chunk.robot_id]
             if chunk.error is not None:
                 counts.failed += 1
+            elif chunk.expired:
+                counts.expired_in_queue += 1
+                return
             elif chunk.missed:
                 counts.late_done += 1
             else:
@@ -175,3 +236,5 @@ class FleetServer:
 
     def close(self) -> None:
         self.runtime.close()
+        if self.workers is not None:
+            self.workers.close()

@@ -10,12 +10,16 @@ stale frames, joints picked by name, bad messages counted), the prompt is fitted
 chunks and diagnostics are built by the same helpers.
 
 Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
-frames of robots on the same model are batched, models take turns earliest-SLO-first, and every
-``narrate_every``-th frame of a robot also starts a narration. Chunks are published from the runtime's control
-thread, narration from its language worker. A frame already past its deadline on arrival is not served, and a
-chunk ready after its deadline is not published (``publish_late``: published all the same, with its stamp); both
-are counted in the robot's ``engine_status`` (``deadline_misses``, ``dropped_frames``) and, with its SLO
-attainment, on ``/diagnostics``.
+frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
+narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
+denoise in one call on the whole device, models by the ``queue`` policy), ``robion`` (lockstep stage split on
+shares chosen per lockstep from a profile table with ``guard``) or ``disaggregated`` (static stage split). A
+stage split reads its table from ``profile_file`` or profiles the served models at start-up (``profile_repeats``
+per entry). Narration works in every design. Chunks are published from the runtime's control thread, narration
+from its language worker. A frame already past its deadline on arrival is not served, a queued frame whose
+deadline passes before it is computed is dropped unserved, and a chunk ready after its deadline is not published
+(``publish_late``: published all the same, with its stamp); all are counted in the robot's ``engine_status``
+(``deadline_misses``, ``dropped_frames``) and, with its SLO attainment, on ``/diagnostics``.
 
 Several GPUs: one node per GPU with the same ``assignment_file`` (``oxygen-ros fleet-assign``) and its own
 ``gpu_index``; each node serves exactly the robots assigned to its GPU, each with its model and SLO from the file,
@@ -28,7 +32,8 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
-``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
+``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
+``profile_file``, ``profile_repeats``, ``guard``, ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``.
 """
 
@@ -57,16 +62,16 @@ from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.assign_cli import load_assignment
 from oxygen_ros.fleet.model_runner import ModelSpec
+from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots, serving_device
+from oxygen_ros.model.loading import tokenizer_for
 from oxygen_ros.model.preprocess import Observation
-from oxygen_ros.model.tokenizer import load_tokenizer
 from oxygen_ros.msg import EngineStatus, Narration
 
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
-from .model_setup import standin_tokenizer
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
@@ -95,6 +100,10 @@ DEFAULTS = {
     "max_new_tokens": 32,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
     "queue": "esf",
+    "design": "monolithic",  # monolithic | robion | disaggregated
+    "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
+    "profile_repeats": 3,
+    "guard": 1.1,
     "action_dt": 0.02,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
@@ -145,20 +154,31 @@ class FleetNode(Node):
         served = served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment, p["gpu_index"])
         device = serving_device(p["device"], p["gpu_index"])
         per_model = max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
-        pool_slots = p["pool_slots"] or p["max_batch"] + max(2, per_model)
+        staged = p["design"] != "monolithic"
+        # a stage split holds frames between their stages: room for a few batches, or two frames per robot
+        frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
+        pool_slots = p["pool_slots"] or frame_slots + max(2, per_model)
         scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
                                     adaptive_k=True, tokens_per_frame=p["max_new_tokens"],
                                     control_period_s=1.0 / p["rate_hz"])
-        tokenizer = load_tokenizer(p["tokenizer"]) if p["tokenizer"] else None
-        self.server = FleetServer(specs, served, RuntimeConfig(scheduler, pool_slots=pool_slots),
-                                  lambda vocab: tokenizer or standin_tokenizer(vocab), device,
+        profile = ProfileTable.load(p["profile_file"]) if staged and p["profile_file"] else None
+        self.server = FleetServer(specs, served,
+                                  RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots),
+                                  lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
-                                  publish_late=p["publish_late"])
+                                  publish_late=p["publish_late"], design=p["design"], profile=profile,
+                                  guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
+                                  profile_repeats=p["profile_repeats"])
         self.device = device
-        # the device choice each batch gets, for /diagnostics: this node runs a batch's prefill and denoise as one
-        # call on the whole device (no lockstep stage split here), models taking turns by the queue policy
-        self.batching = (f"whole device per batch (prefill + denoise in one call), queue {p['queue']}, "
-                         f"buckets up to {p['max_batch']}")
+        # how a batch uses the device, for /diagnostics
+        if staged:
+            source = p["profile_file"] or "profiled at start-up"
+            self.batching = (f"{p['design']}: stage batches on device shares ({self.server.partition_mode}), "
+                             f"table {source}, guard {p['guard']}, queue {p['queue']}, buckets up to "
+                             f"{p['max_batch']}")
+        else:
+            self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "
+                             f"{p['queue']}, buckets up to {p['max_batch']}")
         self.params = p
         joint_names = tuple(n for n in p["joint_names"] if n)
         self.ports: dict[str, RobotPort] = {}
@@ -169,7 +189,8 @@ class FleetNode(Node):
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
         self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
-                               f"(gpu_index {p['gpu_index']}, queue {p['queue']}, max_batch {p['max_batch']}, "
+                               f"(gpu_index {p['gpu_index']}, design {p['design']}, queue {p['queue']}, "
+                               f"max_batch {p['max_batch']}, "
                                f"SLO ms {slos})")
 
     def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...]) -> None:
@@ -287,8 +308,9 @@ class FleetNode(Node):
         worker_error = self.server.runtime.worker_error
         for robot_id, port in self.ports.items():
             counts = self.server.robot_counts(robot_id)
-            late = counts.late_on_arrival + counts.late_done
-            dropped = counts.late_on_arrival + (0 if self.params["publish_late"] else counts.late_done)
+            late = counts.late_on_arrival + counts.late_done + counts.expired_in_queue
+            dropped = counts.late_on_arrival + counts.expired_in_queue + \
+                (0 if self.params["publish_late"] else counts.late_done)
             with port.lock:
                 health = Health(
                     state=port.state, detail=port.detail,
@@ -300,6 +322,7 @@ class FleetNode(Node):
                             "model": port.robot.model_id, "slo_ms": f"{1e3 * port.robot.slo_s:g}",
                             "slo_attainment": f"{counts.attainment:.4f}", "chunks_on_time": counts.on_time,
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
+                            "expired_in_queue": counts.expired_in_queue,
                             "late_chunks_published": self.params["publish_late"],
                             "batching": self.batching})
             port.status_pub.publish(engine_status(health, stamp))

@@ -1,0 +1,71 @@
+"""The fleet's device schedulers as the engine runtime's stage plug-in, and the runtime's runners as a stage runner.
+
+`FleetStagePlanner` wraps a `QueuedDevice` (the Robion lockstep, or the static split) so that the engine's
+runtime asks it which stage batches run next and on which shares (`engine.scheduler.StagePlanner`): each engine
+frame rides in a `FleetRequest` (its `context`), with the frame's own arrival and camera-anchored deadline. Frames
+the device drops from its queues because their deadline passed come back through `take_expired`.
+
+`stage_runner(runners, workers)` times the runtime's own model runners on their stage workers, so a server can
+profile its table (`profile_table.profile_stages`) with exactly what will serve.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+
+from oxygen_ros.engine.model_runner import ModelRunner
+from oxygen_ros.engine.scheduler import ActionFrame, StageBatch, StageWork
+from oxygen_ros.engine.stage_workers import StageWorkers
+from oxygen_ros.fleet.device import QueuedDevice
+from oxygen_ros.fleet.requests import FleetRequest, Stage
+
+
+class FleetStagePlanner:
+    """`device` may be set after construction (a server profiles its runners first), before the first frame."""
+
+    def __init__(self, device: QueuedDevice | None = None):
+        self.device = device
+        self._ids = itertools.count()
+
+    def submit(self, frame: ActionFrame) -> None:
+        self.device.submit(FleetRequest(next(self._ids), frame.robot_id, frame.model_id, frame.arrival,
+                                        frame.deadline, context=frame))
+
+    @property
+    def units(self) -> int:
+        return self.device.units
+
+    def pending(self) -> int:
+        return self.device.pending()
+
+    def start(self, now: float) -> list[StageWork]:
+        return [StageWork([StageBatch(s.batch.model_id, s.batch.stage.value, [r.context for r in s.batch.requests],
+                                      s.batch.bucket, s.share) for s in work.slots], work.sequential, work)
+                for work in self.device.start(now)]
+
+    def finish(self, work: StageWork, now: float) -> None:
+        self.device.finish(work.token, now)
+
+    def take_expired(self) -> list[ActionFrame]:
+        expired = [request.context for request in self.device.dropped]
+        self.device.dropped.clear()
+        return expired
+
+
+def stage_runner(runners: Mapping[str, ModelRunner], workers: StageWorkers):
+    """`run(model_id, stage, requests, share)` on placeholder requests (zero-filled rows), for profiling: the VLM
+    stage prefills and gives the slots back, the action stage denoises padding rows only."""
+
+    def run(model_id: str, stage: Stage, requests: Sequence[FleetRequest], share: float) -> None:
+        runner = runners[model_id]
+        bucket = len(requests)
+        if Stage(stage) is Stage.VLM:
+            def call():
+                runner.free(runner.prefill_stage([None] * bucket, bucket).slots)
+        else:
+            def call():
+                runner.denoise_stage([], [], bucket).cpu()
+        workers.submit(stage, share, call).result()
+
+    return run

@@ -1,0 +1,73 @@
+"""The engine's model runner: its two stages, run apart on the stage workers, give what one `act` call gives
+(tiny model, CPU, real tensors)."""
+
+import threading
+
+import torch
+
+from oxygen_ros.bench.workloads import synthetic_frames
+from oxygen_ros.engine.model_runner import ModelRunner
+from oxygen_ros.engine.stage_workers import Stage, StageWorkers
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.pi05 import build_model
+
+TINY = get_preset("tiny")
+
+
+def test_stage_prefill_then_stage_denoise_equals_one_act_call():
+    model = build_model(TINY, seed=0)
+    runner = ModelRunner(model, language_slots=2, max_new_tokens=4, max_batch=4, frame_slots=8, stage_split=True)
+    frames, noises = synthetic_frames(TINY, 3, seed=3)
+    narrate = [True, False, True]
+    whole = runner.act(frames, noises, 4, narrate)
+    workers = StageWorkers("cpu", cpu_threads=2)
+    try:
+        # the VLM stage of the three frames on one worker, then their action stage in two batches (any grouping of
+        # prefilled slots), each padded to its bucket, on the other worker
+        prefilled = workers.submit(Stage.VLM, 0.5, runner.prefill_stage, frames, 4, narrate).result(timeout=60)
+        first = workers.submit(Stage.ACTION, 0.5, runner.denoise_stage, prefilled.slots[:2], noises[:2], 2)
+        second = workers.submit(Stage.ACTION, 1.0, runner.denoise_stage, prefilled.slots[2:], noises[2:], 1)
+        staged = torch.cat([first.result(timeout=60), second.result(timeout=60)])
+    finally:
+        workers.close()
+    torch.testing.assert_close(staged, whole.actions, rtol=1e-4, atol=1e-5)
+    assert prefilled.num_valid == whole.num_valid
+    for a, b in zip(prefilled.first_logits, whole.first_logits):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # both calls left their frames' slots allocated for the caller to hand over or free
+    assert runner.slots_in_use == 6
+    runner.free(whole.slots + prefilled.slots)
+    assert runner.slots_in_use == 0
+
+
+def test_a_full_frame_pool_is_an_error_and_gives_back_what_it_took():
+    runner = ModelRunner(build_model(TINY, seed=0), 0, 0, max_batch=2, frame_slots=2, stage_split=True)
+    frames, _ = synthetic_frames(TINY, 2, seed=1)
+    held = runner.prefill_stage(frames, 2)
+    try:
+        runner.prefill_stage(frames[:1], 1)
+    except RuntimeError as error:
+        assert "frame slots" in str(error)
+    else:
+        raise AssertionError("a third frame found a slot in a pool of two")
+    assert runner.slots_in_use == 2
+    runner.free(held.slots)
+
+
+def test_stage_workers_hold_their_own_thread_budgets():
+    workers = StageWorkers("cpu", cpu_threads=2)
+    barrier = threading.Barrier(2, timeout=10)
+
+    def budget():
+        barrier.wait()  # both stages are running at this point
+        return torch.get_num_threads()
+
+    try:
+        vlm = workers.submit(Stage.VLM, 0.5, budget)
+        action = workers.submit(Stage.ACTION, 1.0, budget)
+        assert (vlm.result(timeout=10), action.result(timeout=10)) == (1, 2)
+        assert workers.cpu_shares() == [0.5, 1.0]
+    finally:
+        workers.close()
