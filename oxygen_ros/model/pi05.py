@@ -29,7 +29,7 @@ from .gemma import (
     rope_cos_sin,
 )
 from .inputs import ModelInputs
-from .kv_cache import KVCache, slot_index
+from .kv_cache import KVCache, read_slots, slot_index
 from .sampling import Sampler, greedy_tokens, sample_token
 from .vision import VisionEncoder
 
@@ -279,8 +279,8 @@ class Pi05Model(nn.Module):
             q, k, v, gate = layer.project_qkv(x, None, cos, sin)
             cache.k[i, slots, :, cache_index] = k[:, :, 0].to(cache.dtype)
             cache.v[i, slots, :, cache_index] = v[:, :, 0].to(cache.dtype)
-            keys = cache.k[i, idx, :, :span].to(x.dtype)
-            values = cache.v[i, idx, :, :span].to(x.dtype)
+            keys = read_slots(cache.k[i], idx, span).to(x.dtype)
+            values = read_slots(cache.v[i], idx, span).to(x.dtype)
             x = layer.finish(x, attend_one_query(q, keys, values, mask), gate, None)
         return x[:, 0]
 
