@@ -12,8 +12,10 @@
 - An opaque per-frame `context` travels from the frame to its chunk and to every text update of its request.
 
 With a fixed k (`SchedulerConfig.tokens_per_frame`) the control path owes the worker k decode steps after each
-frame that leaves language work; with `adaptive_k` the worker decodes only in the slack the cost model predicts
-before the next control tick, so the control rate holds however long the text (up to the one step in flight).
+frame that leaves language work; with `adaptive_k` the worker decodes in the slack the cost model predicts before
+the next control tick, so the control rate holds however long the text (up to the one step in flight), except for
+a floor: the control path still owes `min_steps_per_frame` steps per frame, and the time those steps run past the
+next tick's due time is what the arm gave up for the text (`RuntimeStats.floor_steps`, `floor_action_s`).
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class RuntimeStats:
     slots_total: int
     bytes_used: int
     bytes_total: int
+    floor_steps: int = 0  # adaptive k: decode steps the floor ran past the next control tick's due time (all robots)
+    floor_action_s: float = 0.0  # and the seconds they ran past it: the action time given up for the text
 
 
 @dataclass
@@ -164,6 +168,8 @@ class Runtime:
         self._counters = _Counters()  # all robots
         self._robot_counters: dict[str, _Counters] = {}
         self._steps_since_frame = 0
+        self._floor_steps = 0
+        self._floor_s = 0.0
         self._draining = False
         self._wake = threading.Event()
         self._frames_ready = threading.Event()
@@ -259,8 +265,8 @@ class Runtime:
             self.scheduler.cost.observe(plan.model_id, "action", len(plan.frames), out.seconds)
             request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
             self._steps_since_frame = 0
-            if not sched.adaptive_k and self.scheduler.has_language_work():
-                self.gate.owe(sched.tokens_per_frame)
+            if self.scheduler.has_language_work():
+                self.gate.owe(sched.min_steps_per_frame if sched.adaptive_k else sched.tokens_per_frame)
         with self.streams.control():  # on a GPU: wait for the chunks on the control stream, outside the gate
             actions = out.actions.float().cpu()
         now = time.perf_counter()
@@ -380,6 +386,8 @@ class Runtime:
                 self.gate.forgive()
             return 0
         runner = self.runners[plan.model_id]
+        # adaptive k's floor steps cost the arm whatever of them runs past the next tick's due time
+        floor_due = self._tick_due() if sched.adaptive_k and owed and not self._draining else None
         for request, inputs in plan.resume:
             runner.resume(request, inputs)
         steps = 0
@@ -388,6 +396,9 @@ class Runtime:
             produced = runner.decode(plan.requests)
             now = time.perf_counter()
             self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), now - started)
+            if floor_due is not None and now > floor_due:
+                self._floor_steps += 1
+                self._floor_s += now - max(started, floor_due)
             steps += 1
             self._counters.produced(now, produced)
             for request in plan.requests:
@@ -402,17 +413,20 @@ class Runtime:
         self._stream_partials(plan.requests)
         return steps
 
+    def _tick_due(self) -> float:
+        """When the control path needs the device next: one period after its last start, less the margin."""
+        sched = self.config.scheduler
+        last = self.gate.last_control_start
+        return (math.inf if last is None else last + sched.control_period_s) - sched.deadline_margin_s
+
     def _slack(self) -> float:
         """Seconds before the next control tick is due (infinite when the control path is idle or late)."""
         sched = self.config.scheduler
-        last = self.gate.last_control_start
-        if last is None:
-            return math.inf
+        due = self._tick_due()
         now = time.perf_counter()
-        next_tick = last + sched.control_period_s
-        if now >= next_tick + 0.5 * sched.control_period_s:  # late or idle control path: don't starve text
+        if now >= due + sched.deadline_margin_s + 0.5 * sched.control_period_s:  # late or idle: don't starve text
             return math.inf
-        return next_tick - sched.deadline_margin_s - now
+        return due - now
 
     def _emit_notes(self) -> None:
         while self._notes:
@@ -480,4 +494,6 @@ class Runtime:
             slots_total=sum(r.language_slots + r.max_batch for r in self.runners.values()),
             bytes_used=sum(r.slots_in_use * p.bytes_per_slot for r, p in zip(self.runners.values(), pools)),
             bytes_total=sum(p.bytes_total for p in pools),
+            floor_steps=self._floor_steps,
+            floor_action_s=self._floor_s,
         )
