@@ -38,6 +38,7 @@ class SweepPoint:
     num_steps: int
     arrival: str
     settings: tuple[str, ...]
+    steady_state: bool = False  # adaptive k: warm up for a whole request's life at the floor's steps per frame
 
 
 GOAL_SETTINGS = ("action_only", "baseline", "continuous_batching")
@@ -45,7 +46,7 @@ GOAL_SETTINGS = ("action_only", "baseline", "continuous_batching")
 
 def matrix(quick: bool, goals: bool = False) -> list[SweepPoint]:
     if goals:  # the issue's goals: 50 tokens a request, one request a frame, adaptive k with its floor
-        return [SweepPoint("goals", 50, "adaptive", 10, "every_frame", GOAL_SETTINGS)]
+        return [SweepPoint("goals", 50, "adaptive", 10, "every_frame", GOAL_SETTINGS, steady_state=True)]
     everything = SETTINGS
     if quick:
         points = [SweepPoint("decode_len", n, DEFAULT_K, 10, "every_frame", everything) for n in (10, 50, 200)]
@@ -102,6 +103,7 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
 
 def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control_period_s: float, seed: int,
               device: str, rounds: int, energy: EnergyMeter | None = None, min_steps: int = 1) -> list[dict]:
+    """Every setting of `point`, rounds interleaved; adaptive k decodes at least `min_steps` steps a frame."""
     k = point.tokens_per_frame
     adaptive = k == "adaptive"
     tokens_per_frame = 64 if adaptive else max(1, k)  # adaptive: a cap the slack never reaches
@@ -109,7 +111,10 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
     # when adaptive), plus the frame's own slot
     fewest_steps = 1 if adaptive else tokens_per_frame
     pool_slots = -(-point.decode_len // fewest_steps) + 2
-    warmup = 2 + -(-point.decode_len // (8 if adaptive else tokens_per_frame))
+    # continuous batching reaches steady state once the first request has finished: decode_len / k frames (adaptive
+    # k: assumed 8 steps a frame, or the floor's steps when the point asks for steady state)
+    steps_per_frame = (max(1, min_steps) if point.steady_state else 8) if adaptive else tokens_per_frame
+    warmup = 2 + -(-point.decode_len // steps_per_frame)
     inputs, noises = synthetic_frames(config, warmup + frames, seed=seed, device=device, dtype=model.dtype)
     narrate = arrivals(point.arrival, warmup + frames)
     workload = Workload(inputs, noises, narrate, point.decode_len,
@@ -229,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", nargs="+", choices=DTYPE_NAMES, help="model dtype(s), run one after the other in "
                         "this process; default bfloat16 on cuda, float32 on cpu (auto: as the node's model.dtype)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the denoise and decode steps")
+    parser.add_argument("--cuda-graphs", action="store_true", help="replay CUDA graphs of the decode step and the "
+                        "denoising loop per batch bucket (a CUDA device only)")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
     parser.add_argument("--goals", action="store_true", help="only the goal point: action_only, baseline and "
                         "continuous batching with adaptive k and its floor, 50 tokens a request, one a frame")
@@ -260,9 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(config, device=args.device, dtype=choice.dtype, seed=args.seed)
         if args.compile:
             model.compile_steps()
+        if args.cuda_graphs:
+            model.use_cuda_graphs()
         period = measure_action_only_period(model, config, args.device, args.seed)
         meta = {"preset": preset, "device": args.device, "dtype": str(choice.dtype).removeprefix("torch."),
-                "compiled": args.compile, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "compiled": args.compile, "cuda_graphs": args.cuda_graphs, "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "cpu": platform.processor() or platform.machine(), "control_period_ms": 1e3 * period,
                 "frames_per_round": frames, "rounds": rounds, "min_steps_per_frame": args.min_steps,
                 "energy": energy_note}
