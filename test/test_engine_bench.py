@@ -41,4 +41,5 @@ def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, c
     out = capsys.readouterr().out
     for dtype in ("float32", "bfloat16"):
         assert f"goals ({dtype}): continuous batching" in out
-    assert "tokens/s against" in out and "floor steps past the tick" in out
+    assert "tokens/s against" in out and "floor steps past the tick" in out and " requests dropped" in out
+    assert all(r["requests_dropped"] == 0 for r in records)

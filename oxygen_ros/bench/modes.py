@@ -74,6 +74,7 @@ class SettingRun:
     energy_j: float | None = None  # over the measured window, when the workload has an energy counter
     floor_steps: int = 0  # continuous batching with adaptive k: floor steps past the tick, measured window
     floor_action_s: float = 0.0  # and the action time they took
+    requests_dropped: int = 0  # continuous batching: requests refused or evicted, whole run
 
 
 def _eos(model, workload: Workload) -> int:
@@ -299,6 +300,7 @@ def run_continuous_batching(model, workload: Workload, drain: bool = False) -> S
         floor_at_close = runtime.stats()
         run.floor_steps = floor_at_close.floor_steps - floor_at_open.floor_steps
         run.floor_action_s = floor_at_close.floor_action_s - floor_at_open.floor_action_s
+        run.requests_dropped = floor_at_close.requests_dropped
         if drain and not runtime.drain(600):
             raise RuntimeError("continuous batching did not drain its requests")
     finally:

@@ -96,6 +96,7 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
         "peak_memory_mb": (copies * model_bytes + runs[0].pool_bytes) / MB,
         "kv_pool_mb": runs[0].pool_bytes / MB,
         "floor_steps": sum(run.floor_steps for run in runs),
+        "requests_dropped": sum(run.requests_dropped for run in runs),
         "floor_action_s": sum(run.floor_action_s for run in runs),
         **per_unit(energy, frames, tokens),
     }
@@ -331,7 +332,8 @@ def goals_summary(records: list[dict]) -> str:
         lines.append(
             f"goals ({dtype}): continuous batching {cb['action_hz']:.1f} Hz = {arm:.2f}x action_only "
             f"({'met' if arm >= 0.85 else 'not met'}, goal >= 0.85x); text {cb['tokens_per_s']:.0f} tokens/s against "
-            f"{needed:.0f} needed to keep up ({'met' if cb['tokens_per_s'] >= needed else 'not met'}); floor steps past "
+            f"{needed:.0f} needed to keep up ({'met' if cb['tokens_per_s'] >= needed else 'not met'}), "
+            f"{cb['requests_dropped']} requests dropped; floor steps past "
             f"the tick {cb['floor_steps']}, {1e3 * cb['floor_action_s']:.0f} ms of action time; vs baseline "
             f"{cb['action_hz'] / base['action_hz']:.2f}x action Hz, {cb['tokens_per_s'] / base['tokens_per_s']:.2f}x "
             f"tokens/s")
