@@ -295,6 +295,9 @@ def run_continuous_batching(model, workload: Workload, drain: bool = False) -> S
             starts[frame] = t0
             chunk = runtime.act(runtime.frame(inputs, workload.narrate[frame], noise=noise, context=frame))
             _record_action(run, window, frame, chunk.actions, t0)
+        # the window ends where the next frame would start: after the steps the last frame left owed
+        if not runtime.wait_owed(600):
+            raise RuntimeError("the language worker did not run the last frame's owed decode steps")
         window.close(run)
         run.tokens_generated = runtime.tokens_generated - tokens_at_open
         floor_at_close = runtime.stats()

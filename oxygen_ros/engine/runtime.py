@@ -467,6 +467,18 @@ class Runtime:
         finally:
             self._draining = False
 
+    def wait_owed(self, timeout_s: float) -> bool:
+        """Wait until the worker has run the decode steps the last frame left owed (fixed k, or adaptive k's floor),
+        as the next frame would; False on timeout. Benchmarks end a measured window here, so every measured frame
+        carries its own steps."""
+        deadline = time.perf_counter() + timeout_s
+        while self.gate.owed and not self.gate.closed and self.worker_error is None:
+            if time.perf_counter() >= deadline:
+                return False
+            self._wake.set()
+            time.sleep(0.001)
+        return True
+
     @property
     def tokens_generated(self) -> int:
         return self._counters.tokens
