@@ -24,4 +24,22 @@ def test_quick_bench_writes_results_table_and_plots(tmp_path, capsys):
     assert table.count("| continuous_batching |") == 6 and "speedup" in table
     for plot in ("action_hz_vs_decode_len.png", "tokens_per_s_vs_action_hz.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "headline (decode_len 50)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "headline (decode_len 50, bfloat16)" in out and "energy: not measured (no GPU)" in out
+    assert all(r["energy_j"] is None and r["energy"] == "energy: not measured (no GPU)" for r in records)
+
+
+def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, capsys):
+    assert main(["--preset", "tiny", "--goals", "--frames", "2", "--rounds", "1", "--dtype", "float32", "bfloat16",
+                 "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["dtype"], r["setting"]) for r in records] == [
+        (dtype, setting) for dtype in ("float32", "bfloat16") for setting in ("action_only", "baseline",
+                                                                              "continuous_batching")]
+    assert all(r["tokens_per_frame"] == "adaptive" and r["decode_len"] == 50 and r["min_steps_per_frame"] == 1
+               for r in records)
+    out = capsys.readouterr().out
+    for dtype in ("float32", "bfloat16"):
+        assert f"goals ({dtype}): continuous batching" in out
+    assert "tokens/s against" in out and "floor steps past the tick" in out and " requests dropped" in out
+    assert all(r["requests_dropped"] == 0 for r in records)

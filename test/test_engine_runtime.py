@@ -198,3 +198,57 @@ def test_bad_observation_raises_and_leaves_the_runtime_usable(model, tokenizer):
         assert runtime.stats().slots_used == 0
     finally:
         runtime.close()
+
+
+@pytest.mark.parametrize("floor", [0, 2])
+def test_adaptive_k_floor_gives_the_text_its_steps_when_no_slack_is_left_and_counts_what_it_cost(model, tokenizer,
+                                                                                              floor):
+    """A control period of 0.1 ms leaves no slack at all, and frames come back to back: the floor alone makes the
+    control path wait for `floor` decode steps after every frame, and every one of them is counted as action time
+    given up (it ran past the tick it delayed). Without a floor nothing is counted."""
+    calls, lock = [], threading.Lock()
+
+    def spy(name):
+        original = getattr(model, name)
+
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with lock:
+                    calls.append((threading.current_thread().name, start, time.perf_counter()))
+        return original, wrapped
+
+    originals = {}
+    for name in ("prefill", "sample_actions", "decode_next"):
+        originals[name], wrapped = spy(name)
+        setattr(model, name, wrapped)
+    config = SchedulerConfig(num_steps=2, max_new_tokens=40, control_period_s=1e-4, ignore_eos=True,
+                             adaptive_k=True, tokens_per_frame=40, min_steps_per_frame=floor)
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=10)).start()
+    try:
+        inputs = runtime.prepare(observation(0))
+        for _ in range(6):
+            runtime.act(runtime.frame(inputs, narrate=True))
+        assert runtime.wait_owed(30) and runtime.gate.owed == 0  # the last frame's floor steps ran too
+        stats = runtime.stats(window_s=60)
+    finally:
+        runtime.close()
+        for name, original in originals.items():
+            setattr(model, name, original)
+    assert runtime.worker_error is None
+    control = [(s, e) for thread, s, e in calls if thread != "oxygen-language"]
+    decode = [(s, e) for thread, s, e in calls if thread == "oxygen-language"]
+    frames = [control[i:i + 2] for i in range(0, len(control), 2)]  # (prefill, sample_actions) per frame
+    assert len(frames) == 6
+    if floor == 0:
+        assert stats.floor_steps == 0 and stats.floor_action_s == 0.0
+        return
+    for before, after in zip(frames, frames[1:]):
+        between = [s for s, e in decode if s >= before[-1][1] and e <= after[0][0]]
+        assert len(between) >= floor, "the next frame started before the floor's decode steps"
+    assert len([s for s, e in decode if s >= frames[-1][-1][1]]) >= floor
+    assert stats.floor_steps >= floor * 6
+    decode_s = sum(e - s for s, e in decode)
+    assert 0.0 < stats.floor_action_s <= decode_s

@@ -25,17 +25,23 @@ def filled_cache(dtype: torch.dtype, slots: int, seed: int) -> KVCache:
     return cache
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float16,))
 @pytest.mark.parametrize("vocab", [GREEDY_BLOCK // 2, 4 * GREEDY_BLOCK, 257_152])
 def test_greedy_tokens_is_argmax_ties_included(dtype, vocab):
     gen = torch.Generator().manual_seed(vocab)
-    logits = torch.randn(6, vocab, generator=gen).to(dtype)
+    logits = torch.randn(9, vocab, generator=gen).to(dtype)
     logits[1, :] = 0.0  # a row of ties: the first index wins
     logits[2, vocab - 1] = logits[2, 3] = 50.0  # tied maxima in the first block and in the tail (or last block)
     logits[3, vocab // 2] = logits[3, vocab // 2 + 1] = 60.0
     logits[4, vocab - 1] = 70.0  # the maximum alone at the very end
+    logits[5] = -logits[5].abs() - 1.0  # every logit negative: the bits' integer order is reversed there
+    logits[5, vocab - 2] = logits[5, vocab // 3] = -0.5
+    logits[6] = -logits[6].abs()  # the maximum is zero, -0.0 before +0.0: equal floats, different bits
+    logits[6, 7], logits[6, vocab - 3] = -0.0, 0.0
+    logits[7] = logits[7].abs() + 1.0  # all positive, one tie between the first and the last block
+    logits[7, 1] = logits[7, vocab - GREEDY_BLOCK // 4] = 9.0
     assert torch.equal(greedy_tokens(logits), logits.float().argmax(dim=-1))
-    assert greedy_tokens(logits)[1] == 0 and greedy_tokens(logits)[2] == 3
+    assert greedy_tokens(logits)[1] == 0 and greedy_tokens(logits)[2] == 3 and greedy_tokens(logits)[6] == 7
 
 
 def test_one_query_attention_matches_the_per_head_attention():

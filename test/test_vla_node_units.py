@@ -494,13 +494,14 @@ def test_shipped_parameter_files_declare_on_a_namespaced_node(ros_domain_id):
 def test_status_levels_and_messages():
     stats = RuntimeStats(action_rate_hz=19.5, action_latency_p50_ms=3.0, action_latency_p99_ms=5.0, actions=100,
                          deadline_misses=0, tokens_per_s=40.0, active_requests=2, requests_dropped=0, slots_used=2,
-                         slots_total=8, bytes_used=2048, bytes_total=8192)
+                         slots_total=8, bytes_used=2048, bytes_total=8192, floor_steps=3, floor_action_s=0.0125)
     health = Health(state="running", detail="", stats=stats, target_rate_hz=20.0, actions_published=100,
                     dropped_frames=3, values={"model_errors": 0})
     assert level_and_message(health)[0] == DiagnosticStatus.OK
     array = diagnostic_array(health, ns_to_stamp(5), "/robot1/vla_node: vla engine", "cpu")
     values = {kv.key: kv.value for kv in array.status[0].values}
     assert values["kv_usage_percent"] == "25.0" and values["dropped_frames"] == "3" and values["model_errors"] == "0"
+    assert values["text_floor_steps"] == "3" and values["text_floor_action_ms"] == "12.5"
     status = engine_status(health, ns_to_stamp(5))
     assert (status.state, status.kv_slots_used, status.kv_slots_total, status.dropped_frames) == ("running", 2, 8, 3)
     slow = Health(**{**health.__dict__, "target_rate_hz": 50.0})

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -45,10 +46,12 @@ class Workload:
     num_steps: int = 10
     tokens_per_frame: int = 4
     adaptive_k: bool = False
+    min_steps_per_frame: int = 1  # adaptive k's floor (decode steps owed per frame)
     control_period_s: float = 0.1
     ignore_eos: bool = True
     pool_slots: int = 0  # continuous batching pool size; 0 = enough for every request in flight
     warmup_frames: int = 0  # processed first but not measured (continuous batching reaches steady state there)
+    energy_j: Callable[[], float] | None = None  # an energy counter (joules so far), read around the measured window
 
     @property
     def num_frames(self) -> int:
@@ -68,6 +71,10 @@ class SettingRun:
     completion_s: list[float] = field(default_factory=list)  # request start -> finish, measured frames only
     tokens_generated: int = 0
     pool_bytes: int = 0
+    energy_j: float | None = None  # over the measured window, when the workload has an energy counter
+    floor_steps: int = 0  # continuous batching with adaptive k: floor steps past the tick, measured window
+    floor_action_s: float = 0.0  # and the action time they took
+    requests_dropped: int = 0  # continuous batching: requests refused or evicted, whole run
 
 
 def _eos(model, workload: Workload) -> int:
@@ -89,15 +96,25 @@ class _Window:
 
     def __init__(self, workload: Workload):
         self.first = workload.warmup_frames
+        self.energy = workload.energy_j
         self.start = time.perf_counter()
+        self.energy_start = 0.0  # read when the first measured frame begins
         self.open = self.first == 0  # measuring has begun
 
     def begin(self, frame: int) -> float:
+        if frame == self.first and self.energy:
+            self.energy_start = self.energy()
         now = time.perf_counter()
         if frame == self.first:
             self.start = now
             self.open = True
         return now
+
+    def close(self, run: SettingRun) -> None:
+        """The measured window ends now: its wall time and, with a counter, its energy."""
+        run.elapsed_s = time.perf_counter() - self.start
+        if self.energy:
+            run.energy_j = self.energy() - self.energy_start
 
     def measured(self, frame: int) -> bool:
         return frame >= self.first
@@ -128,7 +145,7 @@ def run_action_only(model, workload: Workload) -> SettingRun:
         t0 = window.begin(frame)
         model.prefill(inputs, pool.cache, slot)
         _record_action(run, window, frame, model.sample_actions(pool.cache, slot, noise, workload.num_steps)[0], t0)
-    run.elapsed_s = time.perf_counter() - window.start
+    window.close(run)
     return run
 
 
@@ -149,7 +166,7 @@ def run_baseline(model, workload: Workload) -> SettingRun:
             request = _decode_alone(model, language_pool.cache, 0, frame, int(prefill.num_valid[0]),
                                     prefill.logits[0], workload)
             _record_request(run, window, frame, request)
-    run.elapsed_s = time.perf_counter() - window.start
+    window.close(run)
     return run
 
 
@@ -168,7 +185,7 @@ def run_shared_kv(model, workload: Workload) -> SettingRun:
             request = _decode_alone(model, pool.cache, 0, frame, int(prefill.num_valid[0]), prefill.logits[0],
                                     workload)
             _record_request(run, window, frame, request)
-    run.elapsed_s = time.perf_counter() - window.start
+    window.close(run)
     return run
 
 
@@ -236,7 +253,7 @@ def run_parallel(model, workload: Workload) -> SettingRun:
             with progress:
                 newest_frame = frame
                 progress.notify()
-        run.elapsed_s = time.perf_counter() - window.start
+        window.close(run)
     finally:
         done.set()
         worker.join()
@@ -250,7 +267,8 @@ def run_continuous_batching(model, workload: Workload, drain: bool = False) -> S
     per_request_frames = -(-workload.decode_len // max(workload.tokens_per_frame, 1))
     slots = workload.pool_slots or per_request_frames + 2
     config = SchedulerConfig(num_steps=workload.num_steps, tokens_per_frame=workload.tokens_per_frame,
-                             adaptive_k=workload.adaptive_k, control_period_s=workload.control_period_s,
+                             adaptive_k=workload.adaptive_k, min_steps_per_frame=workload.min_steps_per_frame,
+                             control_period_s=workload.control_period_s,
                              max_new_tokens=workload.decode_len, ignore_eos=workload.ignore_eos)
     window = _Window(workload)
     starts: dict[int, float] = {}
@@ -265,7 +283,7 @@ def run_continuous_batching(model, workload: Workload, drain: bool = False) -> S
     run.pool_bytes = sum(runner.pool.bytes_total for runner in runtime.runners.values())
     runtime.start()
     try:
-        tokens_at_open = 0
+        tokens_at_open, floor_at_open = 0, runtime.stats()
         next_start = time.perf_counter()
         for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
             if workload.adaptive_k:  # a robot's control timer: text gets the slack of each period
@@ -273,12 +291,19 @@ def run_continuous_batching(model, workload: Workload, drain: bool = False) -> S
             t0 = window.begin(frame)
             next_start = t0 + workload.control_period_s
             if frame == window.first:
-                tokens_at_open = runtime.tokens_generated
+                tokens_at_open, floor_at_open = runtime.tokens_generated, runtime.stats()
             starts[frame] = t0
             chunk = runtime.act(runtime.frame(inputs, workload.narrate[frame], noise=noise, context=frame))
             _record_action(run, window, frame, chunk.actions, t0)
-        run.elapsed_s = time.perf_counter() - window.start
+        # the window ends where the next frame would start: after the steps the last frame left owed
+        if not runtime.wait_owed(600):
+            raise RuntimeError("the language worker did not run the last frame's owed decode steps")
+        window.close(run)
         run.tokens_generated = runtime.tokens_generated - tokens_at_open
+        floor_at_close = runtime.stats()
+        run.floor_steps = floor_at_close.floor_steps - floor_at_open.floor_steps
+        run.floor_action_s = floor_at_close.floor_action_s - floor_at_open.floor_action_s
+        run.requests_dropped = floor_at_close.requests_dropped
         if drain and not runtime.drain(600):
             raise RuntimeError("continuous batching did not drain its requests")
     finally:

@@ -8,6 +8,7 @@ measured side by side; absolute times on a CPU are only a compass.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ..engine.stats import percentile
 from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
 from ..model.precision import DTYPE_NAMES, resolve_dtype
+from .energy import EnergyMeter, cuda_uuid, open_energy_meter, per_unit
 from .modes import RUNNERS, SETTINGS, SettingRun, Workload
 from .workloads import arrivals, synthetic_frames
 
@@ -36,9 +38,15 @@ class SweepPoint:
     num_steps: int
     arrival: str
     settings: tuple[str, ...]
+    steady_state: bool = False  # adaptive k: warm up for a whole request's life at the floor's steps per frame
 
 
-def matrix(quick: bool) -> list[SweepPoint]:
+GOAL_SETTINGS = ("action_only", "baseline", "continuous_batching")
+
+
+def matrix(quick: bool, goals: bool = False) -> list[SweepPoint]:
+    if goals:  # the issue's goals: 50 tokens a request, one request a frame, adaptive k with its floor
+        return [SweepPoint("goals", 50, "adaptive", 10, "every_frame", GOAL_SETTINGS, steady_state=True)]
     everything = SETTINGS
     if quick:
         points = [SweepPoint("decode_len", n, DEFAULT_K, 10, "every_frame", everything) for n in (10, 50, 200)]
@@ -62,6 +70,8 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
     """One record from the rounds of one setting at one point (rounds interleave settings against noise)."""
     elapsed = sum(run.elapsed_s for run in runs)
     frames = sum(len(run.action_done_s) for run in runs)
+    tokens = sum(run.tokens_generated for run in runs)
+    energy = None if any(run.energy_j is None for run in runs) else sum(run.energy_j for run in runs)
     latencies = [x for run in runs for x in run.action_latency_s]
     misses = 0
     completion = []
@@ -80,16 +90,21 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
         "action_latency_p50_ms": 1e3 * percentile(latencies, 0.5, float("nan")),
         "action_latency_p99_ms": 1e3 * percentile(latencies, 0.99, float("nan")),
         "deadline_misses": misses,
-        "tokens_per_s": sum(run.tokens_generated for run in runs) / elapsed,
+        "tokens_per_s": tokens / elapsed,
         "requests_finished": len(completion),
         "request_completion_p50_ms": 1e3 * percentile(completion, 0.5, float("nan")),
         "peak_memory_mb": (copies * model_bytes + runs[0].pool_bytes) / MB,
         "kv_pool_mb": runs[0].pool_bytes / MB,
+        "floor_steps": sum(run.floor_steps for run in runs),
+        "requests_dropped": sum(run.requests_dropped for run in runs),
+        "floor_action_s": sum(run.floor_action_s for run in runs),
+        **per_unit(energy, frames, tokens),
     }
 
 
 def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control_period_s: float, seed: int,
-              device: str, rounds: int) -> list[dict]:
+              device: str, rounds: int, energy: EnergyMeter | None = None, min_steps: int = 1) -> list[dict]:
+    """Every setting of `point`, rounds interleaved; adaptive k decodes at least `min_steps` steps a frame."""
     k = point.tokens_per_frame
     adaptive = k == "adaptive"
     tokens_per_frame = 64 if adaptive else max(1, k)  # adaptive: a cap the slack never reaches
@@ -97,17 +112,22 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
     # when adaptive), plus the frame's own slot
     fewest_steps = 1 if adaptive else tokens_per_frame
     pool_slots = -(-point.decode_len // fewest_steps) + 2
-    warmup = 2 + -(-point.decode_len // (8 if adaptive else tokens_per_frame))
+    # continuous batching reaches steady state once the first request has finished: decode_len / k frames (adaptive
+    # k: assumed 8 steps a frame, or the floor's steps when the point asks for steady state)
+    steps_per_frame = (max(1, min_steps) if point.steady_state else 8) if adaptive else tokens_per_frame
+    warmup = 2 + -(-point.decode_len // steps_per_frame)
     inputs, noises = synthetic_frames(config, warmup + frames, seed=seed, device=device, dtype=model.dtype)
     narrate = arrivals(point.arrival, warmup + frames)
     workload = Workload(inputs, noises, narrate, point.decode_len,
                         num_steps=point.num_steps, tokens_per_frame=tokens_per_frame, adaptive_k=adaptive,
-                        control_period_s=control_period_s, warmup_frames=warmup, pool_slots=pool_slots)
+                        min_steps_per_frame=min_steps, control_period_s=control_period_s, warmup_frames=warmup,
+                        pool_slots=pool_slots, energy_j=energy.read_j if energy else None)
     # Only continuous batching needs a long warm-up (its pool fills over decode_len / k frames); the others measure
     # the same last `frames` frames after a short one.
     short = warmup - 2
     quick_start = Workload(inputs[short:], noises[short:], narrate[short:], point.decode_len,
-                           num_steps=point.num_steps, control_period_s=control_period_s, warmup_frames=2)
+                           num_steps=point.num_steps, control_period_s=control_period_s, warmup_frames=2,
+                           energy_j=energy.read_j if energy else None)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     runs: dict[str, list[SettingRun]] = {setting: [] for setting in point.settings}
     cuda_peak: dict[str, float] = {}
@@ -127,8 +147,10 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
         record.update(sweep=point.sweep, decode_len=point.decode_len, tokens_per_frame=k,
                       denoise_steps=point.num_steps, arrival=point.arrival)
         records.append(record)
+        joules = "" if record["energy_j"] is None else f"  {record['energy_j_per_frame']:.3f} J/frame" + (
+            f"  {record['energy_j_per_token']:.4f} J/token" if record["energy_j_per_token"] else "")
         print(f"  {setting:20s} action {record['action_hz']:7.1f} Hz  p99 {record['action_latency_p99_ms']:7.1f} ms"
-              f"  tokens {record['tokens_per_s']:8.1f}/s  misses {record['deadline_misses']}", flush=True)
+              f"  tokens {record['tokens_per_s']:8.1f}/s  misses {record['deadline_misses']}{joules}", flush=True)
     return records
 
 
@@ -144,21 +166,27 @@ def measure_action_only_period(model, config, device, seed) -> float:
 
 
 def write_markdown(records: list[dict], path: Path, header: str) -> None:
-    lines = [header, "", "| sweep | decode len | k | steps | arrival | setting | action Hz | p50 ms | p99 ms | misses"
-             " | tok/s | speedup Hz | speedup tok/s | memory MB |", "|" + "---|" * 14]
-    base = {(r["sweep"], r["decode_len"], str(r["tokens_per_frame"]), r["denoise_steps"], r["arrival"]): r
-            for r in records if r["setting"] == "baseline"}
+    lines = [header, "", "| dtype | sweep | decode len | k | steps | arrival | setting | action Hz | p50 ms | p99 ms | "
+             "misses | tok/s | speedup Hz | speedup tok/s | memory MB | J/frame | J/token |", "|" + "---|" * 17]
+
+    def point(r: dict) -> tuple:
+        return r["dtype"], r["sweep"], r["decode_len"], str(r["tokens_per_frame"]), r["denoise_steps"], r["arrival"]
+
+    base = {point(r): r for r in records if r["setting"] == "baseline"}
     for r in records:
-        key = (r["sweep"], r["decode_len"], str(r["tokens_per_frame"]), r["denoise_steps"], r["arrival"])
-        b = base.get(key) or next((x for x in records if x["setting"] == "baseline"
-                                   and x["decode_len"] == r["decode_len"] and x["denoise_steps"] == r["denoise_steps"]
-                                   and x["arrival"] == r["arrival"]), None)
+        b = base.get(point(r)) or next((x for x in records if x["setting"] == "baseline" and x["dtype"] == r["dtype"]
+                                        and x["decode_len"] == r["decode_len"]
+                                        and x["denoise_steps"] == r["denoise_steps"]
+                                        and x["arrival"] == r["arrival"]), None)
         hz = f"{r['action_hz'] / b['action_hz']:.2f}x" if b else "-"
         tok = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and b["tokens_per_s"] and r["tokens_per_s"] else "-"
-        lines.append(f"| {r['sweep']} | {r['decode_len']} | {r['tokens_per_frame']} | {r['denoise_steps']} | "
-                     f"{r['arrival']} | {r['setting']} | {r['action_hz']:.1f} | {r['action_latency_p50_ms']:.1f} | "
-                     f"{r['action_latency_p99_ms']:.1f} | {r['deadline_misses']} | {r['tokens_per_s']:.1f} | {hz} | "
-                     f"{tok} | {r['peak_memory_mb']:.1f} |")
+        per_frame, per_token = r.get("energy_j_per_frame"), r.get("energy_j_per_token")
+        lines.append(f"| {r['dtype']} | {r['sweep']} | {r['decode_len']} | {r['tokens_per_frame']} | "
+                     f"{r['denoise_steps']} | {r['arrival']} | {r['setting']} | {r['action_hz']:.1f} | "
+                     f"{r['action_latency_p50_ms']:.1f} | {r['action_latency_p99_ms']:.1f} | {r['deadline_misses']} | "
+                     f"{r['tokens_per_s']:.1f} | {hz} | {tok} | {r['peak_memory_mb']:.1f} | "
+                     f"{'-' if per_frame is None else f'{per_frame:.3f}'} | "
+                     f"{'-' if per_token is None else f'{per_token:.4f}'} |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -204,10 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model preset")
     parser.add_argument("--model-config", help="JSON file with model shapes (overrides --preset)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, help="model dtype; default bfloat16 on cuda, float32 on cpu "
-                        "(auto: as the node's model.dtype)")
+    parser.add_argument("--dtype", nargs="+", choices=DTYPE_NAMES, help="model dtype(s), run one after the other in "
+                        "this process; default bfloat16 on cuda, float32 on cpu (auto: as the node's model.dtype)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the denoise and decode steps")
+    parser.add_argument("--cuda-graphs", action="store_true", help="replay CUDA graphs of the decode step and the "
+                        "denoising loop per batch bucket (a CUDA device only)")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
+    parser.add_argument("--goals", action="store_true", help="only the goal point: action_only, baseline and "
+                        "continuous batching with adaptive k and its floor, 50 tokens a request, one a frame")
+    parser.add_argument("--min-steps", type=int, default=1, help="adaptive k's floor: decode steps owed per frame")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--rounds", type=int, help="rounds per point; settings are interleaved round by round")
@@ -219,58 +252,92 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     config = Pi05Config.load_json(args.model_config) if args.model_config else get_preset(args.preset)
     preset = args.model_config or args.preset
-    requested = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    choice = resolve_dtype(requested, args.device, config)
-    print(f"model dtype: {choice}", flush=True)
-    dtype = choice.dtype
-    model = build_model(config, device=args.device, dtype=dtype, seed=args.seed)
-    if args.compile:
-        model.compile_steps()
+    cuda = args.device.startswith("cuda")
+    meter, energy_note = open_energy_meter(args.device, uuid=cuda_uuid(args.device) if cuda else None)
+    print(energy_note, flush=True)
     frames = args.frames or (8 if args.quick else 16)
     rounds = args.rounds or (2 if args.quick else 3)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    period = measure_action_only_period(model, config, args.device, args.seed)
-    meta = {"preset": preset, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
-            "compiled": args.compile,
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or
-            platform.machine(), "control_period_ms": 1e3 * period, "frames_per_round": frames, "rounds": rounds}
-    print(f"oxygen bench: {meta}", flush=True)
     records = []
     started = time.perf_counter()
-    for point in progress(list(matrix(args.quick)), desc="bench points"):
-        print(f"[{point.sweep}] decode_len={point.decode_len} k={point.tokens_per_frame} steps={point.num_steps} "
-              f"arrival={point.arrival}", flush=True)
-        for record in run_point(model, config, point, frames, period, args.seed, args.device, rounds):
-            records.append({**meta, **record})
+    load_start = os.getloadavg()[0]
+    for requested in args.dtype or ["bfloat16" if cuda else "float32"]:
+        choice = resolve_dtype(requested, args.device, config)
+        print(f"model dtype: {choice}", flush=True)
+        model = build_model(config, device=args.device, dtype=choice.dtype, seed=args.seed)
+        if args.compile:
+            model.compile_steps()
+        if args.cuda_graphs:
+            model.use_cuda_graphs()
+        period = measure_action_only_period(model, config, args.device, args.seed)
+        meta = {"preset": preset, "device": args.device, "dtype": str(choice.dtype).removeprefix("torch."),
+                "compiled": args.compile, "cuda_graphs": args.cuda_graphs, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "cpu": platform.processor() or platform.machine(), "control_period_ms": 1e3 * period,
+                "frames_per_round": frames, "rounds": rounds, "min_steps_per_frame": args.min_steps,
+                "energy": energy_note}
+        print(f"oxygen bench: {meta}", flush=True)
+        for point in progress(list(matrix(args.quick, args.goals)), desc="bench points"):
+            print(f"[{point.sweep}] decode_len={point.decode_len} k={point.tokens_per_frame} steps={point.num_steps} "
+                  f"arrival={point.arrival}", flush=True)
+            for record in run_point(model, config, point, frames, period, args.seed, args.device, rounds, meter,
+                                    args.min_steps):
+                records.append({**meta, **record, "load_average": os.getloadavg()[0]})
+        del model
     (out / "results.json").write_text(json.dumps(records, indent=2) + "\n")
-    header = (f"OxyGen benchmark: preset {preset}, {args.device} ({meta['dtype']}), torch {meta['torch']}, "
-              f"{meta['threads']} threads, control period {meta['control_period_ms']:.1f} ms, {rounds} interleaved "
-              f"rounds x {frames} measured frames per setting and point, {time.perf_counter() - started:.0f} s")
+    header = (f"OxyGen benchmark: preset {preset}, {args.device}, torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads, {rounds} interleaved rounds x {frames} measured frames per setting "
+              f"and point, {time.perf_counter() - started:.0f} s, load average {load_start:.1f} at the start and "
+              f"{os.getloadavg()[0]:.1f} at the end; {energy_note}")
     write_markdown(records, out / "results.md", header)
-    plots = write_plots(records, out)
+    plots = write_plots([r for r in records if r["dtype"] == records[0]["dtype"]], out)  # the first dtype
     print((out / "results.md").read_text())
     print("wrote", out / "results.json", out / "results.md", *plots)
-    ratios = headline(records)
-    if ratios:
-        print(ratios)
+    for text in (headline(records), goals_summary(records)):
+        if text:
+            print(text)
     return 0
 
 
 def headline(records: list[dict]) -> str:
     """The paper's comparison at the default point (decode_len 50, k 4, 10 steps, a request every frame)."""
-    at = {r["setting"]: r for r in records if r["sweep"] == "decode_len" and r["decode_len"] == 50}
-    if not {"baseline", "continuous_batching", "action_only"} <= at.keys():
-        return ""
-    base, cb, only = at["baseline"], at["continuous_batching"], at["action_only"]
-    text = (f"headline (decode_len 50): continuous_batching vs baseline {cb['action_hz'] / base['action_hz']:.2f}x "
-            f"action Hz, {cb['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s; action Hz under language "
-            f"load {cb['action_hz'] / only['action_hz']:.2f}x action_only; memory "
-            f"{cb['peak_memory_mb'] / only['peak_memory_mb']:.2f}x action_only")
-    if "shared_kv" in at:
-        text += f"; shared_kv vs baseline {at['shared_kv']['action_hz'] / base['action_hz']:.2f}x action Hz"
-    return text
+    lines = []
+    for dtype in dict.fromkeys(r["dtype"] for r in records):
+        at = {r["setting"]: r for r in records if r["sweep"] == "decode_len" and r["decode_len"] == 50
+              and r["dtype"] == dtype}
+        if not {"baseline", "continuous_batching", "action_only"} <= at.keys():
+            continue
+        base, cb, only = at["baseline"], at["continuous_batching"], at["action_only"]
+        text = (f"headline (decode_len 50, {dtype}): continuous_batching vs baseline "
+                f"{cb['action_hz'] / base['action_hz']:.2f}x action Hz, {cb['tokens_per_s'] / base['tokens_per_s']:.2f}x "
+                f"tokens/s; action Hz under language load {cb['action_hz'] / only['action_hz']:.2f}x action_only; "
+                f"memory {cb['peak_memory_mb'] / only['peak_memory_mb']:.2f}x action_only")
+        if "shared_kv" in at:
+            text += f"; shared_kv vs baseline {at['shared_kv']['action_hz'] / base['action_hz']:.2f}x action Hz"
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def goals_summary(records: list[dict]) -> str:
+    """The goal point against its goals, per dtype: the arm keeps >= 0.85x action_only while the text keeps up
+    (tokens/s >= 0.95 x tokens per request x action Hz), and what the floor cost."""
+    lines = []
+    for dtype in dict.fromkeys(r["dtype"] for r in records):
+        at = {r["setting"]: r for r in records if r["sweep"] == "goals" and r["dtype"] == dtype}
+        if set(GOAL_SETTINGS) - at.keys():
+            continue
+        base, cb, only = at["baseline"], at["continuous_batching"], at["action_only"]
+        arm = cb["action_hz"] / only["action_hz"]
+        needed = 0.95 * cb["decode_len"] * cb["action_hz"]
+        lines.append(
+            f"goals ({dtype}): continuous batching {cb['action_hz']:.1f} Hz = {arm:.2f}x action_only "
+            f"({'met' if arm >= 0.85 else 'not met'}, goal >= 0.85x); text {cb['tokens_per_s']:.0f} tokens/s against "
+            f"{needed:.0f} needed to keep up ({'met' if cb['tokens_per_s'] >= needed else 'not met'}), "
+            f"{cb['requests_dropped']} requests dropped; floor steps past "
+            f"the tick {cb['floor_steps']}, {1e3 * cb['floor_action_s']:.0f} ms of action time; vs baseline "
+            f"{cb['action_hz'] / base['action_hz']:.2f}x action Hz, {cb['tokens_per_s'] / base['tokens_per_s']:.2f}x "
+            f"tokens/s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

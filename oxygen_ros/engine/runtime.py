@@ -14,8 +14,10 @@
   batches instead of whole-device calls (`stage_control.StagedControl`); the language path is the same.
 
 With a fixed k (`SchedulerConfig.tokens_per_frame`) the control path owes the worker k decode steps after each
-frame that leaves language work; with `adaptive_k` the worker decodes only in the slack the cost model predicts
-before the next control tick, so the control rate holds however long the text (up to the one step in flight).
+frame that leaves language work; with `adaptive_k` the worker decodes in the slack the cost model predicts before
+the next control tick, so the control rate holds however long the text (up to the one step in flight), except for
+a floor: the control path still owes `min_steps_per_frame` steps per frame, and the time those steps run past the
+next tick's due time is what the arm gave up for the text (`RuntimeStats.floor_steps`, `floor_action_s`).
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ class RuntimeStats:
     slots_total: int
     bytes_used: int
     bytes_total: int
+    floor_steps: int = 0  # adaptive k: decode steps the floor ran past the next control tick's due time (all robots)
+    floor_action_s: float = 0.0  # and the seconds they ran past it: the action time given up for the text
 
 
 @dataclass
@@ -189,6 +193,8 @@ class Runtime:
         self._counters = _Counters()  # all robots
         self._robot_counters: dict[str, _Counters] = {}
         self._steps_since_frame = 0
+        self._floor_steps = 0
+        self._floor_s = 0.0
         self._draining = False
         self._control_busy = False  # the control thread is running a batch or handing its chunks on
         self._wake = threading.Event()
@@ -315,8 +321,8 @@ class Runtime:
     def _after_frames(self) -> None:
         sched = self.config.scheduler
         self._steps_since_frame = 0
-        if not sched.adaptive_k and self.scheduler.has_language_work():
-            self.gate.owe(sched.tokens_per_frame)
+        if self.scheduler.has_language_work():
+            self.gate.owe(sched.min_steps_per_frame if sched.adaptive_k else sched.tokens_per_frame)
 
     def _chunks(self, plan: ActionPlan, actions: Tensor, request_ids: list[int | None]) -> list[ActionChunk]:
         now = time.perf_counter()
@@ -447,6 +453,8 @@ class Runtime:
                 self.gate.forgive()
             return 0
         runner = self.runners[plan.model_id]
+        # adaptive k's floor steps cost the arm whatever of them runs past the next tick's due time
+        floor_due = self._tick_due() if sched.adaptive_k and owed and not self._draining else None
         for request, inputs in plan.resume:
             runner.resume(request, inputs)
         steps = 0
@@ -455,6 +463,9 @@ class Runtime:
             produced = runner.decode(plan.requests)
             now = time.perf_counter()
             self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), now - started)
+            if floor_due is not None and now > floor_due:
+                self._floor_steps += 1
+                self._floor_s += now - max(started, floor_due)
             steps += 1
             self._counters.produced(now, produced)
             for request in plan.requests:
@@ -469,17 +480,20 @@ class Runtime:
         self._stream_partials(plan.requests)
         return steps
 
+    def _tick_due(self) -> float:
+        """When the control path needs the device next: one period after its last start, less the margin."""
+        sched = self.config.scheduler
+        last = self.gate.last_control_start
+        return (math.inf if last is None else last + sched.control_period_s) - sched.deadline_margin_s
+
     def _slack(self) -> float:
         """Seconds before the next control tick is due (infinite when the control path is idle or late)."""
         sched = self.config.scheduler
-        last = self.gate.last_control_start
-        if last is None:
-            return math.inf
+        due = self._tick_due()
         now = time.perf_counter()
-        next_tick = last + sched.control_period_s
-        if now >= next_tick + 0.5 * sched.control_period_s:  # late or idle control path: don't starve text
+        if now >= due + sched.deadline_margin_s + 0.5 * sched.control_period_s:  # late or idle: don't starve text
             return math.inf
-        return next_tick - sched.deadline_margin_s - now
+        return due - now
 
     def _emit_notes(self) -> None:
         while self._notes:
@@ -520,6 +534,18 @@ class Runtime:
         finally:
             self._draining = False
 
+    def wait_owed(self, timeout_s: float) -> bool:
+        """Wait until the worker has run the decode steps the last frame left owed (fixed k, or adaptive k's floor),
+        as the next frame would; False on timeout. Benchmarks end a measured window here, so every measured frame
+        carries its own steps."""
+        deadline = time.perf_counter() + timeout_s
+        while self.gate.owed and not self.gate.closed and self.worker_error is None:
+            if time.perf_counter() >= deadline:
+                return False
+            self._wake.set()
+            time.sleep(0.001)
+        return True
+
     @property
     def tokens_generated(self) -> int:
         return self._counters.tokens
@@ -547,4 +573,6 @@ class Runtime:
             slots_total=sum(r.language_slots + r.frame_slots for r in self.runners.values()),
             bytes_used=sum(r.slots_in_use * p.bytes_per_slot for r, p in zip(self.runners.values(), pools)),
             bytes_total=sum(p.bytes_total for p in pools),
+            floor_steps=self._floor_steps,
+            floor_action_s=self._floor_s,
         )

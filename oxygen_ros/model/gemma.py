@@ -225,7 +225,8 @@ class GemmaStack(nn.Module):
     def embed(self, tokens: Tensor) -> Tensor:
         """Token embeddings scaled by sqrt(width), as Gemma does for text (image tokens are not scaled)."""
         x = self.embed_tokens(tokens)
-        return x * torch.tensor(math.sqrt(self.cfg.width), dtype=x.dtype, device=x.device)
+        # the scale rounded to x's dtype, filled on x's device (no host copy, so a CUDA graph can capture it)
+        return x * torch.full((), math.sqrt(self.cfg.width), dtype=x.dtype, device=x.device)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits from final-layer hidden states, through the final norm and the text head."""

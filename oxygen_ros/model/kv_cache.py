@@ -69,3 +69,13 @@ def slot_index(slots: Tensor, num_slots: int) -> slice | Tensor:
     if values == list(range(start, start + len(values))):
         return slice(start, start + len(values))
     return slots.to(torch.long)
+
+
+def read_slots(layer_buffer: Tensor, idx: slice | Tensor, span: int) -> Tensor:
+    """The first `span` positions of the slots `idx` (from `slot_index`) of one layer's K or V
+    [num_slots, kv_heads, max_len, head_dim]: a view for a slice, else one `index_select` copy (a plain memory copy
+    per slot, where advanced indexing would address every element)."""
+    window = layer_buffer[:, :, :span]
+    if isinstance(idx, slice):
+        return window[idx]
+    return window.index_select(0, idx.to(layer_buffer.device))

@@ -29,7 +29,7 @@ from .gemma import (
     rope_cos_sin,
 )
 from .inputs import ModelInputs
-from .kv_cache import KVCache, slot_index
+from .kv_cache import KVCache, read_slots, slot_index
 from .sampling import Sampler, greedy_tokens, sample_token
 from .vision import VisionEncoder
 
@@ -65,6 +65,7 @@ class Pi05Model(nn.Module):
         self.action_out_proj = nn.Linear(width, config.action_dim)
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
+        self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
 
     @property
     def dtype(self) -> torch.dtype:
@@ -81,6 +82,15 @@ class Pi05Model(nn.Module):
         rounding. Returns the model."""
         self._velocity = torch.compile(self._velocity)
         self._decode_hidden = torch.compile(self._decode_hidden)
+        return self
+
+    def use_cuda_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> Pi05Model:
+        """Opt in (a model on a CUDA device only) to replaying CUDA graphs of the decode step and of the denoising
+        loop, one per batch bucket, captured on the first call of each bucket (`model/cuda_graphs.py`). Call it
+        after the model is on its device. Batches larger than the largest bucket run eagerly. Returns the model."""
+        from .cuda_graphs import CudaGraphs
+
+        self._graphs = CudaGraphs(self, buckets)
         return self
 
     # ---- embeddings -------------------------------------------------------------------------------------------
@@ -187,12 +197,22 @@ class Pi05Model(nn.Module):
         group = cfg.expert.num_heads // cfg.expert.num_kv_heads
         bias = prefix_attention_bias(prefix_valid.to(self.device), group, horizon, self.dtype)
 
-        dt = -1.0 / steps
-        times = 1.0 + dt * torch.arange(steps, device=self.device, dtype=torch.float64)
+        times = 1.0 + (-1.0 / steps) * torch.arange(steps, device=self.device, dtype=torch.float64)
         conds = self.time_condition(times)  # [steps, W], same time for every sample
         x = noise.to(self.device, torch.float32)
-        for step in range(steps):
-            cond = conds[step].expand(len(slots), -1)
+        if self._graphs is not None:
+            graphed = self._graphs.denoise(x, conds, prefix_k, prefix_v, bias, cos, sin)
+            if graphed is not None:
+                return graphed
+        return self._denoise(x, conds, prefix_k, prefix_v, bias, cos, sin)
+
+    def _denoise(
+        self, x: Tensor, conds: Tensor, prefix_k: Tensor, prefix_v: Tensor, bias: Tensor, cos: Tensor, sin: Tensor
+    ) -> Tensor:
+        """Euler steps from noise x [B, H, A] float32, one per row of conds [steps, W]: device work only."""
+        dt = -1.0 / conds.shape[0]
+        for step in range(conds.shape[0]):
+            cond = conds[step].expand(x.shape[0], -1)
             velocity = self._velocity(x, cond, prefix_k, prefix_v, bias, cos, sin)
             x = x + dt * velocity
         return x
@@ -224,7 +244,7 @@ class Pi05Model(nn.Module):
         `positions[b]`, and attends to the valid positions of its own slot up to and including that index.
         Requests may sit at different lengths.
         """
-        return self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions)).float()
+        return self._decode_logits(cache, slots, tokens, cache_index, positions).float()
 
     @torch.inference_mode()
     def decode_next(
@@ -244,17 +264,28 @@ class Pi05Model(nn.Module):
         """
         if samplers is not None and len(samplers) != len(slots):
             raise ValueError(f"{len(samplers)} samplers for {len(slots)} requests")
-        logits = self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions))
+        logits = self._decode_logits(cache, slots, tokens, cache_index, positions)
         chosen = greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
             if sampler is not None:
                 chosen[row] = sample_token(logits[row], sampler)
         return chosen
 
-    def _decode_hidden(
+    def _decode_logits(
         self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
     ) -> Tensor:
-        """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""
+        """Next-token logits [B, vocab] in the model's dtype; a CUDA graph's replay when one serves the batch."""
+        if self._graphs is not None:
+            self._decode_span(cache, slots, tokens, cache_index, positions)  # the same checks as eagerly
+            logits = self._graphs.decode_logits(cache, slots, tokens, cache_index, positions)
+            if logits is not None:
+                return logits
+        return self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions))
+
+    def _decode_span(
+        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
+    ) -> tuple[slice | Tensor, int]:
+        """Checks a decode batch; returns its slot index (`slot_index`) and the positions it attends over."""
         cfg = self.config
         b = len(slots)
         for name, t in (("tokens", tokens), ("cache_index", cache_index), ("positions", positions)):
@@ -263,24 +294,36 @@ class Pi05Model(nn.Module):
         lo, hi = int(cache_index.min()), int(cache_index.max())
         if lo < cfg.prefix_len or hi >= cache.max_len:
             raise ValueError(f"cache_index must lie in [{cfg.prefix_len}, {cache.max_len}), got {lo}..{hi}")
-        idx = slot_index(slots, cache.num_slots)
-        slots = slots.to(cache.device, torch.long)
-        cache_index = cache_index.to(cache.device, torch.long)
-        span = hi + 1  # attend over the first `span` positions of each slot only
+        return slot_index(slots, cache.num_slots), hi + 1
 
-        cache.valid[slots, cache_index] = True
+    def _decode_hidden(
+        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
+    ) -> Tensor:
+        """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""
+        idx, span = self._decode_span(cache, slots, tokens, cache_index, positions)
+        slots = slots.to(cache.device, torch.long)
+        return self._decode_layers(cache, idx if isinstance(idx, slice) else slots, slots, tokens.to(self.device),
+                                   cache_index.to(cache.device, torch.long), positions.to(self.device), span)
+
+    def _decode_layers(
+        self, cache: KVCache, idx: slice | Tensor, slots: Tensor, tokens: Tensor, cache_index: Tensor,
+        positions: Tensor, span: int
+    ) -> Tensor:
+        """`_decode_hidden` after its checks: device work only (no host sync, no host tensor), attending over the
+        first `span` positions of the slots `idx`; a CUDA graph captures it with span = the cache's length."""
+        cfg = self.config
+        cache.valid.index_put_((slots, cache_index), torch.ones((), dtype=torch.bool, device=cache.device))
         causal = torch.arange(span, device=cache.device)[None, :] <= cache_index[:, None]
-        mask = (cache.valid[idx, :span] & causal)[:, None, None, :]
-        x = self.backbone.embed(tokens.to(self.device)[:, None])
-        cos, sin = rope_cos_sin(
-            positions.to(self.device)[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype
-        )
+        valid = cache.valid[idx, :span] if isinstance(idx, slice) else cache.valid[:, :span].index_select(0, idx)
+        mask = (valid & causal)[:, None, None, :]
+        x = self.backbone.embed(tokens[:, None])
+        cos, sin = rope_cos_sin(positions[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.backbone.layers):
             q, k, v, gate = layer.project_qkv(x, None, cos, sin)
             cache.k[i, slots, :, cache_index] = k[:, :, 0].to(cache.dtype)
             cache.v[i, slots, :, cache_index] = v[:, :, 0].to(cache.dtype)
-            keys = cache.k[i, idx, :, :span].to(x.dtype)
-            values = cache.v[i, idx, :, :span].to(x.dtype)
+            keys = read_slots(cache.k[i], idx, span).to(x.dtype)
+            values = read_slots(cache.v[i], idx, span).to(x.dtype)
             x = layer.finish(x, attend_one_query(q, keys, values, mask), gate, None)
         return x[:, 0]
 

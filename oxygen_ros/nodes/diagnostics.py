@@ -85,6 +85,8 @@ def diagnostic_array(health: Health, stamp: Time, name: str, hardware_id: str) -
         "kv_slots_used": s.slots_used,
         "kv_slots_total": s.slots_total,
         "kv_usage_percent": f"{100.0 * s.bytes_used / s.bytes_total:.1f}" if s.bytes_total else "0.0",
+        "text_floor_steps": s.floor_steps,
+        "text_floor_action_ms": f"{1e3 * s.floor_action_s:.1f}",
         **health.values,
     }
     status = DiagnosticStatus(level=level, name=name, message=message, hardware_id=hardware_id,
