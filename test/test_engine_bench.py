@@ -18,8 +18,12 @@ def test_quick_bench_writes_results_table_and_plots(tmp_path, capsys):
     assert {r["decode_len"] for r in records if r["sweep"] == "decode_len"} == {10, 50, 200}
     for r in records:
         assert r["action_hz"] > 0 and r["frames"] == 2 and r["preset"] == "tiny" and r["dtype"] == "bfloat16"
-        if r["arrival"] == "every_frame":  # (2 frames of a burst pattern may all be quiet ones)
-            assert (r["tokens_per_s"] > 0) == (r["setting"] != "action_only"), r
+        if r["setting"] == "action_only":
+            assert r["tokens_per_s"] == 0, r
+        elif r["arrival"] == "every_frame" and r["setting"] != "parallel":
+            # (2 frames of a burst pattern may all be quiet ones; `parallel`'s own language thread may not get the
+            # interpreter before a 2-frame window ends on a loaded machine, as a second process may not get a core)
+            assert r["tokens_per_s"] > 0, r
     table = (tmp_path / "results.md").read_text()
     assert table.count("| continuous_batching |") == 6 and "speedup" in table
     for plot in ("action_hz_vs_decode_len.png", "tokens_per_s_vs_action_hz.png"):
