@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet-profile": ("oxygen_ros.fleet.profile_cli", "measure real stage latencies of served models -> LUT JSON"),
     "fleet-assign": ("oxygen_ros.fleet.assign_cli", "traffic controller: robots -> GPUs (assignment JSON)"),
     "fleet-bench": ("oxygen_ros.fleet.real_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
+    "fleet-dds-bench": ("oxygen_ros.fleet.dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
 }
 
 
