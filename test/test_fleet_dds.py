@@ -32,7 +32,7 @@ def test_robot_clients_measure_latency_from_the_frame_stamp(tmp_path, ros_env):
         clients[name] = subprocess.Popen(python_node(
             "oxygen_ros.nodes.robot_client", "-r", f"__ns:=/{name}", "-p", "image_size:=224",
             "-p", f"slo_ms:={slo_ms}", "-p", f"backdate_s:={backdate_s}", "-p", "warmup_s:=0.5",
-            "-p", "grace_s:=2.0", "-p", f"ready_path:={tmp_path / name}.ready",
+            "-p", "grace_s:=2.0", "-p", "ready_after_s:=600.0", "-p", f"ready_path:={tmp_path / name}.ready",
             "-p", f"summary_path:={tmp_path / name}.json"),
             env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -3,12 +3,13 @@
 For every repeat and every run (a set of fleet node parameters, e.g. ``queue=esf`` or ``design=robion,queue=esf``)
 one `fleet_node` process serves the largest robot count (tiny models on the CPU by default), and robot client
 processes (`nodes/robot_client.py`) join it: for each robot count N, in increasing order, clients are started up
-to N, and once each has had a chunk back and ``--warmup`` seconds passed, every client's frames sent in the next
-``--duration`` seconds are scored from the robots' own side: header stamp -> chunk received on time within the
-SLO; a late chunk or none at all is a miss. Robots use the models in turn, send ``--image-size`` images of each of
-their model's cameras at ``--rate`` Hz from a random phase, each frame up to ``--jitter`` of a period late; the
-repeat seeds the phases and jitter. Runs are interleaved per repeat, so a change in the machine's load hits them
-alike. All processes run on an isolated DDS domain with localhost-only discovery unless ``--user-domain``.
+to N, and once each has had a chunk back (or sent 10 s without one) and ``--warmup`` seconds passed, every
+client's frames sent in the next ``--duration`` seconds are scored from the robots' own side: header stamp ->
+chunk received on time within the SLO; a late chunk or none at all is a miss. Robots use the models in turn,
+send ``--image-size`` images of each of their model's cameras at ``--rate`` Hz from a random phase, each frame up
+to ``--jitter`` of a period late; the repeat seeds the phases and jitter. Runs are interleaved per repeat, so a
+change in the machine's load hits them alike. All processes run on an isolated DDS domain with localhost-only
+discovery unless ``--user-domain``.
 
 Prints, per run and N: attainment over all robots and the worst robot's (median [min-max] over repeats),
 latency p50 / p99 and the frames with no chunk; then the robots served at >= 98 % per run: per repeat the largest
@@ -142,7 +143,7 @@ def wait_ready(trial: Trial, names: Sequence[str], timeout: float) -> None:
         trial.check_alive()
         if time.monotonic() > deadline:
             late = [n for n in names if not (trial.folder / f"{n}.ready").is_file()]
-            raise BenchError(f"no chunk reached {', '.join(late)} within {timeout:.0f} s of starting "
+            raise BenchError(f"{', '.join(late)} did not start sending within {timeout:.0f} s "
                              f"(see {trial.folder})")
         time.sleep(0.2)
 
@@ -234,13 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jitter", type=float, default=0.2, help="each frame up to this fraction of a period late")
     p.add_argument("--duration", type=float, default=10.0, help="measured wall seconds per robot count")
     p.add_argument("--warmup", type=float, default=3.0,
-                   help="seconds after the newest client's first chunk before measuring")
+                   help="seconds after the newest client is ready before measuring")
     p.add_argument("--repeats", type=int, default=2, help="repeats (each seeds the phases and jitter anew)")
     p.add_argument("--device", default="cpu", help="the fleet node's device")
     p.add_argument("--fleet-param", nargs="*", type=parse_run, default=[], metavar="NAME=VALUE[,NAME=VALUE]",
                    help="fleet node parameters for every run (a run's own win), e.g. cpu_threads=2,max_batch=8")
     p.add_argument("--startup-timeout", type=float, default=180.0,
-                   help="seconds for new clients to get their first chunk (model loading included)")
+                   help="seconds for new clients to start and be ready (first chunk, or 10 s of frames without)")
     p.add_argument("--out", default="out/fleet_dds_bench", help="output folder (an earlier run's is replaced)")
     p.add_argument("--user-domain", action="store_true",
                    help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated one")
@@ -276,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as error:
         print(f"oxygen-ros fleet-dds-bench: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # every process of the trial was stopped on the way out
+        print("oxygen-ros fleet-dds-bench: interrupted", file=sys.stderr)
+        return 130
     load_after = os.getloadavg()
     lines = table(results, args.robots)
     print("\n".join(lines))

@@ -9,8 +9,9 @@ frame's stamp is the system clock when it is sent, minus ``backdate_s`` (a camer
 a chunk's latency is its receipt on the system clock minus its header stamp (the frame's), on time within
 ``slo_ms``; a frame with no chunk is a miss.
 
-Frames are sent once the fleet node subscribes to every camera. The first chunk back writes ``ready_path`` (if
-given); frames sent from ``warmup_s`` after it count in the summary. On SIGINT/SIGTERM, or after ``duration_s``
+Frames are sent once the fleet node subscribes to every camera. The first chunk back, or ``ready_after_s`` of
+sending without one (an overloaded server), writes ``ready_path`` (if given); frames sent from ``warmup_s`` after
+that count in the summary. On SIGINT/SIGTERM, or after ``duration_s``
 (0: until stopped), it stops sending, listens ``grace_s`` more for chunks of frames already sent, and writes
 ``summary_path`` (JSON): its score (`robot_load.score`), the last ``engine_status`` it heard, and every frame as
 [sent, stamp, received or null] (ns), so a benchmark can score any window of the run. ``oxygen-ros
@@ -61,6 +62,7 @@ DEFAULTS = {
     "backdate_s": 0.0,
     "instruction": "do the task",
     "warmup_s": 2.0,
+    "ready_after_s": 10.0,
     "duration_s": 0.0,
     "grace_s": 1.0,
     "ready_path": "",
@@ -116,11 +118,17 @@ class RobotClient(Node):
         received_ns = time.time_ns()
         with self.lock:
             self.ledger.received(Time.from_msg(msg.header.stamp).nanoseconds, received_ns)
-        if not self.ready.is_set():
-            self.measure_from_ns = received_ns + round(self.params["warmup_s"] * 1e9)
+        self._mark_ready(received_ns, "first chunk")
+
+    def _mark_ready(self, now_ns: int, reason: str) -> None:
+        """Measure from `warmup_s` after now; say so in `ready_path` (once: the first chunk or `ready_after_s`)."""
+        with self.lock:
+            if self.ready.is_set():
+                return
+            self.measure_from_ns = now_ns + round(self.params["warmup_s"] * 1e9)
             self.ready.set()
-            if self.params["ready_path"]:
-                Path(self.params["ready_path"]).write_text(f"{received_ns}\n")
+        if self.params["ready_path"]:
+            Path(self.params["ready_path"]).write_text(f"{now_ns} {reason}\n")
 
     def _on_status(self, msg: EngineStatus) -> None:
         self.status = {name: getattr(msg, name) for name in STATUS_FIELDS}
@@ -146,7 +154,8 @@ class RobotClient(Node):
                 return
         if p["instruction"]:
             self.instruction_pub.publish(String(data=p["instruction"]))
-        schedule = FrameSchedule(p["rate_hz"], time.time_ns(), p["phase_s"], p["jitter"], p["seed"])
+        matched_ns, ready_after_ns = time.time_ns(), round(p["ready_after_s"] * 1e9)
+        schedule = FrameSchedule(p["rate_hz"], matched_ns, p["phase_s"], p["jitter"], p["seed"])
         end_ns = time.time_ns() + round(p["duration_s"] * 1e9) if p["duration_s"] > 0 else None
         backdate_ns = round(p["backdate_s"] * 1e9)
         while not stop.is_set():
@@ -160,6 +169,8 @@ class RobotClient(Node):
             with self.lock:
                 self.ledger.sent(sent_ns, stamp_ns)
             self.publish_frame(stamp_ns)
+            if sent_ns - matched_ns > ready_after_ns:
+                self._mark_ready(sent_ns, f"no chunk {p['ready_after_s']:g} s after the fleet node subscribed")
         time.sleep(p["grace_s"])
 
     def summary(self) -> dict:
