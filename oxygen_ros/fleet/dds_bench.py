@@ -39,6 +39,7 @@ from oxygen_ros.processes import demo_env, python_command, stop
 
 FLEET_NODE = "oxygen_ros.nodes.fleet_node"
 ROBOT_CLIENT = "oxygen_ros.nodes.robot_client"
+DEFAULT_RUNS = ("queue=esf", "queue=rr")  # the fleet node's design is fixed today; its queue policy is a parameter
 
 
 def parse_run(text: str) -> dict[str, str]:
@@ -220,10 +221,10 @@ def table(results: dict[str, list[dict]], robot_counts: Sequence[int]) -> list[s
 
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser("fleet-dds-bench", __doc__)
-    p.add_argument("--runs", nargs="+", type=parse_run, default=[{"queue": "esf"}, {"queue": "rr"}],
-                   metavar="NAME=VALUE[,NAME=VALUE]",
-                   help="one fleet node parameter set per run, e.g. queue=esf queue=rr design=robion,queue=esf")
-    p.add_argument("--robots", type=counts, default=counts("2,4,8"), help="robot counts (comma separated)")
+    p.add_argument("--runs", nargs="+", type=parse_run, default=None, metavar="NAME=VALUE[,NAME=VALUE]",
+                   help=f"one fleet node parameter set per run, e.g. queue=esf queue=rr design=robion,queue=esf "
+                   f"(default: {' '.join(DEFAULT_RUNS)})")
+    p.add_argument("--robots", type=counts, default="2,4,8", help="robot counts (comma separated)")
     p.add_argument("--models", default="a=tiny:0,b=tiny:1",
                    help="served models, id=source[:seed] (comma separated); robots use them in turn")
     p.add_argument("--cameras", default="base_0_rgb,left_wrist_0_rgb",
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.runs = args.runs or [parse_run(text) for text in DEFAULT_RUNS]
     if args.rate <= 0 or args.slo_ms <= 0 or args.duration <= 0 or args.warmup < 0 or args.repeats < 1:
         parser.error("--rate, --slo-ms, --duration and --repeats must be positive and --warmup >= 0")
     if not 0 <= args.jitter < 1:
