@@ -22,11 +22,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("oxygen_ros.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
     "train-tiny": ("oxygen_ros.train_tiny", "fit the tiny pi0.5 on one ALOHA episode -> checkpoint folder"),
     "sim-demo": ("oxygen_ros.sim_demo", "closed loop: gym-aloha sim_node + the VLA node on sim time, timing report"),
+    "fleet-sim-demo": ("oxygen_ros.fleet_sim_demo", "closed loop: several gym-aloha sim_node robots on one fleet_node"),
     "fleet-sim": ("oxygen_ros.fleet.fleet_sim_cli", "fleet simulator: SLO attainment vs robots per design"),
     "fleet-profile": ("oxygen_ros.fleet.profile_cli", "measure real stage latencies of served models -> LUT JSON"),
     "fleet-assign": ("oxygen_ros.fleet.assign_cli", "traffic controller: robots -> GPUs (assignment JSON)"),
     "fleet-bench": ("oxygen_ros.fleet.real_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
     "fleet-ipc": ("oxygen_ros.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
+    "fleet-dds-bench": ("oxygen_ros.fleet.dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
 }
 
 

@@ -139,6 +139,39 @@ def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros
     assert all(np.isfinite(episode.state).all() for episode in written)
 
 
+def test_wall_stamps_map_chunks_back_to_their_frames_sim_time(ros_context, ros_env, tmp_path):
+    """stamps: wall (several sims on one fleet node): frames carry the system clock, no /clock is sent, and a
+    chunk is executed at the sim step of the frame its stamp names; a stamp that names no frame is rejected."""
+    from rclpy.node import Node
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Image
+
+    echo = Node("stamp_echo", context=ros_context)
+    chunks = echo.create_publisher(JointTrajectory, "action_chunk", QoSProfile(depth=10))
+    stamps, clocks = [], []
+    hold = np.zeros((10, len(ALOHA_JOINT_NAMES)))
+
+    def answer(msg):
+        stamp_ns = msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec
+        if not stamps:
+            chunks.publish(make_chunk(ALOHA_JOINT_NAMES, hold, stamp_ns + 7))  # no frame was stamped then
+        stamps.append((stamp_ns, time.time_ns()))
+        chunks.publish(make_chunk(ALOHA_JOINT_NAMES, hold, stamp_ns))
+
+    echo.create_subscription(Image, "camera/top/image_raw", answer, qos_profile_sensor_data)
+    echo.create_subscription(Clock, "/clock", clocks.append, QoSProfile(depth=10))
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=60,
+        max_episodes=1, wait_for_policy="true", stamps="wall"), echo)
+    assert code == 0, output
+    summary = summary_of(output)
+    assert stamps and not clocks
+    assert all(abs(received - stamp) < 5 * 10**9 for stamp, received in stamps)  # the system clock, not sim time
+    assert summary["chunks_malformed"] == 1 and "stamped at no recent frame" in output
+    assert summary["chunks_accepted"] > 0 and summary["chunk_wall_latency_ms"]["median"] >= 0
+    assert summary["chunk_latency_steps"]["max"] <= 60  # in sim steps, as on sim time
+
+
 def test_sigint_exits_cleanly_and_writes_the_partial_episode(ros_context, ros_env, tmp_path):
     ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
     sim = Child(sim_args(PARAMS_FILE, cameras="[top]", image_height=48, image_width=64, blending="newest_wins",

@@ -12,6 +12,9 @@ point i meant for header.stamp + points[i].time_from_start, joint_names mapped t
 that names other joints, has ragged points or non-uniform timing is rejected (counted, with a throttled warning).
 Commands violent enough to make the physics diverge (MuJoCo's invalid-state warnings: random weights do this)
 end the episode as a failure, with an error line and a count (`diverged_episodes`); the sim resets and goes on.
+With `stamps: wall` (several sims served by one fleet node, which runs on the system clock) frames are stamped
+with the system clock when published and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
+frame it names (a stamp that names no recent frame is rejected), so the chunk executor still works in sim time.
 `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
@@ -53,6 +56,8 @@ from oxygen_ros.sim.recording import EpisodeRecorder, next_episode_path
 
 STEP_NS = round(DT * 1e9)
 MAX_LEAD_S = 1.0  # a chunk stamped further ahead of sim time than this is not on sim time at all
+STAMP_MODES = ("sim", "wall")
+RECENT_FRAMES = 500  # wall stamps remembered for mapping chunks back to sim time (10 s at 50 Hz)
 
 
 def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOINT_NAMES
@@ -102,9 +107,11 @@ class SimNode(Node):
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
-            ("status_period_s", 1.0))}
+            ("status_period_s", 1.0), ("stamps", "sim"))}
         if p["blending"] not in BLENDING_MODES:
             raise ValueError(f"blending must be one of {BLENDING_MODES}, got {p['blending']!r}")
+        if p["stamps"] not in STAMP_MODES:
+            raise ValueError(f"stamps must be one of {STAMP_MODES}, got {p['stamps']!r}")
         self.params = p
         self.env = AlohaSimEnv(p["task"], cameras=list(p["cameras"]), height=p["image_height"],
                                width=p["image_width"], max_steps=p["episode_steps"])
@@ -120,8 +127,13 @@ class SimNode(Node):
         self.chunks_received, self.chunks_malformed = 0, 0
         self._ticks: deque[float] = deque(maxlen=101)
         self._step_ms: deque[float] = deque(maxlen=500)
+        self._wall_steps: dict[int, int] = {}  # stamps: wall: a recent frame's stamp -> its step
+        self._wall_order: deque[int] = deque()
+        self._wall_latency_ms: deque[float] = deque(maxlen=500)  # stamps: wall: chunk receipt - its frame's stamp
+        self._started = time.monotonic()
 
-        self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
+        if p["stamps"] == "sim":
+            self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
         self._image_pubs = {cam: self.create_publisher(Image, f"camera/{cam}/image_raw", qos_profile_sensor_data)
                             for cam in self.env.cameras}
         self._joint_pub = self.create_publisher(JointState, "joint_states", QoSProfile(depth=10))
@@ -136,6 +148,14 @@ class SimNode(Node):
     def _on_chunk(self, msg: JointTrajectory) -> None:
         self.chunks_received += 1
         try:
+            with self.lock:
+                if self.params["stamps"] == "wall":
+                    stamp_ns = stamp_to_ns(msg.header.stamp)
+                    step = self._wall_steps.get(stamp_ns)
+                    if step is None:
+                        raise ValueError("stamped at no recent frame of this sim")
+                    self._wall_latency_ms.append((self.get_clock().now().nanoseconds - stamp_ns) / 1e6)
+                    msg.header.stamp = ns_to_stamp(step * STEP_NS)
             actions, stamp, time_step, frame_stamp = chunk_from_msg(msg)
             with self.lock:
                 ahead = stamp - self.chunks.step * DT
@@ -152,14 +172,22 @@ class SimNode(Node):
 
     # -- observations out ------------------------------------------------------------------------------------
     def _publish_observation(self, obs, step: int) -> None:
-        stamp_ns = step * STEP_NS
-        clock = Clock()
-        clock.clock = ns_to_stamp(stamp_ns)
-        self._clock_pub.publish(clock)
+        if self.params["stamps"] == "wall":
+            stamp_ns = self.get_clock().now().nanoseconds
+            with self.lock:
+                self._wall_steps[stamp_ns] = step
+                self._wall_order.append(stamp_ns)
+                if len(self._wall_order) > RECENT_FRAMES:
+                    del self._wall_steps[self._wall_order.popleft()]
+        else:
+            stamp_ns = step * STEP_NS
+            clock = Clock()
+            clock.clock = ns_to_stamp(stamp_ns)
+            self._clock_pub.publish(clock)
         for cam, pub in self._image_pubs.items():
             pub.publish(image_msg(obs.images[cam], cam, stamp_ns))
         joints = JointState()
-        joints.header.stamp = clock.clock
+        joints.header.stamp = ns_to_stamp(stamp_ns)
         joints.name = list(ALOHA_JOINT_NAMES)
         joints.position = obs.qpos.tolist()
         joints.velocity = obs.qvel.tolist()
@@ -172,6 +200,7 @@ class SimNode(Node):
         with self.lock:
             summary = self.chunks.stats.summary()
             step = self.chunks.step
+            wall_latency = list(self._wall_latency_ms)
         ticks = list(self._ticks)
         rate = (len(ticks) - 1) / (ticks[-1] - ticks[0]) if len(ticks) > 1 and ticks[-1] > ticks[0] else 0.0
         step_ms = np.array(self._step_ms) if self._step_ms else np.zeros(1)
@@ -187,8 +216,9 @@ class SimNode(Node):
             "chunks_accepted": summary["chunks_accepted"], "chunks_rejected": summary["chunks_rejected"],
             "chunk_latency_steps": summary["latency_steps"], "switch_discontinuity": summary["switch_discontinuity"],
             "jerk_rms": summary["jerk_rms"], "jerk_max": summary["jerk_max"], "held_steps": summary["held_steps"],
-            "episodes_written": list(self.written),
-        }
+            "episodes_written": list(self.written), "wall_s": time.monotonic() - self._started,
+        } | ({"chunk_wall_latency_ms": {"median": float(np.median(wall_latency)), "max": max(wall_latency)}
+              if wall_latency else None} if self.params["stamps"] == "wall" else {})
 
     def _publish_status(self) -> None:
         self._status_pub.publish(String(data=json.dumps(self.status())))
@@ -227,7 +257,7 @@ class SimNode(Node):
             return
         period = 1.0 / self.params["rate_hz"] if self.params["rate_hz"] > 0 else 0.0
         obs = self._start_episode()
-        next_tick = next_status = time.monotonic()
+        next_tick = next_status = self._started = time.monotonic()
         while not stop.is_set():
             self._publish_observation(obs, self.chunks.step)
             if period:
