@@ -124,7 +124,7 @@ def test_deadlines_run_from_the_camera_stamp(tokenizer, publish_late):  # noqa: 
 def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenizer, design):  # noqa: F811
     """Two robots on two models, every frame narrating: each gets its chunks and its narration's final text;
     the frame slots all come back; the plan came from a table profiled on the served runners at start-up."""
-    robots = [ServedRobot("r1", "a", 30.0), ServedRobot("r2", "b", 30.0)]
+    robots = [ServedRobot("r1", "a", 600.0), ServedRobot("r2", "b", 600.0)]
     chunks, texts = [], []
     specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=12, frame_slots=8)
@@ -140,7 +140,8 @@ def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenize
         assert server.runtime.drain(120)
     finally:
         server.close()
-    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    counts = {r: server.robot_counts(r) for r in ("r1", "r2")}  # (says why, should a frame be missing)
+    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)], counts
     assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
     finals = [t for t in texts if t.final]
     assert sorted((t.robot_id, t.context) for t in finals) == [(r, i) for r in ("r1", "r2") for i in range(3)]
@@ -173,7 +174,7 @@ def test_frames_wait_for_frame_slots_instead_of_failing(tokenizer):  # noqa: F81
     batch's action stage gave its slots back; every frame gets its chunk."""
     chunks = []
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=3, frame_slots=2)
-    server = FleetServer([ModelSpec.parse("a=tiny:0")], [ServedRobot("r1", "a", 30.0)], config,
+    server = FleetServer([ModelSpec.parse("a=tiny:0")], [ServedRobot("r1", "a", 600.0)], config,
                          lambda model: tokenizer, on_chunk=chunks.append, design="robion", cpu_threads=2,
                          profile_repeats=1)
     server.start()
@@ -183,4 +184,5 @@ def test_frames_wait_for_frame_slots_instead_of_failing(tokenizer):  # noqa: F81
         assert server.runtime.drain(120)
     finally:
         server.close()
-    assert sorted(c.context for c in chunks) == list(range(6)) and all(c.error is None for c in chunks)
+    assert sorted(c.context for c in chunks) == list(range(6)) and all(c.error is None for c in chunks), \
+        server.robot_counts("r1")
