@@ -64,7 +64,7 @@ def test_omni_starts_the_next_batch_when_its_stage_frees_up_and_co_runs_the_stag
     device = OmniScheduler(table())
     device.submit(request(0))
     (first,) = device.start(0.0)
-    assert first.unit == "vlm" and not first.co_run and first.slots[0].share == 1.0  # alone: the whole device
+    assert first.unit == "vlm" and not first.co_run and first.stage_runs[0].share == 1.0  # alone: the whole device
     for i in (1, 2, 3):
         device.submit(request(i, arrival=0.001))
     assert device.start(0.001) == []  # the VLM process is busy; nothing for the action process yet
@@ -74,11 +74,11 @@ def test_omni_starts_the_next_batch_when_its_stage_frees_up_and_co_runs_the_stag
     works = {w.unit: w for w in device.start(end)}
     # Continuous batching: the VLM stage takes the three queued requests at once, the action stage the first one,
     # and the two stage processes now share the device (half each here), both inflated by interference.
-    assert [r.request_id for r in works["vlm"].slots[0].batch.requests] == [1, 2, 3]
-    assert works["vlm"].slots[0].batch.bucket == 4
-    assert [r.request_id for r in works["action"].slots[0].batch.requests] == [0]
+    assert [r.request_id for r in works["vlm"].stage_runs[0].batch.requests] == [1, 2, 3]
+    assert works["vlm"].stage_runs[0].batch.bucket == 4
+    assert [r.request_id for r in works["action"].stage_runs[0].batch.requests] == [0]
     for work in works.values():
-        assert work.co_run and work.slots[0].share == 0.5
+        assert work.co_run and work.stage_runs[0].share == 0.5
     assert works["vlm"].duration(1.1) == pytest.approx(1.1 * 1.8 * VLM_S[4] + IPC_S["input"][4] + IPC_S["kv"][4])
     assert works["action"].duration(1.1) == pytest.approx(1.1 * 1.2 * ACTION_S[1] + IPC_S["output"][1])
     done = device.finish(works["action"], end + works["action"].duration())
@@ -100,7 +100,7 @@ def test_intergpu_runs_both_stages_and_the_link_at_once_on_whole_devices():
     (action,) = device.start(t + started["link"].duration())
     assert action.unit == "action" and device.busy[Stage.VLM]  # both GPUs busy together
     for work in (action, started["vlm"]):
-        assert not work.co_run and work.slots[0].share == 1.0
+        assert not work.co_run and work.stage_runs[0].share == 1.0
 
 
 @pytest.mark.parametrize("design", [OmniScheduler, InterGpuScheduler])
@@ -110,7 +110,7 @@ def test_the_queue_policy_picks_the_model(design):
         for r in requests:
             device.submit(r)
         (work,) = device.start(0.0)
-        return work.slots[0].batch.model_id
+        return work.stage_runs[0].batch.model_id
 
     urgent_b = [request(0, "a", slo=0.5), request(1, "a", slo=0.5), request(2, "b", slo=0.05)]
     assert first_model("esf", urgent_b) == "b"  # least slack first
@@ -122,7 +122,7 @@ def test_the_queue_policy_picks_the_model(design):
         device.submit(request(2 * i + 1, "b"))
     for step in range(2):
         vlm = next(w for w in device.start(float(step)) if w.unit == "vlm")
-        served.append(vlm.slots[0].batch.model_id)
+        served.append(vlm.stage_runs[0].batch.model_id)
         device.finish(vlm, float(step) + 0.5)
     assert served == ["a", "b"]  # round-robin alternates
 

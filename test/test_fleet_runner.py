@@ -100,8 +100,8 @@ def test_real_executor_serves_every_request_or_drops_it_and_frees_every_slot(run
         assert request.dropped or request.actions is not None
         assert request.slot is None
     for record in result.works:
-        for slot in record.work.slots:
-            assert all(r.arrival <= record.work.start for r in slot.batch.requests)  # closed batches
+        for run in record.work.stage_runs:
+            assert all(r.arrival <= record.work.start for r in run.batch.requests)  # closed batches
     assert all(s.runner.slots_in_use == 0 for s in runner.models.values())  # only the padding slots remain
     assert result.attainment > 0, result.summary()
 

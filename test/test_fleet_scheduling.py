@@ -93,14 +93,14 @@ def test_request_arriving_mid_stage_waits_for_next_stage_start():
     for i in range(3):
         device.submit(req(i, "m0", arrival=0.0))
     (work,) = device.start(0.0)
-    assert work.slots[0].batch.bucket == 4 and work.slots[0].batch.padding == 1  # room for one more
+    assert work.stage_runs[0].batch.bucket == 4 and work.stage_runs[0].batch.padding == 1  # room for one more
     end = work.duration()
     late = req(3, "m0", arrival=end / 2)
     device.submit(late)
     assert device.start(end / 2) == []  # the stage is running: no mid-stage admission, no new work
     device.finish(work, end)
     (nxt,) = device.start(end)
-    vlm = next(s.batch for s in nxt.slots if s.batch.stage is Stage.VLM)
+    vlm = next(s.batch for s in nxt.stage_runs if s.batch.stage is Stage.VLM)
     assert vlm.requests == [late] and late.vlm_start == end
 
 
@@ -111,10 +111,10 @@ def test_simulator_log_never_admits_mid_stage():
         result = simulate(robots, gpu_of, LUT, SimConfig(design=design, duration_s=2.0), keep_log=True)
         members = 0
         for record in result.works:
-            for slot in record.work.slots:
-                for request in slot.batch.requests:
+            for run in record.work.stage_runs:
+                for request in run.batch.requests:
                     assert request.arrival <= record.work.start
-                    if slot.batch.stage is Stage.ACTION and design != "monolithic":
+                    if run.batch.stage is Stage.ACTION and design != "monolithic":
                         assert request.vlm_done <= record.work.start
                     members += 1
         assert members > 100
@@ -124,12 +124,12 @@ def test_lockstep_overlaps_stages_and_lasts_the_slower_one():
     robots = [RobotSpec(f"r{i}", f"m{i % 2}", 10.0, 0.2) for i in range(8)]
     config = SimConfig(design="robion", duration_s=2.0, guard=1.1, interference=1.05)
     result = simulate(robots, {r.robot_id: 0 for r in robots}, LUT, config, keep_log=True)
-    both = [w for w in result.works if len({s.batch.stage for s in w.work.slots}) == 2]
+    both = [w for w in result.works if len({s.batch.stage for s in w.work.stage_runs}) == 2]
     assert len(both) > 20
     for record in both:
         work = record.work
         assert not work.sequential and work.co_run  # split mode: side by side on complementary shares
-        vlm, action = work.slots
+        vlm, action = work.stage_runs
         assert vlm.share + action.share == pytest.approx(1.0)
         assert record.end - work.start == pytest.approx(1.05 * max(vlm.lut_s, action.lut_s))
         assert record.end - work.start <= work.predicted_s + 1e-12  # guard 1.1 >= interference 1.05
@@ -176,7 +176,7 @@ def test_execute_work_runs_split_stages_concurrently():
     device.finish(first, 0.05)
     device.submit(req(1, "m1"))
     (work,) = device.start(0.05)
-    assert work.co_run and len(work.slots) == 2
+    assert work.co_run and len(work.stage_runs) == 2
     barrier = threading.Barrier(2, timeout=10)
     seen = []
 
@@ -197,9 +197,9 @@ def test_a_vlm_batch_takes_only_what_the_frame_slots_hold():
     for i in range(6):
         device.submit(req(i, "m0"))
     (work,) = device.start(0.0)
-    assert [len(s.batch.requests) for s in work.slots] == [2]  # 3 slots left: a bucket of 2
+    assert [len(s.batch.requests) for s in work.stage_runs] == [2]  # 3 slots left: a bucket of 2
     device.finish(work, 0.01)
     room["m0"] = 0
     (work,) = device.start(0.02)  # the two wait for their action stage; the other four stay queued
-    assert [(s.batch.stage, len(s.batch.requests)) for s in work.slots] == [(Stage.ACTION, 2)]
+    assert [(s.batch.stage, len(s.batch.requests)) for s in work.stage_runs] == [(Stage.ACTION, 2)]
     assert device.queues[Stage.VLM].length("m0") == 4

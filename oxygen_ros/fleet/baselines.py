@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.batching import Batch
-from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
+from oxygen_ros.fleet.device import QueuedDevice, StageRun, Work
 from oxygen_ros.fleet.lockstep import split_candidates
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
@@ -33,20 +33,20 @@ class MonolithicScheduler(QueuedDevice):
         if batch is None:
             return []
         action = Batch(batch.model_id, Stage.ACTION, batch.requests, batch.bucket)
-        slots = [self.solo_slot(b) for b in (batch, action)]
+        runs = [self.solo_run(b) for b in (batch, action)]
         self.busy = True
-        work = Work(self.unit, now, slots, 0.0, sequential=True)
+        work = Work(self.unit, now, runs, 0.0, sequential=True)
         work.predicted_s = work.duration()
         return [work]
 
     def finish(self, work: Work, now: float) -> list[FleetRequest]:
         self.busy = False
-        vlm_end = work.start + work.slots[0].lut_s
-        for request in work.slots[0].batch.requests:
+        vlm_end = work.start + work.stage_runs[0].lut_s
+        for request in work.stage_runs[0].batch.requests:
             request.vlm_done = vlm_end
             request.action_start = vlm_end
             request.finish = now
-        return list(work.slots[0].batch.requests)
+        return list(work.stage_runs[0].batch.requests)
 
 
 class StaticSplitScheduler(QueuedDevice):
@@ -76,14 +76,14 @@ class StaticSplitScheduler(QueuedDevice):
             lut_s = self.lut.latency(batch.model_id, stage, batch.bucket, share)
             self.busy[stage] = True
             started.append(
-                Work(stage.value, now, [StageSlot(batch, share, lut_s)], self.guard * lut_s, co_run=True)
+                Work(stage.value, now, [StageRun(batch, share, lut_s)], self.guard * lut_s, co_run=True)
             )
         return started
 
     def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        stage = work.slots[0].batch.stage
+        stage = work.stage_runs[0].batch.stage
         self.busy[stage] = False
-        return self.complete_slot(work.slots[0], now)
+        return self.complete_run(work.stage_runs[0], now)
 
 
 def best_static_share(lut: ProfileTable, bucket: int) -> float:

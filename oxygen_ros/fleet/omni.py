@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.baselines import best_static_share
 from oxygen_ros.fleet.batching import Batch, power_of_two_buckets
-from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
+from oxygen_ros.fleet.device import QueuedDevice, StageRun, Work
 from oxygen_ros.fleet.policies import RemainingTime
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
@@ -37,15 +37,15 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 @dataclass
 class HopWork(Work):
-    """Work whose unit is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its slots;
+    """Work whose unit is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
     the hop is host or link time, so interference does not inflate it. ``payload``: a batch in transit (a
-    transfer carries no stage slot)."""
+    transfer carries no stage run)."""
 
     hop_s: float = 0.0
     payload: Batch | None = None
 
     def duration(self, interference: float = 1.0) -> float:
-        return (super().duration(interference) if self.slots else 0.0) + self.hop_s
+        return (super().duration(interference) if self.stage_runs else 0.0) + self.hop_s
 
 
 @dataclass(frozen=True)
@@ -148,29 +148,29 @@ class OmniScheduler(_StagePipeline):
             extra += self.hop("input", bucket) + self.hop("kv", bucket)
         return extra
 
-    def shared_slot(self, batch: Batch) -> StageSlot:
+    def shared_run(self, batch: Batch) -> StageRun:
         """``batch`` co-running with the other stage's process, on its stage's share of the split."""
         share = self.co_shares[batch.stage]
-        return StageSlot(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
+        return StageRun(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
 
     def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
         shared = other_running
-        slot = self.shared_slot(batch) if shared else self.solo_slot(batch)
+        run = self.shared_run(batch) if shared else self.solo_run(batch)
         if batch.stage is Stage.VLM:
             hop = self.hop("input", batch.bucket) + self.hop("kv", batch.bucket)
         else:
             hop = self.hop("output", batch.bucket)
-        work = HopWork(batch.stage.value, now, [slot], 0.0, co_run=shared, hop_s=hop)
-        work.predicted_s = (self.guard if shared else 1.0) * slot.lut_s + hop
+        work = HopWork(batch.stage.value, now, [run], 0.0, co_run=shared, hop_s=hop)
+        work.predicted_s = (self.guard if shared else 1.0) * run.lut_s + hop
         return work
 
     def start(self, now: float) -> list[Work]:
         return self.start_stages(now)
 
     def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        slot = work.slots[0]
-        self.busy[slot.batch.stage] = False
-        return self.complete_slot(slot, now)
+        run = work.stage_runs[0]
+        self.busy[run.batch.stage] = False
+        return self.complete_run(run, now)
 
 
 class InterGpuScheduler(_StagePipeline):
@@ -195,8 +195,8 @@ class InterGpuScheduler(_StagePipeline):
         return self.transfer_s(bucket) if stage is Stage.VLM else 0.0
 
     def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
-        slot = self.solo_slot(batch)  # its own GPU: the other stage does not matter
-        return HopWork(batch.stage.value, now, [slot], slot.lut_s)
+        run = self.solo_run(batch)  # its own GPU: the other stage does not matter
+        return HopWork(batch.stage.value, now, [run], run.lut_s)
 
     def start(self, now: float) -> list[Work]:
         started: list[Work] = []
@@ -213,11 +213,11 @@ class InterGpuScheduler(_StagePipeline):
             for request in work.payload.requests:
                 self.queues[Stage.ACTION].push(request)
             return []
-        slot = work.slots[0]
-        self.busy[slot.batch.stage] = False
-        if slot.batch.stage is Stage.VLM:
-            for request in slot.batch.requests:
+        run = work.stage_runs[0]
+        self.busy[run.batch.stage] = False
+        if run.batch.stage is Stage.VLM:
+            for request in run.batch.requests:
                 request.vlm_done = now
-            self.in_transit.append(slot.batch)
+            self.in_transit.append(run.batch)
             return []
-        return self.complete_slot(slot, now)
+        return self.complete_run(run, now)

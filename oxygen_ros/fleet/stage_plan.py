@@ -41,7 +41,7 @@ class FleetStagePlanner:
 
     def start(self, now: float) -> list[StageWork]:
         return [StageWork([StageBatch(s.batch.model_id, s.batch.stage.value, [r.context for r in s.batch.requests],
-                                      s.batch.bucket, s.share) for s in work.slots], work.sequential, work)
+                                      s.batch.bucket, s.share) for s in work.stage_runs], work.sequential, work)
                 for work in self.device.start(now)]
 
     def finish(self, work: StageWork, now: float) -> None:
