@@ -64,14 +64,14 @@ def test_omni_starts_the_next_batch_when_its_stage_frees_up_and_co_runs_the_stag
     device = OmniScheduler(table())
     device.submit(request(0))
     (first,) = device.start(0.0)
-    assert first.unit == "vlm" and not first.co_run and first.stage_runs[0].share == 1.0  # alone: the whole device
+    assert first.lane == "vlm" and not first.co_run and first.stage_runs[0].share == 1.0  # alone: the whole device
     for i in (1, 2, 3):
         device.submit(request(i, arrival=0.001))
     assert device.start(0.001) == []  # the VLM process is busy; nothing for the action process yet
     end = first.duration()
     assert end == pytest.approx(IPC_S["input"][1] + VLM_S[1] + IPC_S["kv"][1])
     device.finish(first, end)
-    works = {w.unit: w for w in device.start(end)}
+    works = {w.lane: w for w in device.start(end)}
     # Continuous batching: the VLM stage takes the three queued requests at once, the action stage the first one,
     # and the two stage processes now share the device (half each here), both inflated by interference.
     assert [r.request_id for r in works["vlm"].stage_runs[0].batch.requests] == [1, 2, 3]
@@ -92,13 +92,13 @@ def test_intergpu_runs_both_stages_and_the_link_at_once_on_whole_devices():
     device.submit(request(1, arrival=0.001))
     t = VLM_S[1]
     device.finish(vlm, t)
-    started = {w.unit: w for w in device.start(t)}
+    started = {w.lane: w for w in device.start(t)}
     assert set(started) == {"link", "vlm"}  # the K/V leaves while the VLM GPU takes the next batch
     assert started["link"].duration() == pytest.approx(KV_BYTES / 1e9 + 1e-4)
     assert [r.request_id for r in started["link"].payload.requests] == [0]
     device.finish(started["link"], t + started["link"].duration())
     (action,) = device.start(t + started["link"].duration())
-    assert action.unit == "action" and device.busy[Stage.VLM]  # both GPUs busy together
+    assert action.lane == "action" and device.busy[Stage.VLM]  # both GPUs busy together
     for work in (action, started["vlm"]):
         assert not work.co_run and work.stage_runs[0].share == 1.0
 
@@ -121,7 +121,7 @@ def test_the_queue_policy_picks_the_model(design):
         device.submit(request(2 * i, "a"))
         device.submit(request(2 * i + 1, "b"))
     for step in range(2):
-        vlm = next(w for w in device.start(float(step)) if w.unit == "vlm")
+        vlm = next(w for w in device.start(float(step)) if w.lane == "vlm")
         served.append(vlm.stage_runs[0].batch.model_id)
         device.finish(vlm, float(step) + 0.5)
     assert served == ["a", "b"]  # round-robin alternates

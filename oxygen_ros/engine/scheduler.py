@@ -227,9 +227,10 @@ class StageWork:
 class StagePlanner(Protocol):
     """A device-scheduling plug-in for a stage split: it queues frames and decides which stage batches run and
     on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners.
-    `units`: how many works it may have running at once."""
+    `lanes`: how many works it may have running at once (its execution lanes: one for a lockstep, one per stage
+    for a static split)."""
 
-    units: int
+    lanes: int
 
     def submit(self, frame: ActionFrame) -> None: ...
 

@@ -5,7 +5,7 @@ batches run next and on which device shares; this executes them with the runtime
 prefills its frames into slots they keep; an action batch denoises from those slots, then its narrating frames
 hand their slots to language requests exactly as after a whole-device call (`Runtime._hand_over`), so narration
 decodes from the prefix the action stage read. The control thread holds the runtime's gate while stage work runs
-(no decode step overlaps it), and a unit that finishes while another still runs (a static split's two stages)
+(no decode step overlaps it), and a lane that finishes while another still runs (a static split's two stages)
 starts its next work at once. Chunks, and frames the planner dropped because their deadline passed in its queue,
 go to the runtime's `on_chunk` as they come.
 """
@@ -62,8 +62,8 @@ class StagedControl:
                         running.append((work, [self._launch(b) for b in work.batches]))
                 if not running:
                     break
-                # while a unit is idle (a static split), a frame arriving meanwhile may start on it: look again soon
-                idle = len(running) < self.planner.units
+                # while a lane is idle (a static split), a frame arriving meanwhile may start on it: look again soon
+                idle = len(running) < self.planner.lanes
                 wait([item[2] for _, items in running for item in items], timeout=POLL_S if idle else None,
                      return_when=FIRST_COMPLETED)
                 still = []

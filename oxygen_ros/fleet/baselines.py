@@ -18,9 +18,9 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 
 class MonolithicScheduler(QueuedDevice):
-    """One unit; a batch of one model is served end to end (both stages) before the next one starts."""
+    """One lane; a batch of one model is served end to end (both stages) before the next one starts."""
 
-    unit = "device"
+    lane = "device"
 
     def __init__(self, lut: ProfileTable, **kwargs):
         super().__init__(lut, **kwargs)
@@ -35,7 +35,7 @@ class MonolithicScheduler(QueuedDevice):
         action = Batch(batch.model_id, Stage.ACTION, batch.requests, batch.bucket)
         runs = [self.solo_run(b) for b in (batch, action)]
         self.busy = True
-        work = Work(self.unit, now, runs, 0.0, sequential=True)
+        work = Work(self.lane, now, runs, 0.0, sequential=True)
         work.predicted_s = work.duration()
         return [work]
 
@@ -50,12 +50,12 @@ class MonolithicScheduler(QueuedDevice):
 
 
 class StaticSplitScheduler(QueuedDevice):
-    """Two independent units, VLM on ``vlm_share`` of the device and action on the rest, each starting a new
+    """Two independent lanes, VLM on ``vlm_share`` of the device and action on the rest, each starting a new
     batch as soon as it is free. They always share the device, so both suffer interference. By default the
     split is the one fixed split that best balances the two stages over all models in the LUT (so the baseline
     is a fair static choice, not a strawman 50/50)."""
 
-    units = 2
+    lanes = 2
 
     def __init__(self, lut: ProfileTable, vlm_share: float | None = None, **kwargs):
         super().__init__(lut, **kwargs)

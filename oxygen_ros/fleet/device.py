@@ -30,13 +30,13 @@ class StageRun:
 
 @dataclass
 class Work:
-    """What one execution unit of a device runs from ``start`` until it completes.
+    """What one execution lane of a device runs from ``start`` until it completes.
 
     ``sequential``: the stage runs go one after the other (monolithic call, or a time-sliced lockstep);
     otherwise they run side by side and the work lasts as long as its slowest stage run.
     ``co_run``: its stage runs share the device with other running work, so they suffer interference."""
 
-    unit: str
+    lane: str
     start: float
     stage_runs: list[StageRun]
     predicted_s: float
@@ -54,8 +54,9 @@ class Work:
 class QueuedDevice:
     """Base for the device schedulers: requests enter the VLM queues, batches are cut by the stage's policy."""
 
-    units = 1
-    """How many units of work can run at once (a real executor runs a one-unit design inline)."""
+    lanes = 1
+    """How many execution lanes the device has: each runs one piece of work at a time (a real executor runs a
+    one-lane design inline)."""
 
     def __init__(
         self,
@@ -142,7 +143,7 @@ class QueuedDevice:
         return list(run.batch.requests)
 
     def start(self, now: float) -> list[Work]:
-        """Start work on every idle unit that has something to do; the caller reports each back to ``finish``."""
+        """Start work on every idle lane that has something to do; the caller reports each back to ``finish``."""
         raise NotImplementedError
 
     def finish(self, work: Work, now: float) -> list[FleetRequest]:

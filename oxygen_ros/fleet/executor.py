@@ -88,7 +88,7 @@ class FleetExecutor:
                     next_arrival += 1
                 for work in self.device.start(now):
                     in_flight += 1
-                    if self.device.units == 1:
+                    if self.device.lanes == 1:
                         self._execute(work)  # nothing else can start meanwhile: skip two thread hand-offs
                     else:
                         pool.submit(self._execute, work)
@@ -145,7 +145,7 @@ def run_real(
 
 
 def cycle_factors(works: Sequence[WorkRecord], interference: float = 1.0) -> list[float]:
-    """For a one-unit device, how much longer than its LUT prediction each unit of work kept the device: (time
+    """For a one-lane device, how much longer than its LUT prediction each unit of work kept the device: (time
     from its start to the next unit's start) / (LUT duration, co-running work inflated by ``interference``).
     The cycle includes the executor's own overhead between units. Meaningful while the device is kept busy (an
     overloaded run); all 1.0 would mean the machine ran exactly as profiled. ``SimConfig.duration_factors``

@@ -72,7 +72,7 @@ def choose_partition(
 class LockstepScheduler(QueuedDevice):
     """One device, one lockstep at a time: VLM batch and action batch start together and finish together."""
 
-    unit = "lockstep"
+    lane = "lockstep"
 
     def __init__(self, lut: ProfileTable, **kwargs):
         super().__init__(lut, **kwargs)
@@ -103,7 +103,7 @@ class LockstepScheduler(QueuedDevice):
         self.busy = True
         return [
             Work(
-                self.unit,
+                self.lane,
                 now,
                 runs,
                 choice.predicted_s,

@@ -37,7 +37,7 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 @dataclass
 class HopWork(Work):
-    """Work whose unit is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
+    """Work whose lane is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
     the hop is host or link time, so interference does not inflate it. ``payload``: a batch in transit (a
     transfer carries no stage run)."""
 
@@ -83,7 +83,7 @@ def _needs(lut: ProfileTable, key: str, design: str):
 
 
 class _StagePipeline(QueuedDevice):
-    """Continuous batching on two independent stage units; subclasses say what a batch costs beyond the LUT."""
+    """Continuous batching on two independent stage lanes; subclasses say what a batch costs beyond the LUT."""
 
     needs_hop_costs = True
     """It reads hand-off or link costs from the LUT's meta (``attach_hop_costs``)."""
@@ -93,7 +93,7 @@ class _StagePipeline(QueuedDevice):
         self.busy = {Stage.VLM: False, Stage.ACTION: False}
 
     def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
-        """The work of ``batch`` on its stage's unit; ``other_running``: the other stage runs at the same time."""
+        """The work of ``batch`` on its stage's lane; ``other_running``: the other stage runs at the same time."""
         raise NotImplementedError
 
     def remaining_extra(self, stage: Stage, bucket: int) -> float:
@@ -126,7 +126,7 @@ def _other(stage: Stage) -> Stage:
 class OmniScheduler(_StagePipeline):
     """Stage processes on one GPU with continuous batching and measured IPC per hop (see the module doc)."""
 
-    units = 2
+    lanes = 2
 
     def __init__(self, lut: ProfileTable, vlm_share: float | None = None, **kwargs):
         super().__init__(lut, **kwargs)
@@ -176,7 +176,7 @@ class OmniScheduler(_StagePipeline):
 class InterGpuScheduler(_StagePipeline):
     """VLM on one GPU, action on another, the prefix K/V sent over the link between them (see the module doc)."""
 
-    units = 3
+    lanes = 3
     gpus = 2
 
     def __init__(self, lut: ProfileTable, **kwargs):
@@ -208,7 +208,7 @@ class InterGpuScheduler(_StagePipeline):
         return started + self.start_stages(now)
 
     def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        if work.unit == "link":
+        if work.lane == "link":
             self.link_busy = False
             for request in work.payload.requests:
                 self.queues[Stage.ACTION].push(request)

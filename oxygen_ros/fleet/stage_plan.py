@@ -33,8 +33,8 @@ class FleetStagePlanner:
                                         frame.deadline, context=frame))
 
     @property
-    def units(self) -> int:
-        return self.device.units
+    def lanes(self) -> int:
+        return self.device.lanes
 
     def pending(self) -> int:
         return self.device.pending()
