@@ -38,7 +38,7 @@ class SchedulerConfig:
     num_steps: int = 10  # Euler steps of the action expert
     tokens_per_frame: int = 4  # decode steps per frame (k); with adaptive k the cap per control period
     adaptive_k: bool = False  # decode only in the slack before the next control tick
-    # adaptive k's floor: decode steps the worker gets after every frame that leaves language work, slack or not,
+    # adaptive k's floor: decode steps the worker gets after every frame that leaves language job, slack or not,
     # so the text is never starved (0: none); the runtime reports the action time the floor took
     min_steps_per_frame: int = 1
     control_period_s: float = 0.1
@@ -205,7 +205,7 @@ class DecodePlan:
 
 @dataclass
 class StageBatch:
-    """One stage of a batch of one model's frames on `share` of the device (a stage split's unit of work)."""
+    """One stage of a batch of one model's frames on `share` of the device (one of a `StageJob`'s batches)."""
 
     model_id: str
     stage: str  # "vlm" (prefill into slots) or "action" (denoise from them)
@@ -215,7 +215,7 @@ class StageBatch:
 
 
 @dataclass
-class StageWork:
+class StageJob:
     """What a stage plug-in starts at once: its batches side by side, or one after the other (`sequential`).
     `token` is the plug-in's own record, handed back to its `finish`."""
 
@@ -227,7 +227,7 @@ class StageWork:
 class StagePlanner(Protocol):
     """A device-scheduling plug-in for a stage split: it queues frames and decides which stage batches run and
     on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners.
-    `lanes`: how many works it may have running at once (its execution lanes: one for a lockstep, one per stage
+    `lanes`: how many jobs it may have running at once (its execution lanes: one for a lockstep, one per stage
     for a static split)."""
 
     lanes: int
@@ -236,9 +236,9 @@ class StagePlanner(Protocol):
 
     def pending(self) -> int: ...
 
-    def start(self, now: float) -> list[StageWork]: ...
+    def start(self, now: float) -> list[StageJob]: ...
 
-    def finish(self, work: StageWork, now: float) -> None: ...
+    def finish(self, job: StageJob, now: float) -> None: ...
 
     def take_expired(self) -> list[ActionFrame]:
         """Frames dropped from its queues since the last call because their deadline passed."""
@@ -371,7 +371,7 @@ class Scheduler:
         return sum(len(s.active) + len(s.preempted) for s in self.models.values())
 
     def plan_decode(self, now: float, slack_s: float = math.inf, max_steps: int | None = None) -> DecodePlan | None:
-        """The next decode work: one model's requests (models with work take turns) for up to `max_steps` steps.
+        """The next decode plan: one model's requests (models with requests take turns) for up to `max_steps` steps.
 
         `slack_s`: seconds left before the control path needs the device (adaptive k: only what fits runs;
         infinite when the control path is idle or the caller owes steps regardless)."""

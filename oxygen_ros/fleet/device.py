@@ -1,8 +1,8 @@
-"""What every per-device scheduler shares: stage queues, queue policies, and the unit of work it hands out.
+"""What every per-device scheduler shares: stage queues, queue policies, and the jobs it hands out.
 
-A device scheduler never looks at a clock. It is told ``now`` when asked to start work and when work finishes,
+A device scheduler never looks at a clock. It is told ``now`` when asked to start jobs and when a job finishes,
 so the same object runs under the discrete-event simulator (simulated clock) and under a real executor
-(wall clock, with ``execute_work`` calling the engine's stage runner).
+(wall clock, with ``run_job`` calling the engine's stage runner).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ class StageRun:
 
 
 @dataclass
-class Work:
+class DeviceJob:
     """What one execution lane of a device runs from ``start`` until it completes.
 
     ``sequential``: the stage runs go one after the other (monolithic call, or a time-sliced lockstep);
-    otherwise they run side by side and the work lasts as long as its slowest stage run.
-    ``co_run``: its stage runs share the device with other running work, so they suffer interference."""
+    otherwise they run side by side and the job lasts as long as its slowest stage run.
+    ``co_run``: its stage runs share the device with other running jobs, so they suffer interference."""
 
     lane: str
     start: float
@@ -45,7 +45,7 @@ class Work:
     tags: dict = field(default_factory=dict)
 
     def duration(self, interference: float = 1.0) -> float:
-        """Latency from the LUT, inflated by ``interference`` (>= 1) when the work co-runs with other work."""
+        """Latency from the LUT, inflated by ``interference`` (>= 1) when the job co-runs with other jobs."""
         factor = interference if self.co_run else 1.0
         times = [run.lut_s * factor for run in self.stage_runs]
         return sum(times) if self.sequential else max(times)
@@ -55,7 +55,7 @@ class QueuedDevice:
     """Base for the device schedulers: requests enter the VLM queues, batches are cut by the stage's policy."""
 
     lanes = 1
-    """How many execution lanes the device has: each runs one piece of work at a time (a real executor runs a
+    """How many execution lanes the device has: each runs one job at a time (a real executor runs a
     one-lane design inline)."""
 
     def __init__(
@@ -142,25 +142,25 @@ class QueuedDevice:
             request.finish = now
         return list(run.batch.requests)
 
-    def start(self, now: float) -> list[Work]:
-        """Start work on every idle lane that has something to do; the caller reports each back to ``finish``."""
+    def start(self, now: float) -> list[DeviceJob]:
+        """Start a job on every idle lane that has something to do; the caller reports each back to ``finish``."""
         raise NotImplementedError
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        """Mark ``work`` done at ``now``; returns the requests that completed."""
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        """Mark ``job`` done at ``now``; returns the requests that completed."""
         raise NotImplementedError
 
 
-def execute_work(work: Work, runner: StageRunner) -> float:
-    """Run ``work`` for real with a stage runner and return the wall time it took.
+def run_job(job: DeviceJob, runner: StageRunner) -> float:
+    """Run ``job`` for real with a stage runner and return the wall time it took.
 
     Side-by-side stage runs go concurrently (on a GPU the runner maps a share to its own stream; on a CPU to a thread
     budget): through the runner's own ``submit(model_id, stage, requests, share) -> Future`` when it has one
     (persistent stage workers, as ``model_runner.ModelRunner``), else on one thread per stage run. Sequential ones run
     one after the other."""
     start = time.perf_counter()
-    args = [(s.batch.model_id, s.batch.stage, s.batch.requests, s.share) for s in work.stage_runs]
-    if work.sequential or len(work.stage_runs) == 1:
+    args = [(s.batch.model_id, s.batch.stage, s.batch.requests, s.share) for s in job.stage_runs]
+    if job.sequential or len(job.stage_runs) == 1:
         for arg in args:
             runner(*arg)
     elif hasattr(runner, "submit"):
@@ -168,7 +168,7 @@ def execute_work(work: Work, runner: StageRunner) -> float:
         for future in futures:
             future.result()
     else:
-        with ThreadPoolExecutor(max_workers=len(work.stage_runs)) as pool:
+        with ThreadPoolExecutor(max_workers=len(job.stage_runs)) as pool:
             futures = [pool.submit(runner, *arg) for arg in args]
             for future in futures:
                 future.result()

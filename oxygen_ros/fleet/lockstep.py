@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oxygen_ros.fleet.device import QueuedDevice, StageRun, Work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 
@@ -78,7 +78,7 @@ class LockstepScheduler(QueuedDevice):
         super().__init__(lut, **kwargs)
         self.busy = False
 
-    def start(self, now: float) -> list[Work]:
+    def start(self, now: float) -> list[DeviceJob]:
         if self.busy:
             return []
         vlm_batch = self.next_batch(Stage.VLM, now)
@@ -102,7 +102,7 @@ class LockstepScheduler(QueuedDevice):
             runs.append(StageRun(action_batch, choice.action_share, lut_s))
         self.busy = True
         return [
-            Work(
+            DeviceJob(
                 self.lane,
                 now,
                 runs,
@@ -113,9 +113,9 @@ class LockstepScheduler(QueuedDevice):
             )
         ]
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
         self.busy = False
         finished: list[FleetRequest] = []
-        for run in work.stage_runs:
+        for run in job.stage_runs:
             finished.extend(self.complete_run(run, now))
         return finished

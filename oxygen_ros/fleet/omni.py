@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.baselines import best_static_share
 from oxygen_ros.fleet.batching import Batch, power_of_two_buckets
-from oxygen_ros.fleet.device import QueuedDevice, StageRun, Work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
 from oxygen_ros.fleet.policies import RemainingTime
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 
 @dataclass
-class HopWork(Work):
-    """Work whose lane is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
+class HopJob(DeviceJob):
+    """A job whose lane is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
     the hop is host or link time, so interference does not inflate it. ``payload``: a batch in transit (a
     transfer carries no stage run)."""
 
@@ -92,8 +92,8 @@ class _StagePipeline(QueuedDevice):
         super().__init__(lut, **kwargs)
         self.busy = {Stage.VLM: False, Stage.ACTION: False}
 
-    def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
-        """The work of ``batch`` on its stage's lane; ``other_running``: the other stage runs at the same time."""
+    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
+        """The job of ``batch`` on its stage's lane; ``other_running``: the other stage runs at the same time."""
         raise NotImplementedError
 
     def remaining_extra(self, stage: Stage, bucket: int) -> float:
@@ -110,13 +110,13 @@ class _StagePipeline(QueuedDevice):
 
         return remaining
 
-    def start_stages(self, now: float) -> list[Work]:
+    def start_stages(self, now: float) -> list[DeviceJob]:
         """Every free stage takes its next batch; a stage starting together with the other one co-runs with it."""
         batches = {stage: self.next_batch(stage, now) for stage in (Stage.VLM, Stage.ACTION) if not self.busy[stage]}
         batches = {stage: batch for stage, batch in batches.items() if batch is not None}
         for stage in batches:
             self.busy[stage] = True
-        return [self.stage_work(batch, now, self.busy[_other(stage)]) for stage, batch in batches.items()]
+        return [self.stage_job(batch, now, self.busy[_other(stage)]) for stage, batch in batches.items()]
 
 
 def _other(stage: Stage) -> Stage:
@@ -153,22 +153,22 @@ class OmniScheduler(_StagePipeline):
         share = self.co_shares[batch.stage]
         return StageRun(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
 
-    def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
+    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
         shared = other_running
         run = self.shared_run(batch) if shared else self.solo_run(batch)
         if batch.stage is Stage.VLM:
             hop = self.hop("input", batch.bucket) + self.hop("kv", batch.bucket)
         else:
             hop = self.hop("output", batch.bucket)
-        work = HopWork(batch.stage.value, now, [run], 0.0, co_run=shared, hop_s=hop)
-        work.predicted_s = (self.guard if shared else 1.0) * run.lut_s + hop
-        return work
+        job = HopJob(batch.stage.value, now, [run], 0.0, co_run=shared, hop_s=hop)
+        job.predicted_s = (self.guard if shared else 1.0) * run.lut_s + hop
+        return job
 
-    def start(self, now: float) -> list[Work]:
+    def start(self, now: float) -> list[DeviceJob]:
         return self.start_stages(now)
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        run = work.stage_runs[0]
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        run = job.stage_runs[0]
         self.busy[run.batch.stage] = False
         return self.complete_run(run, now)
 
@@ -194,26 +194,26 @@ class InterGpuScheduler(_StagePipeline):
     def remaining_extra(self, stage: Stage, bucket: int) -> float:
         return self.transfer_s(bucket) if stage is Stage.VLM else 0.0
 
-    def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
+    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
         run = self.solo_run(batch)  # its own GPU: the other stage does not matter
-        return HopWork(batch.stage.value, now, [run], run.lut_s)
+        return HopJob(batch.stage.value, now, [run], run.lut_s)
 
-    def start(self, now: float) -> list[Work]:
-        started: list[Work] = []
+    def start(self, now: float) -> list[DeviceJob]:
+        started: list[DeviceJob] = []
         if not self.link_busy and self.in_transit:
             batch = self.in_transit.popleft()
             seconds = self.transfer_s(len(batch.requests))
             self.link_busy = True
-            started.append(HopWork("link", now, [], seconds, hop_s=seconds, payload=batch))
+            started.append(HopJob("link", now, [], seconds, hop_s=seconds, payload=batch))
         return started + self.start_stages(now)
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        if work.lane == "link":
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        if job.lane == "link":
             self.link_busy = False
-            for request in work.payload.requests:
+            for request in job.payload.requests:
                 self.queues[Stage.ACTION].push(request)
             return []
-        run = work.stage_runs[0]
+        run = job.stage_runs[0]
         self.busy[run.batch.stage] = False
         if run.batch.stage is Stage.VLM:
             for request in run.batch.requests:
