@@ -321,7 +321,7 @@ class Runtime:
     def _after_frames(self) -> None:
         sched = self.config.scheduler
         self._steps_since_frame = 0
-        if self.scheduler.has_language_work():
+        if self.scheduler.has_language_requests():
             self.gate.owe(sched.min_steps_per_frame if sched.adaptive_k else sched.tokens_per_frame)
 
     def _chunks(self, plan: ActionPlan, actions: Tensor, request_ids: list[int | None]) -> list[ActionChunk]:
@@ -414,7 +414,7 @@ class Runtime:
             try:
                 while not self._stop.is_set():
                     self._emit_notes()
-                    if not self.scheduler.has_language_work():
+                    if not self.scheduler.has_language_requests():
                         self.gate.forgive()
                         self._wake.wait(timeout=0.05)
                         self._wake.clear()
@@ -525,7 +525,7 @@ class Runtime:
         self._draining = True  # the worker decodes without waiting for frames (and their owed steps)
         try:
             while time.perf_counter() < deadline:
-                if not self.frames_pending() and not self._control_busy and not self.scheduler.has_language_work() \
+                if not self.frames_pending() and not self._control_busy and not self.scheduler.has_language_requests() \
                         and not self._notes and not self._origins:
                     return True
                 self._wake.set()

@@ -364,7 +364,7 @@ class Scheduler:
 
     # ---- language ---------------------------------------------------------------------------------------------
 
-    def has_language_work(self) -> bool:
+    def has_language_requests(self) -> bool:
         return any(s.active or s.preempted for s in self.models.values())
 
     def language_requests(self) -> int:
