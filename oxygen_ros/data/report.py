@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..command_line import CommandParser
+from ..engine.stats import percentile
 from .aloha import aloha_episode_path, read_aloha
 from .atomic import output_folder
 from .bag import read_messages
@@ -114,7 +115,7 @@ def action_latency(rec: Recording) -> dict:
         return {"available": False, "reason": source}
     ms = (bag_time - stamps) / 1e6
     result = {"available": True, "source": source, "count": len(ms),
-              **{f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)},
+              **{f"p{q}_ms": percentile(ms, q / 100) for q in (50, 90, 99)},
               "mean_ms": float(ms.mean()), "max_ms": float(ms.max()), "min_ms": float(ms.min()),
               "negative_count": int((ms < 0).sum())}
     if result["negative_count"]:

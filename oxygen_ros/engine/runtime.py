@@ -49,7 +49,7 @@ from .scheduler import (
 )
 from .stage_control import StagedControl
 from .stage_workers import StageWorkers
-from .stats import percentile
+from .stats import percentile_ms
 
 DEFAULT_MODEL = "default"
 
@@ -561,8 +561,8 @@ class Runtime:
         pools = [r.pool for r in self.runners.values()]
         return RuntimeStats(
             action_rate_hz=(len(recent_actions) - 1) / span if span > 0 else 0.0,
-            action_latency_p50_ms=1e3 * percentile(latencies, 0.5),
-            action_latency_p99_ms=1e3 * percentile(latencies, 0.99),
+            action_latency_p50_ms=percentile_ms(latencies, 0.5),
+            action_latency_p99_ms=percentile_ms(latencies, 0.99),
             actions=c.actions,
             deadline_misses=c.misses,
             tokens_per_s=recent_tokens / window_s,

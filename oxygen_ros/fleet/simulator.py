@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from oxygen_ros.engine.stats import percentile
 from oxygen_ros.fleet.baselines import MonolithicScheduler, StaticSplitScheduler
 from oxygen_ros.fleet.device import DeviceJob, QueuedDevice
 from oxygen_ros.fleet.lockstep import LockstepScheduler
@@ -178,9 +179,7 @@ def summarize(robots, requests, dropped: int, jobs=(), arrivals=()) -> SimResult
     for request in requests:
         met[request.robot_id].append(request.met_slo)
     per_robot = {rid: (float(np.mean(flags)) if flags else 1.0) for rid, flags in met.items()}
-    latencies = np.array([r.latency for r in requests if r.finish is not None])
+    latencies = [r.latency for r in requests if r.finish is not None]
     overall = float(np.mean([r.met_slo for r in requests])) if requests else 1.0
-    p50, p99 = (
-        (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies.size else (float("nan"),) * 2
-    )
+    p50, p99 = (percentile(latencies, q, float("nan")) for q in (0.5, 0.99))
     return SimResult(requests, per_robot, overall, p50, p99, dropped, list(jobs), list(arrivals))
