@@ -30,9 +30,10 @@ from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import Image, JointState
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.stats import percentile
 
-from .conversions import ns_to_stamp, stamp_to_ns
+from .conversions import ns_to_stamp
 
 
 class SensorPublisher:

@@ -53,6 +53,7 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.handover import Handover, Plan
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.engine.stats import percentile_ms
@@ -60,7 +61,7 @@ from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
-from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp, stamp_to_ns
+from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import (
     JOINT_STATES,
