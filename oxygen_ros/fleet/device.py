@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.batching import Batch, form_batch
@@ -42,7 +42,6 @@ class DeviceJob:
     predicted_s: float
     sequential: bool = False
     co_run: bool = False
-    tags: dict = field(default_factory=dict)
 
     def duration(self, interference: float = 1.0) -> float:
         """Latency from the LUT, inflated by ``interference`` (>= 1) when the job co-runs with other jobs."""

@@ -109,7 +109,6 @@ class LockstepScheduler(QueuedDevice):
                 choice.predicted_s,
                 sequential=choice.mode == "serial",
                 co_run=choice.mode == "split",
-                tags={"partition": choice},
             )
         ]
 
