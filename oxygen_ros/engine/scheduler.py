@@ -38,7 +38,7 @@ class SchedulerConfig:
     num_steps: int = 10  # Euler steps of the action expert
     tokens_per_frame: int = 4  # decode steps per frame (k); with adaptive k the cap per control period
     adaptive_k: bool = False  # decode only in the slack before the next control tick
-    # adaptive k's floor: decode steps the worker gets after every frame that leaves language job, slack or not,
+    # adaptive k's floor: decode steps the worker gets after every frame that leaves language work, slack or not,
     # so the text is never starved (0: none); the runtime reports the action time the floor took
     min_steps_per_frame: int = 1
     control_period_s: float = 0.1
@@ -216,7 +216,8 @@ class StageBatch:
 
 @dataclass
 class StageJob:
-    """What a stage plug-in starts at once: its batches side by side, or one after the other (`sequential`).
+    """What one lane of a stage plug-in runs from start to end: its batches side by side, or one after the other
+    (`sequential`).
     `token` is the plug-in's own record, handed back to its `finish`."""
 
     batches: list[StageBatch]

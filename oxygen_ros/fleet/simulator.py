@@ -52,7 +52,7 @@ class SimConfig:
     interference: float = 1.05
     jitter: float = 0.2  # each request arrives up to this fraction of its robot's period late (uniform)
     drop_expired: bool = True
-    # Service-time drift: when given, the k-th unit of job (in start order) lasts its LUT duration times
+    # Service-time drift: when given, the k-th job (in start order) lasts its LUT duration times
     # factor k (cycling), e.g. the wall/LUT ratios a real run showed, in order, on a shared machine
     # (``executor.cycle_factors``): slow spells stay together as they happened.
     duration_factors: tuple[float, ...] = ()
