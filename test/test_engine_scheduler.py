@@ -122,7 +122,7 @@ def test_retire_removes_finished_requests():
     done, running = request(s), request(s)
     done.finish("length", 0.0)
     assert s.retire("a") == [done] and s.models["a"].active == [running]
-    assert s.has_language_work() and s.language_requests() == 1
+    assert s.has_language_requests() and s.language_requests() == 1
 
 
 def test_max_preempted_is_validated():

@@ -71,12 +71,12 @@ def test_monolithic_runs_each_stage_on_its_fastest_measured_share():
         device = MonolithicScheduler(MEASURED, max_batch=8)
         for i in range(bucket):
             device.submit(FleetRequest(i, f"r{i}", "a", 0.0, 1.0))
-        (work,) = device.start(0.0)
-        for slot in work.slots:
-            share = fastest[("a", slot.batch.stage, bucket)]
-            assert slot.share == share and slot.lut_s == MEASURED.latency("a", slot.batch.stage, bucket, share)
-            assert slot.lut_s == min(MEASURED.latency("a", slot.batch.stage, bucket, s)
-                                     for s in MEASURED.shares("a", slot.batch.stage))
+        (job,) = device.start(0.0)
+        for run in job.stage_runs:
+            share = fastest[("a", run.batch.stage, bucket)]
+            assert run.share == share and run.lut_s == MEASURED.latency("a", run.batch.stage, bucket, share)
+            assert run.lut_s == min(MEASURED.latency("a", run.batch.stage, bucket, s)
+                                    for s in MEASURED.shares("a", run.batch.stage))
 
 
 def test_monolithic_esf_vs_robion_on_the_measured_cpu_table():

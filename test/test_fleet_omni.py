@@ -64,24 +64,24 @@ def test_omni_starts_the_next_batch_when_its_stage_frees_up_and_co_runs_the_stag
     device = OmniScheduler(table())
     device.submit(request(0))
     (first,) = device.start(0.0)
-    assert first.unit == "vlm" and not first.co_run and first.slots[0].share == 1.0  # alone: the whole device
+    assert first.lane == "vlm" and not first.co_run and first.stage_runs[0].share == 1.0  # alone: the whole device
     for i in (1, 2, 3):
         device.submit(request(i, arrival=0.001))
     assert device.start(0.001) == []  # the VLM process is busy; nothing for the action process yet
     end = first.duration()
     assert end == pytest.approx(IPC_S["input"][1] + VLM_S[1] + IPC_S["kv"][1])
     device.finish(first, end)
-    works = {w.unit: w for w in device.start(end)}
+    jobs = {w.lane: w for w in device.start(end)}
     # Continuous batching: the VLM stage takes the three queued requests at once, the action stage the first one,
     # and the two stage processes now share the device (half each here), both inflated by interference.
-    assert [r.request_id for r in works["vlm"].slots[0].batch.requests] == [1, 2, 3]
-    assert works["vlm"].slots[0].batch.bucket == 4
-    assert [r.request_id for r in works["action"].slots[0].batch.requests] == [0]
-    for work in works.values():
-        assert work.co_run and work.slots[0].share == 0.5
-    assert works["vlm"].duration(1.1) == pytest.approx(1.1 * 1.8 * VLM_S[4] + IPC_S["input"][4] + IPC_S["kv"][4])
-    assert works["action"].duration(1.1) == pytest.approx(1.1 * 1.2 * ACTION_S[1] + IPC_S["output"][1])
-    done = device.finish(works["action"], end + works["action"].duration())
+    assert [r.request_id for r in jobs["vlm"].stage_runs[0].batch.requests] == [1, 2, 3]
+    assert jobs["vlm"].stage_runs[0].batch.bucket == 4
+    assert [r.request_id for r in jobs["action"].stage_runs[0].batch.requests] == [0]
+    for job in jobs.values():
+        assert job.co_run and job.stage_runs[0].share == 0.5
+    assert jobs["vlm"].duration(1.1) == pytest.approx(1.1 * 1.8 * VLM_S[4] + IPC_S["input"][4] + IPC_S["kv"][4])
+    assert jobs["action"].duration(1.1) == pytest.approx(1.1 * 1.2 * ACTION_S[1] + IPC_S["output"][1])
+    done = device.finish(jobs["action"], end + jobs["action"].duration())
     assert [r.request_id for r in done] == [0]
 
 
@@ -92,15 +92,15 @@ def test_intergpu_runs_both_stages_and_the_link_at_once_on_whole_devices():
     device.submit(request(1, arrival=0.001))
     t = VLM_S[1]
     device.finish(vlm, t)
-    started = {w.unit: w for w in device.start(t)}
+    started = {w.lane: w for w in device.start(t)}
     assert set(started) == {"link", "vlm"}  # the K/V leaves while the VLM GPU takes the next batch
     assert started["link"].duration() == pytest.approx(KV_BYTES / 1e9 + 1e-4)
     assert [r.request_id for r in started["link"].payload.requests] == [0]
     device.finish(started["link"], t + started["link"].duration())
     (action,) = device.start(t + started["link"].duration())
-    assert action.unit == "action" and device.busy[Stage.VLM]  # both GPUs busy together
-    for work in (action, started["vlm"]):
-        assert not work.co_run and work.slots[0].share == 1.0
+    assert action.lane == "action" and device.busy[Stage.VLM]  # both GPUs busy together
+    for job in (action, started["vlm"]):
+        assert not job.co_run and job.stage_runs[0].share == 1.0
 
 
 @pytest.mark.parametrize("design", [OmniScheduler, InterGpuScheduler])
@@ -109,8 +109,8 @@ def test_the_queue_policy_picks_the_model(design):
         device = design(table(), policy=policy)
         for r in requests:
             device.submit(r)
-        (work,) = device.start(0.0)
-        return work.slots[0].batch.model_id
+        (job,) = device.start(0.0)
+        return job.stage_runs[0].batch.model_id
 
     urgent_b = [request(0, "a", slo=0.5), request(1, "a", slo=0.5), request(2, "b", slo=0.05)]
     assert first_model("esf", urgent_b) == "b"  # least slack first
@@ -121,8 +121,8 @@ def test_the_queue_policy_picks_the_model(design):
         device.submit(request(2 * i, "a"))
         device.submit(request(2 * i + 1, "b"))
     for step in range(2):
-        vlm = next(w for w in device.start(float(step)) if w.unit == "vlm")
-        served.append(vlm.slots[0].batch.model_id)
+        vlm = next(w for w in device.start(float(step)) if w.lane == "vlm")
+        served.append(vlm.stage_runs[0].batch.model_id)
         device.finish(vlm, float(step) + 0.5)
     assert served == ["a", "b"]  # round-robin alternates
 

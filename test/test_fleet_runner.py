@@ -99,9 +99,9 @@ def test_real_executor_serves_every_request_or_drops_it_and_frees_every_slot(run
     for request in result.requests:
         assert request.dropped or request.actions is not None
         assert request.slot is None
-    for record in result.works:
-        for slot in record.work.slots:
-            assert all(r.arrival <= record.work.start for r in slot.batch.requests)  # closed batches
+    for record in result.jobs:
+        for run in record.job.stage_runs:
+            assert all(r.arrival <= record.job.start for r in run.batch.requests)  # closed batches
     assert all(s.runner.slots_in_use == 0 for s in runner.models.values())  # only the padding slots remain
     assert result.attainment > 0, result.summary()
 
@@ -122,7 +122,7 @@ def test_simulator_matches_a_real_run_with_the_measured_lut(runner):
 
     These 2 cores are shared with other processes that come and go (load averages of 6-13 seen), so during the
     run the machine is slower or faster than while profiling, and unevenly so. The simulation therefore replays
-    the run's service-time drift: the k-th simulated unit of work lasts its LUT time times the k-th observed
+    the run's service-time drift: the k-th simulated job lasts its LUT time times the k-th observed
     cycle/LUT ratio of the real run (``cycle_factors``, in order, so slow spells stay together). That removes the
     machine's mood, not the model: batching, partition choice, lockstep timing, queueing and expiry are still the
     simulator's own. The comparison needs a run that the LUT describes (median factor within [0.5, 2.5]) on a
@@ -141,7 +141,7 @@ def test_simulator_matches_a_real_run_with_the_measured_lut(runner):
         robots = [RobotSpec(f"r{i}", "ab"[i % 2], 20.0, slo) for i in range(n)]
         config = SimConfig(design="robion", duration_s=2.5, guard=1.1, interference=slowdown, seed=1)
         real = run_real(robots, lut, runner, config, lambda r: frames[r.model_id])
-        factors = cycle_factors(real.works, slowdown)
+        factors = cycle_factors(real.jobs, slowdown)
         if 0.05 <= real.attainment < 0.95 and 0.5 <= statistics.median(factors) <= 2.5:
             break
         # The machine's speed changed between profiling and the run: measure again, and offer more (fewer)

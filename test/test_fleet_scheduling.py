@@ -7,7 +7,7 @@ import pytest
 
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.batching import form_batch, power_of_two_buckets
-from oxygen_ros.fleet.device import execute_work
+from oxygen_ros.fleet.device import run_job
 from oxygen_ros.fleet.lockstep import LockstepScheduler, choose_partition, split_candidates
 from oxygen_ros.fleet.policies import EarliestSloFirst, LargestQueueFirst, RoundRobin, make_policy
 from oxygen_ros.fleet.profile_table import synthetic_table
@@ -92,15 +92,15 @@ def test_request_arriving_mid_stage_waits_for_next_stage_start():
     device = LockstepScheduler(LUT, policy="esf")
     for i in range(3):
         device.submit(req(i, "m0", arrival=0.0))
-    (work,) = device.start(0.0)
-    assert work.slots[0].batch.bucket == 4 and work.slots[0].batch.padding == 1  # room for one more
-    end = work.duration()
+    (job,) = device.start(0.0)
+    assert job.stage_runs[0].batch.bucket == 4 and job.stage_runs[0].batch.padding == 1  # room for one more
+    end = job.duration()
     late = req(3, "m0", arrival=end / 2)
     device.submit(late)
-    assert device.start(end / 2) == []  # the stage is running: no mid-stage admission, no new work
-    device.finish(work, end)
+    assert device.start(end / 2) == []  # the stage is running: no mid-stage admission, no new job
+    device.finish(job, end)
     (nxt,) = device.start(end)
-    vlm = next(s.batch for s in nxt.slots if s.batch.stage is Stage.VLM)
+    vlm = next(s.batch for s in nxt.stage_runs if s.batch.stage is Stage.VLM)
     assert vlm.requests == [late] and late.vlm_start == end
 
 
@@ -110,12 +110,12 @@ def test_simulator_log_never_admits_mid_stage():
     for design in ("robion", "disaggregated", "monolithic"):
         result = simulate(robots, gpu_of, LUT, SimConfig(design=design, duration_s=2.0), keep_log=True)
         members = 0
-        for record in result.works:
-            for slot in record.work.slots:
-                for request in slot.batch.requests:
-                    assert request.arrival <= record.work.start
-                    if slot.batch.stage is Stage.ACTION and design != "monolithic":
-                        assert request.vlm_done <= record.work.start
+        for record in result.jobs:
+            for run in record.job.stage_runs:
+                for request in run.batch.requests:
+                    assert request.arrival <= record.job.start
+                    if run.batch.stage is Stage.ACTION and design != "monolithic":
+                        assert request.vlm_done <= record.job.start
                     members += 1
         assert members > 100
 
@@ -124,17 +124,17 @@ def test_lockstep_overlaps_stages_and_lasts_the_slower_one():
     robots = [RobotSpec(f"r{i}", f"m{i % 2}", 10.0, 0.2) for i in range(8)]
     config = SimConfig(design="robion", duration_s=2.0, guard=1.1, interference=1.05)
     result = simulate(robots, {r.robot_id: 0 for r in robots}, LUT, config, keep_log=True)
-    both = [w for w in result.works if len({s.batch.stage for s in w.work.slots}) == 2]
+    both = [w for w in result.jobs if len({s.batch.stage for s in w.job.stage_runs}) == 2]
     assert len(both) > 20
     for record in both:
-        work = record.work
-        assert not work.sequential and work.co_run  # split mode: side by side on complementary shares
-        vlm, action = work.slots
+        job = record.job
+        assert not job.sequential and job.co_run  # split mode: side by side on complementary shares
+        vlm, action = job.stage_runs
         assert vlm.share + action.share == pytest.approx(1.0)
-        assert record.end - work.start == pytest.approx(1.05 * max(vlm.lut_s, action.lut_s))
-        assert record.end - work.start <= work.predicted_s + 1e-12  # guard 1.1 >= interference 1.05
-    ends = sorted(r.end for r in result.works)
-    starts = sorted(r.work.start for r in result.works)
+        assert record.end - job.start == pytest.approx(1.05 * max(vlm.lut_s, action.lut_s))
+        assert record.end - job.start <= job.predicted_s + 1e-12  # guard 1.1 >= interference 1.05
+    ends = sorted(r.end for r in result.jobs)
+    starts = sorted(r.job.start for r in result.jobs)
     assert all(s >= e - 1e-12 for s, e in zip(starts[1:], ends[:-1]))  # one lockstep at a time
 
 
@@ -169,14 +169,14 @@ def test_guard_can_turn_a_split_into_back_to_back():
     assert single.predicted_s == LUT.latency("m0", Stage.VLM, 2, 1.0)
 
 
-def test_execute_work_runs_split_stages_concurrently():
+def test_run_job_runs_split_stages_concurrently():
     device = LockstepScheduler(LUT)
     device.submit(req(0, "m0"))
     (first,) = device.start(0.0)
     device.finish(first, 0.05)
     device.submit(req(1, "m1"))
-    (work,) = device.start(0.05)
-    assert work.co_run and len(work.slots) == 2
+    (job,) = device.start(0.05)
+    assert job.co_run and len(job.stage_runs) == 2
     barrier = threading.Barrier(2, timeout=10)
     seen = []
 
@@ -184,7 +184,7 @@ def test_execute_work_runs_split_stages_concurrently():
         barrier.wait()  # returns only if the other stage is running at the same time
         seen.append((stage, model_id, len(requests), share))
 
-    execute_work(work, runner)
+    run_job(job, runner)
     assert sorted(s[0] for s in seen) == [Stage.ACTION, Stage.VLM]
     assert sum(s[3] for s in seen) == pytest.approx(1.0)
 
@@ -196,10 +196,10 @@ def test_a_vlm_batch_takes_only_what_the_frame_slots_hold():
     device = LockstepScheduler(LUT, max_batch=8, vlm_room=room.get)
     for i in range(6):
         device.submit(req(i, "m0"))
-    (work,) = device.start(0.0)
-    assert [len(s.batch.requests) for s in work.slots] == [2]  # 3 slots left: a bucket of 2
-    device.finish(work, 0.01)
+    (job,) = device.start(0.0)
+    assert [len(s.batch.requests) for s in job.stage_runs] == [2]  # 3 slots left: a bucket of 2
+    device.finish(job, 0.01)
     room["m0"] = 0
-    (work,) = device.start(0.02)  # the two wait for their action stage; the other four stay queued
-    assert [(s.batch.stage, len(s.batch.requests)) for s in work.slots] == [(Stage.ACTION, 2)]
+    (job,) = device.start(0.02)  # the two wait for their action stage; the other four stay queued
+    assert [(s.batch.stage, len(s.batch.requests)) for s in job.stage_runs] == [(Stage.ACTION, 2)]
     assert device.queues[Stage.VLM].length("m0") == 4

@@ -20,7 +20,7 @@ from test_vla_node_ros import (
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
-from oxygen_ros.nodes.conversions import stamp_to_ns
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.nodes.vla_node import main as vla_node_main
 
 CONTROLLERS = REPO / "config" / "aloha_controllers.yaml"

@@ -23,8 +23,9 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.jpeg import encode_jpeg
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.msg import EngineStatus, Narration
-from oxygen_ros.nodes.conversions import ns_to_stamp, stamp_to_ns
+from oxygen_ros.nodes.conversions import ns_to_stamp
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 from oxygen_ros.nodes.vla_node import main as vla_node_main
 

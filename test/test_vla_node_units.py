@@ -9,6 +9,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from oxygen_ros.data.jpeg import encode_jpeg
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import RuntimeStats
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import normalized_state
@@ -24,7 +25,6 @@ from oxygen_ros.nodes.conversions import (
     image_to_rgb,
     joint_positions,
     ns_to_stamp,
-    stamp_to_ns,
 )
 from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
 from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction

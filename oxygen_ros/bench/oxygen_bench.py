@@ -18,7 +18,7 @@ import torch
 
 from ..command_line import CommandParser, progress
 from ..engine.scheduler import deadline_missed
-from ..engine.stats import percentile
+from ..engine.stats import percentile, percentile_ms
 from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
 from ..model.precision import DTYPE_NAMES, resolve_dtype
@@ -87,12 +87,12 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
         "frames": frames,
         "rounds": len(runs),
         "action_hz": frames / elapsed,
-        "action_latency_p50_ms": 1e3 * percentile(latencies, 0.5, float("nan")),
-        "action_latency_p99_ms": 1e3 * percentile(latencies, 0.99, float("nan")),
+        "action_latency_p50_ms": percentile_ms(latencies, 0.5, float("nan")),
+        "action_latency_p99_ms": percentile_ms(latencies, 0.99, float("nan")),
         "deadline_misses": misses,
         "tokens_per_s": tokens / elapsed,
         "requests_finished": len(completion),
-        "request_completion_p50_ms": 1e3 * percentile(completion, 0.5, float("nan")),
+        "request_completion_p50_ms": percentile_ms(completion, 0.5, float("nan")),
         "peak_memory_mb": (copies * model_bytes + runs[0].pool_bytes) / MB,
         "kv_pool_mb": runs[0].pool_bytes / MB,
         "floor_steps": sum(run.floor_steps for run in runs),

@@ -31,8 +31,9 @@ from .atomic import atomic_output
 from .episode import DataError, Episode
 from .jpeg import encode_jpeg
 from .msgtypes import bag_typestore
+from .stamps import NS_PER_S, split_ns
 
-DEFAULT_BASE_TIME_NS = 1_700_000_000 * 1_000_000_000  # a fixed wall-clock-like epoch keeps outputs reproducible
+DEFAULT_BASE_TIME_NS = 1_700_000_000 * NS_PER_S  # a fixed wall-clock-like epoch keeps outputs reproducible
 MAX_STAMP_S = 2**31 - 1  # the largest builtin_interfaces/Time.sec (an int32)
 STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
 JOINT_STATES_TOPIC = "joint_states"
@@ -87,7 +88,8 @@ def write_episode_bag(
     Time, Header = types["builtin_interfaces/msg/Time"], types["std_msgs/msg/Header"]
 
     def header(stamp_ns: int, frame_id: str = ""):
-        return Header(stamp=Time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9), frame_id=frame_id)
+        sec, nanosec = split_ns(stamp_ns)
+        return Header(stamp=Time(sec=sec, nanosec=nanosec), frame_id=frame_id)
 
     def joint_state(stamp_ns: int, position, velocity=None, effort=None):
         empty = np.zeros(0, dtype=np.float64)
@@ -99,7 +101,7 @@ def write_episode_bag(
         )
 
     stamps = base_time_ns + np.round(episode.times() * 1e9).astype(np.int64)
-    if stamps[0] < 0 or stamps[-1] // 10**9 > MAX_STAMP_S:
+    if stamps[0] < 0 or stamps[-1] // NS_PER_S > MAX_STAMP_S:
         raise DataError(f"stamps from {stamps[0] / 1e9:.3f} s to {stamps[-1] / 1e9:.3f} s do not fit a ROS time "
                         f"(0 to {MAX_STAMP_S} s); choose another base time")
     with atomic_output(out) as tmp, Writer(tmp, version=9, storage_plugin=STORAGES[storage]) as writer:

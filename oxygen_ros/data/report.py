@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..command_line import CommandParser
+from ..engine.stats import percentile
 from .aloha import aloha_episode_path, read_aloha
 from .atomic import output_folder
 from .bag import read_messages
@@ -42,15 +43,12 @@ from .captions import frame_captions
 from .episode import DataError
 from .episode_bag import ACTION_TOPIC, DEFAULT_BASE_TIME_NS, base_time_seconds
 from .lerobot import read_lerobot
+from .stamps import NS_PER_S, stamp_to_ns
 
 CHUNK_TYPE = "trajectory_msgs/msg/JointTrajectory"
 NARRATION_TYPE = "oxygen_ros/msg/Narration"
 CLOCK_TYPE = "rosgraph_msgs/msg/Clock"
-SAME_CLOCK_LIMIT_NS = 3600 * 10**9  # stamps more than an hour from receive times are on another clock
-
-
-def _stamp_ns(stamp) -> int:
-    return int(stamp.sec) * 10**9 + int(stamp.nanosec)
+SAME_CLOCK_LIMIT_NS = 3600 * NS_PER_S  # stamps more than an hour from receive times are on another clock
 
 
 @dataclass
@@ -69,19 +67,19 @@ def load_recording(bag: str | os.PathLike, on_incomplete: Callable[[str], None] 
         rec.log_times.setdefault(raw.topic, []).append(raw.log_time_ns)
         if raw.msgtype == CHUNK_TYPE and len(msg.points):
             rec.chunks.append({
-                "topic": raw.topic, "receive_ns": raw.log_time_ns, "stamp_ns": _stamp_ns(msg.header.stamp),
+                "topic": raw.topic, "receive_ns": raw.log_time_ns, "stamp_ns": stamp_to_ns(msg.header.stamp),
                 "joint_names": list(msg.joint_names),
-                "times_s": np.array([p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]),
+                "times_s": np.array([stamp_to_ns(p.time_from_start) / 1e9 for p in msg.points]),
                 "positions": np.stack([np.asarray(p.positions, dtype=np.float64) for p in msg.points]),
             })
         elif raw.msgtype == NARRATION_TYPE:
             rec.narration.append({
-                "topic": raw.topic, "receive_ns": raw.log_time_ns, "stamp_ns": _stamp_ns(msg.header.stamp),
+                "topic": raw.topic, "receive_ns": raw.log_time_ns, "stamp_ns": stamp_to_ns(msg.header.stamp),
                 "request_id": int(msg.request_id), "text": str(msg.text), "num_tokens": int(msg.num_tokens),
                 "final": bool(msg.final),
             })
         elif raw.msgtype == CLOCK_TYPE:
-            rec.clock.append((raw.log_time_ns, _stamp_ns(msg.clock)))
+            rec.clock.append((raw.log_time_ns, stamp_to_ns(msg.clock)))
     return rec
 
 
@@ -114,7 +112,7 @@ def action_latency(rec: Recording) -> dict:
         return {"available": False, "reason": source}
     ms = (bag_time - stamps) / 1e6
     result = {"available": True, "source": source, "count": len(ms),
-              **{f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)},
+              **{f"p{q}_ms": percentile(ms, q / 100) for q in (50, 90, 99)},
               "mean_ms": float(ms.mean()), "max_ms": float(ms.max()), "min_ms": float(ms.min()),
               "negative_count": int((ms < 0).sum())}
     if result["negative_count"]:
@@ -195,7 +193,7 @@ def actions_from_episode_bag(bag: str | os.PathLike,
     msgs = [m for _, m in read_messages(bag, [ACTION_TOPIC], on_incomplete)]
     if not msgs:
         raise DataError(f"{bag}: no messages on {ACTION_TOPIC}")
-    return RecordedActions(np.array([_stamp_ns(m.header.stamp) for m in msgs]),
+    return RecordedActions(np.array([stamp_to_ns(m.header.stamp) for m in msgs]),
                            np.stack([np.asarray(m.position) for m in msgs]), list(msgs[0].name))
 
 

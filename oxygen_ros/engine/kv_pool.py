@@ -68,10 +68,6 @@ class KVPool:
                 raise ValueError(f"slot {slot} is not allocated")
             self._owners[slot] = owner
 
-    def owners(self) -> dict[int, str]:
-        with self._lock:
-            return dict(self._owners)
-
     # ---- accounting -----------------------------------------------------------------------------------------
 
     @property
@@ -82,10 +78,6 @@ class KVPool:
     def slots_used(self) -> int:
         with self._lock:
             return len(self._owners)
-
-    @property
-    def slots_free(self) -> int:
-        return self.slots_total - self.slots_used
 
     @property
     def bytes_total(self) -> int:

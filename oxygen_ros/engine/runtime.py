@@ -49,7 +49,7 @@ from .scheduler import (
 )
 from .stage_control import StagedControl
 from .stage_workers import StageWorkers
-from .stats import percentile
+from .stats import percentile_ms
 
 DEFAULT_MODEL = "default"
 
@@ -321,7 +321,7 @@ class Runtime:
     def _after_frames(self) -> None:
         sched = self.config.scheduler
         self._steps_since_frame = 0
-        if self.scheduler.has_language_work():
+        if self.scheduler.has_language_requests():
             self.gate.owe(sched.min_steps_per_frame if sched.adaptive_k else sched.tokens_per_frame)
 
     def _chunks(self, plan: ActionPlan, actions: Tensor, request_ids: list[int | None]) -> list[ActionChunk]:
@@ -414,7 +414,7 @@ class Runtime:
             try:
                 while not self._stop.is_set():
                     self._emit_notes()
-                    if not self.scheduler.has_language_work():
+                    if not self.scheduler.has_language_requests():
                         self.gate.forgive()
                         self._wake.wait(timeout=0.05)
                         self._wake.clear()
@@ -525,7 +525,7 @@ class Runtime:
         self._draining = True  # the worker decodes without waiting for frames (and their owed steps)
         try:
             while time.perf_counter() < deadline:
-                if not self.frames_pending() and not self._control_busy and not self.scheduler.has_language_work() \
+                if not self.frames_pending() and not self._control_busy and not self.scheduler.has_language_requests() \
                         and not self._notes and not self._origins:
                     return True
                 self._wake.set()
@@ -561,8 +561,8 @@ class Runtime:
         pools = [r.pool for r in self.runners.values()]
         return RuntimeStats(
             action_rate_hz=(len(recent_actions) - 1) / span if span > 0 else 0.0,
-            action_latency_p50_ms=1e3 * percentile(latencies, 0.5),
-            action_latency_p99_ms=1e3 * percentile(latencies, 0.99),
+            action_latency_p50_ms=percentile_ms(latencies, 0.5),
+            action_latency_p99_ms=percentile_ms(latencies, 0.99),
             actions=c.actions,
             deadline_misses=c.misses,
             tokens_per_s=recent_tokens / window_s,

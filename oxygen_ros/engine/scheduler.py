@@ -205,7 +205,7 @@ class DecodePlan:
 
 @dataclass
 class StageBatch:
-    """One stage of a batch of one model's frames on `share` of the device (a stage split's unit of work)."""
+    """One stage of a batch of one model's frames on `share` of the device (one of a `StageJob`'s batches)."""
 
     model_id: str
     stage: str  # "vlm" (prefill into slots) or "action" (denoise from them)
@@ -215,8 +215,9 @@ class StageBatch:
 
 
 @dataclass
-class StageWork:
-    """What a stage plug-in starts at once: its batches side by side, or one after the other (`sequential`).
+class StageJob:
+    """What one lane of a stage plug-in runs from start to end: its batches side by side, or one after the other
+    (`sequential`).
     `token` is the plug-in's own record, handed back to its `finish`."""
 
     batches: list[StageBatch]
@@ -227,17 +228,18 @@ class StageWork:
 class StagePlanner(Protocol):
     """A device-scheduling plug-in for a stage split: it queues frames and decides which stage batches run and
     on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners.
-    `units`: how many works it may have running at once."""
+    `lanes`: how many jobs it may have running at once (its execution lanes: one for a lockstep, one per stage
+    for a static split)."""
 
-    units: int
+    lanes: int
 
     def submit(self, frame: ActionFrame) -> None: ...
 
     def pending(self) -> int: ...
 
-    def start(self, now: float) -> list[StageWork]: ...
+    def start(self, now: float) -> list[StageJob]: ...
 
-    def finish(self, work: StageWork, now: float) -> None: ...
+    def finish(self, job: StageJob, now: float) -> None: ...
 
     def take_expired(self) -> list[ActionFrame]:
         """Frames dropped from its queues since the last call because their deadline passed."""
@@ -363,14 +365,14 @@ class Scheduler:
 
     # ---- language ---------------------------------------------------------------------------------------------
 
-    def has_language_work(self) -> bool:
+    def has_language_requests(self) -> bool:
         return any(s.active or s.preempted for s in self.models.values())
 
     def language_requests(self) -> int:
         return sum(len(s.active) + len(s.preempted) for s in self.models.values())
 
     def plan_decode(self, now: float, slack_s: float = math.inf, max_steps: int | None = None) -> DecodePlan | None:
-        """The next decode work: one model's requests (models with work take turns) for up to `max_steps` steps.
+        """The next decode plan: one model's requests (models with requests take turns) for up to `max_steps` steps.
 
         `slack_s`: seconds left before the control path needs the device (adaptive k: only what fits runs;
         infinite when the control path is idle or the caller owes steps regardless)."""

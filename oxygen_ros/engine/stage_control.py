@@ -4,9 +4,9 @@ A planner (`scheduler.StagePlanner`: the fleet's lockstep or static split) queue
 batches run next and on which device shares; this executes them with the runtime's model runners. A VLM batch
 prefills its frames into slots they keep; an action batch denoises from those slots, then its narrating frames
 hand their slots to language requests exactly as after a whole-device call (`Runtime._hand_over`), so narration
-decodes from the prefix the action stage read. The control thread holds the runtime's gate while stage work runs
-(no decode step overlaps it), and a unit that finishes while another still runs (a static split's two stages)
-starts its next work at once. Chunks, and frames the planner dropped because their deadline passed in its queue,
+decodes from the prefix the action stage read. The control thread holds the runtime's gate while stage jobs run
+(no decode step overlaps it), and a lane that finishes while another still runs (a static split's two stages)
+starts its next job at once. Chunks, and frames the planner dropped because their deadline passed in its queue,
 go to the runtime's `on_chunk` as they come.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from .model_runner import ModelRunner, Prefilled
-from .scheduler import ActionFrame, StageBatch, StagePlanner, StageWork
+from .scheduler import ActionFrame, StageBatch, StageJob, StagePlanner
 from .stage_workers import Stage, StageWorkers
 
 if TYPE_CHECKING:
@@ -42,37 +42,37 @@ class StagedControl:
         return self.runtime.runners[model_id].frame_slots - held
 
     def run(self) -> list[ActionChunk]:
-        """Start and run the planner's work until none is running; returns nothing (chunks left as they came)."""
+        """Start and run the planner's jobs until none is running; returns nothing (chunks left as they came)."""
         rt = self.runtime
         with rt.gate.control():
-            running: list[tuple[StageWork, list]] = []
+            running: list[tuple[StageJob, list]] = []
             while True:
                 with rt._submit_lock:
                     now = time.perf_counter()
-                    works = self.planner.start(now)
+                    jobs = self.planner.start(now)
                     expired = self.planner.take_expired()
                 for frame in expired:
                     self._give_back(frame)
                     rt.on_chunk(rt._expired(frame, now))
-                for work in works:
-                    if work.sequential:  # one after the other: a later batch may read an earlier one's slots
-                        self._emit([c for b in work.batches for c in self._collect(*self._launch(b))])
-                        self._finish(work)
+                for job in jobs:
+                    if job.sequential:  # one after the other: a later batch may read an earlier one's slots
+                        self._emit([c for b in job.batches for c in self._collect(*self._launch(b))])
+                        self._finish(job)
                     else:
-                        running.append((work, [self._launch(b) for b in work.batches]))
+                        running.append((job, [self._launch(b) for b in job.batches]))
                 if not running:
                     break
-                # while a unit is idle (a static split), a frame arriving meanwhile may start on it: look again soon
-                idle = len(running) < self.planner.units
+                # while a lane is idle (a static split), a frame arriving meanwhile may start on it: look again soon
+                idle = len(running) < self.planner.lanes
                 wait([item[2] for _, items in running for item in items], timeout=POLL_S if idle else None,
                      return_when=FIRST_COMPLETED)
                 still = []
-                for work, items in running:
+                for job, items in running:
                     if all(item[2].done() for item in items):
                         self._emit([c for item in items for c in self._collect(*item)])
-                        self._finish(work)
+                        self._finish(job)
                     else:
-                        still.append((work, items))
+                        still.append((job, items))
                 running = still
                 if not running:
                     break
@@ -83,9 +83,9 @@ class StagedControl:
         for chunk in chunks:
             self.runtime.on_chunk(chunk)
 
-    def _finish(self, work: StageWork) -> None:
+    def _finish(self, job: StageJob) -> None:
         with self.runtime._submit_lock:
-            self.planner.finish(work, time.perf_counter())
+            self.planner.finish(job, time.perf_counter())
 
     def _give_back(self, frame: ActionFrame) -> None:
         held = self._prefilled.pop(frame.frame_id, None)

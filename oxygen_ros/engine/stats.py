@@ -10,4 +10,10 @@ def percentile(samples: Iterable[float], q: float, empty: float = 0.0) -> float:
     ordered = sorted(samples)
     if not ordered:
         return empty
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return float(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))])
+
+
+def percentile_ms(samples_s: Iterable[float], q: float, empty: float = 0.0) -> float:
+    """`percentile` of samples in seconds, in milliseconds; `empty` (as is) when there are none."""
+    ordered = sorted(samples_s)
+    return 1e3 * percentile(ordered, q) if ordered else empty

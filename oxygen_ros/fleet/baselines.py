@@ -11,51 +11,51 @@ from __future__ import annotations
 
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.batching import Batch
-from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
 from oxygen_ros.fleet.lockstep import split_candidates
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 
 class MonolithicScheduler(QueuedDevice):
-    """One unit; a batch of one model is served end to end (both stages) before the next one starts."""
+    """One lane; a batch of one model is served end to end (both stages) before the next one starts."""
 
-    unit = "device"
+    lane = "device"
 
     def __init__(self, lut: ProfileTable, **kwargs):
         super().__init__(lut, **kwargs)
         self.busy = False
 
-    def start(self, now: float) -> list[Work]:
+    def start(self, now: float) -> list[DeviceJob]:
         if self.busy:
             return []
         batch = self.next_batch(Stage.VLM, now)
         if batch is None:
             return []
         action = Batch(batch.model_id, Stage.ACTION, batch.requests, batch.bucket)
-        slots = [self.solo_slot(b) for b in (batch, action)]
+        runs = [self.solo_run(b) for b in (batch, action)]
         self.busy = True
-        work = Work(self.unit, now, slots, 0.0, sequential=True)
-        work.predicted_s = work.duration()
-        return [work]
+        job = DeviceJob(self.lane, now, runs, 0.0, sequential=True)
+        job.predicted_s = job.duration()
+        return [job]
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
         self.busy = False
-        vlm_end = work.start + work.slots[0].lut_s
-        for request in work.slots[0].batch.requests:
+        vlm_end = job.start + job.stage_runs[0].lut_s
+        for request in job.stage_runs[0].batch.requests:
             request.vlm_done = vlm_end
             request.action_start = vlm_end
             request.finish = now
-        return list(work.slots[0].batch.requests)
+        return list(job.stage_runs[0].batch.requests)
 
 
 class StaticSplitScheduler(QueuedDevice):
-    """Two independent units, VLM on ``vlm_share`` of the device and action on the rest, each starting a new
+    """Two independent lanes, VLM on ``vlm_share`` of the device and action on the rest, each starting a new
     batch as soon as it is free. They always share the device, so both suffer interference. By default the
     split is the one fixed split that best balances the two stages over all models in the LUT (so the baseline
     is a fair static choice, not a strawman 50/50)."""
 
-    units = 2
+    lanes = 2
 
     def __init__(self, lut: ProfileTable, vlm_share: float | None = None, **kwargs):
         super().__init__(lut, **kwargs)
@@ -64,7 +64,7 @@ class StaticSplitScheduler(QueuedDevice):
         self.shares = {Stage.VLM: round(vlm_share, 6), Stage.ACTION: round(1 - vlm_share, 6)}
         self.busy = {Stage.VLM: False, Stage.ACTION: False}
 
-    def start(self, now: float) -> list[Work]:
+    def start(self, now: float) -> list[DeviceJob]:
         started = []
         for stage in (Stage.VLM, Stage.ACTION):
             if self.busy[stage]:
@@ -76,14 +76,14 @@ class StaticSplitScheduler(QueuedDevice):
             lut_s = self.lut.latency(batch.model_id, stage, batch.bucket, share)
             self.busy[stage] = True
             started.append(
-                Work(stage.value, now, [StageSlot(batch, share, lut_s)], self.guard * lut_s, co_run=True)
+                DeviceJob(stage.value, now, [StageRun(batch, share, lut_s)], self.guard * lut_s, co_run=True)
             )
         return started
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        stage = work.slots[0].batch.stage
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        stage = job.stage_runs[0].batch.stage
         self.busy[stage] = False
-        return self.complete_slot(work.slots[0], now)
+        return self.complete_run(job.stage_runs[0], now)
 
 
 def best_static_share(lut: ProfileTable, bucket: int) -> float:

@@ -1,8 +1,8 @@
-"""What every per-device scheduler shares: stage queues, queue policies, and the unit of work it hands out.
+"""What every per-device scheduler shares: stage queues, queue policies, and the jobs it hands out.
 
-A device scheduler never looks at a clock. It is told ``now`` when asked to start work and when work finishes,
+A device scheduler never looks at a clock. It is told ``now`` when asked to start jobs and when a job finishes,
 so the same object runs under the discrete-event simulator (simulated clock) and under a real executor
-(wall clock, with ``execute_work`` calling the engine's stage runner).
+(wall clock, with ``run_job`` calling the engine's stage runner).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.batching import Batch, form_batch
@@ -20,7 +20,7 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage, StageQueues
 
 
 @dataclass
-class StageSlot:
+class StageRun:
     """One batch placed on ``share`` of the device, with its LUT latency there."""
 
     batch: Batch
@@ -29,33 +29,33 @@ class StageSlot:
 
 
 @dataclass
-class Work:
-    """What one execution unit of a device runs from ``start`` until it completes.
+class DeviceJob:
+    """What one execution lane of a device runs from ``start`` until it completes.
 
-    ``sequential``: the slots run one after the other (monolithic call, or a time-sliced lockstep);
-    otherwise they run side by side and the work lasts as long as its slowest slot.
-    ``co_run``: slots share the device with other running work, so they suffer interference."""
+    ``sequential``: the stage runs go one after the other (monolithic call, or a time-sliced lockstep);
+    otherwise they run side by side and the job lasts as long as its slowest stage run.
+    ``co_run``: its stage runs share the device with other running jobs, so they suffer interference."""
 
-    unit: str
+    lane: str
     start: float
-    slots: list[StageSlot]
+    stage_runs: list[StageRun]
     predicted_s: float
     sequential: bool = False
     co_run: bool = False
-    tags: dict = field(default_factory=dict)
 
     def duration(self, interference: float = 1.0) -> float:
-        """Latency from the LUT, inflated by ``interference`` (>= 1) when the work co-runs with other work."""
+        """Latency from the LUT, inflated by ``interference`` (>= 1) when the job co-runs with other jobs."""
         factor = interference if self.co_run else 1.0
-        times = [slot.lut_s * factor for slot in self.slots]
+        times = [run.lut_s * factor for run in self.stage_runs]
         return sum(times) if self.sequential else max(times)
 
 
 class QueuedDevice:
     """Base for the device schedulers: requests enter the VLM queues, batches are cut by the stage's policy."""
 
-    units = 1
-    """How many units of work can run at once (a real executor runs a one-unit design inline)."""
+    lanes = 1
+    """How many execution lanes the device has: each runs one job at a time (a real executor runs a
+    one-lane design inline)."""
 
     def __init__(
         self,
@@ -109,10 +109,10 @@ class QueuedDevice:
         """A stage's LUT latency with the device to itself, on its fastest share."""
         return self.lut.latency(model_id, stage, bucket, self.lut.fastest_share(model_id, stage, bucket))
 
-    def solo_slot(self, batch: Batch) -> StageSlot:
+    def solo_run(self, batch: Batch) -> StageRun:
         """``batch`` with the device to itself, on its fastest share."""
         share = self.lut.fastest_share(batch.model_id, batch.stage, batch.bucket)
-        return StageSlot(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
+        return StageRun(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
 
     def next_batch(self, stage: Stage, now: float) -> Batch | None:
         """Cut the next batch for ``stage`` at stage start ``now`` (expired requests are dropped first)."""
@@ -130,36 +130,36 @@ class QueuedDevice:
             limit = 1 << (room.bit_length() - 1)  # a power-of-two bucket
         return form_batch(queues, model_id, limit, now)
 
-    def complete_slot(self, slot: StageSlot, now: float) -> list[FleetRequest]:
+    def complete_run(self, run: StageRun, now: float) -> list[FleetRequest]:
         """VLM outputs move on to the action queues; action outputs finish their requests."""
-        if slot.batch.stage is Stage.VLM:
-            for request in slot.batch.requests:
+        if run.batch.stage is Stage.VLM:
+            for request in run.batch.requests:
                 request.vlm_done = now
                 self.queues[Stage.ACTION].push(request)
             return []
-        for request in slot.batch.requests:
+        for request in run.batch.requests:
             request.finish = now
-        return list(slot.batch.requests)
+        return list(run.batch.requests)
 
-    def start(self, now: float) -> list[Work]:
-        """Start work on every idle unit that has something to do; the caller reports each back to ``finish``."""
+    def start(self, now: float) -> list[DeviceJob]:
+        """Start a job on every idle lane that has something to do; the caller reports each back to ``finish``."""
         raise NotImplementedError
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        """Mark ``work`` done at ``now``; returns the requests that completed."""
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        """Mark ``job`` done at ``now``; returns the requests that completed."""
         raise NotImplementedError
 
 
-def execute_work(work: Work, runner: StageRunner) -> float:
-    """Run ``work`` for real with a stage runner and return the wall time it took.
+def run_job(job: DeviceJob, runner: StageRunner) -> float:
+    """Run ``job`` for real with a stage runner and return the wall time it took.
 
-    Side-by-side slots run concurrently (on a GPU the runner maps a share to its own stream; on a CPU to a thread
+    Side-by-side stage runs go concurrently (on a GPU the runner maps a share to its own stream; on a CPU to a thread
     budget): through the runner's own ``submit(model_id, stage, requests, share) -> Future`` when it has one
-    (persistent stage workers, as ``model_runner.ModelRunner``), else on one thread per slot. Sequential slots run
+    (persistent stage workers, as ``model_runner.ModelRunner``), else on one thread per stage run. Sequential ones run
     one after the other."""
     start = time.perf_counter()
-    args = [(s.batch.model_id, s.batch.stage, s.batch.requests, s.share) for s in work.slots]
-    if work.sequential or len(work.slots) == 1:
+    args = [(s.batch.model_id, s.batch.stage, s.batch.requests, s.share) for s in job.stage_runs]
+    if job.sequential or len(job.stage_runs) == 1:
         for arg in args:
             runner(*arg)
     elif hasattr(runner, "submit"):
@@ -167,7 +167,7 @@ def execute_work(work: Work, runner: StageRunner) -> float:
         for future in futures:
             future.result()
     else:
-        with ThreadPoolExecutor(max_workers=len(work.slots)) as pool:
+        with ThreadPoolExecutor(max_workers=len(job.stage_runs)) as pool:
             futures = [pool.submit(runner, *arg) for arg in args]
             for future in futures:
                 future.result()

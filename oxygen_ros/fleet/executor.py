@@ -1,10 +1,10 @@
 """The real executor: a wall-clock loop that drives a device scheduler with a real stage runner.
 
 The schedulers are clock-free, so this loop does what the simulator's event loop does, on the wall clock: at each
-wake-up it first reports finished work (``finish(work, end)``), then admits every request that has arrived, then
-asks the device to start work (``start(now)``) and hands each unit of work to a thread that runs it with
-``execute_work``. Requests come from a pre-made arrival list (simulated robots, replayed at their scheduled times
-so a real run and a simulation see the same arrivals). A request's latency runs from its arrival to the end of the work that finished its action stage.
+wake-up it first reports finished jobs (``finish(job, end)``), then admits every request that has arrived, then
+asks the device to start jobs (``start(now)``) and hands each job to a thread that runs it with
+``run_job``. Requests come from a pre-made arrival list (simulated robots, replayed at their scheduled times
+so a real run and a simulation see the same arrivals). A request's latency runs from its arrival to the end of the job that finished its action stage.
 
 Requests the device drops (expired in a queue) give their KV slot back to the runner.
 """
@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from oxygen_ros.fleet.device import QueuedDevice, Work, execute_work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, run_job
 from oxygen_ros.fleet.profile_table import ProfileTable, StageRunner
 from oxygen_ros.fleet.requests import FleetRequest, RobotSpec
 from oxygen_ros.fleet.simulator import (
+    JobRecord,
     SimConfig,
     SimResult,
-    WorkRecord,
     make_arrivals,
     make_device,
     summarize,
@@ -49,18 +49,18 @@ class FleetExecutor:
         self.clock = clock
         self._t0 = clock()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self.works: list[tuple[Work, float]] = []
+        self.jobs: list[tuple[DeviceJob, float]] = []
         self.finished: list[FleetRequest] = []
 
     def now(self) -> float:
         return self.clock() - self._t0
 
-    def _execute(self, work: Work) -> None:
+    def _execute(self, job: DeviceJob) -> None:
         try:
-            execute_work(work, self.runner)
-            self._events.put(("done", work, self.now()))
+            run_job(job, self.runner)
+            self._events.put(("done", job, self.now()))
         except BaseException as err:  # noqa: BLE001 - re-raised in the loop thread
-            self._events.put(("error", work, err))
+            self._events.put(("error", job, err))
 
     def run(self, arrivals: Sequence[FleetRequest]) -> list[FleetRequest]:
         """Serve until every scheduled arrival has been served or dropped. Returns the finished requests."""
@@ -69,7 +69,7 @@ class FleetExecutor:
         next_arrival = 0
         in_flight = 0
         dropped_seen = len(self.device.dropped)
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-work") as pool:
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-job") as pool:
             while True:
                 events = self._drain()
                 now = self.now()
@@ -78,7 +78,7 @@ class FleetExecutor:
                         raise RuntimeError(f"stage execution failed: {extra!r}") from extra
                     if kind == "done":
                         in_flight -= 1
-                        self.works.append((payload, extra))
+                        self.jobs.append((payload, extra))
                         done = self.device.finish(payload, extra)
                         self.finished.extend(done)
                         if done and self.on_finish:
@@ -86,12 +86,12 @@ class FleetExecutor:
                 while next_arrival < len(pending) and pending[next_arrival].arrival <= now:
                     self.device.submit(pending[next_arrival])
                     next_arrival += 1
-                for work in self.device.start(now):
+                for job in self.device.start(now):
                     in_flight += 1
-                    if self.device.units == 1:
-                        self._execute(work)  # nothing else can start meanwhile: skip two thread hand-offs
+                    if self.device.lanes == 1:
+                        self._execute(job)  # nothing else can start meanwhile: skip two thread hand-offs
                     else:
-                        pool.submit(self._execute, work)
+                        pool.submit(self._execute, job)
                 dropped = self.device.dropped[dropped_seen:]
                 dropped_seen += len(dropped)
                 for request in dropped:
@@ -140,15 +140,15 @@ def run_real(
     device = make_device(config, lut)
     executor = FleetExecutor(device, runner)
     executor.run(requests)
-    works = [WorkRecord(0, work, end) for work, end in executor.works]
-    return summarize(robots, requests, len(device.dropped), works)
+    jobs = [JobRecord(0, job, end) for job, end in executor.jobs]
+    return summarize(robots, requests, len(device.dropped), jobs)
 
 
-def cycle_factors(works: Sequence[WorkRecord], interference: float = 1.0) -> list[float]:
-    """For a one-unit device, how much longer than its LUT prediction each unit of work kept the device: (time
-    from its start to the next unit's start) / (LUT duration, co-running work inflated by ``interference``).
-    The cycle includes the executor's own overhead between units. Meaningful while the device is kept busy (an
+def cycle_factors(jobs: Sequence[JobRecord], interference: float = 1.0) -> list[float]:
+    """For a one-lane device, how much longer than its LUT prediction each job kept the device: (time
+    from its start to the next job's start) / (LUT duration, a co-running job inflated by ``interference``).
+    The cycle includes the executor's own overhead between jobs. Meaningful while the device is kept busy (an
     overloaded run); all 1.0 would mean the machine ran exactly as profiled. ``SimConfig.duration_factors``
     takes them, so a simulation can replay the run's service-time drift and noise."""
-    ordered = sorted(works, key=lambda w: w.work.start)
-    return [(b.work.start - a.work.start) / a.work.duration(interference) for a, b in zip(ordered, ordered[1:])]
+    ordered = sorted(jobs, key=lambda r: r.job.start)
+    return [(b.job.start - a.job.start) / a.job.duration(interference) for a, b in zip(ordered, ordered[1:])]

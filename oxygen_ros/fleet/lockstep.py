@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 
@@ -72,13 +72,13 @@ def choose_partition(
 class LockstepScheduler(QueuedDevice):
     """One device, one lockstep at a time: VLM batch and action batch start together and finish together."""
 
-    unit = "lockstep"
+    lane = "lockstep"
 
     def __init__(self, lut: ProfileTable, **kwargs):
         super().__init__(lut, **kwargs)
         self.busy = False
 
-    def start(self, now: float) -> list[Work]:
+    def start(self, now: float) -> list[DeviceJob]:
         if self.busy:
             return []
         vlm_batch = self.next_batch(Stage.VLM, now)
@@ -91,31 +91,30 @@ class LockstepScheduler(QueuedDevice):
             (action_batch.model_id, action_batch.bucket) if action_batch else None,
             self.guard,
         )
-        slots = []
+        runs = []
         if vlm_batch:
             lut_s = self.lut.latency(vlm_batch.model_id, Stage.VLM, vlm_batch.bucket, choice.vlm_share)
-            slots.append(StageSlot(vlm_batch, choice.vlm_share, lut_s))
+            runs.append(StageRun(vlm_batch, choice.vlm_share, lut_s))
         if action_batch:
             lut_s = self.lut.latency(
                 action_batch.model_id, Stage.ACTION, action_batch.bucket, choice.action_share
             )
-            slots.append(StageSlot(action_batch, choice.action_share, lut_s))
+            runs.append(StageRun(action_batch, choice.action_share, lut_s))
         self.busy = True
         return [
-            Work(
-                self.unit,
+            DeviceJob(
+                self.lane,
                 now,
-                slots,
+                runs,
                 choice.predicted_s,
                 sequential=choice.mode == "serial",
                 co_run=choice.mode == "split",
-                tags={"partition": choice},
             )
         ]
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
         self.busy = False
         finished: list[FleetRequest] = []
-        for slot in work.slots:
-            finished.extend(self.complete_slot(slot, now))
+        for run in job.stage_runs:
+            finished.extend(self.complete_run(run, now))
         return finished

@@ -29,23 +29,23 @@ from dataclasses import dataclass
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.fleet.baselines import best_static_share
 from oxygen_ros.fleet.batching import Batch, power_of_two_buckets
-from oxygen_ros.fleet.device import QueuedDevice, StageSlot, Work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
 from oxygen_ros.fleet.policies import RemainingTime
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 
 
 @dataclass
-class HopWork(Work):
-    """Work whose unit is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its slots;
+class HopJob(DeviceJob):
+    """A job whose lane is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
     the hop is host or link time, so interference does not inflate it. ``payload``: a batch in transit (a
-    transfer carries no stage slot)."""
+    transfer carries no stage run)."""
 
     hop_s: float = 0.0
     payload: Batch | None = None
 
     def duration(self, interference: float = 1.0) -> float:
-        return (super().duration(interference) if self.slots else 0.0) + self.hop_s
+        return (super().duration(interference) if self.stage_runs else 0.0) + self.hop_s
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _needs(lut: ProfileTable, key: str, design: str):
 
 
 class _StagePipeline(QueuedDevice):
-    """Continuous batching on two independent stage units; subclasses say what a batch costs beyond the LUT."""
+    """Continuous batching on two independent stage lanes; subclasses say what a batch costs beyond the LUT."""
 
     needs_hop_costs = True
     """It reads hand-off or link costs from the LUT's meta (``attach_hop_costs``)."""
@@ -92,8 +92,8 @@ class _StagePipeline(QueuedDevice):
         super().__init__(lut, **kwargs)
         self.busy = {Stage.VLM: False, Stage.ACTION: False}
 
-    def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
-        """The work of ``batch`` on its stage's unit; ``other_running``: the other stage runs at the same time."""
+    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
+        """The job of ``batch`` on its stage's lane; ``other_running``: the other stage runs at the same time."""
         raise NotImplementedError
 
     def remaining_extra(self, stage: Stage, bucket: int) -> float:
@@ -110,13 +110,13 @@ class _StagePipeline(QueuedDevice):
 
         return remaining
 
-    def start_stages(self, now: float) -> list[Work]:
+    def start_stages(self, now: float) -> list[DeviceJob]:
         """Every free stage takes its next batch; a stage starting together with the other one co-runs with it."""
         batches = {stage: self.next_batch(stage, now) for stage in (Stage.VLM, Stage.ACTION) if not self.busy[stage]}
         batches = {stage: batch for stage, batch in batches.items() if batch is not None}
         for stage in batches:
             self.busy[stage] = True
-        return [self.stage_work(batch, now, self.busy[_other(stage)]) for stage, batch in batches.items()]
+        return [self.stage_job(batch, now, self.busy[_other(stage)]) for stage, batch in batches.items()]
 
 
 def _other(stage: Stage) -> Stage:
@@ -126,7 +126,7 @@ def _other(stage: Stage) -> Stage:
 class OmniScheduler(_StagePipeline):
     """Stage processes on one GPU with continuous batching and measured IPC per hop (see the module doc)."""
 
-    units = 2
+    lanes = 2
 
     def __init__(self, lut: ProfileTable, vlm_share: float | None = None, **kwargs):
         super().__init__(lut, **kwargs)
@@ -148,35 +148,35 @@ class OmniScheduler(_StagePipeline):
             extra += self.hop("input", bucket) + self.hop("kv", bucket)
         return extra
 
-    def shared_slot(self, batch: Batch) -> StageSlot:
+    def shared_run(self, batch: Batch) -> StageRun:
         """``batch`` co-running with the other stage's process, on its stage's share of the split."""
         share = self.co_shares[batch.stage]
-        return StageSlot(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
+        return StageRun(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
 
-    def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
+    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
         shared = other_running
-        slot = self.shared_slot(batch) if shared else self.solo_slot(batch)
+        run = self.shared_run(batch) if shared else self.solo_run(batch)
         if batch.stage is Stage.VLM:
             hop = self.hop("input", batch.bucket) + self.hop("kv", batch.bucket)
         else:
             hop = self.hop("output", batch.bucket)
-        work = HopWork(batch.stage.value, now, [slot], 0.0, co_run=shared, hop_s=hop)
-        work.predicted_s = (self.guard if shared else 1.0) * slot.lut_s + hop
-        return work
+        job = HopJob(batch.stage.value, now, [run], 0.0, co_run=shared, hop_s=hop)
+        job.predicted_s = (self.guard if shared else 1.0) * run.lut_s + hop
+        return job
 
-    def start(self, now: float) -> list[Work]:
+    def start(self, now: float) -> list[DeviceJob]:
         return self.start_stages(now)
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        slot = work.slots[0]
-        self.busy[slot.batch.stage] = False
-        return self.complete_slot(slot, now)
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        run = job.stage_runs[0]
+        self.busy[run.batch.stage] = False
+        return self.complete_run(run, now)
 
 
 class InterGpuScheduler(_StagePipeline):
     """VLM on one GPU, action on another, the prefix K/V sent over the link between them (see the module doc)."""
 
-    units = 3
+    lanes = 3
     gpus = 2
 
     def __init__(self, lut: ProfileTable, **kwargs):
@@ -194,30 +194,30 @@ class InterGpuScheduler(_StagePipeline):
     def remaining_extra(self, stage: Stage, bucket: int) -> float:
         return self.transfer_s(bucket) if stage is Stage.VLM else 0.0
 
-    def stage_work(self, batch: Batch, now: float, other_running: bool) -> HopWork:
-        slot = self.solo_slot(batch)  # its own GPU: the other stage does not matter
-        return HopWork(batch.stage.value, now, [slot], slot.lut_s)
+    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
+        run = self.solo_run(batch)  # its own GPU: the other stage does not matter
+        return HopJob(batch.stage.value, now, [run], run.lut_s)
 
-    def start(self, now: float) -> list[Work]:
-        started: list[Work] = []
+    def start(self, now: float) -> list[DeviceJob]:
+        started: list[DeviceJob] = []
         if not self.link_busy and self.in_transit:
             batch = self.in_transit.popleft()
             seconds = self.transfer_s(len(batch.requests))
             self.link_busy = True
-            started.append(HopWork("link", now, [], seconds, hop_s=seconds, payload=batch))
+            started.append(HopJob("link", now, [], seconds, hop_s=seconds, payload=batch))
         return started + self.start_stages(now)
 
-    def finish(self, work: Work, now: float) -> list[FleetRequest]:
-        if work.unit == "link":
+    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+        if job.lane == "link":
             self.link_busy = False
-            for request in work.payload.requests:
+            for request in job.payload.requests:
                 self.queues[Stage.ACTION].push(request)
             return []
-        slot = work.slots[0]
-        self.busy[slot.batch.stage] = False
-        if slot.batch.stage is Stage.VLM:
-            for request in slot.batch.requests:
+        run = job.stage_runs[0]
+        self.busy[run.batch.stage] = False
+        if run.batch.stage is Stage.VLM:
+            for request in run.batch.requests:
                 request.vlm_done = now
-            self.in_transit.append(slot.batch)
+            self.in_transit.append(run.batch)
             return []
-        return self.complete_slot(slot, now)
+        return self.complete_run(run, now)

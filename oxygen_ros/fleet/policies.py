@@ -33,7 +33,7 @@ class EarliestSloFirst:
     name = "esf"
 
     def choose(self, queues: StageQueues, now: float, remaining: RemainingTime) -> str | None:
-        models = queues.models_with_work()
+        models = queues.models_with_requests()
         if not models:
             return None
 
@@ -53,7 +53,7 @@ class RoundRobin:
         self._last: str | None = None
 
     def choose(self, queues: StageQueues, now: float, remaining: RemainingTime) -> str | None:
-        models = queues.models_with_work()
+        models = queues.models_with_requests()
         if not models:
             return None
         later = [m for m in models if self._last is None or m > self._last]
@@ -67,7 +67,7 @@ class LargestQueueFirst:
     name = "lqf"
 
     def choose(self, queues: StageQueues, now: float, remaining: RemainingTime) -> str | None:
-        models = queues.models_with_work()
+        models = queues.models_with_requests()
         if not models:
             return None
         return min(models, key=lambda m: (-queues.length(m), queues.head(m).deadline, m))

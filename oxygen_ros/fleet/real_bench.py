@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 slowdown = lut.meta["co_run_slowdown"]
                 real = run_real(robots, lut, runner, config, lambda r: frames[r.model_id])
                 sim = simulate(robots, {r.robot_id: 0 for r in robots}, lut, config)
-                factors = cycle_factors(real.works, slowdown)
+                factors = cycle_factors(real.jobs, slowdown)
                 points[design][n] = {
                     "real": real.summary(),
                     "sim": sim.summary(),

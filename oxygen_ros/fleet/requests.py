@@ -76,7 +76,7 @@ class StageQueues:
         heap = self._heaps.setdefault(request.model_id, [])
         heapq.heappush(heap, (request.deadline, next(self._seq), request))
 
-    def models_with_work(self) -> list[str]:
+    def models_with_requests(self) -> list[str]:
         return sorted(m for m, heap in self._heaps.items() if heap)
 
     def length(self, model_id: str) -> int:

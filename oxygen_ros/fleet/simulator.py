@@ -3,12 +3,12 @@
 Robots send requests periodically (seeded random phase, and each request delayed by a random part of its
 robot's period: ``jitter``, on by default, since without it robots phase-lock to batch starts and one seed's result
 says little about another's); each GPU runs one device scheduler
-(lockstep, static split or monolithic) and every piece of work lasts its LUT latency, inflated by an
-``interference`` factor when it co-runs with other work. Time is a simulated clock: nothing sleeps, and the same
+(lockstep, static split or monolithic) and every job lasts its LUT latency, inflated by an
+``interference`` factor when it co-runs with other jobs. Time is a simulated clock: nothing sleeps, and the same
 inputs and seed give the same result.
 
-At each event time every event due is applied first (finished work, then arrivals), and only then are idle
-devices asked to start new work, so a batch sees exactly the requests that had arrived by its stage start.
+At each event time every event due is applied first (finished jobs, then arrivals), and only then are idle
+devices asked to start new jobs, so a batch sees exactly the requests that had arrived by its stage start.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from oxygen_ros.engine.stats import percentile
 from oxygen_ros.fleet.baselines import MonolithicScheduler, StaticSplitScheduler
-from oxygen_ros.fleet.device import QueuedDevice, Work
+from oxygen_ros.fleet.device import DeviceJob, QueuedDevice
 from oxygen_ros.fleet.lockstep import LockstepScheduler
 from oxygen_ros.fleet.omni import InterGpuScheduler, OmniScheduler
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -51,16 +52,16 @@ class SimConfig:
     interference: float = 1.05
     jitter: float = 0.2  # each request arrives up to this fraction of its robot's period late (uniform)
     drop_expired: bool = True
-    # Service-time drift: when given, the k-th unit of work (in start order) lasts its LUT duration times
+    # Service-time drift: when given, the k-th job (in start order) lasts its LUT duration times
     # factor k (cycling), e.g. the wall/LUT ratios a real run showed, in order, on a shared machine
     # (``executor.cycle_factors``): slow spells stay together as they happened.
     duration_factors: tuple[float, ...] = ()
 
 
 @dataclass
-class WorkRecord:
+class JobRecord:
     gpu: int
-    work: Work
+    job: DeviceJob
     end: float
 
 
@@ -72,7 +73,7 @@ class SimResult:
     latency_p50_s: float
     latency_p99_s: float
     dropped: int
-    works: list[WorkRecord] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)
     arrivals: list[tuple[float, int]] = field(default_factory=list)
 
     @property
@@ -139,7 +140,7 @@ def simulate(
     seq = itertools.count()
     for request in requests:
         heapq.heappush(events, (request.arrival, 1, next(seq), request))
-    works: list[WorkRecord] = []
+    jobs: list[JobRecord] = []
     arrivals: list[tuple[float, int]] = []
     factors = np.asarray(config.duration_factors, dtype=float)
     started = 0
@@ -149,8 +150,8 @@ def simulate(
         while events and events[0][0] <= now:
             _, kind, _, payload = heapq.heappop(events)
             if kind == 0:
-                record: WorkRecord = payload
-                devices[record.gpu].finish(record.work, now)
+                record: JobRecord = payload
+                devices[record.gpu].finish(record.job, now)
                 touched.add(record.gpu)
             else:
                 request: FleetRequest = payload
@@ -160,27 +161,25 @@ def simulate(
                 if keep_log:
                     arrivals.append((now, request.request_id))
         for gpu in sorted(touched):
-            for work in devices[gpu].start(now):
-                duration = work.duration(config.interference)
+            for job in devices[gpu].start(now):
+                duration = job.duration(config.interference)
                 if factors.size:
                     duration *= float(factors[started % factors.size])
                 started += 1
-                record = WorkRecord(gpu, work, now + duration)
+                record = JobRecord(gpu, job, now + duration)
                 heapq.heappush(events, (record.end, 0, next(seq), record))
                 if keep_log:
-                    works.append(record)
-    return summarize(robots, requests, sum(len(d.dropped) for d in devices), works, arrivals)
+                    jobs.append(record)
+    return summarize(robots, requests, sum(len(d.dropped) for d in devices), jobs, arrivals)
 
 
-def summarize(robots, requests, dropped: int, works=(), arrivals=()) -> SimResult:
+def summarize(robots, requests, dropped: int, jobs=(), arrivals=()) -> SimResult:
     """Per-robot and overall SLO attainment and latency percentiles of finished/dropped requests."""
     met: dict[str, list[bool]] = {r.robot_id: [] for r in robots}
     for request in requests:
         met[request.robot_id].append(request.met_slo)
     per_robot = {rid: (float(np.mean(flags)) if flags else 1.0) for rid, flags in met.items()}
-    latencies = np.array([r.latency for r in requests if r.finish is not None])
+    latencies = [r.latency for r in requests if r.finish is not None]
     overall = float(np.mean([r.met_slo for r in requests])) if requests else 1.0
-    p50, p99 = (
-        (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies.size else (float("nan"),) * 2
-    )
-    return SimResult(requests, per_robot, overall, p50, p99, dropped, list(works), list(arrivals))
+    p50, p99 = (percentile(latencies, q, float("nan")) for q in (0.5, 0.99))
+    return SimResult(requests, per_robot, overall, p50, p99, dropped, list(jobs), list(arrivals))

@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from oxygen_ros.engine.model_runner import ModelRunner
-from oxygen_ros.engine.scheduler import ActionFrame, StageBatch, StageWork
+from oxygen_ros.engine.scheduler import ActionFrame, StageBatch, StageJob
 from oxygen_ros.engine.stage_workers import StageWorkers
 from oxygen_ros.fleet.device import QueuedDevice
 from oxygen_ros.fleet.requests import FleetRequest, Stage
@@ -33,19 +33,19 @@ class FleetStagePlanner:
                                         frame.deadline, context=frame))
 
     @property
-    def units(self) -> int:
-        return self.device.units
+    def lanes(self) -> int:
+        return self.device.lanes
 
     def pending(self) -> int:
         return self.device.pending()
 
-    def start(self, now: float) -> list[StageWork]:
-        return [StageWork([StageBatch(s.batch.model_id, s.batch.stage.value, [r.context for r in s.batch.requests],
-                                      s.batch.bucket, s.share) for s in work.slots], work.sequential, work)
-                for work in self.device.start(now)]
+    def start(self, now: float) -> list[StageJob]:
+        return [StageJob([StageBatch(s.batch.model_id, s.batch.stage.value, [r.context for r in s.batch.requests],
+                                      s.batch.bucket, s.share) for s in job.stage_runs], job.sequential, job)
+                for job in self.device.start(now)]
 
-    def finish(self, work: StageWork, now: float) -> None:
-        self.device.finish(work.token, now)
+    def finish(self, job: StageJob, now: float) -> None:
+        self.device.finish(job.token, now)
 
     def take_expired(self) -> list[ActionFrame]:
         expired = [request.context for request in self.device.dropped]

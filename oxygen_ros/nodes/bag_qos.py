@@ -15,12 +15,14 @@ from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 
+from oxygen_ros.data.stamps import split_ns
+
 LATCHED_DEFAULT_DEPTH = 1
 STREAM_DEFAULT_DEPTH = 100
 
 
 def _time(duration: Duration) -> QosTime:
-    sec, nsec = divmod(int(duration.nanoseconds), 1_000_000_000)
+    sec, nsec = split_ns(duration.nanoseconds)
     return QosTime(sec=sec, nsec=nsec)
 
 

@@ -18,6 +18,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.data.jpeg import decode_image
+from oxygen_ros.data.stamps import split_ns
 from oxygen_ros.model.preprocess import resized_shape
 
 # encoding -> (channels, index of R, G, B within a pixel); mono8 is replicated to three channels.
@@ -60,12 +61,8 @@ def check_dimensions(width: int, height: int, limits: ImageLimits | None) -> Non
                                         f"{limits.model_size}x{limits.model_size} input")
 
 
-def stamp_to_ns(stamp: Time) -> int:
-    return stamp.sec * 1_000_000_000 + stamp.nanosec
-
-
 def ns_to_stamp(ns: int) -> Time:
-    sec, nanosec = divmod(int(ns), 1_000_000_000)
+    sec, nanosec = split_ns(ns)
     return Time(sec=sec, nanosec=nanosec)
 
 
@@ -189,7 +186,7 @@ def chunk_to_trajectory(actions: np.ndarray, joint_names: list[str] | tuple[str,
     msg.joint_names = list(joint_names)
     step_ns = round(time_step_s * 1e9)
     for i in range(horizon):
-        sec, nanosec = divmod((i + 1) * step_ns, 1_000_000_000)
+        sec, nanosec = split_ns((i + 1) * step_ns)
         msg.points.append(JointTrajectoryPoint(positions=actions[i].tolist(),
                                                time_from_start=Duration(sec=sec, nanosec=nanosec)))
     return msg

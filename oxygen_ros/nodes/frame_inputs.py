@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.model.preprocess import normalized_state
 from oxygen_ros.model.prompt import tokenize_prompt
 
@@ -44,7 +45,6 @@ from .conversions import (
     compressed_to_rgb,
     image_to_rgb,
     joint_positions,
-    stamp_to_ns,
 )
 
 RUNNING = "running"

@@ -30,9 +30,10 @@ from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import Image, JointState
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.stats import percentile
 
-from .conversions import ns_to_stamp, stamp_to_ns
+from .conversions import ns_to_stamp
 
 
 class SensorPublisher:
@@ -89,10 +90,6 @@ class SensorPublisher:
         return thread, stop
 
 
-def percentile_ms(values_ns: Sequence[int], q: float) -> float:
-    return percentile(values_ns, q) / 1e6
-
-
 def measure(node: Node, sensors: SensorPublisher, rate_hz: float, seconds: float, warmup_s: float,
             first_chunk_timeout_s: float = 60.0) -> dict:
     """Publish for warm-up + `seconds`; returns latency and rate figures over the measured part."""
@@ -132,8 +129,8 @@ def measure(node: Node, sensors: SensorPublisher, rate_hz: float, seconds: float
         return {
             "chunks": len(measured),
             "chunk_rate_hz": len(measured) / elapsed,
-            "e2e_ms_p50": percentile_ms(latencies, 0.5),
-            "e2e_ms_p99": percentile_ms(latencies, 0.99),
+            "e2e_ms_p50": percentile(latencies, 0.5) / 1e6,
+            "e2e_ms_p99": percentile(latencies, 0.99) / 1e6,
             "e2e_ms_max": max(latencies) / 1e6 if latencies else 0.0,
             "node": dict(diagnostics),  # the node's last /diagnostics key-values
         }

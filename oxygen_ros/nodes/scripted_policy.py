@@ -25,6 +25,7 @@ from sensor_msgs.msg import Image
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.data.stamps import split_ns, stamp_to_ns
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
 from oxygen_ros.sim.aloha_env import DT
 from oxygen_ros.sim.scripted import transfer_cube_lift_plan
@@ -47,13 +48,13 @@ class ScriptedPolicy(Node):
                                f"chunks of {self.horizon} on camera/{camera}/image_raw")
 
     def _on_image(self, msg: Image) -> None:
-        step = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec) // STEP_NS
+        step = stamp_to_ns(msg.header.stamp) // STEP_NS
         rows = np.minimum(np.arange(step, step + self.horizon), len(self.plan) - 1)
         chunk = JointTrajectory(joint_names=list(ALOHA_JOINT_NAMES))
         chunk.header.stamp = msg.header.stamp
         for i, row in enumerate(self.plan[rows]):
             point = JointTrajectoryPoint(positions=row.tolist())
-            point.time_from_start.sec, point.time_from_start.nanosec = divmod(i * STEP_NS, 1_000_000_000)
+            point.time_from_start.sec, point.time_from_start.nanosec = split_ns(i * STEP_NS)
             chunk.points.append(point)
         self.pub.publish(chunk)
 

@@ -48,7 +48,8 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.chunk_executor import BLENDING_MODES, ChunkExecutor
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
-from oxygen_ros.nodes.conversions import ns_to_stamp, stamp_to_ns
+from oxygen_ros.data.stamps import stamp_to_ns
+from oxygen_ros.nodes.conversions import ns_to_stamp
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
 from oxygen_ros.nodes.qos import LATCHED_QOS
 from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, REWARD_STAGES, AlohaSimEnv, SimulationDiverged

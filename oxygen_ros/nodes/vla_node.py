@@ -53,14 +53,15 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.handover import Handover, Plan
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig
-from oxygen_ros.engine.stats import percentile
+from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
-from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp, stamp_to_ns
+from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import (
     JOINT_STATES,
@@ -80,10 +81,6 @@ from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
-
-
-def _percentile_ms(samples: Sequence[float], q: float) -> float:
-    return 1e3 * percentile(samples, q)
 
 
 class VlaNode(Node):
@@ -336,12 +333,12 @@ class VlaNode(Node):
             actions_published=self.actions_published, dropped_frames=self.inputs.dropped_frames,
             worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
             values={
-                "frame_age_ms_p50": f"{_percentile_ms(self._frame_ages, 0.5):.2f}",
-                "frame_age_ms_p99": f"{_percentile_ms(self._frame_ages, 0.99):.2f}",
-                "tick_ms_p50": f"{_percentile_ms(self._tick_times, 0.5):.2f}",
-                "tick_ms_p99": f"{_percentile_ms(self._tick_times, 0.99):.2f}",
-                "node_overhead_ms_p50": f"{_percentile_ms(overhead, 0.5):.2f}",
-                "node_overhead_ms_p99": f"{_percentile_ms(overhead, 0.99):.2f}",
+                "frame_age_ms_p50": f"{percentile_ms(self._frame_ages, 0.5):.2f}",
+                "frame_age_ms_p99": f"{percentile_ms(self._frame_ages, 0.99):.2f}",
+                "tick_ms_p50": f"{percentile_ms(self._tick_times, 0.5):.2f}",
+                "tick_ms_p99": f"{percentile_ms(self._tick_times, 0.99):.2f}",
+                "node_overhead_ms_p50": f"{percentile_ms(overhead, 0.5):.2f}",
+                "node_overhead_ms_p99": f"{percentile_ms(overhead, 0.99):.2f}",
                 "narrations_published": self.narrations_published,
                 "reused_frames": self.inputs.reused_frames,
                 "image_age_ms": f"{image_age / 1e6:.2f}" if image_age is not None else "none",

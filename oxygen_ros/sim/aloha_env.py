@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 DT = 0.02
-FPS = 50.0
 MAX_EPISODE_STEPS = 300  # gym-aloha's registered time limit
 SIM_CAMERAS = ("top", "angle", "left_wrist", "right_wrist", "front_close", "left_pillar", "right_pillar")
 
