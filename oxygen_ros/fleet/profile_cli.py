@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -20,45 +19,9 @@ import torch
 
 from oxygen_ros.command_line import CommandParser
 from oxygen_ros.fleet.batching import power_of_two_buckets
-from oxygen_ros.fleet.lockstep import split_candidates
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_table import ProfileTable, profile_stages
-from oxygen_ros.fleet.requests import FleetRequest, Stage
-
-
-def measure_co_run(
-    runner: ModelRunner, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
-) -> dict[str, float]:
-    """Median over models, buckets and split shares of (side-by-side wall time) / max(alone times from the LUT).
-
-    Side by side = one model's VLM batch and its action batch submitted together on complementary shares, as a
-    lockstep runs them. Returns ``{"co_run_slowdown": median, "co_run_max": max}`` (1.0 when nothing splits)."""
-    ratios = []
-    for model_id in lut.models():
-        for share in split_candidates(lut, model_id, model_id):
-            for bucket in buckets:
-                vlm_batch, action_batch = (
-                    [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)] for _ in "va"
-                )
-                alone = max(
-                    lut.latency(model_id, Stage.VLM, bucket, share),
-                    lut.latency(model_id, Stage.ACTION, bucket, round(1 - share, 6)),
-                )
-                samples = []
-                for k in range(repeats + 1):
-                    start = time.perf_counter()
-                    futures = [
-                        runner.submit(model_id, Stage.VLM, vlm_batch, share),
-                        runner.submit(model_id, Stage.ACTION, action_batch, round(1 - share, 6)),
-                    ]
-                    for future in futures:
-                        future.result()
-                    if k:  # the first is a warm-up
-                        samples.append(time.perf_counter() - start)
-                ratios.append(statistics.median(samples) / alone)
-    if not ratios:
-        return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
-    return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
+from oxygen_ros.fleet.profile_table import ProfileTable, measure_co_run, profile_stages
+from oxygen_ros.fleet.requests import Stage
 
 
 def profile_runner(
@@ -73,7 +36,7 @@ def profile_runner(
     shares = list(shares or runner.shares())
     load_before = os.getloadavg()[0]
     table = profile_stages(runner, list(runner.models), buckets, shares, repeats=repeats, warmup=warmup)
-    table.meta.update(measure_co_run(runner, table, buckets, repeats=max(3, repeats // 2)))
+    table.meta.update(measure_co_run(runner.submit, table, buckets, repeats=max(3, repeats // 2)))
     table.meta.update(
         {
             "runner": "model_runner.ModelRunner",

@@ -13,6 +13,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage
 StageRunner = Callable[[str, Stage, Sequence[FleetRequest], float], None]
 """``run(model_id, stage, batch_of_requests, share) -> None``: executes one stage of one batch on ``share`` of the
 device and returns when the outputs are ready. The engine supplies the real one; tests and profiling use others."""
+
+StageSubmitter = Callable[[str, Stage, Sequence[FleetRequest], float], Future]
+"""``submit(model_id, stage, batch_of_requests, share) -> Future``: starts one stage of one batch on its stage
+worker and returns at once (two stages can then run side by side)."""
 
 
 def _share_key(share: float) -> float:
@@ -182,6 +187,45 @@ def profile_stages(
     ]
     table.meta["inversions"] = find_inversions(table)
     return table
+
+
+def measure_co_run(
+    submit: StageSubmitter, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
+) -> dict[str, float]:
+    """Median over models, buckets and split shares of (side-by-side wall time) / max(alone times from the LUT).
+
+    Side by side = one model's VLM batch and its action batch submitted together on complementary shares, as a
+    lockstep runs them. Returns ``{"co_run_slowdown": median, "co_run_max": max}`` (1.0 when nothing splits).
+    A lockstep scheduler's guard below the median slowdown splits the device where running the two stages back
+    to back is faster."""
+    from oxygen_ros.fleet.lockstep import split_candidates  # lockstep reads this module's table
+
+    ratios = []
+    for model_id in lut.models():
+        for share in split_candidates(lut, model_id, model_id):
+            for bucket in buckets:
+                vlm_batch, action_batch = (
+                    [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)] for _ in "va"
+                )
+                alone = max(
+                    lut.latency(model_id, Stage.VLM, bucket, share),
+                    lut.latency(model_id, Stage.ACTION, bucket, round(1 - share, 6)),
+                )
+                samples = []
+                for k in range(repeats + 1):
+                    start = time.perf_counter()
+                    futures = [
+                        submit(model_id, Stage.VLM, vlm_batch, share),
+                        submit(model_id, Stage.ACTION, action_batch, round(1 - share, 6)),
+                    ]
+                    for future in futures:
+                        future.result()
+                    if k:  # the first is a warm-up
+                        samples.append(time.perf_counter() - start)
+                ratios.append(statistics.median(samples) / alone)
+    if not ratios:
+        return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
+    return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
 
 
 def find_inversions(table: ProfileTable, tolerance: float = 0.05) -> list[str]:

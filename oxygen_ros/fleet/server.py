@@ -8,8 +8,8 @@ device is the `design`:
 - `monolithic`: the engine's own path: a batch's prefill and denoise in one call on the whole device, models
   taking turns by the queue policy (earliest-SLO-first by default).
 - `robion`: the fleet's lockstep (`lockstep.LockstepScheduler`): each lockstep runs one VLM batch and one action
-  batch side by side on complementary shares chosen from the profile table with a guard, or back to back when
-  that is predicted faster; a frame's prefix slot waits between its two stages.
+  batch side by side on complementary shares chosen from the profile table with a guard (at least the co-run
+  slowdown measured with the table), or back to back when that is predicted faster; a frame's prefix slot waits between its two stages.
 - `disaggregated`: the static split (`baselines.StaticSplitScheduler`): each stage on a fixed share.
 
 With a stage split the runtime executes the plug-in's stage batches on the engine's stage workers; after a
@@ -45,8 +45,8 @@ from .batching import power_of_two_buckets
 from .lockstep import LockstepScheduler
 from .model_runner import ModelSpec, device_partitions, device_shares
 from .policies import POLICIES
-from .profile_table import ProfileTable, profile_stages
-from .stage_plan import FleetStagePlanner, stage_runner
+from .profile_table import ProfileTable, measure_co_run, profile_stages
+from .stage_plan import FleetStagePlanner, stage_runner, stage_submitter
 
 DESIGNS = ("monolithic", "robion", "disaggregated")
 STAGE_DEVICES = {"robion": LockstepScheduler, "disaggregated": StaticSplitScheduler}
@@ -138,8 +138,9 @@ class FleetServer:
         """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
         Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
         ones (`error` set); late ones only with `publish_late` (then `missed` is set). `design`: see the module;
-        a stage split plans from `profile` (default: measured now, `profile_repeats` per entry) with `guard`, on
-        `cpu_threads` cores of a CPU (default: torch's intra-op threads)."""
+        a stage split plans from `profile` (default: measured now, `profile_repeats` per entry, with the
+        slowdown of the two stages side by side) with `guard` or the profile's measured co-run slowdown, whichever
+        is larger (`self.guard`), on `cpu_threads` cores of a CPU (default: torch's intra-op threads)."""
         if design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
         if design != "monolithic" and config.scheduler.queue not in POLICIES:
@@ -164,6 +165,7 @@ class FleetServer:
         self.workers: StageWorkers | None = None
         self.partition_mode = "whole device"
         self.lut: ProfileTable | None = None
+        self.guard = guard
         if design == "monolithic":
             self.runtime = Runtime(served, config, on_text=on_text, on_chunk=self._chunk_ready)
             return
@@ -174,12 +176,15 @@ class FleetServer:
                                stages=(planner, self.workers))
         max_batch = config.scheduler.max_batch
         if profile is None:
-            profile = profile_stages(stage_runner(self.runtime.runners, self.workers), list(served),
-                                     power_of_two_buckets(max_batch), device_shares(self.workers, partitions),
-                                     repeats=profile_repeats)
+            buckets = power_of_two_buckets(max_batch)
+            profile = profile_stages(stage_runner(self.runtime.runners, self.workers), list(served), buckets,
+                                     device_shares(self.workers, partitions), repeats=profile_repeats)
+            profile.meta.update(measure_co_run(stage_submitter(self.runtime.runners, self.workers), profile,
+                                               buckets, repeats=profile_repeats))
         self.lut = profile
+        self.guard = max(guard, profile.meta.get("co_run_slowdown", 1.0))
         planner.device = STAGE_DEVICES[design](profile, policy=config.scheduler.queue, max_batch=max_batch,
-                                               guard=guard, drop_expired=True,
+                                               guard=self.guard, drop_expired=True,
                                                vlm_room=self.runtime.frame_room)
 
     @property

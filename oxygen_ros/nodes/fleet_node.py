@@ -13,7 +13,8 @@ Every image on the first camera of a robot's model makes one frame, due at its h
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
 narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
 denoise in one call on the whole device, models by the ``queue`` policy), ``robion`` (lockstep stage split on
-shares chosen per lockstep from a profile table with ``guard``) or ``disaggregated`` (static stage split). A
+shares chosen per lockstep from a profile table with ``guard``, raised to the slowdown of the two stages side by
+side measured with the table) or ``disaggregated`` (static stage split). A
 stage split reads its table from ``profile_file`` or profiles the served models at start-up (``profile_repeats``
 per entry). Narration works in every design. Chunks are published from the runtime's control thread, narration
 from its language worker. A frame already past its deadline on arrival is not served, a queued frame whose
@@ -174,7 +175,8 @@ class FleetNode(Node):
         if staged:
             source = p["profile_file"] or "profiled at start-up"
             self.batching = (f"{p['design']}: stage batches on device shares ({self.server.partition_mode}), "
-                             f"table {source}, guard {p['guard']}, queue {p['queue']}, buckets up to "
+                             f"table {source}, guard {self.server.guard:.2f} (parameter {p['guard']}, raised to the "
+                             f"measured co-run slowdown), queue {p['queue']}, buckets up to "
                              f"{p['max_batch']}")
         else:
             self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "
