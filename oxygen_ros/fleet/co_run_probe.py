@@ -5,7 +5,9 @@ them) are timed alone and side by side in four ways, each stage on one thread of
 - ``workers``: the engine's two stage workers (`StageWorkers`), as a Robion lockstep runs them;
 - ``threads``: two bare Python threads, each with ``torch.set_num_threads(1)``;
 - ``threads, switch 0.5 ms``: the same with the interpreter's GIL switch interval cut from 5 ms to 0.5 ms;
-- ``processes``: two processes (no shared interpreter lock), started together at a barrier.
+- ``processes``: two processes (no shared interpreter lock), started together at a barrier;
+and each stage alone on one thread beside a thread running pure Python half of the time, at the default GIL
+switch interval (5 ms) and at 0.5 ms.
 Per stage it prints the median and 90th percentile wall time, the thread's CPU time per call (a thread that waits
 for the interpreter lock or for a core does not run), and the intra-op threads the stage ran with. With
 ``--profile`` it also prints the share of one stage call that torch's operators take (``torch.profiler``): the
@@ -128,6 +130,30 @@ def with_processes(args) -> dict[Stage, list]:
     return {stage: samples[stage.value] for stage in Stage}
 
 
+def with_python_neighbour(runner, bucket, repeats, switch_s: float) -> dict[Stage, list]:
+    """Each stage alone on one thread while another thread of the process runs pure Python half of the time (as
+    frame preprocessing and callbacks do while a server serves), at GIL switch interval `switch_s`."""
+    stop = threading.Event()
+
+    def neighbour() -> None:
+        while not stop.is_set():
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:
+                pass
+            time.sleep(0.001)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(switch_s)
+    thread = threading.Thread(target=neighbour)
+    thread.start()
+    try:
+        return alone(runner, bucket, repeats, 1)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+
+
 def op_share(runner, bucket) -> None:
     """Share of a stage call's wall time spent inside torch operators (1 thread)."""
     from torch.profiler import ProfilerActivity, profile
@@ -166,10 +192,12 @@ def main(argv=None) -> int:
     interval = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)
     try:
-        summary("co-run: threads, switch 0.5ms", with_threads(runner, args.bucket, args.repeats))
+        summary("co-run: threads, switch 0.5 ms", with_threads(runner, args.bucket, args.repeats))
     finally:
         sys.setswitchinterval(interval)
     summary("co-run: processes", with_processes(args))
+    summary("alone + Python neighbour", with_python_neighbour(runner, args.bucket, args.repeats, interval))
+    summary("same, switch 0.5 ms", with_python_neighbour(runner, args.bucket, args.repeats, 0.0005))
     if args.profile:
         op_share(runner, args.bucket)
     return 0
