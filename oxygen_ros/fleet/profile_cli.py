@@ -47,6 +47,7 @@ def profile_runner(
                 f"{stage.value}@{share}": runner.sm_count(stage, share) for stage in Stage for share in shares
             } if runner.partitions is not None else None,
             "torch": torch.__version__,
+            "cuda_graphs": runner.cuda_graphs,
             "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
             "num_steps": runner.num_steps,
             # other work on the machine while profiling (1-minute load average before and after, and cores)
@@ -70,16 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="timed runs per point (the median is kept)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point first")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
     p.add_argument("--num-steps", type=int, default=None, help="denoising steps (default: the model's)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
     runner = ModelRunner(
-        specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads, num_steps=args.num_steps
+        specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads, num_steps=args.num_steps,
+        cuda_graphs=args.cuda_graphs,
     )
     try:
         shares = [float(x) for x in args.shares.split(",") if x] or None

@@ -43,7 +43,7 @@ from ..model.preprocess import Observation
 from .baselines import StaticSplitScheduler
 from .batching import power_of_two_buckets
 from .lockstep import LockstepScheduler
-from .model_runner import ModelSpec, device_partitions, device_shares
+from .model_runner import ModelSpec, check_graph_device, device_partitions, device_shares, use_stage_graphs
 from .policies import POLICIES
 from .profile_table import ProfileTable, measure_co_run, profile_stages
 from .stage_plan import FleetStagePlanner, stage_runner, stage_submitter
@@ -134,18 +134,22 @@ class FleetServer:
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False,
                  design: str = "monolithic", profile: ProfileTable | None = None, guard: float = 1.1,
-                 cpu_threads: int | None = None, profile_repeats: int = 3):
+                 cpu_threads: int | None = None, profile_repeats: int = 3, cuda_graphs: bool = False):
         """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
         Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
         ones (`error` set); late ones only with `publish_late` (then `missed` is set). `design`: see the module;
         a stage split plans from `profile` (default: measured now, `profile_repeats` per entry, with the
         slowdown of the two stages side by side) with `guard` or the profile's measured co-run slowdown, whichever
-        is larger (`self.guard`), on `cpu_threads` cores of a CPU (default: torch's intra-op threads)."""
+        is larger (`self.guard`), on `cpu_threads` cores of a CPU (default: torch's intra-op threads).
+        `cuda_graphs` (a CUDA device only, else ValueError): every model replays CUDA graphs of its action stage
+        and decode step per (bucket, stream), so per SM partition in a stage split (`use_stage_graphs`)."""
         if design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
         if design != "monolithic" and config.scheduler.queue not in POLICIES:
             raise ValueError(f"design {design} takes queue {' | '.join(POLICIES)}, got {config.scheduler.queue!r}")
         config = replace(config, scheduler=replace(config.scheduler, drop_expired=True))
+        if cuda_graphs:
+            check_graph_device(device)
         missing = sorted({r.model_id for r in robots} - set(profile.models())) if profile is not None else []
         if missing:
             raise ValueError(f"the profile table has no entries for models {missing}")
@@ -153,6 +157,8 @@ class FleetServer:
         for spec in models_to_load(specs, robots):
             loaded = load_model_source(spec.source, device, dtype, spec.seed)
             tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
+            if cuda_graphs:
+                use_stage_graphs(loaded.model, config.scheduler.max_batch)
             served[spec.model_id] = Served(loaded.model, tokenizer, loaded.norm_stats)
         if not served:
             raise ValueError("no robots to serve")

@@ -34,7 +34,8 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
 ``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
-``profile_file``, ``profile_repeats``, ``guard``, ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
+``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
+model, stage, bucket and SM partition; on a CPU the node refuses to start), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``.
 """
 
@@ -105,6 +106,7 @@ DEFAULTS = {
     "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
     "profile_repeats": 3,
     "guard": 1.1,
+    "cuda_graphs": False,
     "action_dt": 0.02,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
@@ -168,6 +170,7 @@ class FleetNode(Node):
                                   lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
                                   publish_late=p["publish_late"], design=p["design"], profile=profile,
+                                  cuda_graphs=p["cuda_graphs"],
                                   guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
                                   profile_repeats=p["profile_repeats"])
         self.device = device
