@@ -3,8 +3,8 @@
 Every (model, stage, power-of-two batch bucket, device share) is timed with the real stage runner
 (``model_runner.ModelRunner``: prefill into KV slots, denoise from them), median of ``--repeats`` after a warm-up.
 It then runs a VLM batch and an action batch side by side on complementary shares and records how much slower
-that is than the slower of the two alone (``meta["co_run_slowdown"]``, the interference the profile of a stage
-alone cannot see); ``fleet-sim --profile`` and the real executor read the same file.
+that is than the slower of the two alone, timed in the same rounds (``meta["co_run_slowdown"]``, the interference
+the profile of a stage alone cannot see); ``fleet-sim --profile`` and the real executor read the same file.
 """
 
 from __future__ import annotations

@@ -192,37 +192,31 @@ def profile_stages(
 def measure_co_run(
     submit: StageSubmitter, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
 ) -> dict[str, float]:
-    """Median over models, buckets and split shares of (side-by-side wall time) / max(alone times from the LUT).
-
-    Side by side = one model's VLM batch and its action batch submitted together on complementary shares, as a
-    lockstep runs them. Returns ``{"co_run_slowdown": median, "co_run_max": max}`` (1.0 when nothing splits).
-    A lockstep scheduler's guard below the median slowdown splits the device where running the two stages back
-    to back is faster."""
+    """How much slower one model's VLM batch and its action batch are side by side on complementary shares (as a
+    lockstep runs them) than the slower of the two alone: per (model, split share, bucket) the median over rounds
+    of (side-by-side wall time) / max(alone times), each round timing the two alone and then side by side, so
+    that the ratio compares times taken under the same load. Returns ``{"co_run_slowdown": median,
+    "co_run_max": max}`` over entries (1.0 when nothing splits). A lockstep scheduler whose guard is below the
+    slowdown splits the device where running the two stages back to back is faster."""
     from oxygen_ros.fleet.lockstep import split_candidates  # lockstep reads this module's table
+
+    def wall(*calls) -> float:
+        start = time.perf_counter()
+        for future in [submit(*call) for call in calls]:
+            future.result()
+        return time.perf_counter() - start
 
     ratios = []
     for model_id in lut.models():
         for share in split_candidates(lut, model_id, model_id):
             for bucket in buckets:
-                vlm_batch, action_batch = (
-                    [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)] for _ in "va"
-                )
-                alone = max(
-                    lut.latency(model_id, Stage.VLM, bucket, share),
-                    lut.latency(model_id, Stage.ACTION, bucket, round(1 - share, 6)),
-                )
-                samples = []
-                for k in range(repeats + 1):
-                    start = time.perf_counter()
-                    futures = [
-                        submit(model_id, Stage.VLM, vlm_batch, share),
-                        submit(model_id, Stage.ACTION, action_batch, round(1 - share, 6)),
-                    ]
-                    for future in futures:
-                        future.result()
-                    if k:  # the first is a warm-up
-                        samples.append(time.perf_counter() - start)
-                ratios.append(statistics.median(samples) / alone)
+                vlm = (model_id, Stage.VLM, [FleetRequest(i, "profile", model_id, 0.0, float("inf"))
+                                             for i in range(bucket)], share)
+                action = (model_id, Stage.ACTION, [FleetRequest(i, "profile", model_id, 0.0, float("inf"))
+                                                   for i in range(bucket)], round(1 - share, 6))
+                wall(vlm, action)  # warm-up
+                rounds = [wall(vlm, action) / max(wall(vlm), wall(action)) for _ in range(repeats)]
+                ratios.append(statistics.median(rounds))
     if not ratios:
         return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
     return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
