@@ -1,14 +1,16 @@
 """``python -m oxygen_ros.fleet.co_run_probe``: why two co-running stages on a CPU are slower than each alone.
 
 One tiny model's VLM stage and action stage (the engine's `prefill_stage` / `denoise_stage`, as the fleet serves
-them) are timed alone and side by side in four ways, each stage on one thread of a 2-core budget:
+them) are timed alone (on one thread, and on all ``--cores``) and side by side in four ways, each stage on one
+thread of a 2-core budget:
 - ``workers``: the engine's two stage workers (`StageWorkers`), as a Robion lockstep runs them;
 - ``threads``: two bare Python threads, each with ``torch.set_num_threads(1)``;
 - ``threads, switch 0.5 ms``: the same with the interpreter's GIL switch interval cut from 5 ms to 0.5 ms;
 - ``processes``: two processes (no shared interpreter lock), started together at a barrier;
 and each stage alone on one thread beside a thread running pure Python half of the time, at the default GIL
 switch interval (5 ms) and at 0.5 ms.
-Per stage it prints the median and 90th percentile wall time, the thread's CPU time per call (a thread that waits
+The ways take turns in ``--cycles`` rounds, so a change of the machine's load spreads over all of them. Per stage
+it prints the median and 90th percentile wall time, the thread's CPU time per call (a thread that waits
 for the interpreter lock or for a core does not run), and the intra-op threads the stage ran with. With
 ``--profile`` it also prints the share of one stage call that torch's operators take (``torch.profiler``): the
 rest is Python in the interpreter, which two threads of one process cannot run at the same time.
@@ -107,21 +109,21 @@ def with_threads(runner, bucket, repeats) -> dict[Stage, list]:
     return samples
 
 
-def _process(stage: str, args, barrier, results) -> None:
+def _process(stage: str, args, repeats: int, barrier, results) -> None:
     torch.set_num_threads(1)
     runner = make_runner(args.preset, args.bucket, args.num_steps)
     call, rows = stage_call(runner, Stage(stage), args.bucket), []
     call()
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         barrier.wait()
         timed(call, rows)
     results.put((stage, rows))
 
 
-def with_processes(args) -> dict[Stage, list]:
+def with_processes(args, repeats: int) -> dict[Stage, list]:
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_process, args=(stage.value, args, barrier, results)) for stage in Stage]
+    procs = [ctx.Process(target=_process, args=(stage.value, args, repeats, barrier, results)) for stage in Stage]
     for proc in procs:
         proc.start()
     samples = dict(results.get() for _ in procs)
@@ -179,25 +181,42 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--bucket", type=int, default=4)
     p.add_argument("--num-steps", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=30, help="timed calls per way and stage, over all cycles")
+    p.add_argument("--cycles", type=int, default=3, help="rounds in which every way runs once")
     p.add_argument("--cores", type=int, default=2, help="the device's cores: a 0.5 share is half of them")
     p.add_argument("--profile", action="store_true", help="also profile one stage call's operators")
     args = p.parse_args(argv)
     runner = make_runner(args.preset, args.bucket, args.num_steps)
-    print(f"{args.preset}, bucket {args.bucket}, {args.num_steps} denoise steps, {args.repeats} repeats")
-    summary("alone, 1 thread", alone(runner, args.bucket, args.repeats, 1))
-    summary(f"alone, {args.cores} threads", alone(runner, args.bucket, args.repeats, args.cores))
-    summary("co-run: stage workers", with_workers(runner, args.bucket, args.repeats, args.cores))
-    summary("co-run: bare threads", with_threads(runner, args.bucket, args.repeats))
+    per_cycle = max(1, args.repeats // args.cycles)
+    print(f"{args.preset}, bucket {args.bucket}, {args.num_steps} denoise steps, {args.cycles} cycles of "
+          f"{per_cycle} repeats per way (the ways take turns, so the machine's load drifts over all of them)")
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    try:
-        summary("co-run: threads, switch 0.5 ms", with_threads(runner, args.bucket, args.repeats))
-    finally:
-        sys.setswitchinterval(interval)
-    summary("co-run: processes", with_processes(args))
-    summary("alone + Python neighbour", with_python_neighbour(runner, args.bucket, args.repeats, interval))
-    summary("same, switch 0.5 ms", with_python_neighbour(runner, args.bucket, args.repeats, 0.0005))
+
+    def short_switch(run):
+        sys.setswitchinterval(0.0005)
+        try:
+            return run()
+        finally:
+            sys.setswitchinterval(interval)
+
+    b, n = args.bucket, per_cycle
+    ways = {
+        "alone, 1 thread": lambda: alone(runner, b, n, 1),
+        "co-run: stage workers": lambda: with_workers(runner, b, n, args.cores),
+        "co-run: bare threads": lambda: with_threads(runner, b, n),
+        "co-run: threads, switch 0.5 ms": lambda: short_switch(lambda: with_threads(runner, b, n)),
+        "co-run: processes": lambda: with_processes(args, n),
+        "alone + Python neighbour": lambda: with_python_neighbour(runner, b, n, interval),
+        "same, switch 0.5 ms": lambda: with_python_neighbour(runner, b, n, 0.0005),
+        f"alone, {args.cores} threads": lambda: alone(runner, b, n, args.cores),
+    }
+    samples: dict[str, dict[Stage, list]] = {name: {stage: [] for stage in Stage} for name in ways}
+    for _ in range(args.cycles):
+        for name, run in ways.items():
+            for stage, rows in run().items():
+                samples[name][stage].extend(rows)
+    for name, rows in samples.items():
+        summary(name, rows)
     if args.profile:
         op_share(runner, args.bucket)
     return 0
