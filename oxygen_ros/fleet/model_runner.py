@@ -184,8 +184,7 @@ def use_stage_graphs(model, max_batch: int) -> None:
     """Graphs of a model's action stage (the denoising loop) and decode step per power-of-two bucket up to
     `max_batch` and per stream the call is issued on, so per SM partition of a stage worker: a graph is captured on
     the partition's stream and replayed only there (`model.cuda_graphs.StreamGraphs`). The VLM stage runs
-    eagerly."""
-    check_graph_device(model.device)
+    eagerly. Raises ValueError for a model that is not on a CUDA device."""
     model.use_cuda_graphs(power_of_two_buckets(max_batch), per_stream=True)
 
 

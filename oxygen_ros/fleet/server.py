@@ -9,7 +9,8 @@ device is the `design`:
   taking turns by the queue policy (earliest-SLO-first by default).
 - `robion`: the fleet's lockstep (`lockstep.LockstepScheduler`): each lockstep runs one VLM batch and one action
   batch side by side on complementary shares chosen from the profile table with a guard (at least the co-run
-  slowdown measured with the table), or back to back when that is predicted faster; a frame's prefix slot waits between its two stages.
+  slowdown measured with the table), or back to back when that is predicted faster; a frame's prefix slot waits
+  between its two stages.
 - `disaggregated`: the static split (`baselines.StaticSplitScheduler`): each stage on a fixed share.
 
 With a stage split the runtime executes the plug-in's stage batches on the engine's stage workers; after a
