@@ -56,7 +56,7 @@ def summary(name: str, samples: dict[Stage, list]) -> None:
         p90 = walls[min(len(walls) - 1, int(0.9 * len(walls)))]
         cpu = statistics.median(r[1] for r in rows)
         threads = sorted({r[2] for r in rows})
-        print(f"{name:28s} {stage.value:6s} median {1e3 * statistics.median(walls):6.1f} ms  p90 {1e3 * p90:6.1f} ms"
+        print(f"{name:31s} {stage.value:6s} median {1e3 * statistics.median(walls):6.1f} ms  p90 {1e3 * p90:6.1f} ms"
               f"  cpu/call {1e3 * cpu:6.1f} ms  intra-op threads {threads}")
 
 
