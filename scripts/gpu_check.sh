@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and figures in one run (about 15 minutes on one recent GPU): the CUDA test suite, the OxyGen
-# benchmark on `small` and `pi05` (bf16), and a green-context fleet profile (with and without CUDA graphs). Needs python3 with a CUDA build of
-# torch, numpy, scipy, matplotlib, sentencepiece, pyyaml, (for SM partitions) cuda-bindings and (for the
-# benchmark's energy figures) nvidia-ml-py; no ROS.
+# benchmark on `small` and `pi05` (bf16), and a green-context fleet profile (with and without CUDA graphs). Needs
+# python3 with a CUDA build of torch, numpy, scipy, matplotlib, sentencepiece, pyyaml, (for SM partitions)
+# cuda-bindings and (for the benchmark's energy figures) nvidia-ml-py; no ROS.
 # Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step: test_gpu bench_small
 # bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05). Each step has its own time limit
 # and the run goes on after a failed step, so one slow step does not lose the others' results; the exit status is
