@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks and figures in one run (about 15 minutes on one recent GPU): the CUDA test suite, the OxyGen
-# benchmark on `small` and `pi05` (bf16), and a green-context fleet profile. Needs python3 with a CUDA build of
-# torch, numpy, scipy, matplotlib, sentencepiece, pyyaml, (for SM partitions) cuda-bindings and (for the
-# benchmark's energy figures) nvidia-ml-py; no ROS.
+# benchmark on `small` and `pi05` (bf16), and a green-context fleet profile (with and without CUDA graphs). Needs
+# python3 with a CUDA build of torch, numpy, scipy, matplotlib, sentencepiece, pyyaml, (for SM partitions)
+# cuda-bindings and (for the benchmark's energy figures) nvidia-ml-py; no ROS.
 # Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step: test_gpu bench_small
-# bench_small_graphs bench_goals fleet_profile bench_pi05). Each step has its own time limit and the run goes on after a failed step, so one
-# slow step does not lose the others' results; the exit status is the number of failed steps.
+# bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05). Each step has its own time limit
+# and the run goes on after a failed step, so one slow step does not lose the others' results; the exit status is
+# the number of failed steps.
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-out/gpu}
 shift || true
-steps=" ${*:-test_gpu bench_small bench_small_graphs bench_goals fleet_profile bench_pi05} "
+steps=" ${*:-test_gpu bench_small bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05} "
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -43,6 +44,9 @@ step bench_goals 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset fullvocab -
     --dtype float32 bfloat16 --cuda-graphs --out "$out/bench_goals"
 step fleet_profile 60 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
     --max-batch 8 --repeats 5 --warmup 2 --out "$out/fleet_lut_small.json"
+# the same table with the action stage replayed from CUDA graphs per SM partition
+step fleet_profile_graphs 60 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
+    --max-batch 8 --repeats 5 --warmup 2 --cuda-graphs --out "$out/fleet_lut_small_graphs.json"
 step bench_pi05 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
     --out "$out/bench_pi05"
 exit "$failed"

@@ -103,3 +103,19 @@ def test_inversions_are_flagged():
     assert any("batch 4" in line and "share 0.5" in line for line in found)
     assert any(line.startswith("m action batch 1: share 1") for line in found)
     assert table.fastest_share("m", Stage.ACTION, 1) == 0.5 and table.fastest_share("m", Stage.VLM, 1) == 0.25
+
+
+def test_co_run_probe_times_every_way_with_one_thread_per_co_running_stage(capsys):
+    from oxygen_ros.fleet.co_run_probe import main as probe_main
+
+    assert probe_main(["--repeats", "1", "--cycles", "1", "--num-steps", "2", "--bucket", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    ways = ["alone, 1 thread", "co-run: stage workers", "co-run: bare threads", "co-run: threads, switch 0.5 ms",
+            "co-run: processes", "alone + Python neighbour", "same, switch 0.5 ms", "alone, 2 threads"]
+    expected = [(way, stage) for way in ways for stage in ("vlm", "action")]
+    assert len(lines) == len(expected)
+    assert all(line.startswith(way) and line[len(way):].split()[0] == stage
+               for line, (way, stage) in zip(lines, expected)), lines
+    for line in lines:
+        threads = "[2]" if line.startswith("alone, 2 threads") else "[1]"
+        assert line.endswith(f"intra-op threads {threads}") and " median " in line, line

@@ -9,6 +9,7 @@ import torch
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.model_runner import ModelSpec
+from oxygen_ros.fleet.profile_table import synthetic_table
 from oxygen_ros.fleet.server import (
     FleetServer,
     RobotCounts,
@@ -132,6 +133,9 @@ def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenize
     server = FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=chunks.append,
                          on_text=texts.append, design=design, cpu_threads=2, profile_repeats=1)
     assert server.lut.models() == ["a", "b"] and server.lut.meta["source"] == "measured"
+    # the two stages were also timed side by side, and the guard is at least that slowdown
+    slowdown = server.lut.meta["co_run_slowdown"]
+    assert slowdown >= 1.0 and server.guard == max(1.1, slowdown) == server.runtime.stage_planner.device.guard
     server.start()
     try:
         for i in range(3):
@@ -148,6 +152,22 @@ def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenize
     assert all(t.num_tokens >= 1 for t in finals)
     assert all(r.slots_in_use == 0 for r in server.runtime.runners.values())
     assert server.robot_counts("r1").on_time == 3
+
+
+def test_a_given_tables_co_run_slowdown_raises_the_guard(tokenizer):  # noqa: F811
+    """A table that measured its stages 2.5x slower side by side makes the lockstep plan with guard 2.5, so it
+    splits the device only where a split beats the back-to-back run by that much; a lower slowdown leaves the
+    guard given."""
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=6, frame_slots=4)
+    for slowdown, guard in ((2.5, 2.5), (1.05, 1.3)):
+        table = synthetic_table({"a": 1.0}, buckets=(1, 2), shares=(0.5, 1.0))
+        table.meta["co_run_slowdown"] = slowdown
+        server = FleetServer([ModelSpec.parse("a=tiny:0")], [ServedRobot("r1", "a", 1.0)], config,
+                             lambda model: tokenizer, design="robion", profile=table, guard=1.3, cpu_threads=2)
+        try:
+            assert server.guard == guard == server.runtime.stage_planner.device.guard
+        finally:
+            server.close()
 
 
 def test_a_frame_whose_deadline_passes_in_the_queue_is_dropped_unserved_and_counted(tokenizer):  # noqa: F811

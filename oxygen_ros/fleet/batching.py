@@ -1,8 +1,9 @@
 """Fixed-size batching: power-of-two buckets, formed only when a stage starts.
 
 Latencies are profiled only for a few batch sizes, so a batch is padded up to the next bucket (a few fixed shapes
-are also what compiled kernels or captured CUDA graphs would need; none are captured here yet). A batch is cut from the queue at the moment its stage
-starts and is closed from then on: a request that arrives while the stage runs waits for the next stage start.
+are also what CUDA graphs need: with `cuda_graphs` on a GPU each bucket's action stage replays a graph per SM
+partition, `model_runner.use_stage_graphs`). A batch is cut from the queue at the moment its stage starts and is
+closed from then on: a request that arrives while the stage runs waits for the next stage start.
 """
 
 from __future__ import annotations

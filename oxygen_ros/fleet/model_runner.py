@@ -26,6 +26,7 @@ from oxygen_ros.engine.model_runner import ModelRunner as EngineRunner
 from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.engine.scheduler import bucket_for
 from oxygen_ros.engine.stage_workers import StageWorkers
+from oxygen_ros.fleet.batching import power_of_two_buckets
 from oxygen_ros.fleet.requests import FleetRequest, Stage
 from oxygen_ros.fleet.sm_partition import SmPartitions
 from oxygen_ros.model.config import Pi05Config
@@ -91,16 +92,25 @@ class ModelRunner:
         cpu_threads: int | None = None,
         num_steps: int | None = None,
         sm_partitions: bool = True,
+        cuda_graphs: bool = False,
     ):
+        """`cuda_graphs`: replay CUDA graphs per (model, stage, bucket, partition) (`use_stage_graphs`; a CUDA
+        device only)."""
         if len({s.model_id for s in specs}) != len(specs):
             raise ValueError("model ids must be unique")
         self.device = torch.device(device)
+        if cuda_graphs:
+            check_graph_device(self.device)
+        self.cuda_graphs = cuda_graphs
         self.max_batch = max_batch
         self.num_steps = num_steps
         self.models = {
             s.model_id: ServedModel(s, self.device, dtype, max_batch, max_inflight, num_steps, seed=k)
             for k, s in enumerate(specs)
         }
+        if cuda_graphs:
+            for served in self.models.values():
+                use_stage_graphs(served.model, max_batch)
         self.partitions, self.partition_mode = device_partitions(self.device, sm_partitions)
         self.workers = StageWorkers(self.device, cpu_threads, self.partitions, name="fleet")
         self.cpu_threads = self.workers.cpu_threads
@@ -161,6 +171,21 @@ class ModelRunner:
         for i, request in enumerate(real):
             request.actions = actions[i]
             self.release(request)
+
+
+def check_graph_device(device: torch.device | str) -> None:
+    """CUDA graphs only on a CUDA device: a clear error elsewhere (a CPU runs every stage eagerly)."""
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}: on a CPU every stage runs eagerly "
+                         "(leave cuda_graphs off)")
+
+
+def use_stage_graphs(model, max_batch: int) -> None:
+    """Graphs of a model's action stage (the denoising loop) and decode step per power-of-two bucket up to
+    `max_batch` and per stream the call is issued on, so per SM partition of a stage worker: a graph is captured on
+    the partition's stream and replayed only there (`model.cuda_graphs.StreamGraphs`). The VLM stage runs
+    eagerly. Raises ValueError for a model that is not on a CUDA device."""
+    model.use_cuda_graphs(power_of_two_buckets(max_batch), per_stream=True)
 
 
 def device_partitions(device: torch.device, sm_partitions: bool = True) -> tuple[SmPartitions | None, str]:

@@ -3,15 +3,14 @@
 Every (model, stage, power-of-two batch bucket, device share) is timed with the real stage runner
 (``model_runner.ModelRunner``: prefill into KV slots, denoise from them), median of ``--repeats`` after a warm-up.
 It then runs a VLM batch and an action batch side by side on complementary shares and records how much slower
-that is than the slower of the two alone (``meta["co_run_slowdown"]``, the interference the profile of a stage
-alone cannot see); ``fleet-sim --profile`` and the real executor read the same file.
+that is than the slower of the two alone, timed in the same rounds (``meta["co_run_slowdown"]``, the interference
+the profile of a stage alone cannot see); ``fleet-sim --profile`` and the real executor read the same file.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -20,45 +19,9 @@ import torch
 
 from oxygen_ros.command_line import CommandParser
 from oxygen_ros.fleet.batching import power_of_two_buckets
-from oxygen_ros.fleet.lockstep import split_candidates
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_table import ProfileTable, profile_stages
-from oxygen_ros.fleet.requests import FleetRequest, Stage
-
-
-def measure_co_run(
-    runner: ModelRunner, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
-) -> dict[str, float]:
-    """Median over models, buckets and split shares of (side-by-side wall time) / max(alone times from the LUT).
-
-    Side by side = one model's VLM batch and its action batch submitted together on complementary shares, as a
-    lockstep runs them. Returns ``{"co_run_slowdown": median, "co_run_max": max}`` (1.0 when nothing splits)."""
-    ratios = []
-    for model_id in lut.models():
-        for share in split_candidates(lut, model_id, model_id):
-            for bucket in buckets:
-                vlm_batch, action_batch = (
-                    [FleetRequest(i, "profile", model_id, 0.0, float("inf")) for i in range(bucket)] for _ in "va"
-                )
-                alone = max(
-                    lut.latency(model_id, Stage.VLM, bucket, share),
-                    lut.latency(model_id, Stage.ACTION, bucket, round(1 - share, 6)),
-                )
-                samples = []
-                for k in range(repeats + 1):
-                    start = time.perf_counter()
-                    futures = [
-                        runner.submit(model_id, Stage.VLM, vlm_batch, share),
-                        runner.submit(model_id, Stage.ACTION, action_batch, round(1 - share, 6)),
-                    ]
-                    for future in futures:
-                        future.result()
-                    if k:  # the first is a warm-up
-                        samples.append(time.perf_counter() - start)
-                ratios.append(statistics.median(samples) / alone)
-    if not ratios:
-        return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
-    return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
+from oxygen_ros.fleet.profile_table import ProfileTable, measure_co_run, profile_stages
+from oxygen_ros.fleet.requests import Stage
 
 
 def profile_runner(
@@ -73,7 +36,7 @@ def profile_runner(
     shares = list(shares or runner.shares())
     load_before = os.getloadavg()[0]
     table = profile_stages(runner, list(runner.models), buckets, shares, repeats=repeats, warmup=warmup)
-    table.meta.update(measure_co_run(runner, table, buckets, repeats=max(3, repeats // 2)))
+    table.meta.update(measure_co_run(runner.submit, table, buckets, repeats=max(3, repeats // 2)))
     table.meta.update(
         {
             "runner": "model_runner.ModelRunner",
@@ -84,6 +47,7 @@ def profile_runner(
                 f"{stage.value}@{share}": runner.sm_count(stage, share) for stage in Stage for share in shares
             } if runner.partitions is not None else None,
             "torch": torch.__version__,
+            "cuda_graphs": runner.cuda_graphs,
             "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
             "num_steps": runner.num_steps,
             # other work on the machine while profiling (1-minute load average before and after, and cores)
@@ -107,16 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="timed runs per point (the median is kept)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point first")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
     p.add_argument("--num-steps", type=int, default=None, help="denoising steps (default: the model's)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
     runner = ModelRunner(
-        specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads, num_steps=args.num_steps
+        specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads, num_steps=args.num_steps,
+        cuda_graphs=args.cuda_graphs,
     )
     try:
         shares = [float(x) for x in args.shares.split(",") if x] or None

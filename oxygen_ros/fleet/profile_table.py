@@ -13,6 +13,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage
 StageRunner = Callable[[str, Stage, Sequence[FleetRequest], float], None]
 """``run(model_id, stage, batch_of_requests, share) -> None``: executes one stage of one batch on ``share`` of the
 device and returns when the outputs are ready. The engine supplies the real one; tests and profiling use others."""
+
+StageSubmitter = Callable[[str, Stage, Sequence[FleetRequest], float], Future]
+"""``submit(model_id, stage, batch_of_requests, share) -> Future``: starts one stage of one batch on its stage
+worker and returns at once (two stages can then run side by side)."""
 
 
 def _share_key(share: float) -> float:
@@ -182,6 +187,39 @@ def profile_stages(
     ]
     table.meta["inversions"] = find_inversions(table)
     return table
+
+
+def measure_co_run(
+    submit: StageSubmitter, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
+) -> dict[str, float]:
+    """How much slower one model's VLM batch and its action batch are side by side on complementary shares (as a
+    lockstep runs them) than the slower of the two alone: per (model, split share, bucket) the median over rounds
+    of (side-by-side wall time) / max(alone times), each round timing the two alone and then side by side, so
+    that the ratio compares times taken under the same load. Returns ``{"co_run_slowdown": median,
+    "co_run_max": max}`` over entries (1.0 when nothing splits). A lockstep scheduler whose guard is below the
+    slowdown splits the device where running the two stages back to back is faster."""
+    from oxygen_ros.fleet.lockstep import split_candidates  # lockstep reads this module's table
+
+    def wall(*calls) -> float:
+        start = time.perf_counter()
+        for future in [submit(*call) for call in calls]:
+            future.result()
+        return time.perf_counter() - start
+
+    ratios = []
+    for model_id in lut.models():
+        for share in split_candidates(lut, model_id, model_id):
+            for bucket in buckets:
+                vlm = (model_id, Stage.VLM, [FleetRequest(i, "profile", model_id, 0.0, float("inf"))
+                                             for i in range(bucket)], share)
+                action = (model_id, Stage.ACTION, [FleetRequest(i, "profile", model_id, 0.0, float("inf"))
+                                                   for i in range(bucket)], round(1 - share, 6))
+                wall(vlm, action)  # warm-up
+                rounds = [wall(vlm, action) / max(wall(vlm), wall(action)) for _ in range(repeats)]
+                ratios.append(statistics.median(rounds))
+    if not ratios:
+        return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
+    return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
 
 
 def find_inversions(table: ProfileTable, tolerance: float = 0.05) -> list[str]:

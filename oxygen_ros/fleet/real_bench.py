@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=3.0, help="wall seconds of arrivals per point")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
     p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
     p.add_argument("--repeats", type=int, default=7, help="profiling repeats")
     p.add_argument("--seed", type=int, default=0, help="seed of the fleet, its arrivals and the weights")
@@ -65,9 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
-    runner = ModelRunner(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads)
+    runner = ModelRunner(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads,
+                         cuda_graphs=args.cuda_graphs)
     designs = [d for d in args.designs.split(",") if d]
     slos = [float(x) for x in args.slo.split(",") if x]
     counts = [int(x) for x in args.robots.split(",") if x]

@@ -8,8 +8,9 @@ device is the `design`:
 - `monolithic`: the engine's own path: a batch's prefill and denoise in one call on the whole device, models
   taking turns by the queue policy (earliest-SLO-first by default).
 - `robion`: the fleet's lockstep (`lockstep.LockstepScheduler`): each lockstep runs one VLM batch and one action
-  batch side by side on complementary shares chosen from the profile table with a guard, or back to back when
-  that is predicted faster; a frame's prefix slot waits between its two stages.
+  batch side by side on complementary shares chosen from the profile table with a guard (at least the co-run
+  slowdown measured with the table), or back to back when that is predicted faster; a frame's prefix slot waits
+  between its two stages.
 - `disaggregated`: the static split (`baselines.StaticSplitScheduler`): each stage on a fixed share.
 
 With a stage split the runtime executes the plug-in's stage batches on the engine's stage workers; after a
@@ -43,10 +44,10 @@ from ..model.preprocess import Observation
 from .baselines import StaticSplitScheduler
 from .batching import power_of_two_buckets
 from .lockstep import LockstepScheduler
-from .model_runner import ModelSpec, device_partitions, device_shares
+from .model_runner import ModelSpec, check_graph_device, device_partitions, device_shares, use_stage_graphs
 from .policies import POLICIES
-from .profile_table import ProfileTable, profile_stages
-from .stage_plan import FleetStagePlanner, stage_runner
+from .profile_table import ProfileTable, measure_co_run, profile_stages
+from .stage_plan import FleetStagePlanner, stage_runner, stage_submitter
 
 DESIGNS = ("monolithic", "robion", "disaggregated")
 STAGE_DEVICES = {"robion": LockstepScheduler, "disaggregated": StaticSplitScheduler}
@@ -134,17 +135,22 @@ class FleetServer:
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False,
                  design: str = "monolithic", profile: ProfileTable | None = None, guard: float = 1.1,
-                 cpu_threads: int | None = None, profile_repeats: int = 3):
+                 cpu_threads: int | None = None, profile_repeats: int = 3, cuda_graphs: bool = False):
         """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
         Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
         ones (`error` set); late ones only with `publish_late` (then `missed` is set). `design`: see the module;
-        a stage split plans from `profile` (default: measured now, `profile_repeats` per entry) with `guard`, on
-        `cpu_threads` cores of a CPU (default: torch's intra-op threads)."""
+        a stage split plans from `profile` (default: measured now, `profile_repeats` per entry, with the
+        slowdown of the two stages side by side) with `guard` or the profile's measured co-run slowdown, whichever
+        is larger (`self.guard`), on `cpu_threads` cores of a CPU (default: torch's intra-op threads).
+        `cuda_graphs` (a CUDA device only, else ValueError): every model replays CUDA graphs of its action stage
+        and decode step per (bucket, stream), so per SM partition in a stage split (`use_stage_graphs`)."""
         if design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
         if design != "monolithic" and config.scheduler.queue not in POLICIES:
             raise ValueError(f"design {design} takes queue {' | '.join(POLICIES)}, got {config.scheduler.queue!r}")
         config = replace(config, scheduler=replace(config.scheduler, drop_expired=True))
+        if cuda_graphs:
+            check_graph_device(device)
         missing = sorted({r.model_id for r in robots} - set(profile.models())) if profile is not None else []
         if missing:
             raise ValueError(f"the profile table has no entries for models {missing}")
@@ -152,6 +158,8 @@ class FleetServer:
         for spec in models_to_load(specs, robots):
             loaded = load_model_source(spec.source, device, dtype, spec.seed)
             tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
+            if cuda_graphs:
+                use_stage_graphs(loaded.model, config.scheduler.max_batch)
             served[spec.model_id] = Served(loaded.model, tokenizer, loaded.norm_stats)
         if not served:
             raise ValueError("no robots to serve")
@@ -164,6 +172,7 @@ class FleetServer:
         self.workers: StageWorkers | None = None
         self.partition_mode = "whole device"
         self.lut: ProfileTable | None = None
+        self.guard = guard
         if design == "monolithic":
             self.runtime = Runtime(served, config, on_text=on_text, on_chunk=self._chunk_ready)
             return
@@ -174,12 +183,15 @@ class FleetServer:
                                stages=(planner, self.workers))
         max_batch = config.scheduler.max_batch
         if profile is None:
-            profile = profile_stages(stage_runner(self.runtime.runners, self.workers), list(served),
-                                     power_of_two_buckets(max_batch), device_shares(self.workers, partitions),
-                                     repeats=profile_repeats)
+            buckets = power_of_two_buckets(max_batch)
+            profile = profile_stages(stage_runner(self.runtime.runners, self.workers), list(served), buckets,
+                                     device_shares(self.workers, partitions), repeats=profile_repeats)
+            profile.meta.update(measure_co_run(stage_submitter(self.runtime.runners, self.workers), profile,
+                                               buckets, repeats=profile_repeats))
         self.lut = profile
+        self.guard = max(guard, profile.meta.get("co_run_slowdown", 1.0))
         planner.device = STAGE_DEVICES[design](profile, policy=config.scheduler.queue, max_batch=max_batch,
-                                               guard=guard, drop_expired=True,
+                                               guard=self.guard, drop_expired=True,
                                                vlm_room=self.runtime.frame_room)
 
     @property

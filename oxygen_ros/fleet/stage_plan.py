@@ -6,13 +6,15 @@ frame rides in a `FleetRequest` (its `context`), with the frame's own arrival an
 the device drops from its queues because their deadline passed come back through `take_expired`.
 
 `stage_runner(runners, workers)` times the runtime's own model runners on their stage workers, so a server can
-profile its table (`profile_table.profile_stages`) with exactly what will serve.
+profile its table (`profile_table.profile_stages`) with exactly what will serve, and `stage_submitter` starts them
+without waiting, so it can also measure what the two stages cost side by side (`profile_table.measure_co_run`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 
 from oxygen_ros.engine.model_runner import ModelRunner
 from oxygen_ros.engine.scheduler import ActionFrame, StageBatch, StageJob
@@ -53,11 +55,11 @@ class FleetStagePlanner:
         return expired
 
 
-def stage_runner(runners: Mapping[str, ModelRunner], workers: StageWorkers):
-    """`run(model_id, stage, requests, share)` on placeholder requests (zero-filled rows), for profiling: the VLM
-    stage prefills and gives the slots back, the action stage denoises padding rows only."""
+def stage_submitter(runners: Mapping[str, ModelRunner], workers: StageWorkers):
+    """`submit(model_id, stage, requests, share) -> Future` on placeholder requests (zero-filled rows), for
+    profiling: the VLM stage prefills and gives the slots back, the action stage denoises padding rows only."""
 
-    def run(model_id: str, stage: Stage, requests: Sequence[FleetRequest], share: float) -> None:
+    def submit(model_id: str, stage: Stage, requests: Sequence[FleetRequest], share: float) -> Future:
         runner = runners[model_id]
         bucket = len(requests)
         if Stage(stage) is Stage.VLM:
@@ -66,6 +68,16 @@ def stage_runner(runners: Mapping[str, ModelRunner], workers: StageWorkers):
         else:
             def call():
                 runner.denoise_stage([], [], bucket).cpu()
-        workers.submit(stage, share, call).result()
+        return workers.submit(stage, share, call)
+
+    return submit
+
+
+def stage_runner(runners: Mapping[str, ModelRunner], workers: StageWorkers):
+    """`run(model_id, stage, requests, share)`: `stage_submitter`'s call, returning when it is done."""
+    submit = stage_submitter(runners, workers)
+
+    def run(model_id: str, stage: Stage, requests: Sequence[FleetRequest], share: float) -> None:
+        submit(model_id, stage, requests, share).result()
 
     return run

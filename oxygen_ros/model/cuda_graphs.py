@@ -17,11 +17,19 @@ pool and side stream, denoise graphs another: the language worker replays the fi
 may replay the second on its own stream, so they must not share intermediate memory; within a kind replays are
 serial on one stream. Capture errors only on unsafe calls of the capturing thread (`thread_local`), as the other
 path keeps running. `Pi05Model.use_cuda_graphs` turns this on; without it, and on a CPU, everything runs eagerly.
+
+Per stream (`StreamGraphs`, `use_cuda_graphs(per_stream=True)`, the fleet's stage workers): a stage that issues on
+an SM partition's stream (a green context) must run its graph there, so each stream the calls come from gets its
+own graphs, warmed up, captured and replayed on that very stream, with pools of its own (a pool's captures share
+one stream). A graph is then found by (model, stage, bucket, partition): the model's `StreamGraphs`, the kind
+(denoise: the action stage; decode: the language path; the VLM stage's prefill has none and runs eagerly), the
+bucket, and the stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +58,11 @@ def _padded(t: Tensor, rows: int, dim: int = 0) -> Tensor:
 class CudaGraphs:
     """Graphs of one model's decode step (per cache and bucket) and denoising loop (per bucket and step count)."""
 
-    def __init__(self, model, buckets: Sequence[int]):
-        if model.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the model on a CUDA device, not {model.device}")
-        if not buckets or any(b < 1 for b in buckets):
-            raise ValueError(f"buckets must be positive batch sizes, got {list(buckets)}")
-        self._setup(model, buckets, model.device)
+    def __init__(self, model, buckets: Sequence[int], stream: torch.cuda.Stream | None = None):
+        """`stream`: warm up and capture on this stream (the one the graphs will be replayed on) instead of side
+        streams of their own."""
+        check_graph_setup(model, buckets)
+        self._setup(model, buckets, model.device, stream)
 
     def __deepcopy__(self, memo):
         """A copy of the model (the benchmark's `parallel` setting) gets graphs of its own, captured on first use:
@@ -64,19 +71,19 @@ class CudaGraphs:
         copied._setup(memo.get(id(self.model), self.model), self.buckets, self.device)
         return copied
 
-    def _setup(self, model, buckets: Sequence[int], device: torch.device) -> None:
+    def _setup(self, model, buckets: Sequence[int], device: torch.device, stream=None) -> None:
         self.model = model
         self.buckets = tuple(sorted(set(buckets)))
         self.device = device
         self._pools = {kind: torch.cuda.graph_pool_handle() for kind in ("decode", "denoise")}
-        self._streams = {kind: torch.cuda.Stream(self.device) for kind in ("decode", "denoise")}  # warm-up, capture
+        self._streams = {kind: stream or torch.cuda.Stream(self.device) for kind in ("decode", "denoise")}  # capture
         self._decode: dict[tuple[int, int], _Captured] = {}
         self._denoise: dict[tuple[int, int, torch.dtype], _Captured] = {}
         self.captures = 0  # graphs captured so far (tests, logs)
 
     def bucket(self, batch: int) -> int | None:
         """The smallest bucket holding `batch` rows; None when the batch is larger than every bucket."""
-        return next((b for b in self.buckets if b >= batch), None)
+        return graph_bucket(self.buckets, batch)
 
     def _capture(self, kind: str, run: Callable[[], Tensor], inputs: tuple[Tensor, ...]) -> _Captured:
         stream = self._streams[kind]
@@ -146,3 +153,60 @@ class CudaGraphs:
                 buffer.copy_(value)
         captured.graph.replay()
         return captured.output[:batch].clone()  # the static output is overwritten by the next replay
+
+
+def check_graph_setup(model, buckets: Sequence[int]) -> None:
+    if model.device.type != "cuda":
+        raise ValueError(f"CUDA graphs need the model on a CUDA device, not {model.device}")
+    if not buckets or any(b < 1 for b in buckets):
+        raise ValueError(f"buckets must be positive batch sizes, got {list(buckets)}")
+
+
+def graph_bucket(buckets: Sequence[int], batch: int) -> int | None:
+    """The smallest of `buckets` holding `batch` rows; None when the batch is larger than every bucket (eager)."""
+    return next((b for b in sorted(buckets) if b >= batch), None)
+
+
+def stream_key(stream: torch.cuda.Stream) -> Hashable:
+    """What identifies a stream: its device and its CUDA handle (two stream objects may wrap one handle)."""
+    return (str(stream.device), stream.cuda_stream)
+
+
+class StreamGraphs:
+    """A model's graphs per stream: each call replays the graph of the stream it is issued on, captured on that
+    stream at its first call there. `current_stream` and `make` (a `CudaGraphs` factory) are what the tests of
+    the keying replace."""
+
+    def __init__(self, model, buckets: Sequence[int], current_stream: Callable[[], object] | None = None,
+                 make: Callable[..., CudaGraphs] = CudaGraphs):
+        if current_stream is None:
+            check_graph_setup(model, buckets)
+        self.model = model
+        self.buckets = tuple(sorted(set(buckets)))
+        self._current = current_stream or torch.cuda.current_stream
+        self._make = make
+        self._by_stream: dict[Hashable, CudaGraphs] = {}
+        self._streams: dict[Hashable, object] = {}  # kept alive: a handle is never another stream's
+        self._lock = threading.Lock()  # the stage workers and the language worker call from their threads
+
+    def __deepcopy__(self, memo):
+        return StreamGraphs(memo.get(id(self.model), self.model), self.buckets, self._current, self._make)
+
+    def for_stream(self, stream) -> CudaGraphs:
+        """The graphs replayed on `stream` (made on first use)."""
+        key = stream_key(stream)
+        with self._lock:
+            if key not in self._by_stream:
+                self._by_stream[key] = self._make(self.model, self.buckets, stream=stream)
+                self._streams[key] = stream
+            return self._by_stream[key]
+
+    @property
+    def captures(self) -> int:
+        return sum(graphs.captures for graphs in self._by_stream.values())
+
+    def decode_logits(self, *args) -> Tensor | None:
+        return self.for_stream(self._current()).decode_logits(*args)
+
+    def denoise(self, *args) -> Tensor | None:
+        return self.for_stream(self._current()).denoise(*args)

@@ -84,13 +84,15 @@ class Pi05Model(nn.Module):
         self._decode_hidden = torch.compile(self._decode_hidden)
         return self
 
-    def use_cuda_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> Pi05Model:
+    def use_cuda_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), per_stream: bool = False
+                        ) -> Pi05Model:
         """Opt in (a model on a CUDA device only) to replaying CUDA graphs of the decode step and of the denoising
         loop, one per batch bucket, captured on the first call of each bucket (`model/cuda_graphs.py`). Call it
-        after the model is on its device. Batches larger than the largest bucket run eagerly. Returns the model."""
-        from .cuda_graphs import CudaGraphs
+        after the model is on its device. Batches larger than the largest bucket run eagerly. `per_stream`: graphs
+        of their own for each stream the calls are issued on, captured there (SM partitions). Returns the model."""
+        from .cuda_graphs import CudaGraphs, StreamGraphs
 
-        self._graphs = CudaGraphs(self, buckets)
+        self._graphs = StreamGraphs(self, buckets) if per_stream else CudaGraphs(self, buckets)
         return self
 
     # ---- embeddings -------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Every image on the first camera of a robot's model makes one frame, due at its h
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
 narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
 denoise in one call on the whole device, models by the ``queue`` policy), ``robion`` (lockstep stage split on
-shares chosen per lockstep from a profile table with ``guard``) or ``disaggregated`` (static stage split). A
+shares chosen per lockstep from a profile table with ``guard``, raised to the slowdown of the two stages side by
+side measured with the table) or ``disaggregated`` (static stage split). A
 stage split reads its table from ``profile_file`` or profiles the served models at start-up (``profile_repeats``
 per entry). Narration works in every design. Chunks are published from the runtime's control thread, narration
 from its language worker. A frame already past its deadline on arrival is not served, a queued frame whose
@@ -33,7 +34,8 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
 ``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
-``profile_file``, ``profile_repeats``, ``guard``, ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
+``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
+model, stage, bucket and SM partition; on a CPU the node refuses to start), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``.
 """
 
@@ -104,6 +106,7 @@ DEFAULTS = {
     "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
     "profile_repeats": 3,
     "guard": 1.1,
+    "cuda_graphs": False,
     "action_dt": 0.02,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
@@ -167,6 +170,7 @@ class FleetNode(Node):
                                   lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
                                   publish_late=p["publish_late"], design=p["design"], profile=profile,
+                                  cuda_graphs=p["cuda_graphs"],
                                   guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
                                   profile_repeats=p["profile_repeats"])
         self.device = device
@@ -174,7 +178,8 @@ class FleetNode(Node):
         if staged:
             source = p["profile_file"] or "profiled at start-up"
             self.batching = (f"{p['design']}: stage batches on device shares ({self.server.partition_mode}), "
-                             f"table {source}, guard {p['guard']}, queue {p['queue']}, buckets up to "
+                             f"table {source}, guard {self.server.guard:.2f} (parameter {p['guard']}, raised to the "
+                             f"measured co-run slowdown), queue {p['queue']}, buckets up to "
                              f"{p['max_batch']}")
         else:
             self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "

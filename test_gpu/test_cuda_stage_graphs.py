@@ -1,0 +1,94 @@
+"""CUDA graphs in the fleet's stage runner: on every partition a stage uses, the action stage replayed from its
+graph gives the eager actions, the graph was captured on that partition's stream and replays there, stages side
+by side on complementary partitions stay equal to eager, and the fleet server serves with graphs on."""
+
+import torch
+
+from oxygen_ros.bench.workloads import synthetic_frames
+from oxygen_ros.engine.runtime import RuntimeConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
+from oxygen_ros.fleet.requests import FleetRequest, Stage
+from oxygen_ros.fleet.server import FleetServer, ServedRobot
+from oxygen_ros.model.cuda_graphs import stream_key
+
+from engine_fixtures import TINY, observation
+
+DEVICE = torch.device("cuda")
+FRAMES, _ = synthetic_frames(TINY, 4, seed=21, device=DEVICE)
+
+
+def requests(count: int, first: int = 0) -> list[FleetRequest]:
+    batch = [FleetRequest(first + i, f"robot{i}", "a", 0.0, 1.0) for i in range(count)]
+    for i, request in enumerate(batch):
+        request.inputs = FRAMES[(first + i) % len(FRAMES)]
+    return batch
+
+
+def both_stages(runner: ModelRunner, batch: list[FleetRequest], vlm_share: float, action_share: float) -> torch.Tensor:
+    runner("a", Stage.VLM, batch, vlm_share)
+    runner("a", Stage.ACTION, batch, action_share)
+    return torch.stack([r.actions for r in batch])
+
+
+def test_stage_graphs_replay_the_eager_actions_on_every_partition():
+    specs = [ModelSpec("a", "tiny", 3)]
+    eager = ModelRunner(specs, DEVICE, max_batch=4, max_inflight=8)
+    graphed = ModelRunner(specs, DEVICE, max_batch=4, max_inflight=8, cuda_graphs=True)
+    try:
+        shares = graphed.shares()
+        splits = sorted({shares[0], shares[len(shares) // 2 - 1]} - {1.0})
+        used = splits + [1.0]
+        for share in used:  # the action stage on share: its own SM partition (or the whole device)
+            for count in (1, 3, 3):  # bucket 1, bucket 4 with a padding row, bucket 4 replayed
+                expected = both_stages(eager, requests(count), 1.0, share)
+                actions = both_stages(graphed, requests(count), 1.0, share)
+                torch.testing.assert_close(actions, expected, rtol=1e-4, atol=1e-4, msg=f"share {share}")
+        graphs = graphed.models["a"].model._graphs
+        worker = graphed.workers[Stage.ACTION]
+        streams = {stream_key(worker._stream_for(s)) for s in used}
+        assert set(graphs._by_stream) == streams  # one set of graphs per partition stream, captured there
+        assert graphs.captures == 2 * len(streams)  # buckets 1 and 4 on each
+        for key, per_stream in graphs._by_stream.items():
+            assert stream_key(per_stream._streams["denoise"]) == key
+        # a VLM batch and an action batch side by side on complementary partitions, graphs replayed
+        share = splits[0]
+        eager_prev, graphed_prev = requests(2, first=1), requests(2, first=1)
+        eager("a", Stage.VLM, eager_prev, 1.0 - share)
+        graphed("a", Stage.VLM, graphed_prev, 1.0 - share)
+        captures = graphs.captures
+        results = []
+        for runner, prev in ((eager, eager_prev), (graphed, graphed_prev)):
+            new = requests(3)
+            futures = [runner.submit("a", Stage.VLM, new, share),
+                       runner.submit("a", Stage.ACTION, prev, round(1 - share, 6))]
+            for future in futures:
+                future.result()
+            runner("a", Stage.ACTION, new, round(1 - share, 6))
+            results.append((torch.stack([r.actions for r in prev]), torch.stack([r.actions for r in new])))
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert stream_key(worker._stream_for(round(1 - share, 6))) in graphs._by_stream
+        assert graphs.captures > captures  # bucket 2 is new there
+    finally:
+        eager.close()
+        graphed.close()
+
+
+def test_fleet_server_serves_with_stage_graphs(tokenizer):
+    robots = [ServedRobot("r1", "a", 30.0), ServedRobot("r2", "a", 30.0)]
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=12, frame_slots=8)
+    chunks = []
+    server = FleetServer([ModelSpec("a", "tiny")], robots, config, lambda model: tokenizer, device="cuda",
+                         on_chunk=chunks.append, design="robion", profile_repeats=1, cuda_graphs=True)
+    server.start()
+    try:
+        for i in range(3):
+            for robot in ("r1", "r2"):
+                assert server.submit(robot, observation(i), i == 0, stamp_ns=10 * i + 1, age_s=0.0, context=i)
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
+    assert server.runtime.runners["a"].model._graphs.captures >= 1
