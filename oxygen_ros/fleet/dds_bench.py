@@ -80,7 +80,10 @@ def fleet_command(args: argparse.Namespace, run: dict[str, str], n_robots: int) 
               "robots": f"[{','.join(robots)}]",
               "robot_models": f"[{','.join(model_ids[i % len(model_ids)] for i in range(n_robots))}]",
               "slo_ms": float(args.slo_ms), "rate_hz": float(args.rate), "narrate_every": "0",
-              "compressed": str(args.compressed).lower(), "device": args.device, **args.fleet_param, **run}
+              "compressed": str(args.compressed).lower(), "device": args.device,
+              # every core for the node (the clients' environment pins OMP_NUM_THREADS to 1, which the node would
+              # otherwise inherit as its intra-op budget)
+              "cpu_threads": str(os.cpu_count() or 1), **args.fleet_param, **run}
     return [*python_command(FLEET_NODE), "--ros-args",
             *(x for name, value in params.items() for x in ("-p", f"{name}:={value}"))]
 
