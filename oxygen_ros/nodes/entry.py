@@ -17,6 +17,10 @@ import importlib
 import signal
 import threading
 
+from oxygen_ros.openmp import prefer_passive_waits
+
+PASSIVE_OPENMP_NODES = {"fleet_node"}  # several threads run torch at once (`oxygen_ros/openmp.py`)
+
 _stop: threading.Event | None = None
 
 
@@ -39,6 +43,8 @@ def process_stop() -> threading.Event | None:
 def run(node: str) -> int:
     """Catch the stop signals, import `oxygen_ros.nodes.<node>` and return its `main()`'s exit code."""
     stop = catch_stop_signals()
+    if node in PASSIVE_OPENMP_NODES:
+        prefer_passive_waits()  # before torch is imported
     try:
         main = importlib.import_module(f"oxygen_ros.nodes.{node}").main
         return 0 if stop.is_set() else main()
