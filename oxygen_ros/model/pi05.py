@@ -307,8 +307,11 @@ class Pi05Model(nn.Module):
         cache.valid.index_put_((slots, cache_index), torch.ones((), dtype=torch.bool, device=cache.device))
         causal = torch.arange(span, device=cache.device)[None, :] <= cache_index[:, None]
         valid = cache.valid[idx, :span] if isinstance(idx, slice) else cache.valid[:, :span].index_select(0, idx)
-        mask = (valid & causal)[:, None, None, :]
         x = self.backbone.embed(tokens[:, None])
+        # additive (0 / -inf) and built once for the step: the attention kernel would turn a boolean mask into
+        # this in every layer
+        masked = (valid & causal)[:, None, None, :].logical_not()
+        mask = torch.zeros(masked.shape, dtype=x.dtype, device=x.device).masked_fill_(masked, float("-inf"))
         cos, sin = rope_cos_sin(positions[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.backbone.layers):
             q, k, v, gate = layer.project_qkv(x, None, cos, sin)
