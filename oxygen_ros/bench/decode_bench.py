@@ -6,7 +6,8 @@ its time goes.
 
 For every dtype and batch it times `Pi05Model.decode_step` (logits, then the argmax a greedy request takes) and
 `Pi05Model.decode_next` (the token chosen inside the model, no [batch, vocab] logits), and two floors:
-- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype);
+- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype; for one
+  row the matrix-vector product the model uses);
 - memory: the bytes one step must read (backbone weights, text head included, plus the requests' K/V) divided
   by the read bandwidth measured here over a 1 GiB buffer.
 Variants are interleaved round by round, so machine load moves them together; each figure is the median over all
@@ -112,7 +113,8 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
         "decode_next scattered": lambda: model.decode_next(cache, slots.flip(0), tokens, index, positions),
         "decode_batch": EngineBatch(model, cache, tokens.tolist(), rebuilt=False),
         "decode_batch rebuilt": EngineBatch(model, cache, tokens.tolist(), rebuilt=True),
-        "floor: head matmul": lambda: hidden @ head.T,
+        # one row the way the model computes it (`GemmaStack.logits`): a matrix-vector product
+        "floor: head matmul": (lambda: torch.mv(head, hidden[0])) if batch == 1 else (lambda: hidden @ head.T),
     }
     if compiled is not None:
         noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
