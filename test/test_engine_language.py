@@ -114,3 +114,5 @@ def test_an_index_is_checked_once_and_advances_up_to_the_slots_end():
     assert given.tolist() == index_list  # the caller's tensor is not the index's
     with pytest.raises(ValueError, match="full"):
         index.advance()
+    with pytest.raises(ValueError, match=r"tokens must have shape \(1,\)"):
+        model.decode_tokens(cache, index, torch.tensor([3, 4]))

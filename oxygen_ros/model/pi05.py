@@ -272,11 +272,8 @@ class Pi05Model(nn.Module):
         batch advances `index` in place and feeds back what this returned: the next step copies nothing from the
         host.
         """
-        b = len(index)
-        if tuple(tokens.shape) != (b,):
-            raise ValueError(f"tokens must have shape ({b},), got {tuple(tokens.shape)}")
-        if samplers is not None and len(samplers) != b:
-            raise ValueError(f"{len(samplers)} samplers for {b} requests")
+        if samplers is not None and len(samplers) != len(index):
+            raise ValueError(f"{len(samplers)} samplers for {len(index)} requests")
         logits = self._decode_logits(cache, index, tokens)
         chosen = greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
@@ -286,6 +283,8 @@ class Pi05Model(nn.Module):
 
     def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """Next-token logits [B, vocab] in the model's dtype; a CUDA graph's replay when one serves the batch."""
+        if tuple(tokens.shape) != (len(index),):
+            raise ValueError(f"tokens must have shape ({len(index)},), got {tuple(tokens.shape)}")
         if self._graphs is not None:
             logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
             if logits is not None:
