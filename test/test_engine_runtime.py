@@ -158,7 +158,7 @@ def test_language_work_never_overlaps_the_control_paths_model_calls(tokenizer):
                     calls.append((threading.current_thread().name, name, start, time.perf_counter()))
         setattr(model, name, wrapped)
 
-    for name in ("prefill", "sample_actions", "decode_step", "decode_next"):
+    for name in ("prefill", "sample_actions", "decode_step", "decode_next", "decode_tokens"):
         spy(name)
     period = 0.03
     config = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True,
@@ -221,7 +221,7 @@ def test_adaptive_k_floor_gives_the_text_its_steps_when_no_slack_is_left_and_cou
         return original, wrapped
 
     originals = {}
-    for name in ("prefill", "sample_actions", "decode_next"):
+    for name in ("prefill", "sample_actions", "decode_tokens"):
         originals[name], wrapped = spy(name)
         setattr(model, name, wrapped)
     config = SchedulerConfig(num_steps=2, max_new_tokens=40, control_period_s=1e-4, ignore_eos=True,

@@ -6,13 +6,16 @@ its time goes.
 
 For every dtype and batch it times `Pi05Model.decode_step` (logits, then the argmax a greedy request takes) and
 `Pi05Model.decode_next` (the token chosen inside the model, no [batch, vocab] logits), and two floors:
-- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype);
+- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype; for one
+  row the matrix-vector product the model uses);
 - memory: the bytes one step must read (backbone weights, text head included, plus the requests' K/V) divided
   by the read bandwidth measured here over a 1 GiB buffer.
 Variants are interleaved round by round, so machine load moves them together; each figure is the median over all
 rounds. The cache holds random K/V (a decode step's cost does not depend on the values); every request sits at
 cache index prefix_len + 24, the middle of a 50-token narration. `decode_next scattered` passes the slots in
 descending order, which the cache cannot serve as a view: every layer gathers the requests' K/V.
+`decode_batch` is the engine's step over language requests in those slots (`EngineBatch`): its index stays on the
+device and advances in place; `decode_batch rebuilt` builds every index from the requests' lists each step instead.
 `--profile` prints torch.profiler's per-operator table for each variant; `--compile` adds the compiled decode
 step (`Pi05Model.compile_steps`) and one denoise step (one Euler step of `sample_actions`), eager and compiled,
 as variants; compiling takes tens of seconds per batch size.
@@ -28,6 +31,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from oxygen_ros.engine.language import LanguageRequest, decode_batch
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import Pi05Model, build_model
@@ -64,6 +68,36 @@ def random_cache(config: Pi05Config, batch: int, dtype: torch.dtype, seed: int) 
     return cache
 
 
+class EngineBatch:
+    """`batch` language requests at TEXT_OFFSET tokens in slots 0..batch-1, decoded step after step as the engine
+    decodes them (`decode_batch`: the index kept on the device and advanced in place); or, with `rebuilt`, with every
+    index built from the requests' lists each step, as the engine did before. A request is wound back to
+    TEXT_OFFSET tokens before it would run out of room (every TEXT_OFFSET - 1 steps, a step that builds a new index
+    either way)."""
+
+    def __init__(self, model: Pi05Model, cache: KVCache, tokens: list[int], rebuilt: bool):
+        cfg = model.config
+        self.model, self.cache, self.rebuilt = model, cache, rebuilt
+        self.requests = [LanguageRequest(i, i, i, 0, cfg.prefix_len, cfg.prefix_len - cfg.max_token_len // 2,
+                                         2 * TEXT_OFFSET, -1, tokens=[t] * (TEXT_OFFSET + 1))
+                         for i, t in enumerate(tokens)]
+
+    def __call__(self) -> None:
+        if len(self.requests[0].tokens) >= 2 * TEXT_OFFSET - 1:
+            for request in self.requests:
+                del request.tokens[TEXT_OFFSET + 1:]
+        if not self.rebuilt:
+            decode_batch(self.model, self.cache, self.requests)
+            return
+        offsets = torch.tensor([len(r.tokens) - 1 for r in self.requests])
+        chosen = self.model.decode_next(
+            self.cache, torch.tensor([r.slot for r in self.requests]), torch.tensor([r.tokens[-1] for r in self.requests]),
+            torch.tensor([r.prefix_len for r in self.requests]) + offsets,
+            torch.tensor([r.num_valid_prefix for r in self.requests]) + offsets, [None] * len(self.requests))
+        for request, token in zip(self.requests, chosen.tolist()):
+            request.accept(token, 0.0)
+
+
 def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None) -> dict[str, Callable]:
     cfg = model.config
     cache = random_cache(cfg, batch, model.dtype, seed)
@@ -77,7 +111,10 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
         "decode_step+argmax": lambda: model.decode_step(cache, slots, tokens, index, positions).argmax(dim=-1),
         "decode_next": lambda: model.decode_next(cache, slots, tokens, index, positions),
         "decode_next scattered": lambda: model.decode_next(cache, slots.flip(0), tokens, index, positions),
-        "floor: head matmul": lambda: hidden @ head.T,
+        "decode_batch": EngineBatch(model, cache, tokens.tolist(), rebuilt=False),
+        "decode_batch rebuilt": EngineBatch(model, cache, tokens.tolist(), rebuilt=True),
+        # one row the way the model computes it (`GemmaStack.logits`): a matrix-vector product
+        "floor: head matmul": (lambda: torch.mv(head, hidden[0])) if batch == 1 else (lambda: hidden @ head.T),
     }
     if compiled is not None:
         noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))

@@ -10,12 +10,13 @@ batching) and a request can wait any number of frames between steps.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from ..model.kv_cache import KVCache
+from ..model.kv_cache import DecodeIndex, KVCache
 from ..model.sampling import Sampler, sample_token
 
 
@@ -103,20 +104,56 @@ def start_request(
     return request
 
 
+@dataclass
+class _LastStep:
+    """A batch's last decode step in one cache, kept so that the same batch's next step only advances its index."""
+
+    members: tuple[tuple[int, int, int, int], ...]  # (slot, prefix_len, num_valid_prefix, tokens) per request after it
+    index: DecodeIndex  # on the cache's device
+    chosen: Tensor  # the tokens it chose, on the device: what the next step feeds
+    chosen_list: list[int]
+
+
+_LAST_STEPS: weakref.WeakKeyDictionary[KVCache, _LastStep] = weakref.WeakKeyDictionary()
+
+
+def _members(active: list[LanguageRequest]) -> tuple[tuple[int, int, int, int], ...]:
+    return tuple((r.slot, r.prefix_len, r.num_valid_prefix, len(r.tokens)) for r in active)
+
+
 def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
-    """Advance every unfinished request by one token in a single model call; returns tokens produced."""
+    """Advance every unfinished request by one token in a single model call; returns tokens produced.
+
+    The batch's index tensors (slots, cache indices, RoPE positions) live on the cache's device: they are built
+    when the batch changes (a request joins, leaves, moves slot or was fed elsewhere) and otherwise advanced by one
+    in place, and the tokens a step chose are fed to the next step from the device. Whether the batch is the same
+    is decided on values alone (each request's slot, prefix, length, and fed token), so reusing the index always
+    gives what rebuilding it would.
+    """
     # in slot order: when the slots form one range (the pool hands out the lowest free slot, so in steady state they
     # do), the model reads the batch's K/V as views of the cache instead of gathering them
     active = sorted((r for r in requests if not r.done), key=lambda r: r.slot)
     if not active:
         return 0
-    slots = torch.tensor([r.slot for r in active], dtype=torch.long)
-    fed = torch.tensor([r.tokens[-1] for r in active], dtype=torch.long)
-    offsets = torch.tensor([len(r.tokens) - 1 for r in active], dtype=torch.long)
-    cache_index = torch.tensor([r.prefix_len for r in active], dtype=torch.long) + offsets
-    positions = torch.tensor([r.num_valid_prefix for r in active], dtype=torch.long) + offsets
-    next_tokens = model.decode_next(cache, slots, fed, cache_index, positions, [r.sampler() for r in active]).tolist()
+    members = _members(active)
+    fed_list = [r.tokens[-1] for r in active]
+    last = _LAST_STEPS.get(cache)
+    if last is not None and last.members == members and last.chosen_list == fed_list:
+        index, fed = last.index, last.chosen
+        index.advance()
+    else:
+        offsets = [len(r.tokens) - 1 for r in active]
+        index = DecodeIndex(
+            cache,
+            torch.tensor([r.slot for r in active]),
+            torch.tensor([r.prefix_len + o for r, o in zip(active, offsets)]),
+            torch.tensor([r.num_valid_prefix + o for r, o in zip(active, offsets)]),
+        )
+        fed = torch.tensor(fed_list)
+    chosen = model.decode_tokens(cache, index, fed, [r.sampler() for r in active])
+    chosen_list = chosen.tolist()
     now = time.perf_counter()
-    for request, token in zip(active, next_tokens):
+    for request, token in zip(active, chosen_list):
         request.accept(token, now)
+    _LAST_STEPS[cache] = _LastStep(_members(active), index, chosen, chosen_list)
     return len(active)

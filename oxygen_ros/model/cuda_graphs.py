@@ -106,7 +106,7 @@ class CudaGraphs:
                       ) -> Tensor | None:
         """The decode step's logits [B, vocab] (model dtype) by replay; None when B exceeds every bucket.
 
-        The caller has checked the batch (`Pi05Model._decode_span`); it writes the fed tokens' K/V as eagerly."""
+        The batch was checked when its `DecodeIndex` was built; it writes the fed tokens' K/V as eagerly."""
         batch = len(slots)
         bucket = self.bucket(batch)
         if bucket is None:

@@ -53,6 +53,47 @@ class KVCache:
         return self.k.device
 
 
+class DecodeIndex:
+    """Where one decode batch writes and reads in a `KVCache`, as tensors on the cache's device.
+
+    Request b's fed token goes to cache index `cache_index[b]` of slot `slots[b]` with RoPE position
+    `positions[b]`; the batch attends over the first `span` positions of its slots, addressed by `idx` (a slice
+    when the slots are one ascending range, so every layer reads views; else the slot tensor). Built and checked
+    once when a batch forms; `advance` moves every request on by one position in place, so the next step of the
+    same batch copies nothing from the host and checks nothing again.
+    """
+
+    def __init__(self, cache: KVCache, slots: Tensor, cache_index: Tensor, positions: Tensor):
+        b = len(slots)
+        for name, t in (("cache_index", cache_index), ("positions", positions)):
+            if tuple(t.shape) != (b,):
+                raise ValueError(f"{name} must have shape ({b},), got {tuple(t.shape)}")
+        lo, hi = int(cache_index.min()), int(cache_index.max())
+        if lo < cache.config.prefix_len or hi >= cache.max_len:
+            raise ValueError(f"cache_index must lie in [{cache.config.prefix_len}, {cache.max_len}), got {lo}..{hi}")
+        idx = slot_index(slots, cache.num_slots)
+        with torch.inference_mode():  # the model reads these in inference mode; `advance` updates them there too
+            self.slots = slots.to(cache.device, torch.long)
+            # copies: `advance` updates them in place, never the caller's tensors
+            self.cache_index = cache_index.to(cache.device, torch.long, copy=True)
+            self.positions = positions.to(cache.device, torch.long, copy=True)
+        self.idx = idx if isinstance(idx, slice) else self.slots
+        self.span = hi + 1
+        self.max_len = cache.max_len
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def advance(self) -> None:
+        """Every request one position on: the next token's cache index and RoPE position, one more to attend over."""
+        if self.span >= self.max_len:
+            raise ValueError(f"the batch's slots are full ({self.max_len} positions)")
+        with torch.inference_mode():
+            self.cache_index.add_(1)
+            self.positions.add_(1)
+        self.span += 1
+
+
 def slot_index(slots: Tensor, num_slots: int) -> slice | Tensor:
     """Index for the slot dimension: a `slice` when the slots are one ascending contiguous range, else the tensor.
 

@@ -29,7 +29,7 @@ from .gemma import (
     rope_cos_sin,
 )
 from .inputs import ModelInputs
-from .kv_cache import KVCache, read_slots, slot_index
+from .kv_cache import DecodeIndex, KVCache, read_slots, slot_index
 from .sampling import Sampler, greedy_tokens, sample_token
 from .vision import VisionEncoder
 
@@ -246,7 +246,7 @@ class Pi05Model(nn.Module):
         `positions[b]`, and attends to the valid positions of its own slot up to and including that index.
         Requests may sit at different lengths.
         """
-        return self._decode_logits(cache, slots, tokens, cache_index, positions).float()
+        return self._decode_logits(cache, DecodeIndex(cache, slots, cache_index, positions), tokens).float()
 
     @torch.inference_mode()
     def decode_next(
@@ -258,54 +258,45 @@ class Pi05Model(nn.Module):
         positions: Tensor,
         samplers: Sequence[Sampler | None] | None = None,
     ) -> Tensor:
-        """`decode_step` that returns the chosen next tokens [B] long instead of the logits.
+        """`decode_step` that returns the chosen next tokens [B] long instead of the logits (`decode_tokens`)."""
+        return self.decode_tokens(cache, DecodeIndex(cache, slots, cache_index, positions), tokens, samplers)
+
+    @torch.inference_mode()
+    def decode_tokens(
+        self, cache: KVCache, index: DecodeIndex, tokens: Tensor, samplers: Sequence[Sampler | None] | None = None
+    ) -> Tensor:
+        """One decode step of the batch `index` (built for `cache`) feeding `tokens` [B]; returns the chosen next
+        tokens [B] long, on the model's device.
 
         Request b takes the first maximum of its logits, or with `samplers[b]` a sample from that request's own
         stream; either way exactly what the float32 logits of `decode_step` give. The logits stay in the model's
-        dtype and only sampled rows are converted, so no [B, vocab] float32 copy is made.
+        dtype and only sampled rows are converted, so no [B, vocab] float32 copy is made. A caller that keeps the
+        batch advances `index` in place and feeds back what this returned: the next step copies nothing from the
+        host.
         """
-        if samplers is not None and len(samplers) != len(slots):
-            raise ValueError(f"{len(samplers)} samplers for {len(slots)} requests")
-        logits = self._decode_logits(cache, slots, tokens, cache_index, positions)
+        if samplers is not None and len(samplers) != len(index):
+            raise ValueError(f"{len(samplers)} samplers for {len(index)} requests")
+        logits = self._decode_logits(cache, index, tokens)
         chosen = greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
             if sampler is not None:
                 chosen[row] = sample_token(logits[row], sampler)
         return chosen
 
-    def _decode_logits(
-        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
-    ) -> Tensor:
+    def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """Next-token logits [B, vocab] in the model's dtype; a CUDA graph's replay when one serves the batch."""
+        if tuple(tokens.shape) != (len(index),):
+            raise ValueError(f"tokens must have shape ({len(index)},), got {tuple(tokens.shape)}")
         if self._graphs is not None:
-            self._decode_span(cache, slots, tokens, cache_index, positions)  # the same checks as eagerly
-            logits = self._graphs.decode_logits(cache, slots, tokens, cache_index, positions)
+            logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
             if logits is not None:
                 return logits
-        return self.backbone.logits(self._decode_hidden(cache, slots, tokens, cache_index, positions))
+        return self.backbone.logits(self._decode_hidden(cache, index, tokens))
 
-    def _decode_span(
-        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
-    ) -> tuple[slice | Tensor, int]:
-        """Checks a decode batch; returns its slot index (`slot_index`) and the positions it attends over."""
-        cfg = self.config
-        b = len(slots)
-        for name, t in (("tokens", tokens), ("cache_index", cache_index), ("positions", positions)):
-            if tuple(t.shape) != (b,):
-                raise ValueError(f"{name} must have shape ({b},), got {tuple(t.shape)}")
-        lo, hi = int(cache_index.min()), int(cache_index.max())
-        if lo < cfg.prefix_len or hi >= cache.max_len:
-            raise ValueError(f"cache_index must lie in [{cfg.prefix_len}, {cache.max_len}), got {lo}..{hi}")
-        return slot_index(slots, cache.num_slots), hi + 1
-
-    def _decode_hidden(
-        self, cache: KVCache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
-    ) -> Tensor:
+    def _decode_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""
-        idx, span = self._decode_span(cache, slots, tokens, cache_index, positions)
-        slots = slots.to(cache.device, torch.long)
-        return self._decode_layers(cache, idx if isinstance(idx, slice) else slots, slots, tokens.to(self.device),
-                                   cache_index.to(cache.device, torch.long), positions.to(self.device), span)
+        return self._decode_layers(cache, index.idx, index.slots, tokens.to(self.device), index.cache_index,
+                                   index.positions, index.span)
 
     def _decode_layers(
         self, cache: KVCache, idx: slice | Tensor, slots: Tensor, tokens: Tensor, cache_index: Tensor,
@@ -317,8 +308,11 @@ class Pi05Model(nn.Module):
         cache.valid.index_put_((slots, cache_index), torch.ones((), dtype=torch.bool, device=cache.device))
         causal = torch.arange(span, device=cache.device)[None, :] <= cache_index[:, None]
         valid = cache.valid[idx, :span] if isinstance(idx, slice) else cache.valid[:, :span].index_select(0, idx)
-        mask = (valid & causal)[:, None, None, :]
         x = self.backbone.embed(tokens[:, None])
+        # additive (0 / -inf) and built once for the step: the attention kernel would turn a boolean mask into
+        # this in every layer
+        masked = (valid & causal)[:, None, None, :].logical_not()
+        mask = torch.zeros(masked.shape, dtype=x.dtype, device=x.device).masked_fill_(masked, float("-inf"))
         cos, sin = rope_cos_sin(positions[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.backbone.layers):
             q, k, v, gate = layer.project_qkv(x, None, cos, sin)

@@ -1,0 +1,118 @@
+"""`decode_batch` keeps a batch's index tensors on the device and advances them in place while the batch keeps its
+members: the tokens are exactly those of rebuilding every index from the requests each step, in float32 and
+bfloat16, while requests join, finish, sample, are preempted and resume in another slot."""
+
+import pytest
+import torch
+
+from oxygen_ros.bench.model_bench import random_inputs
+from oxygen_ros.engine.language import decode_batch, start_request
+from oxygen_ros.engine.model_runner import ModelRunner
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.kv_cache import DecodeIndex
+from oxygen_ros.model.pi05 import build_model
+
+CFG = get_preset("tiny")
+MAX_NEW = 9
+
+
+def rebuilt_step(model, cache, requests):
+    """The reference: every index built from the requests' lists, as a step did before indexes were kept."""
+    active = sorted((r for r in requests if not r.done), key=lambda r: r.slot)
+    offsets = torch.tensor([len(r.tokens) - 1 for r in active])
+    chosen = model.decode_next(cache, torch.tensor([r.slot for r in active]), torch.tensor([r.tokens[-1] for r in active]),
+                               torch.tensor([r.prefix_len for r in active]) + offsets,
+                               torch.tensor([r.num_valid_prefix for r in active]) + offsets,
+                               [r.sampler() for r in active])
+    for request, token in zip(active, chosen.tolist()):
+        request.accept(token, 0.0)
+
+
+class World:
+    """One model runner (its pool) and the requests it serves; `step` is how it decodes."""
+
+    def __init__(self, model, step):
+        self.runner = ModelRunner(model, language_slots=6, max_new_tokens=MAX_NEW)
+        self.model, self.step, self.requests, self.inputs = model, step, {}, {}
+
+    def start(self, name, seed, max_new_tokens, temperature=0.0):
+        inputs = random_inputs(CFG, 1, seed=seed).to(self.model.device, self.model.dtype)
+        slot = self.runner.pool.allocate(name)
+        prefill = self.model.prefill(inputs, self.runner.pool.cache, torch.tensor([slot]), want_logits=True)
+        self.requests[name] = start_request(seed, slot, seed, 0, CFG.prefix_len, int(prefill.num_valid[0]),
+                                            prefill.logits[0], max_new_tokens, eos_id=-1, temperature=temperature,
+                                            seed=seed)
+        self.inputs[name] = inputs
+
+    def decode(self, *names):
+        self.step(self.model, self.runner.pool.cache, [self.requests[n] for n in names])
+
+    def preempt(self, name):
+        self.runner.free([self.requests[name].slot])
+
+    def resume(self, name):
+        self.runner.resume(self.requests[name], self.inputs[name])
+
+    def finish(self, name):
+        self.runner.free([self.requests.pop(name).slot])
+
+
+def play(world):
+    world.start("a", 1, MAX_NEW)
+    world.start("b", 2, MAX_NEW)
+    world.start("c", 3, 4, temperature=0.8)  # samples from its own stream; has its 4 tokens after 3 steps
+    for _ in range(3):
+        world.decode("a", "b", "c")  # one batch, slots 0..2: built once, then advanced
+    world.start("d", 4, MAX_NEW)
+    world.decode("a", "b", "c", "d")  # d joins as c has finished
+    world.finish("c")
+    world.preempt("b")  # slot 1 free: a and d are no longer one range of slots
+    world.decode("a", "d")
+    world.decode("a", "d")
+    world.start("e", 5, MAX_NEW)  # takes slot 1
+    world.resume("b")  # its prefix again and its tokens replayed, in slot 4
+    while any(not r.done for r in world.requests.values()):
+        world.decode(*world.requests)  # a, b, d, e until each reaches its length
+    return {name: r.tokens for name, r in world.requests.items()}, world.runner.pool.cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_indexes_give_the_tokens_of_rebuilt_ones(dtype, monkeypatch):
+    advances = []
+    advance = DecodeIndex.advance
+
+    def counted(index):
+        advances.append(len(index))
+        advance(index)
+
+    monkeypatch.setattr(DecodeIndex, "advance", counted)
+    model = build_model(CFG, dtype=dtype, seed=7)
+    kept_tokens, kept_cache = play(World(model, decode_batch))
+    kept_advances, advances[:] = list(advances), []
+    rebuilt_tokens, rebuilt_cache = play(World(model, rebuilt_step))
+    assert kept_tokens == rebuilt_tokens
+    assert all(len(t) == MAX_NEW for t in kept_tokens.values())
+    assert torch.equal(kept_cache.k, rebuilt_cache.k) and torch.equal(kept_cache.valid, rebuilt_cache.valid)
+    assert not advances  # the reference never kept an index
+    # advanced in place: the 2nd and 3rd steps of (a, b, c), the 2nd of (a, d), then (a, b, d, e), (b, d, e) and
+    # e alone after their first steps until a member finishes; every other step built a new index
+    assert kept_advances == [3, 3, 2, 4, 3, 1, 1]
+
+
+def test_an_index_is_checked_once_and_advances_up_to_the_slots_end():
+    model = build_model(CFG, seed=0)
+    cache = ModelRunner(model, language_slots=2, max_new_tokens=2).pool.cache
+    with pytest.raises(ValueError, match="cache_index must lie in"):
+        DecodeIndex(cache, torch.tensor([0]), torch.tensor([CFG.prefix_len + 2]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="distinct"):
+        DecodeIndex(cache, torch.tensor([1, 1]), torch.full((2,), CFG.prefix_len), torch.zeros(2))
+    index_list = [CFG.prefix_len]
+    given = torch.tensor(index_list)
+    index = DecodeIndex(cache, torch.tensor([1]), given, torch.tensor([5]))
+    index.advance()
+    assert index.cache_index.tolist() == [CFG.prefix_len + 1] and index.positions.tolist() == [6]
+    assert given.tolist() == index_list  # the caller's tensor is not the index's
+    with pytest.raises(ValueError, match="full"):
+        index.advance()
+    with pytest.raises(ValueError, match=r"tokens must have shape \(1,\)"):
+        model.decode_tokens(cache, index, torch.tensor([3, 4]))
