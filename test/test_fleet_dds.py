@@ -73,7 +73,9 @@ def test_two_sims_in_closed_loop_on_one_fleet_node(tmp_path, ros_env):
     summaries = json.loads((out / "summary.json").read_text())
     assert sorted(summaries) == ["robot1", "robot2"]
     for name, summary in summaries.items():
-        assert summary["step"] == 100  # one episode of 2 sim seconds at 50 Hz
+        # one episode of 2 sim seconds at 50 Hz, unless random weights' commands made the physics diverge, which
+        # ends the episode early as a counted failure (`docs/sim.md`)
+        assert summary["step"] == 100 or summary["diverged_episodes"] == 1, summary
         assert summary["chunks_accepted"] > 0 and summary["chunks_malformed"] == 0  # every stamp mapped back
         assert summary["chunk_wall_latency_ms"]["median"] > 0
         assert f"{name}: {summary['chunks_received']} chunks" in printed.stdout
