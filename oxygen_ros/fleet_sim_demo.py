@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, claim_output_dir
+from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.processes import demo_env, python_command, stop
 from oxygen_ros.sim_demo import MODEL_CAMERA_KEYS, sim_summary
 
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=4.0, help="sim seconds of each robot's episode")
     parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
                         help="gym-aloha task")
-    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc",
+    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc",
                         help="how each sim hands over from one action chunk to the next")
     parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
                         help="sim cameras rendered and sent (the tiny preset takes two)")

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from oxygen_ros.command_line import CommandParser
+from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
 from oxygen_ros.model.config import PRESETS
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
     parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
                         help="gym-aloha task")
-    parser.add_argument("--blending", choices=("newest_wins", "temporal_ensemble", "rtc"), default="rtc",
+    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc",
                         help="how the sim hands over from one action chunk to the next")
     parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
                         help="sim cameras rendered and fed to the policy (the tiny preset takes two)")
