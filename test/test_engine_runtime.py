@@ -54,11 +54,15 @@ def prepared(runtime, i):
     return runtime.prepare(observation(i))
 
 
-def test_one_robot_gets_the_isolated_chunks_and_text_through_preemption_and_resumption(model, tokenizer):
+@pytest.mark.parametrize("overlap_threads", [0, 1])
+def test_one_robot_gets_the_isolated_chunks_and_text_through_preemption_and_resumption(model, tokenizer,
+                                                                                       overlap_threads):
+    """Also with decode steps beside the denoising (`overlap_threads`): nothing changes any result."""
     collect = Collector()
     config = SchedulerConfig(num_steps=2, tokens_per_frame=1, max_new_tokens=6, ignore_eos=True,
                              admission="preempt", max_preempted=16)
-    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=3, stream_every=2),
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=3, stream_every=2,
+                                                              overlap_threads=overlap_threads),
                       on_text=collect.on_text).start()
     noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
               for i in range(8)]
@@ -184,6 +188,78 @@ def test_language_work_never_overlaps_the_control_paths_model_calls(tokenizer):
     for c_start, c_end in control:
         for l_start, l_end in language:
             assert l_end <= c_start or l_start >= c_end, "a language call overlapped the control path"
+
+
+def test_with_overlap_decode_steps_run_beside_the_denoising_and_never_beside_a_prefill(tokenizer):
+    """`overlap_threads`: the steps a frame owes may run while it denoises. The spy holds every denoising until a
+    decode step has started since the frame's prefill ended (or 5 s passed), so the test sees the overlap however
+    loaded the machine is; no decode call may overlap a prefill, and the chunks and text are those of isolated
+    execution."""
+    model = build_model(CONFIG, seed=5)
+    calls, lock = [], threading.Condition()
+    decode_starts, since = [0], [0]
+    held = []
+
+    def spy(name):
+        original = getattr(model, name)
+
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            if name == "decode_tokens":
+                with lock:
+                    decode_starts[0] += 1
+                    lock.notify_all()
+            if name == "sample_actions" and runtime.scheduler.has_language_requests():
+                with lock:
+                    held.append(lock.wait_for(lambda: decode_starts[0] > since[0], timeout=5.0))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with lock:
+                    if name == "prefill":
+                        since[0] = decode_starts[0]
+                    calls.append((threading.current_thread().name, name, start, time.perf_counter()))
+        setattr(model, name, wrapped)
+
+    for name in ("prefill", "sample_actions", "decode_tokens"):
+        spy(name)
+    config = SchedulerConfig(num_steps=3, tokens_per_frame=1, max_new_tokens=5, ignore_eos=True)
+    collect = Collector()
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8, overlap_threads=1),
+                      on_text=collect.on_text).start()
+    noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
+              for i in range(6)]
+    try:
+        inputs = [prepared(runtime, i) for i in range(6)]
+        chunks = [runtime.act(runtime.frame(inputs[i], narrate=True, noise=noises[i], context=i)) for i in range(6)]
+        assert runtime.drain(30)
+    finally:
+        runtime.close()
+        for name in ("prefill", "sample_actions", "decode_tokens"):
+            delattr(model, name)
+    assert runtime.worker_error is None
+    assert len(held) == 5 and all(held), "a frame with language work owed did not see a decode step beside it"
+    prefills = [(s, e) for thread, name, s, e in calls if name == "prefill" and thread != "oxygen-language"]
+    denoises = [(s, e) for _, name, s, e in calls if name == "sample_actions"]
+    steps = [(s, e) for thread, name, s, e in calls if thread == "oxygen-language"]
+    assert len(prefills) == 6 and len(denoises) == 6
+    for p_start, p_end in prefills:
+        for d_start, d_end in steps:
+            assert d_end <= p_start or d_start >= p_end, "a decode step overlapped a prefill"
+    # a step beside a frame's denoising: it started after the frame's prefill ended and before its denoising did
+    beside = [any(p_end <= d_start < n_end for (_, p_end), (_, n_end) in zip(prefills, denoises)) for d_start, _ in steps]
+    assert sum(beside) >= 5
+    for i, chunk in enumerate(chunks):
+        actions, tokens = isolated(model, inputs[i], noises[i], 3, 5)
+        assert torch.equal(chunk.actions, actions), i
+        assert list(collect.finals[i].token_ids) == tokens, i
+
+
+def test_overlap_threads_is_refused_with_a_stage_split_and_when_negative(model):
+    with pytest.raises(ValueError, match="overlap_threads"):
+        RuntimeConfig(SchedulerConfig(), overlap_threads=-1)
+    with pytest.raises(ValueError, match="stage split"):
+        Runtime(Served(model), RuntimeConfig(SchedulerConfig(), overlap_threads=1), stages=(object(), object()))
 
 
 def test_bad_observation_raises_and_leaves_the_runtime_usable(model, tokenizer):

@@ -6,6 +6,10 @@ that work in flight, and no new decode step starts while it waits or runs. With 
 path *owes* the worker k steps after each frame and waits for them before its next frame (the paper's fixed-k
 schedule); with adaptive k nothing is owed. Both threads change the scheduler's state only inside the gate. On a
 GPU the gate orders the two threads' host work; the device work is ordered by stream priorities.
+
+Inside its section the control path may open a *shared* window (`share`, the runtime's `overlap_threads`): while
+it lasts the worker may start decode steps beside the control path's work (each thread then on its own cores, or
+its own stream), and the worker's state changes take the runtime's state lock instead of relying on the gate.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class ControlGate:
         self._control_active = False
         self._decoding = False
         self._owed = 0
+        self._sharing = False
         self.last_control_start: float | None = None
         self.closed = False
 
@@ -41,6 +46,22 @@ class ControlGate:
             with self._cond:
                 self._control_active = False
                 self._cond.notify_all()
+
+    @contextmanager
+    def share(self):
+        """Inside `control`: the worker may start decode steps until this ends (one may still run after it)."""
+        with self._cond:
+            self._sharing = True
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sharing = False
+
+    @property
+    def sharing(self) -> bool:
+        return self._sharing
 
     def owe(self, steps: int) -> None:
         """The next control section waits until the worker did `steps` more decode steps (or `forgive`)."""
@@ -62,11 +83,12 @@ class ControlGate:
         return self._control_waiting > 0 or self._control_active
 
     def acquire_decode(self, timeout_s: float = 0.1) -> bool:
-        """Wait until no control work runs or waits (owed steps go first); False on timeout or close."""
+        """Wait until no control work runs or waits (owed steps go first), or the control path shares its section;
+        False on timeout or close."""
         deadline = time.perf_counter() + timeout_s
         with self._cond:
             while not self.closed:
-                if not self._control_active and (self._owed > 0 or not self._control_waiting):
+                if self._sharing or not self._control_active and (self._owed > 0 or not self._control_waiting):
                     self._decoding = True
                     return True
                 now = time.perf_counter()

@@ -18,7 +18,8 @@ This path is written for GPUs but has not run on one yet (`test_gpu/`, `make tes
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -154,15 +155,18 @@ class ModelRunner:
                                             self.num_steps)
         return actions[: len(noises)]
 
-    def act(self, inputs: list[ModelInputs], noises: list[Tensor], bucket: int, narrate: list[bool]) -> ActOutput:
+    def act(self, inputs: list[ModelInputs], noises: list[Tensor], bucket: int, narrate: list[bool],
+            denoise_window: Callable[[], AbstractContextManager] | None = None) -> ActOutput:
         """Prefill + denoise the frames together; their slots stay allocated (the caller hands them over or frees
-        them). Raises after giving the slots back if the model fails."""
+        them). The denoising runs inside `denoise_window()` when given (the runtime lets decode steps run beside
+        it there). Raises after giving the slots back if the model fails."""
         start = time.perf_counter()
         slots = self._allocate(len(inputs))
         slot_ids = slots + self._pad_slots[: bucket - len(inputs)]
         try:
             num_valid, first = self._prefill(inputs, bucket, slot_ids, narrate)
-            actions = self._denoise(slot_ids, [n.float() for n in noises])
+            with denoise_window() if denoise_window is not None else nullcontext():
+                actions = self._denoise(slot_ids, [n.float() for n in noises])
         except Exception:
             self.free(slots)
             raise

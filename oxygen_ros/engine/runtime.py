@@ -18,6 +18,11 @@ frame that leaves language work; with `adaptive_k` the worker decodes in the sla
 the next control tick, so the control rate holds however long the text (up to the one step in flight), except for
 a floor: the control path still owes `min_steps_per_frame` steps per frame, and the time those steps run past the
 next tick's due time is what the arm gave up for the text (`RuntimeStats.floor_steps`, `floor_action_s`).
+
+With `RuntimeConfig.overlap_threads` the decode steps a frame owes run beside its denoising instead of after it:
+the prefill keeps every intra-op thread, then the control path denoises on the others while the worker decodes on
+`overlap_threads` of them (on a CPU whose denoising is too small to use all its cores, the text then costs the
+arm little); the next frame waits only for the owed steps that did not fit.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +68,12 @@ class RuntimeConfig:
     seed: int = 0  # the flow-matching noise generator
     frame_slots: int = 0  # KV slots per model kept for frames (0: max_batch); a stage split holds frames between
     # their two stages and needs more
+    overlap_threads: int = 0  # > 0: decode steps run beside each batch's denoising, the language worker on this many
+    # intra-op threads and the control path on the rest (CPU; on a GPU the two streams share the device); 0: never
 
     def __post_init__(self):
+        if self.overlap_threads < 0:
+            raise ValueError("overlap_threads must be >= 0")
         if self.pool_slots <= self.kept_for_frames:
             raise ValueError(f"pool_slots must exceed the slots kept for frames ({self.kept_for_frames}): one slot "
                              "per action frame is kept, the rest hold language requests")
@@ -169,6 +179,9 @@ class Runtime:
         workers they run on) instead of one prefill + denoise call per batch on the whole device."""
         if isinstance(served, Served):
             served = {DEFAULT_MODEL: served}
+        if stages is not None and config.overlap_threads:
+            raise ValueError("overlap_threads is for whole-device batches, not a stage split (whose stages already "
+                             "share the device)")
         self.served = dict(served)
         self.config = config
         sched = config.scheduler
@@ -188,6 +201,8 @@ class Runtime:
         self.on_chunk = on_chunk or (lambda chunk: None)
         self._noise = torch.Generator().manual_seed(config.seed)
         self._submit_lock = threading.Lock()  # frames arrive from any thread
+        # the scheduler's and pools' state, for the moments both threads may run (decode steps beside a denoising)
+        self._state = threading.RLock()
         self._origins: dict[int, _Origin] = {}
         self._notes: deque[LanguageRequest] = deque()  # finished on the control path, reported by the worker
         self._counters = _Counters()  # all robots
@@ -305,24 +320,43 @@ class Runtime:
                 return expired
             runner = self.runners[plan.model_id]
             self._displace(plan, runner)
+            window = self._overlap_window if self.config.overlap_threads else None
             try:
                 out = runner.act([f.inputs for f in plan.frames], [f.noise for f in plan.frames], plan.bucket,
-                                 plan.admit)
+                                 plan.admit, denoise_window=window)
             except Exception as error:  # the frames fail; admission already happened (victims are reported)
                 self._wake.set()
                 return expired + [self._failed(f, error) for f in plan.frames]
-            self.scheduler.cost.observe(plan.model_id, "action", len(plan.frames), out.seconds)
-            request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
-            self._after_frames()
+            with self._state:  # a decode step started beside the denoising may still be running
+                self.scheduler.cost.observe(plan.model_id, "action", len(plan.frames), out.seconds)
+                request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
+                if not self.config.overlap_threads:  # with overlap, the frame's steps were owed when it denoised
+                    self._owe_for_frame()
         with self.streams.control():  # on a GPU: wait for the chunks on the control stream, outside the gate
             actions = out.actions.float().cpu()
         return expired + self._chunks(plan, actions, request_ids)
 
-    def _after_frames(self) -> None:
+    def _owe_for_frame(self) -> None:
+        """A frame owes the worker its decode steps (k, or adaptive k's floor) when there is language work."""
         sched = self.config.scheduler
         self._steps_since_frame = 0
         if self.scheduler.has_language_requests():
             self.gate.owe(sched.min_steps_per_frame if sched.adaptive_k else sched.tokens_per_frame)
+
+    @contextmanager
+    def _overlap_window(self):
+        """A batch's denoising with decode steps beside it: the worker on `overlap_threads` intra-op threads, the
+        control path on the rest. The frame owes its steps from here on, so the steps that run beside the
+        denoising pay them and the next frame waits only for what is left."""
+        self._owe_for_frame()
+        control_threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, control_threads - self.config.overlap_threads))
+        try:
+            with self.gate.share():
+                self._wake.set()
+                yield
+        finally:
+            torch.set_num_threads(control_threads)
 
     def _chunks(self, plan: ActionPlan, actions: Tensor, request_ids: list[int | None]) -> list[ActionChunk]:
         now = time.perf_counter()
@@ -435,7 +469,43 @@ class Runtime:
                 raise
 
     def _decode(self) -> int:
-        """Plan and run decode steps inside the gate; returns how many ran."""
+        """Plan and run decode steps inside the gate; returns how many ran. The model calls run outside the state
+        lock, so a control path that shares its section (`overlap_threads`) runs beside them."""
+        if self.config.overlap_threads:  # beside a denoising: the worker's own cores; alone: all of them
+            torch.set_num_threads(self.config.overlap_threads if self.gate.sharing else self._intra_op_threads)
+        with self._state:
+            plan, floor_due = self._plan_decode()
+            if plan is None:
+                return 0
+        runner = self.runners[plan.model_id]
+        owed = self.gate.owed
+        steps = 0
+        while steps < plan.steps:
+            started = time.perf_counter()
+            produced = runner.decode(plan.requests)
+            now = time.perf_counter()
+            with self._state:
+                self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), now - started)
+                if floor_due is not None and now > floor_due:
+                    self._floor_steps += 1
+                    self._floor_s += now - max(started, floor_due)
+                steps += 1
+                self._counters.produced(now, produced)
+                for request in plan.requests:
+                    self._counting(self._origins[request.request_id].robot_id)[1].produced(now, 1)
+                finished = self.scheduler.retire(plan.model_id)
+                runner.free([r.slot for r in finished])
+                self._notes.extend(finished)
+                plan.requests = [r for r in plan.requests if not r.done]
+            if not plan.requests or (self.gate.control_wants_in and owed - steps <= 0):
+                break
+        self._steps_since_frame += steps
+        self._stream_partials(plan.requests)
+        return steps
+
+    def _plan_decode(self):
+        """The next decode plan (preempted requests it resumes already back in their slots) and, for adaptive
+        k's floor steps, the tick due time past which they cost the arm; (None, None) when nothing is to run."""
         sched = self.config.scheduler
         owed = self.gate.owed
         if self._draining:
@@ -446,39 +516,18 @@ class Runtime:
             slack = self._slack()
             max_steps = sched.tokens_per_frame - self._steps_since_frame if sched.tokens_per_frame else None
         else:
-            return 0  # fixed k: this frame's steps are done; the next frame owes new ones
+            return None, None  # fixed k: this frame's steps are done; the next frame owes new ones
         plan = self.scheduler.plan_decode(time.perf_counter(), slack, max_steps)
         if plan is None:
             if owed:  # nothing can decode: owing steps would only stall the control path
                 self.gate.forgive()
-            return 0
+            return None, None
         runner = self.runners[plan.model_id]
         # adaptive k's floor steps cost the arm whatever of them runs past the next tick's due time
         floor_due = self._tick_due() if sched.adaptive_k and owed and not self._draining else None
         for request, inputs in plan.resume:
             runner.resume(request, inputs)
-        steps = 0
-        while steps < plan.steps:
-            started = time.perf_counter()
-            produced = runner.decode(plan.requests)
-            now = time.perf_counter()
-            self.scheduler.cost.observe(plan.model_id, "decode", len(plan.requests), now - started)
-            if floor_due is not None and now > floor_due:
-                self._floor_steps += 1
-                self._floor_s += now - max(started, floor_due)
-            steps += 1
-            self._counters.produced(now, produced)
-            for request in plan.requests:
-                self._counting(self._origins[request.request_id].robot_id)[1].produced(now, 1)
-            finished = self.scheduler.retire(plan.model_id)
-            runner.free([r.slot for r in finished])
-            self._notes.extend(finished)
-            plan.requests = [r for r in plan.requests if not r.done]
-            if not plan.requests or (self.gate.control_wants_in and owed - steps <= 0):
-                break
-        self._steps_since_frame += steps
-        self._stream_partials(plan.requests)
-        return steps
+        return plan, floor_due
 
     def _tick_due(self) -> float:
         """When the control path needs the device next: one period after its last start, less the margin."""

@@ -125,7 +125,7 @@ class StagedControl:
         plan = rt.scheduler.plan_admission(batch.model_id, frames, batch.bucket)
         rt._displace(plan, runner)
         request_ids = [rt._hand_over(plan, runner, out, i) for i in range(len(frames))]
-        rt._after_frames()
+        rt._owe_for_frame()
         return rt._chunks(plan, result, request_ids)
 
 
