@@ -49,6 +49,19 @@ def test_every_setting_gives_the_same_actions_and_text(model):
         assert tokens == expected[frame]
 
 
+def test_overlap_gives_the_same_actions_and_text(model):
+    """`continuous_batching_overlap`: decode steps beside the denoising change nothing the robot gets."""
+    frames, noises = synthetic_frames(CONFIG, 7, seed=12)
+    workload = Workload(frames, noises, arrivals("every_frame", 7), decode_len=6, num_steps=3, tokens_per_frame=1)
+    gated = RUNNERS["continuous_batching"](model, workload, drain=True)
+    overlapped = RUNNERS["continuous_batching_overlap"](model, workload, drain=True)
+    assert overlapped.setting == "continuous_batching_overlap"
+    assert sorted(overlapped.actions) == list(range(7))
+    for frame in range(7):
+        assert torch.equal(overlapped.actions[frame], gated.actions[frame]), frame
+    assert overlapped.texts == gated.texts == {frame: isolated_tokens(model, frames[frame], 6) for frame in range(7)}
+
+
 def test_continuous_batching_with_adaptive_k_paces_frames_and_still_finishes_the_text(model):
     frames, noises = synthetic_frames(CONFIG, 6, seed=1)
     workload = Workload(frames, noises, [True] * 6, decode_len=8, num_steps=1, tokens_per_frame=64, adaptive_k=True,

@@ -11,7 +11,9 @@ model weights, so the only thing that differs is how work is shared and schedule
 - `continuous_batching`: OxyGen as a robot runs it: the engine's threaded `Runtime` (control path on this thread,
   the language worker on its own, the gate between them): one prefill, the action now, language from many frames
   decoded together, k steps per frame (each frame waits for the k steps its predecessor owes) or, with adaptive k,
-  frames paced at the control period and text only in the slack.
+  frames paced at the control period and text only in the slack;
+- `continuous_batching_overlap`: the same with `RuntimeConfig.overlap_threads` (`Workload.overlap_threads`,
+  default 1): a frame's decode steps run beside its denoising, on their own intra-op threads.
 
 The first four are the baselines the paper compares against; they are written here, not in the engine.
 """
@@ -34,7 +36,8 @@ from ..engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from ..engine.scheduler import SchedulerConfig
 from ..model.inputs import ModelInputs
 
-SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")
+SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")  # the full matrix's
+OVERLAP = "continuous_batching_overlap"  # also run where a sweep point names it
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Workload:
     pool_slots: int = 0  # continuous batching pool size; 0 = enough for every request in flight
     warmup_frames: int = 0  # processed first but not measured (continuous batching reaches steady state there)
     energy_j: Callable[[], float] | None = None  # an energy counter (joules so far), read around the measured window
+    overlap_threads: int = 1  # `continuous_batching_overlap`: the language worker's threads beside a denoising
 
     @property
     def num_frames(self) -> int:
@@ -260,10 +264,10 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     return run
 
 
-def run_continuous_batching(model, workload: Workload, drain: bool = False) -> SettingRun:
-    """OxyGen through the engine's threaded runtime. With `drain`, unfinished requests are decoded to the end after
-    the measured window (for tests)."""
-    run = SettingRun("continuous_batching")
+def run_continuous_batching(model, workload: Workload, drain: bool = False, overlap: bool = False) -> SettingRun:
+    """OxyGen through the engine's threaded runtime; with `overlap`, decode steps beside the denoising. With
+    `drain`, unfinished requests are decoded to the end after the measured window (for tests)."""
+    run = SettingRun(OVERLAP if overlap else "continuous_batching")
     per_request_frames = -(-workload.decode_len // max(workload.tokens_per_frame, 1))
     slots = workload.pool_slots or per_request_frames + 2
     config = SchedulerConfig(num_steps=workload.num_steps, tokens_per_frame=workload.tokens_per_frame,
@@ -279,7 +283,9 @@ def run_continuous_batching(model, workload: Workload, drain: bool = False) -> S
             if window.measured(update.context):
                 run.completion_s.append(time.perf_counter() - starts[update.context])
 
-    runtime = Runtime(Served(model), RuntimeConfig(config, pool_slots=slots, stream_every=0), on_text=on_text)
+    runtime = Runtime(Served(model), RuntimeConfig(config, pool_slots=slots, stream_every=0,
+                                                   overlap_threads=workload.overlap_threads if overlap else 0),
+                      on_text=on_text)
     run.pool_bytes = sum(runner.pool.bytes_total for runner in runtime.runners.values())
     runtime.start()
     try:
@@ -319,4 +325,5 @@ RUNNERS = {
     "shared_kv": run_shared_kv,
     "parallel": run_parallel,
     "continuous_batching": run_continuous_batching,
+    OVERLAP: lambda model, workload, drain=False: run_continuous_batching(model, workload, drain, overlap=True),
 }
