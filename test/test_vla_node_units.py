@@ -555,3 +555,46 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
         node.close()
         node.destroy_node()
         context.try_shutdown()
+
+
+def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with_it(tmp_path, ros_domain_id):
+    """`language.overlap_threads: 1`: ticks in-process on the real tiny model publish finite chunks every tick, and
+    the narrations decoded beside the denoising are published too."""
+    import rclpy
+
+    from oxygen_ros.model.checkpoint import save_checkpoint
+    from oxygen_ros.model.pi05 import build_model
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    config = get_preset("tiny")
+    stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
+             "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
+    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
+    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
+                     "-p", f"model.checkpoint:={checkpoint}", "-p", f"model.tokenizer:={tokenizer}",
+                     "-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
+                     "-p", "cameras.compressed:=false", "-p", "control.horizon:=4", "-p", "language.overlap_threads:=1",
+                     "-p", "language.policy:=every_n_frames", "-p", "language.every_n_frames:=1",
+                     "-p", "language.max_new_tokens:=4", "-p", "model.cpu_threads:=2"],
+               context=context, domain_id=ros_domain_id)
+    node = VlaNode(context=context)
+    try:
+        assert node.runtime.config.overlap_threads == 1
+        names = list(node.params.state_names)
+        for tick in range(6):
+            now = node.get_clock().now().nanoseconds
+            for index in range(2):
+                node._on_image(index, image("rgb8", RGB, stamp_ns=now))
+            state = JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist())
+            state.header.stamp = ns_to_stamp(now)
+            node._on_joint_state(state)
+            node._control_tick()
+            assert node.actions_published == tick + 1, node.detail
+        assert node.runtime.drain(30)
+        assert node.narrations_published >= 6 and node.runtime.worker_error is None
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()

@@ -100,6 +100,9 @@ SPECS = (
          "own stream seeded by model.seed, so batching never changes its text)", ">= 0"),
     Spec("language.stream_every", 8, "publish partial narration every this many tokens; 0: final text only",
          ">= 0"),
+    Spec("language.overlap_threads", 0, "decode narration beside each chunk's denoising on this many of "
+                                        "model.cpu_threads (the control path keeps the rest; on cuda any value > 0 "
+                                        "lets the two streams share the device); 0: only between chunks", ">= 0"),
     Spec("language.pool_slots", 8, "KV cache slots (one for the action path, the rest for narrations)", ">= 2"),
     Spec("language.admission", "drop_oldest", "what a new narration does when every slot is busy",
          " | ".join(ADMISSION_POLICIES)),
@@ -158,6 +161,7 @@ class VlaParams:
     max_new_tokens: int
     temperature: float
     stream_every: int
+    overlap_threads: int
     pool_slots: int
     admission: str
     max_preempted: int
@@ -302,6 +306,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         max_new_tokens=p.integer("language.max_new_tokens", minimum=1),
         temperature=p.number("language.temperature"),
         stream_every=p.integer("language.stream_every"),
+        overlap_threads=p.integer("language.overlap_threads"),
         pool_slots=p.integer("language.pool_slots", minimum=2),
         admission=p.choice("language.admission", ADMISSION_POLICIES),
         max_preempted=p.integer("language.max_preempted"),

@@ -109,7 +109,7 @@ class VlaNode(Node):
                                     admission=p.admission, max_preempted=p.max_preempted,
                                     temperature=p.temperature, seed=p.seed)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
-                                       seed=p.seed)
+                                       seed=p.seed, overlap_threads=p.overlap_threads)
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
