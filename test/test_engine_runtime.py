@@ -54,6 +54,22 @@ def prepared(runtime, i):
     return runtime.prepare(observation(i))
 
 
+def narrate_every_frame(runtime, count):
+    """`count` seeded frames acted on one after the other, each starting a narration, then every request decoded
+    to its end; closes the runtime. Returns the frames' inputs, their noises and their chunks."""
+    noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
+              for i in range(count)]
+    try:
+        inputs = [prepared(runtime, i) for i in range(count)]
+        chunks = [runtime.act(runtime.frame(inputs[i], narrate=True, noise=noises[i], context=i))
+                  for i in range(count)]
+        assert runtime.drain(30)
+    finally:
+        runtime.close()
+    assert runtime.worker_error is None
+    return inputs, noises, chunks
+
+
 @pytest.mark.parametrize("overlap_threads", [0, 1])
 def test_one_robot_gets_the_isolated_chunks_and_text_through_preemption_and_resumption(model, tokenizer,
                                                                                        overlap_threads):
@@ -64,15 +80,7 @@ def test_one_robot_gets_the_isolated_chunks_and_text_through_preemption_and_resu
     runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=3, stream_every=2,
                                                               overlap_threads=overlap_threads),
                       on_text=collect.on_text).start()
-    noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
-              for i in range(8)]
-    try:
-        inputs = [prepared(runtime, i) for i in range(8)]
-        chunks = [runtime.act(runtime.frame(inputs[i], narrate=True, noise=noises[i], context=i)) for i in range(8)]
-        assert runtime.drain(30)
-    finally:
-        runtime.close()
-    assert runtime.worker_error is None
+    inputs, noises, chunks = narrate_every_frame(runtime, 8)
     assert runtime.scheduler.requests_preempted > 0 and runtime.scheduler.requests_resumed > 0
     assert runtime.scheduler.requests_dropped == 0
     for i, chunk in enumerate(chunks):
@@ -227,17 +235,11 @@ def test_with_overlap_decode_steps_run_beside_the_denoising_and_never_beside_a_p
     collect = Collector()
     runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8, overlap_threads=1),
                       on_text=collect.on_text).start()
-    noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=torch.Generator().manual_seed(i))
-              for i in range(6)]
     try:
-        inputs = [prepared(runtime, i) for i in range(6)]
-        chunks = [runtime.act(runtime.frame(inputs[i], narrate=True, noise=noises[i], context=i)) for i in range(6)]
-        assert runtime.drain(30)
+        inputs, noises, chunks = narrate_every_frame(runtime, 6)
     finally:
-        runtime.close()
         for name in ("prefill", "sample_actions", "decode_tokens"):
             delattr(model, name)
-    assert runtime.worker_error is None
     assert len(held) == 5 and all(held), "a frame with language work owed did not see a decode step beside it"
     prefills = [(s, e) for thread, name, s, e in calls if name == "prefill" and thread != "oxygen-language"]
     denoises = [(s, e) for _, name, s, e in calls if name == "sample_actions"]

@@ -514,7 +514,9 @@ def test_status_levels_and_messages():
 
 # ---- the node's tick, in-process --------------------------------------------------------------------------------
 
-def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_id):
+def aloha_node(tmp_path, ros_domain_id, *parameters: str):
+    """A vla_node in this process (its own rclpy context) on config/aloha.yaml with a tiny checkpoint and
+    tokenizer written to `tmp_path`, two cameras a and b, and `parameters` ("name:=value") on top."""
     import rclpy
 
     from oxygen_ros.model.checkpoint import save_checkpoint
@@ -527,12 +529,17 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
     checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
     context = rclpy.Context()
+    overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
+                 "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "cameras.compressed:=false", "control.horizon:=4",
+                 *parameters]
     rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
-                     "-p", f"model.checkpoint:={checkpoint}", "-p", f"model.tokenizer:={tokenizer}",
-                     "-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
-                     "-p", "cameras.compressed:=false", "-p", "control.horizon:=4"],
+                     *[arg for value in overrides for arg in ("-p", value)]],
                context=context, domain_id=ros_domain_id)
-    node = VlaNode(context=context)
+    return VlaNode(context=context), context
+
+
+def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_id):
+    node, context = aloha_node(tmp_path, ros_domain_id)
     try:
         # Start-up refuses stats narrower than the robot; narrowed after it, every act() raises ValueError.
         node.policy.norm_stats["observation.state"]["q01"] = -np.ones(4)
@@ -560,26 +567,9 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
 def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with_it(tmp_path, ros_domain_id):
     """`language.overlap_threads: 1`: ticks in-process on the real tiny model publish finite chunks every tick, and
     the narrations decoded beside the denoising are published too."""
-    import rclpy
-
-    from oxygen_ros.model.checkpoint import save_checkpoint
-    from oxygen_ros.model.pi05 import build_model
-    from oxygen_ros.nodes.vla_node import VlaNode
-
-    config = get_preset("tiny")
-    stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
-             "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
-    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
-    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
-    context = rclpy.Context()
-    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
-                     "-p", f"model.checkpoint:={checkpoint}", "-p", f"model.tokenizer:={tokenizer}",
-                     "-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
-                     "-p", "cameras.compressed:=false", "-p", "control.horizon:=4", "-p", "language.overlap_threads:=1",
-                     "-p", "language.policy:=every_n_frames", "-p", "language.every_n_frames:=1",
-                     "-p", "language.max_new_tokens:=4", "-p", "model.cpu_threads:=2"],
-               context=context, domain_id=ros_domain_id)
-    node = VlaNode(context=context)
+    node, context = aloha_node(tmp_path, ros_domain_id, "language.overlap_threads:=1",
+                               "language.policy:=every_n_frames", "language.every_n_frames:=1",
+                               "language.max_new_tokens:=4", "model.cpu_threads:=2")
     try:
         assert node.runtime.config.overlap_threads == 1
         names = list(node.params.state_names)
