@@ -38,13 +38,17 @@ def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, c
                  "--out", str(tmp_path)]) == 0
     records = json.loads((tmp_path / "results.json").read_text())
     settings = ("action_only", "baseline", "continuous_batching", "continuous_batching_overlap")
-    assert [(r["dtype"], r["setting"]) for r in records] == [
-        (dtype, setting) for dtype in ("float32", "bfloat16") for setting in settings]
-    assert all(r["tokens_per_frame"] == 1 and r["decode_len"] == 50 and r["overlap_threads"] == 1 for r in records)
+    assert [(r["dtype"], r["sweep"], r["setting"]) for r in records] == [
+        (dtype, sweep, setting) for dtype in ("float32", "bfloat16")
+        for sweep, names in (("goals", settings), ("goals_timer", settings[2:])) for setting in names]
+    assert all(r["tokens_per_frame"] == (1 if r["sweep"] == "goals" else "adaptive") and r["decode_len"] == 50
+               and r["overlap_threads"] == 1 for r in records)
     out = capsys.readouterr().out
     for dtype in ("float32", "bfloat16"):
         for setting in settings[2:]:
             assert f"goals ({dtype}, {setting}):" in out
+            assert f"timer ({dtype}, {setting}, adaptive k, floor 1):" in out
+    assert "floor steps past the tick" in out
     assert "tokens/s against" in out and " requests dropped" in out
     assert all(r["requests_dropped"] == 0 for r in records)
     # k = 1 over 2 measured frames: every request in flight gets one token a frame, the newest its first

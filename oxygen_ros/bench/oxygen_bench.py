@@ -48,7 +48,9 @@ def matrix(quick: bool, goals: bool = False) -> list[SweepPoint]:
     if goals:
         # 50 tokens a request, one request a frame, frames back to back as in action_only; k = 1: each frame owes
         # one decode step, one token for every request in flight, which is what keeps such text up
-        return [SweepPoint("goals", 50, 1, 10, "every_frame", GOAL_SETTINGS, steady_state=True)]
+        # and as a robot's timer runs it: adaptive k at the control period, text in the slack and the floor
+        return [SweepPoint("goals", 50, 1, 10, "every_frame", GOAL_SETTINGS, steady_state=True),
+                SweepPoint("goals_timer", 50, "adaptive", 10, "every_frame", GOAL_SETTINGS[2:], steady_state=True)]
     everything = SETTINGS
     if quick:
         points = [SweepPoint("decode_len", n, DEFAULT_K, 10, "every_frame", everything) for n in (10, 50, 200)]
@@ -244,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-graphs", action="store_true", help="replay CUDA graphs of the decode step and the "
                         "denoising loop per batch bucket (a CUDA device only)")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
-    parser.add_argument("--goals", action="store_true", help="only the goal point: action_only, baseline and "
-                        "continuous batching at k = 1 without and with overlap, 50 tokens a request, one a frame")
+    parser.add_argument("--goals", action="store_true", help="only the goal points: action_only, baseline and "
+                        "continuous batching at k = 1 without and with overlap, 50 tokens a request, one a frame; "
+                        "then both continuous batching settings paced by a timer with adaptive k and its floor")
     parser.add_argument("--min-steps", type=int, default=1, help="adaptive k's floor: decode steps owed per frame")
     parser.add_argument("--overlap-threads", type=int, default=1, help="continuous_batching_overlap: the language "
                         "worker's intra-op threads beside a denoising (the control path keeps the rest)")
@@ -346,6 +349,14 @@ def goals_summary(records: list[dict]) -> str:
                 f"against {needed:.0f} needed to keep up ({'met' if cb['tokens_per_s'] >= needed else 'not met'}), "
                 f"{cb['requests_dropped']} requests dropped; vs baseline {cb['action_hz'] / base['action_hz']:.2f}x "
                 f"action Hz, {cb['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s")
+        for cb in (r for r in records if r["sweep"] == "goals_timer" and r["dtype"] == dtype):
+            timer_hz = 1e3 / cb["control_period_ms"]
+            needed = 0.95 * cb["decode_len"] * cb["action_hz"]
+            lines.append(
+                f"timer ({dtype}, {cb['setting']}, adaptive k, floor {cb['min_steps_per_frame']}): "
+                f"{cb['action_hz']:.1f} Hz against the timer's {timer_hz:.1f} Hz ({cb['action_hz'] / timer_hz:.2f}x); "
+                f"text {cb['tokens_per_s']:.0f} tokens/s against {needed:.0f} needed; floor steps past the tick "
+                f"{cb['floor_steps']}, {1e3 * cb['floor_action_s']:.0f} ms of action time")
     return "\n".join(lines)
 
 
