@@ -154,6 +154,36 @@ def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenize
     assert server.robot_counts("r1").on_time == 3
 
 
+def test_monolithic_with_overlap_serves_actions_and_narration(tokenizer):  # noqa: F811
+    """`overlap_threads` on the whole-device path of a fleet: two robots on two models, every frame narrating,
+    decode steps beside the denoising: every chunk and every narration's final text arrive, every slot comes back."""
+    robots = [ServedRobot("r1", "a", 600.0), ServedRobot("r2", "b", 600.0)]
+    chunks, texts = [], []
+    specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=6,
+                           overlap_threads=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    server = FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=chunks.append,
+                         on_text=texts.append)
+    server.start()
+    try:
+        for i in range(3):
+            for robot in ("r1", "r2"):
+                assert server.submit(robot, observation(i), True, stamp_ns=10 * i + 1, age_s=0.0, context=i)
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+        torch.set_num_threads(threads)
+    assert server.runtime.worker_error is None
+    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
+    finals = [t for t in texts if t.final]
+    assert sorted((t.robot_id, t.context) for t in finals) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert all(t.num_tokens >= 1 for t in finals)
+    assert all(r.slots_in_use == 0 for r in server.runtime.runners.values())
+
+
 def test_a_given_tables_co_run_slowdown_raises_the_guard(tokenizer):  # noqa: F811
     """A table that measured its stages 2.5x slower side by side makes the lockstep plan with guard 2.5, so it
     splits the device only where a split beats the back-to-back run by that much; a lower slowdown leaves the

@@ -34,6 +34,8 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
 ``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
+``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
+``language.overlap_threads``),
 ``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
 model, stage, bucket and SM partition; on a CPU the node refuses to start), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``.
@@ -103,6 +105,7 @@ DEFAULTS = {
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
     "queue": "esf",
     "design": "monolithic",  # monolithic | robion | disaggregated
+    "overlap_threads": 0,  # monolithic: decode beside each batch's denoising on this many threads
     "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
     "profile_repeats": 3,
     "guard": 1.1,
@@ -166,7 +169,8 @@ class FleetNode(Node):
                                     control_period_s=1.0 / p["rate_hz"])
         profile = ProfileTable.load(p["profile_file"]) if staged and p["profile_file"] else None
         self.server = FleetServer(specs, served,
-                                  RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots),
+                                  RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots,
+                                                overlap_threads=p["overlap_threads"]),
                                   lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
                                   publish_late=p["publish_late"], design=p["design"], profile=profile,
