@@ -55,3 +55,13 @@ def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, c
     for r in records:
         if r["setting"].startswith("continuous_batching"):
             assert r["tokens_per_s"] > 0, r
+
+
+def test_model_bench_times_a_preset_in_the_dtype_asked_for(capsys):
+    from oxygen_ros.bench.model_bench import main as model_bench
+
+    model_bench(["--presets", "tiny", "--batches", "1", "--repeats", "1", "--dtype", "bfloat16"])
+    out = capsys.readouterr().out
+    timings = out.split("CPU bfloat16", 1)[1]  # after the parameter counts
+    (row,) = [line.split() for line in timings.splitlines() if line.startswith("tiny ")]
+    assert row[:2] == ["tiny", "1"] and all(float(x) > 0 for x in row[3:])

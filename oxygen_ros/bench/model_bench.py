@@ -1,10 +1,11 @@
 """Model benchmark: parameter counts per preset, and CPU latency of prefill, denoising and decoding.
 
     python -m oxygen_ros.bench.model_bench [--presets tiny small] [--batches 1 4 16] [--repeats 5]
+                                           [--dtype float32|bfloat16] [--threads N]
 
-The full pi05 model is counted on the `meta` device (no memory); timings run the random-init `tiny` and `small`
-presets in float32 with random inputs (latency does not depend on the weights). Each figure is the median of
-`--repeats` timed runs after one warm-up.
+The full pi05 model is counted on the `meta` device (no memory); timings run the random-init presets (`tiny` and
+`small` by default) in `--dtype` (float32 by default) with random inputs (latency does not depend on the weights).
+Each figure is the median of `--repeats` timed runs after one warm-up.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def random_inputs(config: Pi05Config, batch: int, seed: int = 0) -> ModelInputs:
 def time_model(model: Pi05Model, batch: int, repeats: int) -> dict[str, float]:
     """prefill ms, denoise ms per Euler step, decode ms per token, for one batch size."""
     cfg = model.config
-    cache = KVCache(cfg, num_slots=batch, max_len=cfg.prefix_len + DECODE_TOKENS)
+    cache = KVCache(cfg, num_slots=batch, max_len=cfg.prefix_len + DECODE_TOKENS, dtype=model.dtype)
     slots = torch.arange(batch)
-    inputs = random_inputs(cfg, batch)
+    inputs = random_inputs(cfg, batch).to(model.device, model.dtype)
     noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim)
     prefill_ms = median_ms(lambda: model.prefill(inputs, cache, slots, want_logits=True), repeats)
     denoise_ms = median_ms(lambda: model.sample_actions(cache, slots, noise), repeats) / cfg.num_steps
@@ -88,20 +89,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16], help="batch sizes to time")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per point (the median is kept)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights and KV cache")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     print_parameter_counts()
     print(
-        f"\nCPU float32, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"
+        f"\nCPU {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"
     )
     print(
         f"{'preset':<8}{'batch':>6}{'prefix':>8}{'prefill ms':>12}{'denoise ms/step':>17}{'decode ms/token':>17}"
     )
     for name in args.presets:
         cfg = get_preset(name)
-        model = build_model(cfg)
+        model = build_model(cfg, dtype=getattr(torch, args.dtype))
         for batch in args.batches:
             r = time_model(model, batch, args.repeats)
             print(
