@@ -558,12 +558,19 @@ class Runtime:
                     self._emit(request, final=False)
 
     def _emit(self, request: LanguageRequest, final: bool) -> None:
-        origin = self._origins.pop(request.request_id) if final else self._origins[request.request_id]
+        """A text update through `on_text`; a final one forgets the request's origin only once `on_text` returned,
+        so `drain` cannot report a request done while its last update is still being delivered."""
+        origin = self._origins[request.request_id]
         origin.streamed = len(request.tokens)
         tokenizer = self.served[origin.model_id].tokenizer
         text = tokenizer.decode(request.tokens) if tokenizer is not None else ""
-        self.on_text(TextUpdate(request.request_id, request.frame_id, request.stamp_ns, text, len(request.tokens),
-                                final, request.finish_reason, origin.robot_id, origin.context, tuple(request.tokens)))
+        try:
+            self.on_text(TextUpdate(request.request_id, request.frame_id, request.stamp_ns, text,
+                                    len(request.tokens), final, request.finish_reason, origin.robot_id,
+                                    origin.context, tuple(request.tokens)))
+        finally:
+            if final:
+                self._origins.pop(request.request_id, None)
 
     # ---- monitoring -----------------------------------------------------------------------------------------------
 
