@@ -121,6 +121,27 @@ def test_deadlines_run_from_the_camera_stamp(tokenizer, publish_late):  # noqa: 
     assert server.stats("tight").deadline_misses == 1  # the engine's own count agrees for the queued one
 
 
+def serve_three_narrating_frames_each(server, chunks, texts) -> None:
+    """Robots r1 and r2 submit three narrating frames each; every chunk (finite) and every narration's final text
+    comes back (through `chunks` and `texts`, the server's callbacks), and every slot is free again."""
+    server.start()
+    try:
+        for i in range(3):
+            for robot in ("r1", "r2"):
+                assert server.submit(robot, observation(i), True, stamp_ns=10 * i + 1, age_s=0.0, context=i)
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+    assert server.runtime.worker_error is None
+    counts = {r: server.robot_counts(r) for r in ("r1", "r2")}  # (says why, should a frame be missing)
+    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)], counts
+    assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
+    finals = [t for t in texts if t.final]
+    assert sorted((t.robot_id, t.context) for t in finals) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert all(t.num_tokens >= 1 for t in finals)
+    assert all(r.slots_in_use == 0 for r in server.runtime.runners.values())
+
+
 @pytest.mark.parametrize("design", ["robion", "disaggregated"])
 def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenizer, design):  # noqa: F811
     """Two robots on two models, every frame narrating: each gets its chunks and its narration's final text;
@@ -136,21 +157,7 @@ def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenize
     # the two stages were also timed side by side, and the guard is at least that slowdown
     slowdown = server.lut.meta["co_run_slowdown"]
     assert slowdown >= 1.0 and server.guard == max(1.1, slowdown) == server.runtime.stage_planner.device.guard
-    server.start()
-    try:
-        for i in range(3):
-            for robot in ("r1", "r2"):
-                assert server.submit(robot, observation(i), True, stamp_ns=10 * i + 1, age_s=0.0, context=i)
-        assert server.runtime.drain(120)
-    finally:
-        server.close()
-    counts = {r: server.robot_counts(r) for r in ("r1", "r2")}  # (says why, should a frame be missing)
-    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)], counts
-    assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
-    finals = [t for t in texts if t.final]
-    assert sorted((t.robot_id, t.context) for t in finals) == [(r, i) for r in ("r1", "r2") for i in range(3)]
-    assert all(t.num_tokens >= 1 for t in finals)
-    assert all(r.slots_in_use == 0 for r in server.runtime.runners.values())
+    serve_three_narrating_frames_each(server, chunks, texts)
     assert server.robot_counts("r1").on_time == 3
 
 
@@ -166,22 +173,10 @@ def test_monolithic_with_overlap_serves_actions_and_narration(tokenizer):  # noq
     torch.set_num_threads(2)
     server = FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=chunks.append,
                          on_text=texts.append)
-    server.start()
     try:
-        for i in range(3):
-            for robot in ("r1", "r2"):
-                assert server.submit(robot, observation(i), True, stamp_ns=10 * i + 1, age_s=0.0, context=i)
-        assert server.runtime.drain(120)
+        serve_three_narrating_frames_each(server, chunks, texts)
     finally:
-        server.close()
         torch.set_num_threads(threads)
-    assert server.runtime.worker_error is None
-    assert sorted((c.robot_id, c.context) for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)]
-    assert all(c.error is None and torch.isfinite(c.actions).all() for c in chunks)
-    finals = [t for t in texts if t.final]
-    assert sorted((t.robot_id, t.context) for t in finals) == [(r, i) for r in ("r1", "r2") for i in range(3)]
-    assert all(t.num_tokens >= 1 for t in finals)
-    assert all(r.slots_in_use == 0 for r in server.runtime.runners.values())
 
 
 def test_a_given_tables_co_run_slowdown_raises_the_guard(tokenizer):  # noqa: F811
