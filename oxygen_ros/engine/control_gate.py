@@ -88,7 +88,7 @@ class ControlGate:
         deadline = time.perf_counter() + timeout_s
         with self._cond:
             while not self.closed:
-                if self._sharing or not self._control_active and (self._owed > 0 or not self._control_waiting):
+                if self._sharing or (not self._control_active and (self._owed > 0 or not self._control_waiting)):
                     self._decoding = True
                     return True
                 now = time.perf_counter()

@@ -473,12 +473,12 @@ class Runtime:
         lock, so a control path that shares its section (`overlap_threads`) runs beside them."""
         if self.config.overlap_threads:  # beside a denoising: the worker's own cores; alone: all of them
             torch.set_num_threads(self.config.overlap_threads if self.gate.sharing else self._intra_op_threads)
+        owed = self.gate.owed
         with self._state:
-            plan, floor_due = self._plan_decode()
+            plan, floor_due = self._plan_decode(owed)
             if plan is None:
                 return 0
         runner = self.runners[plan.model_id]
-        owed = self.gate.owed
         steps = 0
         while steps < plan.steps:
             started = time.perf_counter()
@@ -503,11 +503,11 @@ class Runtime:
         self._stream_partials(plan.requests)
         return steps
 
-    def _plan_decode(self):
-        """The next decode plan (preempted requests it resumes already back in their slots) and, for adaptive
-        k's floor steps, the tick due time past which they cost the arm; (None, None) when nothing is to run."""
+    def _plan_decode(self, owed: int):
+        """The next decode plan, `owed` steps being owed (preempted requests it resumes already back in their
+        slots), and for adaptive k's floor steps the tick due time past which they cost the arm; (None, None) when
+        nothing is to run."""
         sched = self.config.scheduler
-        owed = self.gate.owed
         if self._draining:
             slack, max_steps = math.inf, None
         elif owed:
