@@ -3,6 +3,7 @@ robot and for three robots sharing one model, and language work that never overl
 
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -52,6 +53,38 @@ class Collector:
 
 def prepared(runtime, i):
     return runtime.prepare(observation(i))
+
+
+@contextmanager
+def spied(model, names, before=None, after=None):
+    """Every call of `model`'s methods `names` is recorded as (thread name, method, start, end) in the list this
+    yields; `before(method)` runs as a call starts, `after(method)` as it ends (before it is recorded). The model's
+    own methods are back afterwards."""
+    calls, lock = [], threading.Lock()
+
+    def wrap(name):
+        original = getattr(model, name)
+
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            if before is not None:
+                before(name)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if after is not None:
+                    after(name)
+                with lock:
+                    calls.append((threading.current_thread().name, name, start, time.perf_counter()))
+        setattr(model, name, wrapped)
+
+    for name in names:
+        wrap(name)
+    try:
+        yield calls
+    finally:
+        for name in names:
+            delattr(model, name)
 
 
 def narrate_every_frame(runtime, count):
@@ -156,37 +189,22 @@ def test_language_work_never_overlaps_the_control_paths_model_calls(tokenizer):
     """Spies on the model itself: every model call is recorded with its thread, and no call of the language
     worker overlaps a prefill or denoising of the control path."""
     model = build_model(CONFIG, seed=1)
-    calls, lock = [], threading.Lock()
-
-    def spy(name):
-        original = getattr(model, name)
-
-        def wrapped(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                with lock:
-                    calls.append((threading.current_thread().name, name, start, time.perf_counter()))
-        setattr(model, name, wrapped)
-
-    for name in ("prefill", "sample_actions", "decode_step", "decode_next", "decode_tokens"):
-        spy(name)
     period = 0.03
     config = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True,
                              adaptive_k=True, tokens_per_frame=12)
-    # room for all 15 requests: however far a busy machine lets the worker fall behind, none is evicted
-    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=16)).start()
-    try:
-        next_tick = time.perf_counter()
-        for i in range(30):
-            next_tick += period
-            chunk = runtime.act(runtime.frame(runtime.prepare(observation(i)), narrate=i % 2 == 0))
-            assert np.isfinite(runtime.robot_actions(chunk, 3)).all()
-            time.sleep(max(0.0, next_tick - time.perf_counter()))
-        assert runtime.drain(30)
-    finally:
-        runtime.close()
+    with spied(model, ("prefill", "sample_actions", "decode_step", "decode_next", "decode_tokens")) as calls:
+        # room for all 15 requests: however far a busy machine lets the worker fall behind, none is evicted
+        runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=16)).start()
+        try:
+            next_tick = time.perf_counter()
+            for i in range(30):
+                next_tick += period
+                chunk = runtime.act(runtime.frame(runtime.prepare(observation(i)), narrate=i % 2 == 0))
+                assert np.isfinite(runtime.robot_actions(chunk, 3)).all()
+                time.sleep(max(0.0, next_tick - time.perf_counter()))
+            assert runtime.drain(30)
+        finally:
+            runtime.close()
     assert runtime.worker_error is None
     control = [(s, e) for thread, _, s, e in calls if thread != "oxygen-language"]
     language = [(s, e) for thread, name, s, e in calls if thread == "oxygen-language"]
@@ -204,42 +222,29 @@ def test_with_overlap_decode_steps_run_beside_the_denoising_and_never_beside_a_p
     loaded the machine is; no decode call may overlap a prefill, and the chunks and text are those of isolated
     execution."""
     model = build_model(CONFIG, seed=5)
-    calls, lock = [], threading.Condition()
-    decode_starts, since = [0], [0]
+    progress = threading.Condition()
+    decode_starts, since = [0], [0]  # decode steps started so far; how many had when the last prefill ended
     held = []
 
-    def spy(name):
-        original = getattr(model, name)
-
-        def wrapped(*args, **kwargs):
-            start = time.perf_counter()
+    def before(name):
+        with progress:
             if name == "decode_tokens":
-                with lock:
-                    decode_starts[0] += 1
-                    lock.notify_all()
-            if name == "sample_actions" and runtime.scheduler.has_language_requests():
-                with lock:
-                    held.append(lock.wait_for(lambda: decode_starts[0] > since[0], timeout=5.0))
-            try:
-                return original(*args, **kwargs)
-            finally:
-                with lock:
-                    if name == "prefill":
-                        since[0] = decode_starts[0]
-                    calls.append((threading.current_thread().name, name, start, time.perf_counter()))
-        setattr(model, name, wrapped)
+                decode_starts[0] += 1
+                progress.notify_all()
+            elif name == "sample_actions" and runtime.scheduler.has_language_requests():
+                held.append(progress.wait_for(lambda: decode_starts[0] > since[0], timeout=5.0))
 
-    for name in ("prefill", "sample_actions", "decode_tokens"):
-        spy(name)
+    def after(name):
+        if name == "prefill":
+            with progress:
+                since[0] = decode_starts[0]
+
     config = SchedulerConfig(num_steps=3, tokens_per_frame=1, max_new_tokens=5, ignore_eos=True)
     collect = Collector()
-    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8, overlap_threads=1),
-                      on_text=collect.on_text).start()
-    try:
+    with spied(model, ("prefill", "sample_actions", "decode_tokens"), before, after) as calls:
+        runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8, overlap_threads=1),
+                          on_text=collect.on_text).start()
         inputs, noises, chunks = narrate_every_frame(runtime, 6)
-    finally:
-        for name in ("prefill", "sample_actions", "decode_tokens"):
-            delattr(model, name)
     assert len(held) == 5 and all(held), "a frame with language work owed did not see a decode step beside it"
     prefills = [(s, e) for thread, name, s, e in calls if name == "prefill" and thread != "oxygen-language"]
     denoises = [(s, e) for _, name, s, e in calls if name == "sample_actions"]
@@ -284,40 +289,21 @@ def test_adaptive_k_floor_gives_the_text_its_steps_when_no_slack_is_left_and_cou
     """A control period of 0.1 ms leaves no slack at all, and frames come back to back: the floor alone makes the
     control path wait for `floor` decode steps after every frame, and every one of them is counted as action time
     given up (it ran past the tick it delayed). Without a floor nothing is counted."""
-    calls, lock = [], threading.Lock()
-
-    def spy(name):
-        original = getattr(model, name)
-
-        def wrapped(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                with lock:
-                    calls.append((threading.current_thread().name, start, time.perf_counter()))
-        return original, wrapped
-
-    originals = {}
-    for name in ("prefill", "sample_actions", "decode_tokens"):
-        originals[name], wrapped = spy(name)
-        setattr(model, name, wrapped)
     config = SchedulerConfig(num_steps=2, max_new_tokens=40, control_period_s=1e-4, ignore_eos=True,
                              adaptive_k=True, tokens_per_frame=40, min_steps_per_frame=floor)
-    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=10)).start()
-    try:
-        inputs = runtime.prepare(observation(0))
-        for _ in range(6):
-            runtime.act(runtime.frame(inputs, narrate=True))
-        assert runtime.wait_owed(30) and runtime.gate.owed == 0  # the last frame's floor steps ran too
-        stats = runtime.stats(window_s=60)
-    finally:
-        runtime.close()
-        for name, original in originals.items():
-            setattr(model, name, original)
+    with spied(model, ("prefill", "sample_actions", "decode_tokens")) as calls:
+        runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=10)).start()
+        try:
+            inputs = runtime.prepare(observation(0))
+            for _ in range(6):
+                runtime.act(runtime.frame(inputs, narrate=True))
+            assert runtime.wait_owed(30) and runtime.gate.owed == 0  # the last frame's floor steps ran too
+            stats = runtime.stats(window_s=60)
+        finally:
+            runtime.close()
     assert runtime.worker_error is None
-    control = [(s, e) for thread, s, e in calls if thread != "oxygen-language"]
-    decode = [(s, e) for thread, s, e in calls if thread == "oxygen-language"]
+    control = [(s, e) for thread, _, s, e in calls if thread != "oxygen-language"]
+    decode = [(s, e) for thread, _, s, e in calls if thread == "oxygen-language"]
     frames = [control[i:i + 2] for i in range(0, len(control), 2)]  # (prefill, sample_actions) per frame
     assert len(frames) == 6
     if floor == 0:
