@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, claim_output_dir
-from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.processes import demo_env, python_command, stop
-from oxygen_ros.sim_demo import MODEL_CAMERA_KEYS, sim_summary
+from oxygen_ros.sim_demo import MODEL_CAMERA_KEYS, add_scene_arguments, scene_params, sim_summary
 
 SIM_STEP_MS = 20.0  # gym-aloha's 50 Hz
 
@@ -47,8 +46,7 @@ def fleet_command(args: argparse.Namespace) -> list[str]:
 
 
 def sim_command(args: argparse.Namespace, i: int) -> list[str]:
-    params = {"task": args.task, "blending": args.blending, "cameras": f"[{','.join(args.cameras)}]",
-              "image_height": args.size[0], "image_width": args.size[1], "seed": args.seed + i,
+    params = {**scene_params(args, args.seed + i),
               "episode_steps": int(round(args.seconds * 1e3 / SIM_STEP_MS)), "max_episodes": 1,
               "rate_hz": float(args.sim_rate), "wait_for_policy": "true", "stamps": "wall"}
     remaps = [x for cam in args.cameras
@@ -73,14 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", default="a=tiny:0",
                         help="served models, id=source[:seed] (comma separated); robots use them in turn")
     parser.add_argument("--seconds", type=float, default=4.0, help="sim seconds of each robot's episode")
-    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
-                        help="gym-aloha task")
-    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc",
-                        help="how each sim hands over from one action chunk to the next")
-    parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
-                        help="sim cameras rendered and sent (the tiny preset takes two)")
-    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
-                        help="rendered image size")
+    add_scene_arguments(parser)
     parser.add_argument("--sim-rate", type=float, default=50.0,
                         help="wall-clock pacing of each sim's steps (Hz; 50 is real time)")
     parser.add_argument("--policy-rate", type=float, default=10.0, help="the fleet node's nominal robot rate (Hz)")

@@ -34,10 +34,27 @@ SCRIPTED = "scripted"
 MODEL_CAMERA_KEYS = {"top": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
 
 
+def add_scene_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scene options of both sim demos: the gym-aloha task, the chunk hand-over, the cameras, the image size."""
+    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
+                        help="gym-aloha task")
+    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc",
+                        help="how a sim hands over from one action chunk to the next")
+    parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
+                        help="sim cameras rendered and sent to the policy (the tiny preset takes two)")
+    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
+                        help="rendered image size")
+
+
+def scene_params(args: argparse.Namespace, seed: int) -> dict:
+    """sim_node parameters for the scene options of `add_scene_arguments` and an episode seed."""
+    return {"task": args.task, "blending": args.blending, "cameras": f"[{','.join(args.cameras)}]",
+            "image_height": args.size[0], "image_width": args.size[1], "seed": seed}
+
+
 def sim_command(args: argparse.Namespace, record: Path) -> list[str]:
     params = {
-        "task": args.task, "blending": args.blending, "cameras": f"[{','.join(args.cameras)}]",
-        "image_height": args.size[0], "image_width": args.size[1], "seed": args.seed,
+        **scene_params(args, args.seed),
         "episode_steps": int(round(args.seconds * 50)), "max_episodes": 1, "record_path": record,
         "wait_for_policy": "true",
     }
@@ -160,14 +177,7 @@ def parameter_override(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("sim-demo", __doc__)
     parser.add_argument("--seconds", type=float, default=6.0, help="sim seconds to run once the policy is up")
-    parser.add_argument("--task", choices=("transfer_cube", "insertion"), default="transfer_cube",
-                        help="gym-aloha task")
-    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc",
-                        help="how the sim hands over from one action chunk to the next")
-    parser.add_argument("--cameras", nargs="+", default=["top", "left_wrist"],
-                        help="sim cameras rendered and fed to the policy (the tiny preset takes two)")
-    parser.add_argument("--size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
-                        help="rendered image size")
+    add_scene_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="episode seed (cube placement)")
     parser.add_argument("--out", default="out/sim_demo", help="output folder (files of an earlier run are overwritten)")
     parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
