@@ -35,7 +35,7 @@ from .data.convert import main as convert_main
 from .data.report import actions_from_episode_bag, write_report
 from .data.synthetic import synthetic_episode
 from .model.config import PRESETS
-from .processes import demo_env, find_config, python_command, stop
+from .processes import demo_env, find_config, python_command, stop, wait_for_exit
 from .train_tiny import INFO_FILE, TOKENIZER_FILE, TrainConfig, episode_content_hash, train
 
 CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
@@ -110,15 +110,11 @@ def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path, checkpoint
         processes["replay"] = subprocess.Popen(
             [*python_command("oxygen_ros.nodes.replay_node"), str(episode_bag), "--clock", "--wait-for",
              "joint_states"], env=env, stdout=logs["replay"], stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + args.timeout
-        while processes["replay"].poll() is None:
-            for name in ("record", "vla_node"):
-                if processes[name].poll() is not None:
-                    raise RuntimeError(f"{name} exited early with status {processes[name].returncode}; see "
-                                       f"{out / (name + '.log')}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the replay did not finish within {args.timeout:.0f} s")
-            time.sleep(0.2)
+        failure = wait_for_exit({"replay": processes["replay"]},
+                                {name: processes[name] for name in ("record", "vla_node")}, args.timeout)
+        if failure:
+            see = next((name for name in ("record", "vla_node") if processes[name].poll() is not None), "replay")
+            raise RuntimeError(f"{failure} before the replay finished; see {out / (see + '.log')}")
         if processes["replay"].returncode != 0:
             raise RuntimeError(f"replay failed; see {out / 'replay.log'}")
         time.sleep(1.0)  # the last chunks and narration reach the recorder

@@ -16,12 +16,11 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, claim_output_dir
-from oxygen_ros.processes import demo_env, python_command, stop
+from oxygen_ros.processes import demo_env, python_command, stop, wait_for_exit
 from oxygen_ros.sim_demo import MODEL_CAMERA_KEYS, add_scene_arguments, scene_params, sim_summary
 
 SIM_STEP_MS = 20.0  # gym-aloha's 50 Hz
@@ -105,17 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet = subprocess.Popen(fleet_command(args), env=env, stdout=logs["fleet_node"], stderr=subprocess.STDOUT)
     sims = {name: subprocess.Popen(sim_command(args, i), env=env, stdout=logs[name], stderr=subprocess.STDOUT)
             for i, name in enumerate(names)}
-    failure = None
     try:
-        deadline = time.monotonic() + args.timeout
-        while any(sim.poll() is None for sim in sims.values()):
-            if fleet.poll() is not None:
-                failure = f"fleet_node exited with status {fleet.returncode} (see {out / 'fleet_node.log'})"
-                break
-            if time.monotonic() > deadline:
-                failure = f"timed out after {args.timeout:.0f} s"
-                break
-            time.sleep(0.2)
+        failure = wait_for_exit(sims, {"fleet_node": fleet}, args.timeout)
+        if failure and fleet.poll() is not None:
+            failure += f" (see {out / 'fleet_node.log'})"
     finally:
         codes = {name: stop(sim) for name, sim in sims.items()}
         stop(fleet)

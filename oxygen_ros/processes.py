@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -89,3 +90,19 @@ def stop(process: subprocess.Popen, timeout: float = 15.0) -> int:
             process.kill()
             process.wait()
     return process.returncode
+
+
+def wait_for_exit(waited: dict[str, subprocess.Popen], watched: dict[str, subprocess.Popen], timeout_s: float
+                  ) -> str | None:
+    """Wait until every process in `waited` has exited; None then, else why waiting stopped: a process in `watched`
+    (which must outlive them) exited first ("NAME exited with status N"), or `timeout_s` passed ("timed out after
+    N s")."""
+    deadline = time.monotonic() + timeout_s
+    while any(process.poll() is None for process in waited.values()):
+        for name, process in watched.items():
+            if process.poll() is not None:
+                return f"{name} exited with status {process.returncode}"
+        if time.monotonic() > deadline:
+            return f"timed out after {timeout_s:.0f} s"
+        time.sleep(0.2)
+    return None

@@ -16,7 +16,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
 from oxygen_ros.model.config import PRESETS
-from oxygen_ros.processes import demo_env, find_config, python_command, stop
+from oxygen_ros.processes import demo_env, find_config, python_command, stop, wait_for_exit
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
 SCRIPTED = "scripted"
@@ -213,17 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(sim_log, "w") as sim_out, open(policy_log, "w") as policy_out:
         sim = subprocess.Popen(sim_command(args, record), env=env, stdout=sim_out, stderr=subprocess.STDOUT)
         policy = subprocess.Popen(policy_command(args, out), env=env, stdout=policy_out, stderr=subprocess.STDOUT)
-        failure = None
         try:
-            deadline = time.monotonic() + args.timeout
-            while sim.poll() is None:
-                if policy.poll() is not None:
-                    failure = f"policy exited with status {policy.returncode} (see {policy_log})"
-                    break
-                if time.monotonic() > deadline:
-                    failure = f"timed out after {args.timeout:.0f} s"
-                    break
-                time.sleep(0.2)
+            failure = wait_for_exit({"sim": sim}, {"policy": policy}, args.timeout)
+            if failure and policy.poll() is not None:
+                failure += f" (see {policy_log})"
         finally:
             sim_status = stop(sim)
             stop(policy)

@@ -23,7 +23,7 @@ from oxygen_ros.launch_helpers import (
     replay_ros_arguments,
     user_remappings,
 )
-from oxygen_ros.processes import stop
+from oxygen_ros.processes import stop, wait_for_exit
 
 from ros_test_utils import rclpy, spin_until
 
@@ -113,3 +113,18 @@ def test_later_parameter_files_override_earlier_ones_in_the_node(tmp_path, ros_e
             stop(process)
     text = log.read_text()
     assert re.search(r"preset tiny in \w+ \(.*\) on cpu", text) and "'camera/cam_left_wrist/image_raw': 'left_wrist_0_rgb'}" in text, text
+
+
+def test_waiting_for_processes_ends_when_they_exit_or_says_why_it_stopped():
+    def python(code):
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    quick, lasting = python("pass"), python("import time; time.sleep(60)")
+    try:
+        assert wait_for_exit({"quick": quick}, {"lasting": lasting}, 60) is None and quick.returncode == 0
+        failing = python("raise SystemExit(3)")
+        assert wait_for_exit({"lasting": lasting}, {"failing": failing}, 60) == "failing exited with status 3"
+        assert wait_for_exit({"lasting": lasting}, {}, 1.0) == "timed out after 1 s"
+    finally:
+        stop(lasting)
+
