@@ -35,7 +35,7 @@ from .data.convert import main as convert_main
 from .data.report import actions_from_episode_bag, write_report
 from .data.synthetic import synthetic_episode
 from .model.config import PRESETS
-from .processes import demo_env, find_config, python_command, stop, wait_for_exit
+from .processes import add_user_domain_argument, demo_env, find_config, python_command, stop, wait_for_exit
 from .train_tiny import INFO_FILE, TOKENIZER_FILE, TrainConfig, episode_content_hash, train
 
 CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
@@ -198,9 +198,7 @@ def build_parser() -> CommandParser:
                         help="control.rate_hz for the VLA node (default: 10, from config/demo_tiny.yaml)")
     parser.add_argument("--timeout", type=positive_float, default=300.0,
                         help="give up after this many wall seconds")
-    parser.add_argument("--user-domain", action="store_true",
-                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
-                        "localhost-only domain (other nodes on it then see the demo's synthetic topics)")
+    add_user_domain_argument(parser)
     parser.add_argument("--untrained", action="store_true", help="random weights instead of the trained tiny policy")
     parser.add_argument("--cache", default="out/cache", help="where trained policies are kept between runs")
     return parser

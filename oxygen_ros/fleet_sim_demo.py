@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, claim_output_dir
-from oxygen_ros.processes import demo_env, python_command, stop, wait_for_exit
+from oxygen_ros.processes import add_user_domain_argument, demo_env, python_command, stop, wait_for_exit
 from oxygen_ros.sim_demo import MODEL_CAMERA_KEYS, add_scene_arguments, scene_params, sim_summary
 
 SIM_STEP_MS = 20.0  # gym-aloha's 50 Hz
@@ -81,8 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="robot K's episode seed is seed + K - 1")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many wall seconds")
     parser.add_argument("--out", default="out/fleet_sim_demo", help="output folder (an earlier run's is replaced)")
-    parser.add_argument("--user-domain", action="store_true",
-                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated one")
+    add_user_domain_argument(parser)
     return parser
 
 

@@ -3,6 +3,7 @@ full ROS 2 install: same executables, same parameter files)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import signal
@@ -65,6 +66,13 @@ def isolate_ros(env: dict) -> tuple[dict, int]:
     env = dict(env, ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
     env.pop("ROS_STATIC_PEERS", None)
     return env, domain
+
+
+def add_user_domain_argument(parser: argparse.ArgumentParser) -> None:
+    """`--user-domain`, the switch `demo_env` takes: this shell's ROS domain instead of an isolated one."""
+    parser.add_argument("--user-domain", action="store_true",
+                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
+                        "localhost-only domain (other nodes on it then see the run's topics)")
 
 
 def demo_env(user_domain: bool, command: str) -> dict:

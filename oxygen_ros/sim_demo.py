@@ -26,7 +26,14 @@ from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.video import encode_video
 from oxygen_ros.model.config import PRESETS
-from oxygen_ros.processes import demo_env, find_config, python_command, stop, wait_for_exit
+from oxygen_ros.processes import (
+    add_user_domain_argument,
+    demo_env,
+    find_config,
+    python_command,
+    stop,
+    wait_for_exit,
+)
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
 SCRIPTED = "scripted"
@@ -189,9 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more policy node parameters, loaded after its parameter files (YAML values)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up after this many wall seconds")
     parser.add_argument("--no-video", action="store_true", help="skip the mp4")
-    parser.add_argument("--user-domain", action="store_true",
-                        help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated, "
-                        "localhost-only domain (other nodes on it then see the sim's /clock and topics)")
+    add_user_domain_argument(parser)
     return parser
 
 

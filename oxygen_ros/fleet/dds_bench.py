@@ -35,7 +35,7 @@ from pathlib import Path
 from oxygen_ros.command_line import CommandParser, claim_output_dir, progress
 from oxygen_ros.fleet.capacity import TARGET
 from oxygen_ros.fleet.robot_load import frames_from_rows, pool, score
-from oxygen_ros.processes import demo_env, python_command, stop
+from oxygen_ros.processes import add_user_domain_argument, demo_env, python_command, stop
 
 FLEET_NODE = "oxygen_ros.nodes.fleet_node"
 ROBOT_CLIENT = "oxygen_ros.nodes.robot_client"
@@ -247,8 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=180.0,
                    help="seconds for new clients to start and be ready (first chunk, or 10 s of frames without)")
     p.add_argument("--out", default="out/fleet_dds_bench", help="output folder (an earlier run's is replaced)")
-    p.add_argument("--user-domain", action="store_true",
-                   help="run on this shell's ROS_DOMAIN_ID and discovery settings instead of an isolated one")
+    add_user_domain_argument(p)
     return p
 
 
