@@ -2,15 +2,12 @@
 
 A source is a preset name (random weights from `seed`), a model config JSON (random weights too) or a pi05
 checkpoint folder (its weights and norm stats). A random-init model with no tokenizer file gets the deterministic
-stand-in SentencePiece model, trained once into the user cache (`$XDG_CACHE_HOME/oxygen_ros`, else
-`~/.cache/oxygen_ros`) and reused; it is written under a temporary name and renamed, so processes starting
-together never read a half-written file. A checkpoint needs the tokenizer it was trained with.
+stand-in SentencePiece model, trained once into the user cache (`user_cache.py`) and reused. A checkpoint needs
+the tokenizer it was trained with.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from .config import PRESETS, Pi05Config
 from .pi05 import Pi05Model, build_model
 from .preprocess import NormStats
 from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from .user_cache import cached_file
 
 
 @dataclass
@@ -53,24 +51,9 @@ def load_model_source(source: str, device: torch.device | str, dtype: torch.dtyp
     raise ValueError(f"model source {source!r} is neither a preset ({sorted(PRESETS)}) nor a file or folder")
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "oxygen_ros"
-
-
 def standin_tokenizer(vocab_size: int) -> Tokenizer:
     """The stand-in tokenizer for random-init models, trained on first use and cached."""
-    path = cache_dir() / f"standin_tokenizer_{vocab_size}.model"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            train_tokenizer(tmp, vocab_size)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    path = cached_file(f"standin_tokenizer_{vocab_size}.model", lambda tmp: train_tokenizer(tmp, vocab_size))
     return load_tokenizer(path)
 
 
