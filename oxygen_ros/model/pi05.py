@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import cpu_kernel
 from .config import Pi05Config
 from .gemma import (
     GemmaStack,
@@ -66,6 +67,7 @@ class Pi05Model(nn.Module):
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
         self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
+        self._cpu_kernel = False  # True once `use_cpu_kernel` is called
 
     @property
     def dtype(self) -> torch.dtype:
@@ -83,6 +85,21 @@ class Pi05Model(nn.Module):
         self._velocity = torch.compile(self._velocity)
         self._decode_hidden = torch.compile(self._decode_hidden)
         return self
+
+    def use_cpu_kernel(self) -> Pi05Model:
+        """Opt in (a float32 or bfloat16 model on the CPU) to running a decode step's backbone layers as one
+        compiled call (`model/cpu_kernel.py`) instead of hundreds of tensor operators, and its greedy choice as one
+        pass per row; the text head's matmul stays torch's. The first call in a process builds or loads the kernel: `CpuKernelUnavailable`
+        where it cannot be built (no C++ compiler), ValueError for a model it does not run. Outputs match the eager
+        model to floating-point rounding. Returns the model."""
+        cpu_kernel.check_supported(self)
+        cpu_kernel.load()
+        self._cpu_kernel = True
+        return self
+
+    @property
+    def uses_cpu_kernel(self) -> bool:
+        return self._cpu_kernel
 
     def use_cuda_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), per_stream: bool = False
                         ) -> Pi05Model:
@@ -277,7 +294,7 @@ class Pi05Model(nn.Module):
         if samplers is not None and len(samplers) != len(index):
             raise ValueError(f"{len(samplers)} samplers for {len(index)} requests")
         logits = self._decode_logits(cache, index, tokens)
-        chosen = greedy_tokens(logits)
+        chosen = cpu_kernel.greedy_tokens(logits) if self._cpu_kernel else greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
             if sampler is not None:
                 chosen[row] = sample_token(logits[row], sampler)
@@ -291,7 +308,21 @@ class Pi05Model(nn.Module):
             logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
             if logits is not None:
                 return logits
+        if self._cpu_kernel:
+            return self.backbone.logits(self._kernel_hidden(cache, index, tokens))
         return self.backbone.logits(self._decode_hidden(cache, index, tokens))
+
+    def _kernel_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
+        """`_decode_hidden` through the CPU kernel: the embedding and RoPE tables here, every layer in one call."""
+        cfg = self.config
+        if cache.dtype != self.dtype:
+            raise ValueError(f"the CPU kernel needs the cache in the model's dtype ({self.dtype}), not {cache.dtype}")
+        x = self.backbone.embed(tokens.to(self.device)).contiguous()  # [B, W]
+        cos, sin = rope_cos_sin(index.positions[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
+        b, d = len(index), cfg.backbone.head_dim
+        return cpu_kernel.decode_layers(x, cpu_kernel.layer_weights(self.backbone.layers), cfg, cache, index.slots,
+                                        index.cache_index, cos.reshape(b, d).contiguous(),
+                                        sin.reshape(b, d).contiguous(), index.span)
 
     def _decode_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""

@@ -1,0 +1,620 @@
+// The backbone's layers of one decode step on a CPU, in one call: norms, Q/K/V, RoPE, the cache write, attention
+// over each request's own slot, o_proj, MLP and residuals, for every request and every layer.
+//
+// Why: a decode step of a small-width backbone is hundreds of small tensor operators, each paying a dispatch and,
+// in bfloat16, a library kernel's set-up; the arithmetic itself is a few MFLOP. One plain loop nest does it at
+// the cost of the arithmetic. Built by `cpu_kernel.py` with the system C++ compiler for the machine it runs on.
+//
+// Numerics follow the eager model (`pi05.py` / `gemma.py`) operator by operator: every product accumulates in
+// float32, and in bfloat16 every value the eager model stores as a bfloat16 tensor is rounded to bfloat16 at the
+// same point (norm outputs, projections, each RoPE product and sum, attention weights before they multiply V,
+// attention outputs, GELU, residual sums). Attention is a running softmax over blocks of 512 keys, as torch's CPU
+// attention kernel runs it. What differs is only the order of float32 additions and the float32 exp/tanh
+// approximations, so outputs match the eager model to float32 rounding, and bfloat16 outputs to one bfloat16
+// rounding step where a float32 difference crosses one.
+//
+// Portable C++ with GCC vector extensions: 16 float32 lanes, which the compiler maps to AVX-512, AVX2 or SSE
+// registers for the machine it builds for.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
+constexpr int L = 16;          // lanes
+constexpr int KV_BLOCK = 512;  // keys per softmax block (torch's CPU attention kernel splits keys the same way)
+
+// ---- element types ------------------------------------------------------------------------------------------
+
+struct Bf16 {
+    uint16_t bits;
+};
+
+inline float to_float(float x) { return x; }
+inline float to_float(Bf16 x) {
+    uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline uint16_t bf16_bits(float f) {  // round to nearest even, NaN kept a (quiet) NaN
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (f != f) return 0x7FC0;
+    return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// `round(x)`: x as the storage type would hold it, back in float32 (the identity for float32).
+template <typename T> inline float round_to(float x);
+template <> inline float round_to<float>(float x) { return x; }
+template <> inline float round_to<Bf16>(float x) { return to_float(Bf16{bf16_bits(x)}); }
+
+template <typename T> inline void store(T* p, float x);
+template <> inline void store<float>(float* p, float x) { *p = x; }
+template <> inline void store<Bf16>(Bf16* p, float x) { p->bits = bf16_bits(x); }
+
+inline vf vload(const float* p) {
+    vf v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline vf vload(const Bf16* p) {
+    vh h;
+    std::memcpy(&h, p, sizeof h);
+    vu u = __builtin_convertvector(h, vu) << 16;
+    vf v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+}
+inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+template <typename T> inline vf vround(vf v);
+template <> inline vf vround<float>(vf v) { return v; }
+template <> inline vf vround<Bf16>(vf v) {
+    vu u;
+    std::memcpy(&u, &v, sizeof u);
+    vu r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+    vi nan = v != v;
+    r = nan ? vu{} + 0x7FC00000u : r;
+    vf out;
+    std::memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+// vround for values known to be finite (no NaN check)
+template <typename T> inline vf vround_finite(vf v);
+template <> inline vf vround_finite<float>(vf v) { return v; }
+template <> inline vf vround_finite<Bf16>(vf v) {
+    vu u;
+    std::memcpy(&u, &v, sizeof u);
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+    vf out;
+    std::memcpy(&out, &u, sizeof out);
+    return out;
+}
+
+inline float hsum(vf v) {
+    typedef float vf8 __attribute__((vector_size(32)));
+    typedef float vf4 __attribute__((vector_size(16)));
+    vf8 lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    vf8 a = lo + hi;
+    vf4 a0, a1;
+    std::memcpy(&a0, &a, sizeof a0);
+    std::memcpy(&a1, reinterpret_cast<const char*>(&a) + sizeof a0, sizeof a1);
+    vf4 b = a0 + a1;
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+inline vf vsplat(float x) { return vf{} + x; }
+
+inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for none)
+    const float ninf = -std::numeric_limits<float>::infinity();
+    vf m = vsplat(ninf);
+    int64_t i = 0;
+    for (; i + L <= n; i += L) {
+        vf v = vload(x + i);
+        m = v > m ? v : m;
+    }
+    float best = ninf;
+    for (int j = 0; j < L; ++j) best = m[j] > best ? m[j] : best;
+    for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+    return best;
+}
+
+// exp for float32 lanes: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial (relative error ~2e-7); exactly 0
+// below the float32 normal range (so masked -inf scores weigh nothing).
+inline vf vexp(vf x) {
+    const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+    vf lo_cut = vsplat(-87.3f), hi_cut = vsplat(88.7f);
+    vi under = x < lo_cut;
+    x = x < lo_cut ? lo_cut : x;
+    x = x > hi_cut ? hi_cut : x;
+    vf n = (x * 1.44269504088896341f + magic) - magic;
+    vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof scale);
+    vf out = p * scale;
+    return under ? vf{} : out;
+}
+
+// vexp for x <= 0 (a score minus its row's maximum), -inf giving exactly 0.
+inline vf vexp_nonpos(vf x) {
+    const vf magic = vsplat(12582912.0f);
+    vi under = x < -87.3f;
+    x = under ? vsplat(-87.3f) : x;
+    vf n = (x * 1.44269504088896341f + magic) - magic;
+    vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof scale);
+    return under ? vf{} : p * scale;
+}
+
+inline float sexp(float x) {
+    vf v = vexp(vsplat(x));
+    return v[0];
+}
+
+// ---- building blocks on one row (float32 working copies) -------------------------------------------------------
+
+// out[o] = round(sum_i x[i] * w[o, i]) for `rows` rows of x (stride `in`) at once; w [out, in] in storage type T.
+template <typename T>
+void linear(const float* x, int rows, int in, const T* w, int out, float* y) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float* x0 = x + (size_t)r * in;
+        for (int o = 0; o < out; ++o) {
+            const T* wo = w + (size_t)o * in;
+            vf a0{}, a1{}, a2{}, a3{};
+            float t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+            int i = 0;
+            for (; i + L <= in; i += L) {
+                vf wv = vload(wo + i);
+                a0 += vload(x0 + i) * wv;
+                a1 += vload(x0 + in + i) * wv;
+                a2 += vload(x0 + 2 * in + i) * wv;
+                a3 += vload(x0 + 3 * in + i) * wv;
+            }
+            for (; i < in; ++i) {
+                float wv = to_float(wo[i]);
+                t0 += x0[i] * wv;
+                t1 += x0[in + i] * wv;
+                t2 += x0[2 * in + i] * wv;
+                t3 += x0[3 * in + i] * wv;
+            }
+            y[(size_t)r * out + o] = round_to<T>(hsum(a0) + t0);
+            y[(size_t)(r + 1) * out + o] = round_to<T>(hsum(a1) + t1);
+            y[(size_t)(r + 2) * out + o] = round_to<T>(hsum(a2) + t2);
+            y[(size_t)(r + 3) * out + o] = round_to<T>(hsum(a3) + t3);
+        }
+    }
+    for (; r < rows; ++r) {
+        const float* xr = x + (size_t)r * in;
+        for (int o = 0; o < out; ++o) {
+            const T* wo = w + (size_t)o * in;
+            vf a{};
+            float t = 0;
+            int i = 0;
+            for (; i + L <= in; i += L) a += vload(xr + i) * vload(wo + i);
+            for (; i < in; ++i) t += xr[i] * to_float(wo[i]);
+            y[(size_t)r * out + o] = round_to<T>(hsum(a) + t);
+        }
+    }
+}
+
+// Gemma RMSNorm of one row: round(x * rsqrt(mean(x^2) + eps) * (1 + w)).
+template <typename T>
+void rms_norm(const float* x, int width, const T* w, float eps, float* y) {
+    float ss = 0;
+    for (int i = 0; i < width; ++i) ss += x[i] * x[i];
+    float r = 1.0f / std::sqrt(ss / width + eps);
+    for (int i = 0; i < width; ++i) y[i] = round_to<T>(x[i] * r * (1.0f + to_float(w[i])));
+}
+
+// RoPE on one head vector (split halves), each product and the sum rounded as the eager tensors are.
+template <typename T>
+void rope(float* x, const float* cos, const float* sin, int d) {
+    int half = d / 2;
+    float tmp[1024];
+    for (int j = 0; j < d; ++j) {
+        float rot = j < half ? -x[j + half] : x[j - half];
+        tmp[j] = round_to<T>(round_to<T>(x[j] * cos[j]) + round_to<T>(rot * sin[j]));
+    }
+    std::memcpy(x, tmp, sizeof(float) * d);
+}
+
+// The tanh-approximated GELU of float32 lanes: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline vf vgelu(vf x) {
+    const float beta = 0.7978845608028654f;
+    vf inner = (x + 0.044715f * (x * x * x)) * beta;
+    inner = inner > 9.0f ? vsplat(9.0f) : inner;
+    inner = inner < -9.0f ? vsplat(-9.0f) : inner;
+    vf th = 1.0f - 2.0f / (vexp(2.0f * inner) + 1.0f);
+    return 0.5f * x * (1.0f + th);
+}
+
+// 16 x 16 transpose of rows r[0..15] in place: swap the off-diagonal blocks at distances 8, 4, 2, 1 (row i keeps
+// its lanes without bit s and takes row i+s's; row i+s takes row i's lanes with bit s and keeps its own).
+template <int S>
+inline void transpose_step(vf* r) {
+    constexpr vi lo = {
+        (0 & S) ? 16 + 0 - S : 0,   (1 & S) ? 16 + 1 - S : 1,   (2 & S) ? 16 + 2 - S : 2,
+        (3 & S) ? 16 + 3 - S : 3,   (4 & S) ? 16 + 4 - S : 4,   (5 & S) ? 16 + 5 - S : 5,
+        (6 & S) ? 16 + 6 - S : 6,   (7 & S) ? 16 + 7 - S : 7,   (8 & S) ? 16 + 8 - S : 8,
+        (9 & S) ? 16 + 9 - S : 9,   (10 & S) ? 16 + 10 - S : 10, (11 & S) ? 16 + 11 - S : 11,
+        (12 & S) ? 16 + 12 - S : 12, (13 & S) ? 16 + 13 - S : 13, (14 & S) ? 16 + 14 - S : 14,
+        (15 & S) ? 16 + 15 - S : 15};
+    constexpr vi hi = {
+        (0 & S) ? 16 + 0 : 0 + S,   (1 & S) ? 16 + 1 : 1 + S,   (2 & S) ? 16 + 2 : 2 + S,
+        (3 & S) ? 16 + 3 : 3 + S,   (4 & S) ? 16 + 4 : 4 + S,   (5 & S) ? 16 + 5 : 5 + S,
+        (6 & S) ? 16 + 6 : 6 + S,   (7 & S) ? 16 + 7 : 7 + S,   (8 & S) ? 16 + 8 : 8 + S,
+        (9 & S) ? 16 + 9 : 9 + S,   (10 & S) ? 16 + 10 : 10 + S, (11 & S) ? 16 + 11 : 11 + S,
+        (12 & S) ? 16 + 12 : 12 + S, (13 & S) ? 16 + 13 : 13 + S, (14 & S) ? 16 + 14 : 14 + S,
+        (15 & S) ? 16 + 15 : 15 + S};
+    for (int i = 0; i < L; ++i) {
+        if (i & S) continue;
+        vf a = r[i], b = r[i + S];
+        r[i] = __builtin_shuffle(a, b, lo);
+        r[i + S] = __builtin_shuffle(a, b, hi);
+    }
+}
+
+inline void transpose16(vf* r) {
+    transpose_step<8>(r);
+    transpose_step<4>(r);
+    transpose_step<2>(r);
+    transpose_step<1>(r);
+}
+
+// Scores of HN query rows q [HN, d] against the 16 keys k [16, d] (d a multiple of 16): each 16 x 16 tile of the
+// keys is transposed so that one lane holds one key, then every query row accumulates over the tile's dimensions.
+// Written to out[h * stride + 0..15] as score * scale + mask.
+template <typename T, int HN>
+inline void scores16(const float* q, int d, const T* k, vf mask, float scale, float* out, int64_t stride) {
+    vf acc[HN] = {};
+    for (int c = 0; c < d; c += L) {
+        vf cols[L];
+        for (int j = 0; j < L; ++j) cols[j] = vload(k + (int64_t)j * d + c);
+        transpose16(cols);  // cols[j] = dimension c + j of the 16 keys
+        for (int h = 0; h < HN; ++h) {
+            const float* qh = q + (size_t)h * d + c;
+            for (int j = 0; j < L; ++j) acc[h] += qh[j] * cols[j];
+        }
+    }
+    for (int h = 0; h < HN; ++h) vstore(out + (size_t)h * stride, acc[h] * scale + mask);
+}
+
+template <typename T>
+inline void scores16_n(int hn, const float* q, int d, const T* k, vf mask, float scale, float* out, int64_t stride) {
+    switch (hn) {  // the head count as a constant, so the accumulators stay in registers
+        case 1: return scores16<T, 1>(q, d, k, mask, scale, out, stride);
+        case 2: return scores16<T, 2>(q, d, k, mask, scale, out, stride);
+        case 3: return scores16<T, 3>(q, d, k, mask, scale, out, stride);
+        case 4: return scores16<T, 4>(q, d, k, mask, scale, out, stride);
+        case 5: return scores16<T, 5>(q, d, k, mask, scale, out, stride);
+        case 6: return scores16<T, 6>(q, d, k, mask, scale, out, stride);
+        case 7: return scores16<T, 7>(q, d, k, mask, scale, out, stride);
+        default: return scores16<T, 8>(q, d, k, mask, scale, out, stride);
+    }
+}
+
+// out[h, j..j+15] = out[h, j..j+15] * rescale[h] + sum over keys t in [b0, b1) of p[h * stride + t] * v[t, j..j+15]
+// for HN heads: each value row is read once for all of them.
+template <typename T, int HN>
+inline void weigh_values(const float* p, int64_t stride, const T* v, int d, int j, int64_t b0, int64_t b1,
+                         const float* rescale, float* out) {
+    vf acc[HN] = {};
+    for (int64_t t = b0; t < b1; ++t) {
+        vf row = vload(v + t * d + j);
+        for (int h = 0; h < HN; ++h) acc[h] += p[(size_t)h * stride + t] * row;
+    }
+    for (int h = 0; h < HN; ++h) {
+        float* o = out + (size_t)h * d + j;
+        vstore(o, vload(o) * rescale[h] + acc[h]);
+    }
+}
+
+template <typename T>
+inline void weigh_values_n(int hn, const float* p, int64_t stride, const T* v, int d, int j, int64_t b0, int64_t b1,
+                           const float* rescale, float* out) {
+    switch (hn) {
+        case 1: return weigh_values<T, 1>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 2: return weigh_values<T, 2>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 3: return weigh_values<T, 3>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 4: return weigh_values<T, 4>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 5: return weigh_values<T, 5>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 6: return weigh_values<T, 6>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 7: return weigh_values<T, 7>(p, stride, v, d, j, b0, b1, rescale, out);
+        default: return weigh_values<T, 8>(p, stride, v, d, j, b0, b1, rescale, out);
+    }
+}
+
+// Attention of `group` query rows q [group, d] (float32, already rounded) over the first `span` keys of one K/V
+// head (k, v [span, d] rows at stride d), with additive mask [span] (0 or -inf). Writes out [group, d] rounded.
+template <typename T>
+void attend(const float* q, int group, int d, const T* k, const T* v, const float* mask, int64_t span,
+            float scale, float* scores, float* out) {
+    // scores[h, s] = q_h . k_s * scale + mask_s
+    int64_t s = 0;
+    if (d % L == 0) {
+        for (int h0 = 0; h0 < group; h0 += 8) {
+            int hn = group - h0 < 8 ? group - h0 : 8;
+            for (s = 0; s + L <= span; s += L)
+                scores16_n<T>(hn, q + (size_t)h0 * d, d, k + s * d, vload(mask + s), scale,
+                              scores + (size_t)h0 * span + s, span);
+        }
+    }
+    for (; s < span; ++s) {
+        for (int h = 0; h < group; ++h) {
+            float a = 0;
+            for (int j = 0; j < d; ++j) a += q[(size_t)h * d + j] * to_float(k[s * d + j]);
+            scores[(size_t)h * span + s] = a * scale + mask[s];
+        }
+    }
+    // running softmax over key blocks, weights rounded before they multiply V: per block, every head's weights,
+    // then one pass over the block's values for all heads (each value row read once)
+    const float ninf = -std::numeric_limits<float>::infinity();
+    float run_max[64], run_sum[64], rescale[64];
+    for (int h = 0; h < group; ++h) {
+        run_max[h] = ninf;
+        run_sum[h] = 0;
+    }
+    for (size_t j = 0; j < (size_t)group * d; ++j) out[j] = 0;  // the running weighted sums of values
+    for (int64_t b0 = 0; b0 < span; b0 += KV_BLOCK) {
+        int64_t b1 = b0 + KV_BLOCK < span ? b0 + KV_BLOCK : span;
+        bool any = false;
+        for (int h = 0; h < group; ++h) {
+            float* sc = scores + (size_t)h * span;
+            float block_max = vmax_of(sc + b0, b1 - b0);
+            float new_max = block_max > run_max[h] ? block_max : run_max[h];
+            if (new_max == ninf) {  // nothing visible to this head yet: its weights in this block are all zero
+                for (int64_t t = b0; t < b1; ++t) sc[t] = 0;
+                rescale[h] = 1;
+                continue;
+            }
+            any = true;
+            vf vmax = vsplat(new_max), vsum{};
+            int64_t t = b0;
+            for (; t + L <= b1; t += L) {
+                vf e = vexp_nonpos(vload(sc + t) - vmax);
+                vsum += e;
+                vstore(sc + t, vround_finite<T>(e));
+            }
+            float block_sum = hsum(vsum);
+            for (; t < b1; ++t) {
+                float e = sexp(sc[t] - new_max);
+                block_sum += e;
+                sc[t] = round_to<T>(e);
+            }
+            rescale[h] = run_max[h] == ninf ? 0.0f : std::exp(run_max[h] - new_max);
+            run_sum[h] = block_sum + rescale[h] * run_sum[h];
+            run_max[h] = new_max;
+        }
+        if (!any) continue;
+        int j = 0;
+        for (; j + L <= d; j += L) {
+            for (int h0 = 0; h0 < group; h0 += 8) {
+                int hn = group - h0 < 8 ? group - h0 : 8;
+                weigh_values_n<T>(hn, scores + (size_t)h0 * span, span, v, d, j, b0, b1, rescale + h0,
+                                  out + (size_t)h0 * d);
+            }
+        }
+        for (; j < d; ++j) {
+            for (int h = 0; h < group; ++h) {
+                float a = 0;
+                for (int64_t t = b0; t < b1; ++t) a += scores[(size_t)h * span + t] * to_float(v[t * d + j]);
+                float* o = out + (size_t)h * d + j;
+                *o = *o * rescale[h] + a;
+            }
+        }
+    }
+    for (int h = 0; h < group; ++h) {
+        float inv = 1.0f / run_sum[h];
+        for (int j = 0; j < d; ++j) out[(size_t)h * d + j] = round_to<T>(out[(size_t)h * d + j] * inv);
+    }
+}
+
+struct Shapes {
+    int batch, width, heads, kv_heads, head_dim, mlp_dim, depth;
+    float eps;
+    int64_t num_slots, max_len, span;
+};
+
+template <typename T>
+int decode_layers(const Shapes& sh, T* x, const void* const* weights, T* cache_k, T* cache_v, bool* valid,
+                  const int64_t* slots, const int64_t* cache_index, const T* cos, const T* sin) {
+    const int B = sh.batch, W = sh.width, H = sh.heads, KV = sh.kv_heads, D = sh.head_dim, M = sh.mlp_dim;
+    const int G = H / KV;
+    const int64_t span = sh.span;
+    if (D > 1024 || H % KV != 0 || H / KV > 64) return 1;
+    thread_local std::vector<float> buf;
+    size_t need = (size_t)B * (2 * W + 2 * H * D + 2 * KV * D + 3 * M + 2 * D) + (size_t)B * span +
+                  (size_t)G * span;
+    if (buf.size() < need) buf.resize(need);
+    float* xs = buf.data();                 // [B, W] residual stream
+    float* hn = xs + (size_t)B * W;         // [B, W] normed
+    float* qb = hn + (size_t)B * W;         // [B, H*D]
+    float* ab = qb + (size_t)B * H * D;     // [B, H*D] attention output
+    float* kb = ab + (size_t)B * H * D;     // [B, KV*D]
+    float* vb = kb + (size_t)B * KV * D;    // [B, KV*D]
+    float* gb = vb + (size_t)B * KV * D;    // [B, M]
+    float* ub = gb + (size_t)B * M;         // [B, M]
+    float* mb = ub + (size_t)B * M;         // [B, M]
+    float* cs = mb + (size_t)B * M;         // [B, D] cos
+    float* sn = cs + (size_t)B * D;         // [B, D] sin
+    float* masks = sn + (size_t)B * D;      // [B, span]
+    float* scores = masks + (size_t)B * span;  // [G, span]
+
+    const float ninf = -std::numeric_limits<float>::infinity();
+    if (span > sh.max_len) return 2;
+    for (int b = 0; b < B; ++b) {
+        int64_t slot = slots[b], ci = cache_index[b];
+        if (slot < 0 || slot >= sh.num_slots || ci < 0 || ci >= span) return 2;
+    }
+    for (int b = 0; b < B; ++b) {
+        int64_t slot = slots[b], ci = cache_index[b];
+        valid[slot * sh.max_len + ci] = true;
+        const bool* vrow = valid + slot * sh.max_len;
+        for (int64_t s = 0; s < span; ++s) masks[(size_t)b * span + s] = (vrow[s] && s <= ci) ? 0.0f : ninf;
+        for (int j = 0; j < D; ++j) {
+            cs[(size_t)b * D + j] = to_float(cos[(size_t)b * D + j]);
+            sn[(size_t)b * D + j] = to_float(sin[(size_t)b * D + j]);
+        }
+    }
+    for (size_t i = 0; i < (size_t)B * W; ++i) xs[i] = to_float(x[i]);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    const int64_t slot_stride = (int64_t)KV * sh.max_len * D;
+    const int64_t layer_stride = sh.num_slots * slot_stride;
+
+    for (int l = 0; l < sh.depth; ++l) {
+        const void* const* lw = weights + (size_t)l * 9;
+        const T* in_norm = static_cast<const T*>(lw[0]);
+        const T* wq = static_cast<const T*>(lw[1]);
+        const T* wk = static_cast<const T*>(lw[2]);
+        const T* wv = static_cast<const T*>(lw[3]);
+        const T* wo = static_cast<const T*>(lw[4]);
+        const T* post_norm = static_cast<const T*>(lw[5]);
+        const T* wg = static_cast<const T*>(lw[6]);
+        const T* wu = static_cast<const T*>(lw[7]);
+        const T* wd = static_cast<const T*>(lw[8]);
+        T* lk = cache_k + l * layer_stride;
+        T* lv = cache_v + l * layer_stride;
+
+        for (int b = 0; b < B; ++b) rms_norm(xs + (size_t)b * W, W, in_norm, sh.eps, hn + (size_t)b * W);
+        linear(hn, B, W, wq, H * D, qb);
+        linear(hn, B, W, wk, KV * D, kb);
+        linear(hn, B, W, wv, KV * D, vb);
+        for (int b = 0; b < B; ++b) {
+            const float* c = cs + (size_t)b * D;
+            const float* s = sn + (size_t)b * D;
+            for (int h = 0; h < H; ++h) rope<T>(qb + ((size_t)b * H + h) * D, c, s, D);
+            for (int h = 0; h < KV; ++h) rope<T>(kb + ((size_t)b * KV + h) * D, c, s, D);
+            T* slot_k = lk + slots[b] * slot_stride;
+            T* slot_v = lv + slots[b] * slot_stride;
+            for (int h = 0; h < KV; ++h) {
+                T* kd = slot_k + ((int64_t)h * sh.max_len + cache_index[b]) * D;
+                T* vd = slot_v + ((int64_t)h * sh.max_len + cache_index[b]) * D;
+                for (int j = 0; j < D; ++j) {
+                    store(kd + j, kb[((size_t)b * KV + h) * D + j]);
+                    store(vd + j, vb[((size_t)b * KV + h) * D + j]);
+                }
+            }
+            for (int h = 0; h < KV; ++h)
+                attend<T>(qb + ((size_t)b * H + (size_t)h * G) * D, G, D, slot_k + (int64_t)h * sh.max_len * D,
+                          slot_v + (int64_t)h * sh.max_len * D, masks + (size_t)b * span, span, scale, scores,
+                          ab + ((size_t)b * H + (size_t)h * G) * D);
+        }
+        linear(ab, B, H * D, wo, W, hn);
+        for (size_t i = 0; i < (size_t)B * W; ++i) xs[i] = round_to<T>(xs[i] + hn[i]);
+        for (int b = 0; b < B; ++b) rms_norm(xs + (size_t)b * W, W, post_norm, sh.eps, hn + (size_t)b * W);
+        linear(hn, B, W, wg, M, gb);
+        linear(hn, B, W, wu, M, ub);
+        size_t n = (size_t)B * M, i = 0;
+        for (; i + L <= n; i += L) {
+            vf g = vround<T>(vgelu(vload(gb + i)));
+            vstore(mb + i, vround<T>(g * vload(ub + i)));
+        }
+        for (; i < n; ++i) {
+            float g = round_to<T>(vgelu(vsplat(gb[i]))[0]);
+            mb[i] = round_to<T>(g * ub[i]);
+        }
+        linear(mb, B, M, wd, W, hn);
+        for (size_t j = 0; j < (size_t)B * W; ++j) xs[j] = round_to<T>(xs[j] + hn[j]);
+    }
+    for (size_t i = 0; i < (size_t)B * W; ++i) store(x + i, xs[i]);
+    return 0;
+}
+
+// ---- greedy selection ---------------------------------------------------------------------------------------
+
+// The first maximum of one row of logits, compared as their bits read as signed integers of the same width
+// (`sampling.greedy_tokens` says why that is the float order wherever the maximum is positive); -1 when the
+// maximum is not positive, for the caller to search as floats. Block maxima of GREEDY_BLOCK keys, then the first
+// block holding the maximum is searched.
+template <typename K>
+int64_t first_max(const K* row, int64_t n) {
+    typedef K vk __attribute__((vector_size(64)));
+    constexpr int N = 64 / sizeof(K);
+    constexpr int64_t BLOCK = 1024;
+    K best = std::numeric_limits<K>::min();
+    int64_t best_start = 0, best_end = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+        int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
+        vk m = vk{} + std::numeric_limits<K>::min();
+        int64_t i = b0;
+        for (; i + N <= b1; i += N) {
+            vk v;
+            std::memcpy(&v, row + i, sizeof v);
+            m = v > m ? v : m;
+        }
+        K block_max = std::numeric_limits<K>::min();
+        for (int j = 0; j < N; ++j) block_max = m[j] > block_max ? m[j] : block_max;
+        for (; i < b1; ++i) block_max = row[i] > block_max ? row[i] : block_max;
+        if (block_max > best) {
+            best = block_max;
+            best_start = b0;
+            best_end = b1;
+        }
+    }
+    if (best <= 0) return -1;
+    for (int64_t i = best_start; i < best_end; ++i)
+        if (row[i] == best) return i;
+    return -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// tokens[r] = the first maximum of logits row r (rows at `stride` elements), or -1 where the caller must search.
+void oxy_greedy(int width, const void* logits, int64_t rows, int64_t n, int64_t stride, int64_t* tokens) {
+    for (int64_t r = 0; r < rows; ++r) {
+        if (width == 2)
+            tokens[r] = first_max(static_cast<const int16_t*>(logits) + r * stride, n);
+        else
+            tokens[r] = first_max(static_cast<const int32_t*>(logits) + r * stride, n);
+    }
+}
+
+
+// Returns 0 on success; 1 for unsupported shapes, 2 for an index out of range (then nothing is written).
+int oxy_decode_layers(int bf16, int batch, int width, int heads, int kv_heads, int head_dim, int mlp_dim,
+                      int depth, float eps, void* x, const void* const* weights, void* cache_k, void* cache_v,
+                      int64_t num_slots, int64_t max_len, bool* valid, const int64_t* slots,
+                      const int64_t* cache_index, int64_t span, const void* cos, const void* sin) {
+    Shapes sh{batch, width, heads, kv_heads, head_dim, mlp_dim, depth, eps, num_slots, max_len, span};
+    if (bf16)
+        return decode_layers<Bf16>(sh, static_cast<Bf16*>(x), weights, static_cast<Bf16*>(cache_k),
+                                   static_cast<Bf16*>(cache_v), valid, slots, cache_index,
+                                   static_cast<const Bf16*>(cos), static_cast<const Bf16*>(sin));
+    return decode_layers<float>(sh, static_cast<float*>(x), weights, static_cast<float*>(cache_k),
+                                static_cast<float*>(cache_v), valid, slots, cache_index,
+                                static_cast<const float*>(cos), static_cast<const float*>(sin));
+}
+
+}  // extern "C"

@@ -1,0 +1,159 @@
+"""A decode step's backbone layers, and its greedy token choice, as compiled CPU calls (`cpu_kernel.cpp`), for
+`Pi05Model.use_cpu_kernel`.
+
+The C++ source ships with the package and is compiled on first use with the system C++ compiler (`$CXX`, else
+`g++`, else `c++`) for the machine it runs on (`-march=native`), into the user cache (`user_cache.py`) under a name
+that hashes the source, the flags and this CPU's feature flags; later processes load the cached library. No
+compiler, or a failed build, raises `CpuKernelUnavailable` with the compiler's message: the caller decides
+whether to run eagerly instead (`Pi05Model.use_cpu_kernel` does not decide for it).
+
+The call is bound with ctypes, not a torch extension: the kernel needs no torch headers (a build takes about a
+second, not a minute) and takes raw pointers to the model's weights, the cache and a step's indices.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .precision import cpu_flags
+from .user_cache import cached_file
+
+SOURCE = Path(__file__).with_name("cpu_kernel.cpp")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's `bf16` argument
+WEIGHTS_PER_LAYER = 9  # input norm, q, k, v, o, post-attention norm, gate, up, down
+
+
+class CpuKernelUnavailable(RuntimeError):
+    """The kernel cannot be built or loaded here (no compiler, a failed build)."""
+
+
+def compiler() -> str:
+    """The C++ compiler the kernel is built with; CpuKernelUnavailable if there is none."""
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return name
+    raise CpuKernelUnavailable("no C++ compiler found ($CXX, g++ or c++); `make setup` installs g++")
+
+
+def library_name(cxx: str) -> str:
+    """The cached library's file name: changes with the source, the compiler, the flags and the CPU."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), cxx.encode(), " ".join(FLAGS).encode(), " ".join(sorted(cpu_flags())).encode()):
+        key.update(part)
+        key.update(b"\0")
+    return f"cpu_kernel-{key.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str, out: str) -> None:
+    result = subprocess.run([cxx, *FLAGS, "-o", out, str(SOURCE)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CpuKernelUnavailable(f"{cxx} failed to build {SOURCE.name}:\n{result.stderr.strip()}")
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """The compiled kernel library (built on first use, then cached on disk and in this process)."""
+    cxx = compiler()
+    path = cached_file(library_name(cxx), lambda out: _build(cxx, out))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as error:
+        raise CpuKernelUnavailable(f"cannot load {path}: {error}") from error
+    fn = lib.oxy_decode_layers
+    i, p, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [i, i, i, i, i, i, i, i, ctypes.c_float, p, p, p, p, i64, i64, p, p, p, i64, p, p]
+    fn.restype = i
+    lib.oxy_greedy.argtypes = [i, p, i64, i64, i64, p]
+    lib.oxy_greedy.restype = None
+    return lib
+
+
+def layer_weights(layers: torch.nn.ModuleList) -> ctypes.Array:
+    """The pointers the kernel reads each layer's weights through, in its order (`WEIGHTS_PER_LAYER` a layer)."""
+    tensors = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        tensors += [layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
+                    attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_proj.weight,
+                    mlp.up_proj.weight, mlp.down_proj.weight]
+    if not all(t.is_contiguous() for t in tensors):
+        raise ValueError("the CPU kernel needs contiguous weights")
+    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """ValueError unless `model` (a Pi05Model) is one the kernel runs: on the CPU, float32 or bfloat16."""
+    if model.device.type != "cpu":
+        raise ValueError(f"the CPU kernel runs on the CPU, not {model.device}")
+    if model.dtype not in DTYPES:
+        raise ValueError(f"the CPU kernel runs float32 or bfloat16, not {model.dtype}")
+    g = model.config.backbone
+    if g.head_dim > 1024 or g.num_heads // g.num_kv_heads > 64:
+        raise ValueError("the CPU kernel supports head_dim up to 1024 and up to 64 query heads per K/V head")
+
+
+def decode_layers(x: Tensor, weights: ctypes.Array, config, cache, slots: Tensor, cache_index: Tensor,
+                  cos: Tensor, sin: Tensor, span: int) -> Tensor:
+    """Run every backbone layer on the embedded tokens x [B, W] in place (they become the last layer's hidden
+    states) for requests in `slots`, writing each fed token's K/V at `cache_index` and marking it valid; cos/sin
+    [B, head_dim] are the tokens' RoPE tables in x's dtype. Returns x."""
+    g = config.backbone
+    tensors = (x, cache.k, cache.v, cache.valid, slots, cache_index, cos, sin)
+    if not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
+        raise ValueError("the CPU kernel needs contiguous CPU tensors")
+    if cache.k.dtype != x.dtype or cos.dtype != x.dtype or slots.dtype != torch.long \
+            or cache_index.dtype != torch.long:
+        raise ValueError("the CPU kernel needs the cache and RoPE tables in the model's dtype and long indices")
+    status = load().oxy_decode_layers(
+        DTYPES[x.dtype], x.shape[0], g.width, g.num_heads, g.num_kv_heads, g.head_dim, g.mlp_dim, g.depth,
+        g.rms_eps, x.data_ptr(), weights, cache.k.data_ptr(), cache.v.data_ptr(), cache.num_slots, cache.max_len,
+        cache.valid.data_ptr(), slots.data_ptr(), cache_index.data_ptr(), span, cos.data_ptr(), sin.data_ptr())
+    if status != 0:
+        raise ValueError({1: "the CPU kernel does not support these shapes",
+                          2: "a slot or cache index is out of range for the CPU kernel"}.get(status, str(status)))
+    return x
+
+
+def greedy_tokens(logits: Tensor) -> Tensor:
+    """`sampling.greedy_tokens` (the first maximum of each row of NaN-free logits [B, vocab]) in one compiled pass
+    per row over the logits' bits; rows whose maximum is not positive are searched as floats."""
+    if logits.dim() != 2 or logits.element_size() not in (2, 4) or not logits.is_floating_point() \
+            or logits.device.type != "cpu" or logits.stride(-1) != 1:
+        raise ValueError("the CPU kernel's greedy choice needs float logits [B, vocab] with contiguous rows on the CPU")
+    rows, n = logits.shape
+    tokens = torch.empty(rows, dtype=torch.long)
+    load().oxy_greedy(logits.element_size(), logits.data_ptr(), rows, n, logits.stride(0), tokens.data_ptr())
+    redo = (tokens < 0).nonzero()[:, 0]
+    if len(redo):
+        tokens[redo] = logits[redo].float().argmax(dim=-1)
+    return tokens
+
+
+CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on wherever it runs (a CPU model, a built kernel)
+
+
+def apply(model: torch.nn.Module, requested: str) -> str:
+    """Turn the kernel on for `model` (a Pi05Model) as `requested` (one of CHOICES); returns what was done and why,
+    for the start-up log. `on` raises (CpuKernelUnavailable or ValueError) where `auto` falls back to the eager
+    step with the reason."""
+    if requested not in CHOICES:
+        raise ValueError(f"unknown cpu_kernel choice {requested!r}; choose one of {CHOICES}")
+    if requested == "off":
+        return "off (as configured)"
+    try:
+        model.use_cpu_kernel()
+    except (CpuKernelUnavailable, ValueError) as error:
+        if requested == "on":
+            raise
+        return f"off (auto: {str(error).splitlines()[0]})"
+    return "on" if requested == "on" else "on (auto)"
