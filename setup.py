@@ -11,6 +11,7 @@ NODE_EXECUTABLES = ["vla_node", "replay_node", "record_node", "sim_node", "fleet
 
 setup(
     packages=find_packages(include=["oxygen_ros", "oxygen_ros.*"]),
+    package_data={"oxygen_ros.model": ["cpu_kernel.cpp"]},  # compiled on first use (model/cpu_kernel.py)
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/oxygen_ros"]),
         ("share/oxygen_ros", ["package.xml"]),

@@ -2,7 +2,7 @@
 its time goes.
 
     python -m oxygen_ros.bench.decode_bench [--preset fullvocab] [--batches 1 50] [--dtypes float32 bfloat16]
-                                            [--rounds 5] [--steps 10] [--profile] [--compile]
+                                            [--rounds 5] [--steps 10] [--profile] [--compile] [--cpu-kernel]
 
 For every dtype and batch it times `Pi05Model.decode_step` (logits, then the argmax a greedy request takes) and
 `Pi05Model.decode_next` (the token chosen inside the model, no [batch, vocab] logits), and two floors:
@@ -16,6 +16,8 @@ cache index prefix_len + 24, the middle of a 50-token narration. `decode_next sc
 descending order, which the cache cannot serve as a view: every layer gathers the requests' K/V.
 `decode_batch` is the engine's step over language requests in those slots (`EngineBatch`): its index stays on the
 device and advances in place; `decode_batch rebuilt` builds every index from the requests' lists each step instead.
+`decode_batch cpu kernel` (`--cpu-kernel`) is that step with the backbone layers and the greedy choice as compiled
+CPU calls (`Pi05Model.use_cpu_kernel`).
 `--profile` prints torch.profiler's per-operator table for each variant; `--compile` adds the compiled decode
 step (`Pi05Model.compile_steps`) and one denoise step (one Euler step of `sample_actions`), eager and compiled,
 as variants; compiling takes tens of seconds per batch size.
@@ -24,6 +26,7 @@ as variants; compiling takes tens of seconds per batch size.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -98,7 +101,8 @@ class EngineBatch:
             request.accept(token, 0.0)
 
 
-def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None) -> dict[str, Callable]:
+def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None,
+             kernel: Pi05Model | None = None) -> dict[str, Callable]:
     cfg = model.config
     cache = random_cache(cfg, batch, model.dtype, seed)
     slots = torch.arange(batch)
@@ -116,6 +120,8 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
         # one row the way the model computes it (`GemmaStack.logits`): a matrix-vector product
         "floor: head matmul": (lambda: torch.mv(head, hidden[0])) if batch == 1 else (lambda: hidden @ head.T),
     }
+    if kernel is not None:
+        runs["decode_batch cpu kernel"] = EngineBatch(kernel, cache, tokens.tolist(), rebuilt=False)
     if compiled is not None:
         noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
         runs["decode_next compiled"] = lambda: compiled.decode_next(cache, slots, tokens, index, positions)
@@ -158,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--profile", action="store_true", help="print the profiler's operator table per variant")
     parser.add_argument("--compile", action="store_true", help="also time the torch.compile'd decode step")
+    parser.add_argument("--cpu-kernel", action="store_true",
+                        help="also time the engine's step with the compiled CPU kernel (Pi05Model.use_cpu_kernel)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.threads:
@@ -173,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         dtype = getattr(torch, dtype_name)
         model = build_model(config, dtype=dtype, seed=args.seed)
         compiled = build_model(config, dtype=dtype, seed=args.seed).compile_steps() if args.compile else None
+        # the same weights as the eager variants (a shallow copy), so its text head is as warm in the caches as theirs
+        kernel = copy.copy(model).use_cpu_kernel() if args.cpu_kernel else None
         for batch in args.batches:
-            runs = variants(model, batch, args.seed, compiled)
+            runs = variants(model, batch, args.seed, compiled, kernel)
             result = measure(runs, args.rounds, args.steps)
             memory_ms = step_bytes(model, batch, config.prefix_len + TEXT_OFFSET + 1) / bandwidth / 1e6
             head_ms = result["floor: head matmul"]

@@ -19,6 +19,7 @@ import torch
 from ..command_line import CommandParser, progress
 from ..engine.scheduler import deadline_missed
 from ..engine.stats import percentile, percentile_ms
+from ..model import cpu_kernel
 from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
 from ..model.precision import DTYPE_NAMES, resolve_dtype
@@ -243,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", nargs="+", choices=DTYPE_NAMES, help="model dtype(s), run one after the other in "
                         "this process; default bfloat16 on cuda, float32 on cpu (auto: as the node's model.dtype)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the denoise and decode steps")
+    parser.add_argument("--cpu-kernel", choices=cpu_kernel.CHOICES, default="auto", help="the decode step's layers "
+                        "and greedy choice as compiled CPU calls, as the node's model.cpu_kernel (every setting "
+                        "runs the same model, so the baseline decodes as fast)")
     parser.add_argument("--cuda-graphs", action="store_true", help="replay CUDA graphs of the decode step and the "
                         "denoising loop per batch bucket (a CUDA device only)")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (under 2 minutes on 2 CPU cores)")
@@ -281,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
             model.compile_steps()
         if args.cuda_graphs:
             model.use_cuda_graphs()
+        kernel = cpu_kernel.apply(model, args.cpu_kernel)
+        print(f"cpu kernel: {kernel}", flush=True)
         period = measure_action_only_period(model, config, args.device, args.seed)
         meta = {"preset": preset, "device": args.device, "dtype": str(choice.dtype).removeprefix("torch."),
-                "compiled": args.compile, "cuda_graphs": args.cuda_graphs, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "compiled": args.compile, "cuda_graphs": args.cuda_graphs, "cpu_kernel": kernel,
+                "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "cpu": platform.processor() or platform.machine(), "control_period_ms": 1e3 * period,
                 "frames_per_round": frames, "rounds": rounds, "min_steps_per_frame": args.min_steps,
                 "overlap_threads": args.overlap_threads,
