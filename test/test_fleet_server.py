@@ -231,3 +231,19 @@ def test_frames_wait_for_frame_slots_instead_of_failing(tokenizer):  # noqa: F81
         server.close()
     assert sorted(c.context for c in chunks) == list(range(6)) and all(c.error is None for c in chunks), \
         server.robot_counts("r1")
+
+
+def test_cpu_kernel_choice_reaches_every_served_model(tokenizer):  # noqa: F811
+    """`cpu_kernel`: auto (the default) puts every model's decode step through the compiled kernel here, off keeps
+    the eager step; what each model got is on the server, and narration is served either way."""
+    robots = [ServedRobot("r1", "a", 600.0), ServedRobot("r2", "b", 600.0)]
+    specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=6)
+    for choice, said in (("auto", "on (auto)"), ("off", "off (as configured)")):
+        chunks, texts = [], []
+        kwargs = {} if choice == "auto" else {"cpu_kernel": choice}
+        server = FleetServer(specs, robots, config, lambda model: tokenizer, on_chunk=chunks.append,
+                             on_text=texts.append, **kwargs)
+        assert server.cpu_kernel == {"a": said, "b": said}
+        assert all(s.model.uses_cpu_kernel == (choice == "auto") for s in server.runtime.served.values())
+        serve_three_narrating_frames_each(server, chunks, texts)

@@ -39,6 +39,7 @@ import torch
 
 from ..engine.runtime import ActionChunk, Runtime, RuntimeConfig, RuntimeStats, Served, TextUpdate
 from ..engine.stage_workers import StageWorkers
+from ..model.cpu_kernel import apply as apply_cpu_kernel
 from ..model.loading import load_model_source, tokenizer_for
 from ..model.preprocess import Observation
 from .baselines import StaticSplitScheduler
@@ -135,7 +136,8 @@ class FleetServer:
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False,
                  design: str = "monolithic", profile: ProfileTable | None = None, guard: float = 1.1,
-                 cpu_threads: int | None = None, profile_repeats: int = 3, cuda_graphs: bool = False):
+                 cpu_threads: int | None = None, profile_repeats: int = 3, cuda_graphs: bool = False,
+                 cpu_kernel: str = "auto"):
         """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
         Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
         ones (`error` set); late ones only with `publish_late` (then `missed` is set). `design`: see the module;
@@ -143,7 +145,9 @@ class FleetServer:
         slowdown of the two stages side by side) with `guard` or the profile's measured co-run slowdown, whichever
         is larger (`self.guard`), on `cpu_threads` cores of a CPU (default: torch's intra-op threads).
         `cuda_graphs` (a CUDA device only, else ValueError): every model replays CUDA graphs of its action stage
-        and decode step per (bucket, stream), so per SM partition in a stage split (`use_stage_graphs`)."""
+        and decode step per (bucket, stream), so per SM partition in a stage split (`use_stage_graphs`).
+        `cpu_kernel` (`model/cpu_kernel.py` CHOICES): every model's decode step through the compiled CPU kernel;
+        what each model got is `self.cpu_kernel`."""
         if design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
         if design != "monolithic" and config.scheduler.queue not in POLICIES:
@@ -155,8 +159,10 @@ class FleetServer:
         if missing:
             raise ValueError(f"the profile table has no entries for models {missing}")
         served: dict[str, Served] = {}
+        self.cpu_kernel: dict[str, str] = {}
         for spec in models_to_load(specs, robots):
             loaded = load_model_source(spec.source, device, dtype, spec.seed)
+            self.cpu_kernel[spec.model_id] = apply_cpu_kernel(loaded.model, cpu_kernel)
             tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
             if cuda_graphs:
                 use_stage_graphs(loaded.model, config.scheduler.max_batch)

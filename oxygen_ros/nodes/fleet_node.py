@@ -37,7 +37,8 @@ VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: ne
 ``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
 ``language.overlap_threads``),
 ``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
-model, stage, bucket and SM partition; on a CPU the node refuses to start), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
+model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
+the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``.
 """
 
@@ -110,6 +111,7 @@ DEFAULTS = {
     "profile_repeats": 3,
     "guard": 1.1,
     "cuda_graphs": False,
+    "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
     "action_dt": 0.02,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
@@ -174,7 +176,7 @@ class FleetNode(Node):
                                   lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
                                   publish_late=p["publish_late"], design=p["design"], profile=profile,
-                                  cuda_graphs=p["cuda_graphs"],
+                                  cuda_graphs=p["cuda_graphs"], cpu_kernel=p["cpu_kernel"],
                                   guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
                                   profile_repeats=p["profile_repeats"])
         self.device = device
@@ -199,7 +201,7 @@ class FleetNode(Node):
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
         self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
                                f"(gpu_index {p['gpu_index']}, design {p['design']}, queue {p['queue']}, "
-                               f"max_batch {p['max_batch']}, "
+                               f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
     def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...]) -> None:

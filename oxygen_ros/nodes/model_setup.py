@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.checkpoint import CheckpointError
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.loading import is_checkpoint, load_model_source, tokenizer_for
@@ -64,7 +65,12 @@ def load_policy(params: VlaParams) -> Policy:
         loaded = load_model_source(params.preset, params.device, dtype, params.seed)
         model, norm_stats, source = loaded.model, None, loaded.description
     try:
+        kernel = cpu_kernel.apply(model, params.cpu_kernel)
+    except (cpu_kernel.CpuKernelUnavailable, ValueError) as err:
+        raise ParameterError(f"model.cpu_kernel on: {err}") from err
+    try:
         tokenizer = tokenizer_for(model, params.tokenizer)
     except (OSError, ValueError, RuntimeError) as err:
         raise ParameterError(f"model.tokenizer {params.tokenizer!r} cannot be used: {err}") from err
-    return Policy(model=model, tokenizer=tokenizer, norm_stats=norm_stats, source=f"{source} in {choice}")
+    return Policy(model=model, tokenizer=tokenizer, norm_stats=norm_stats,
+                  source=f"{source} in {choice}, cpu kernel {kernel}")

@@ -29,6 +29,7 @@ from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.joint_groups import JointGroup
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
+from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 
@@ -67,6 +68,9 @@ SPECS = (
     Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
                                 "bfloat16 where it measures faster, else float32",
          " | ".join(DTYPE_NAMES)),
+    Spec("model.cpu_kernel", "auto", "a decode step's backbone layers and greedy choice as compiled calls on a cpu "
+                                     "(built once with the system C++ compiler); auto: where it builds, else the "
+                                     "eager step", " | ".join(CPU_KERNEL_CHOICES)),
     Spec("model.seed", 0, "weights of a random-init preset and the flow-matching noise", ">= 0"),
     Spec("model.cpu_threads", 0, "torch intra-op threads; 0: torch's default", ">= 0"),
     Spec("cameras.topics", REQUIRED, "camera image topics (relative names), one per model image key"),
@@ -140,6 +144,7 @@ class VlaParams:
     tokenizer: str
     device: str
     dtype: str
+    cpu_kernel: str
     seed: int
     cpu_threads: int
     camera_topics: tuple[str, ...]
@@ -178,12 +183,15 @@ class VlaParams:
         return 1.0 / self.rate_hz
 
 
+# Choices that include the words off / on, which YAML and `-p` read as the booleans false / true when bare.
+WORD_CHOICES = ("language.policy", "model.cpu_kernel")
+
+
 def _descriptor(spec: Spec) -> ParameterDescriptor:
-    # Floats are dynamically typed so that integer values are accepted (checked in read_parameters); so is
-    # language.policy, because YAML and `-p` read a bare `off` as the boolean false; and a group's scale and
-    # offset (unset, a number or a list).
+    # Floats are dynamically typed so that integer values are accepted (checked in read_parameters); so are the
+    # WORD_CHOICES (a bare off arrives as a boolean), and a group's scale and offset (unset, a number or a list).
     dynamic = isinstance(spec.default, float) or spec.default is None \
-        or spec.name in ("cameras.compressed", "language.policy")
+        or spec.name in ("cameras.compressed", *WORD_CHOICES)
     return ParameterDescriptor(name=spec.name, description=spec.description, additional_constraints=spec.constraints,
                                read_only=True, dynamic_typing=dynamic)
 
@@ -274,8 +282,10 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
     if deadline_margin >= 1.0 / rate_hz:
         raise ParameterError(f"control.deadline_margin_s ({deadline_margin}) must be shorter than the control "
                              f"period ({1.0 / rate_hz:.4f} s)")
-    if values["language.policy"] is False:  # `policy: off` unquoted
-        values = {**values, "language.policy": "off"}
+    words = {name: {False: "off", True: "on"}[values[name]] for name in WORD_CHOICES
+             if isinstance(values[name], bool)}  # `policy: off` unquoted
+    if words:
+        values = {**values, **words}
         p = _Reader(values)
     action_names = p.names("joints.action_names")
     return VlaParams(
@@ -285,6 +295,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         tokenizer=p.text("model.tokenizer"),
         device=p.choice("model.device", DEVICES),
         dtype=p.choice("model.dtype", DTYPE_NAMES),
+        cpu_kernel=p.choice("model.cpu_kernel", CPU_KERNEL_CHOICES),
         seed=p.integer("model.seed"),
         cpu_threads=p.integer("model.cpu_threads"),
         camera_topics=topics,
