@@ -189,3 +189,16 @@ def test_built_once_into_the_user_cache_then_loaded(tmp_path):
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert second.stdout.strip() == path and os.stat(path).st_mtime_ns == built
     assert [p.name for p in (tmp_path / "oxygen_ros").iterdir()] == [os.path.basename(path)]  # no temporary left
+
+
+@torch.inference_mode()
+def test_logits_the_caller_keeps_are_not_overwritten_by_the_next_step():
+    """A CPU decode step reuses one logits buffer (eager or kernel); `decode_step`'s float32 logits must be the
+    caller's own."""
+    for model in models(TINY, torch.float32):
+        cache = random_cache(TINY, torch.float32, num_slots=2, max_len=TINY.prefix_len + 4, seed=2)
+        slots, index = torch.tensor([0, 1]), torch.full((2,), TINY.prefix_len)
+        first = model.decode_step(cache, slots, torch.tensor([5, 6]), index, index)
+        kept = first.clone()
+        model.decode_step(cache, slots, torch.tensor([7, 8]), index + 1, index + 1)
+        assert torch.equal(first, kept)

@@ -6,8 +6,8 @@ its time goes.
 
 For every dtype and batch it times `Pi05Model.decode_step` (logits, then the argmax a greedy request takes) and
 `Pi05Model.decode_next` (the token chosen inside the model, no [batch, vocab] logits), and two floors:
-- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype; for one
-  row the matrix-vector product the model uses);
+- compute: the bare text-head matmul for that batch (hidden [batch, width] @ head.T in the model's dtype, into an
+  output allocated once, as the model's step reuses one; for one row the matrix-vector product the model uses);
 - memory: the bytes one step must read (backbone weights, text head included, plus the requests' K/V) divided
   by the read bandwidth measured here over a 1 GiB buffer.
 Variants are interleaved round by round, so machine load moves them together; each figure is the median over all
@@ -111,6 +111,7 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
     positions = index - cfg.max_token_len // 2
     hidden = torch.randn(batch, cfg.backbone.width, dtype=model.dtype)
     head = model.backbone.text_head.detach()
+    out = torch.empty(batch, cfg.vocab_size, dtype=model.dtype)
     runs = {
         "decode_step+argmax": lambda: model.decode_step(cache, slots, tokens, index, positions).argmax(dim=-1),
         "decode_next": lambda: model.decode_next(cache, slots, tokens, index, positions),
@@ -118,7 +119,8 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
         "decode_batch": EngineBatch(model, cache, tokens.tolist(), rebuilt=False),
         "decode_batch rebuilt": EngineBatch(model, cache, tokens.tolist(), rebuilt=True),
         # one row the way the model computes it (`GemmaStack.logits`): a matrix-vector product
-        "floor: head matmul": (lambda: torch.mv(head, hidden[0])) if batch == 1 else (lambda: hidden @ head.T),
+        "floor: head matmul": (lambda: torch.mv(head, hidden[0])) if batch == 1 else (
+            lambda: torch.mm(hidden, head.T, out=out)),
     }
     if kernel is not None:
         runs["decode_batch cpu kernel"] = EngineBatch(kernel, cache, tokens.tolist(), rebuilt=False)

@@ -229,11 +229,15 @@ class GemmaStack(nn.Module):
         # the scale rounded to x's dtype, filled on x's device (no host copy, so a CUDA graph can capture it)
         return x * torch.full((), math.sqrt(self.cfg.width), dtype=x.dtype, device=x.device)
 
-    def logits(self, hidden: Tensor) -> Tensor:
+    def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
         """Next-token logits [..., vocab] from final-layer hidden states [..., W], through the final norm and the text
         head. One row [1, W] is a matrix-vector product: on a CPU the matrix product's kernel reads a bfloat16 head at
-        about two thirds the speed of `torch.mv` (docs/benchmarks.md, batch 1)."""
+        about two thirds the speed of `torch.mv` (docs/benchmarks.md, batch 1). `out` [B, vocab] (rows [B, W] of
+        several requests only): written and returned instead of a new tensor, so a caller that keeps one spares
+        the allocator a fresh [B, vocab] block (on a CPU, pages touched for the first time) every step."""
         h, _ = self.norm(hidden)
         if h.dim() == 2 and h.shape[0] == 1:
             return torch.mv(self.text_head, h[0])[None]
+        if out is not None:
+            return torch.mm(h, self.text_head.T, out=out)
         return h @ self.text_head.T

@@ -68,6 +68,7 @@ class Pi05Model(nn.Module):
         self.time_mlp_out = nn.Linear(width, width)
         self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
+        self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
 
     @property
     def dtype(self) -> torch.dtype:
@@ -263,7 +264,10 @@ class Pi05Model(nn.Module):
         `positions[b]`, and attends to the valid positions of its own slot up to and including that index.
         Requests may sit at different lengths.
         """
-        return self._decode_logits(cache, DecodeIndex(cache, slots, cache_index, positions), tokens).float()
+        logits = self._decode_logits(cache, DecodeIndex(cache, slots, cache_index, positions), tokens)
+        # the caller keeps these: never the reused buffer itself
+        reused = self._logits_buffer is not None and logits.data_ptr() == self._logits_buffer.data_ptr()
+        return logits.to(torch.float32, copy=reused)
 
     @torch.inference_mode()
     def decode_next(
@@ -308,9 +312,20 @@ class Pi05Model(nn.Module):
             logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
             if logits is not None:
                 return logits
-        if self._cpu_kernel:
-            return self.backbone.logits(self._kernel_hidden(cache, index, tokens))
-        return self.backbone.logits(self._decode_hidden(cache, index, tokens))
+        hidden = self._kernel_hidden(cache, index, tokens) if self._cpu_kernel else self._decode_hidden(cache, index,
+                                                                                                         tokens)
+        return self.backbone.logits(hidden, self._logits_out(len(index)))
+
+    def _logits_out(self, rows: int) -> Tensor | None:
+        """A [rows, vocab] view of the CPU decode step's logits buffer (grown to the largest batch seen, in the model's
+        dtype): a fresh [50, 257152] float32 block each step costs its page faults, 20 ms a step here
+        (docs/benchmarks.md). None for one row (a matrix-vector product) and off the CPU (the CUDA allocator reuses
+        its blocks)."""
+        if rows == 1 or self.device.type != "cpu":
+            return None
+        if self._logits_buffer is None or self._logits_buffer.shape[0] < rows:
+            self._logits_buffer = torch.empty(rows, self.config.vocab_size, dtype=self.dtype, device=self.device)
+        return self._logits_buffer[:rows]
 
     def _kernel_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """`_decode_hidden` through the CPU kernel: the embedding and RoPE tables here, every layer in one call."""
