@@ -175,10 +175,6 @@ inline vf vexp_nonpos(vf x) {
     return under ? vf{} : p * scale;
 }
 
-inline float sexp(float x) {
-    vf v = vexp(vsplat(x));
-    return v[0];
-}
 
 // ---- building blocks on one row (float32 working copies) -------------------------------------------------------
 
@@ -258,37 +254,39 @@ inline vf vgelu(vf x) {
     return 0.5f * x * (1.0f + th);
 }
 
-// 16 x 16 transpose of rows r[0..15] in place: swap the off-diagonal blocks at distances 8, 4, 2, 1 (row i keeps
-// its lanes without bit s and takes row i+s's; row i+s takes row i's lanes with bit s and keeps its own).
-template <int S>
-inline void transpose_step(vf* r) {
-    constexpr vi lo = {
-        (0 & S) ? 16 + 0 - S : 0,   (1 & S) ? 16 + 1 - S : 1,   (2 & S) ? 16 + 2 - S : 2,
-        (3 & S) ? 16 + 3 - S : 3,   (4 & S) ? 16 + 4 - S : 4,   (5 & S) ? 16 + 5 - S : 5,
-        (6 & S) ? 16 + 6 - S : 6,   (7 & S) ? 16 + 7 - S : 7,   (8 & S) ? 16 + 8 - S : 8,
-        (9 & S) ? 16 + 9 - S : 9,   (10 & S) ? 16 + 10 - S : 10, (11 & S) ? 16 + 11 - S : 11,
-        (12 & S) ? 16 + 12 - S : 12, (13 & S) ? 16 + 13 - S : 13, (14 & S) ? 16 + 14 - S : 14,
-        (15 & S) ? 16 + 15 - S : 15};
-    constexpr vi hi = {
-        (0 & S) ? 16 + 0 : 0 + S,   (1 & S) ? 16 + 1 : 1 + S,   (2 & S) ? 16 + 2 : 2 + S,
-        (3 & S) ? 16 + 3 : 3 + S,   (4 & S) ? 16 + 4 : 4 + S,   (5 & S) ? 16 + 5 : 5 + S,
-        (6 & S) ? 16 + 6 : 6 + S,   (7 & S) ? 16 + 7 : 7 + S,   (8 & S) ? 16 + 8 : 8 + S,
-        (9 & S) ? 16 + 9 : 9 + S,   (10 & S) ? 16 + 10 : 10 + S, (11 & S) ? 16 + 11 : 11 + S,
-        (12 & S) ? 16 + 12 : 12 + S, (13 & S) ? 16 + 13 : 13 + S, (14 & S) ? 16 + 14 : 14 + S,
-        (15 & S) ? 16 + 15 : 15 + S};
-    for (int i = 0; i < L; ++i) {
-        if (i & S) continue;
-        vf a = r[i], b = r[i + S];
-        r[i] = __builtin_shuffle(a, b, lo);
-        r[i + S] = __builtin_shuffle(a, b, hi);
-    }
-}
+// 16 x 16 transpose of rows r[0..15] in place, in four stages of two-input shuffles that each map to one
+// non-destructive instruction on AVX-512 (unpack within 128-bit lanes, shuffle pairs within them, then 128-bit
+// lanes twice): r[j] becomes column j.
+inline vf shuffle(vf a, vf b, vi mask) { return __builtin_shuffle(a, b, mask); }
 
 inline void transpose16(vf* r) {
-    transpose_step<8>(r);
-    transpose_step<4>(r);
-    transpose_step<2>(r);
-    transpose_step<1>(r);
+    constexpr vi unpack_lo = {0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29};
+    constexpr vi unpack_hi = {2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31};
+    constexpr vi pairs_lo = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    constexpr vi pairs_hi = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    constexpr vi lanes_even = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    constexpr vi lanes_odd = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    vf t[L], u[L];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = shuffle(r[2 * i], r[2 * i + 1], unpack_lo);
+        t[2 * i + 1] = shuffle(r[2 * i], r[2 * i + 1], unpack_hi);
+    }
+    for (int i = 0; i < 4; ++i) {
+        u[4 * i] = shuffle(t[4 * i], t[4 * i + 2], pairs_lo);
+        u[4 * i + 1] = shuffle(t[4 * i], t[4 * i + 2], pairs_hi);
+        u[4 * i + 2] = shuffle(t[4 * i + 1], t[4 * i + 3], pairs_lo);
+        u[4 * i + 3] = shuffle(t[4 * i + 1], t[4 * i + 3], pairs_hi);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = shuffle(u[i], u[i + 4], lanes_even);
+        t[i + 4] = shuffle(u[i], u[i + 4], lanes_odd);
+        t[i + 8] = shuffle(u[i + 8], u[i + 12], lanes_even);
+        t[i + 12] = shuffle(u[i + 8], u[i + 12], lanes_odd);
+    }
+    for (int i = 0; i < 8; ++i) {
+        r[i] = shuffle(t[i], t[i + 8], lanes_even);
+        r[i + 8] = shuffle(t[i], t[i + 8], lanes_odd);
+    }
 }
 
 // Scores of HN query rows q [HN, d] against the 16 keys k [16, d] (d a multiple of 16): each 16 x 16 tile of the
@@ -355,25 +353,33 @@ inline void weigh_values_n(int hn, const float* p, int64_t stride, const T* v, i
 }
 
 // Attention of `group` query rows q [group, d] (float32, already rounded) over the first `span` keys of one K/V
-// head (k, v [span, d] rows at stride d), with additive mask [span] (0 or -inf). Writes out [group, d] rounded.
+// head (k, v [span, d] rows at stride d), with additive mask [stride] (0 or -inf; -inf past the span). scores is
+// scratch of [group, stride] floats, stride = span rounded up to 16, so every pass runs whole vectors (the padding
+// scores -inf, weights 0). Writes out [group, d] rounded.
 template <typename T>
 void attend(const float* q, int group, int d, const T* k, const T* v, const float* mask, int64_t span,
-            float scale, float* scores, float* out) {
+            int64_t stride, float scale, float* scores, float* out) {
     // scores[h, s] = q_h . k_s * scale + mask_s
-    int64_t s = 0;
     if (d % L == 0) {
+        thread_local std::vector<T> tail;  // the last keys, padded with zero rows to a whole tile
+        int64_t whole = span / L * L;
+        if (whole < span) {
+            tail.assign((size_t)L * d, T{});
+            std::memcpy(tail.data(), k + whole * d, sizeof(T) * (size_t)(span - whole) * d);
+        }
         for (int h0 = 0; h0 < group; h0 += 8) {
             int hn = group - h0 < 8 ? group - h0 : 8;
-            for (s = 0; s + L <= span; s += L)
-                scores16_n<T>(hn, q + (size_t)h0 * d, d, k + s * d, vload(mask + s), scale,
-                              scores + (size_t)h0 * span + s, span);
+            for (int64_t s = 0; s < stride; s += L)
+                scores16_n<T>(hn, q + (size_t)h0 * d, d, s < whole ? k + s * d : tail.data(), vload(mask + s),
+                              scale, scores + (size_t)h0 * stride + s, stride);
         }
-    }
-    for (; s < span; ++s) {
-        for (int h = 0; h < group; ++h) {
-            float a = 0;
-            for (int j = 0; j < d; ++j) a += q[(size_t)h * d + j] * to_float(k[s * d + j]);
-            scores[(size_t)h * span + s] = a * scale + mask[s];
+    } else {
+        for (int64_t s = 0; s < stride; ++s) {
+            for (int h = 0; h < group; ++h) {
+                float a = 0;
+                for (int j = 0; j < d && s < span; ++j) a += q[(size_t)h * d + j] * to_float(k[s * d + j]);
+                scores[(size_t)h * stride + s] = a * scale + mask[s];
+            }
         }
     }
     // running softmax over key blocks, weights rounded before they multiply V: per block, every head's weights,
@@ -387,32 +393,26 @@ void attend(const float* q, int group, int d, const T* k, const T* v, const floa
     for (size_t j = 0; j < (size_t)group * d; ++j) out[j] = 0;  // the running weighted sums of values
     for (int64_t b0 = 0; b0 < span; b0 += KV_BLOCK) {
         int64_t b1 = b0 + KV_BLOCK < span ? b0 + KV_BLOCK : span;
+        int64_t b1v = b1 == span ? stride : b1;  // whole vectors: blocks start at multiples of 512
         bool any = false;
         for (int h = 0; h < group; ++h) {
-            float* sc = scores + (size_t)h * span;
-            float block_max = vmax_of(sc + b0, b1 - b0);
+            float* sc = scores + (size_t)h * stride;
+            float block_max = vmax_of(sc + b0, b1v - b0);
             float new_max = block_max > run_max[h] ? block_max : run_max[h];
             if (new_max == ninf) {  // nothing visible to this head yet: its weights in this block are all zero
-                for (int64_t t = b0; t < b1; ++t) sc[t] = 0;
+                for (int64_t t = b0; t < b1v; ++t) sc[t] = 0;
                 rescale[h] = 1;
                 continue;
             }
             any = true;
             vf vmax = vsplat(new_max), vsum{};
-            int64_t t = b0;
-            for (; t + L <= b1; t += L) {
+            for (int64_t t = b0; t < b1v; t += L) {
                 vf e = vexp_nonpos(vload(sc + t) - vmax);
                 vsum += e;
                 vstore(sc + t, vround_finite<T>(e));
             }
-            float block_sum = hsum(vsum);
-            for (; t < b1; ++t) {
-                float e = sexp(sc[t] - new_max);
-                block_sum += e;
-                sc[t] = round_to<T>(e);
-            }
             rescale[h] = run_max[h] == ninf ? 0.0f : std::exp(run_max[h] - new_max);
-            run_sum[h] = block_sum + rescale[h] * run_sum[h];
+            run_sum[h] = hsum(vsum) + rescale[h] * run_sum[h];
             run_max[h] = new_max;
         }
         if (!any) continue;
@@ -420,14 +420,14 @@ void attend(const float* q, int group, int d, const T* k, const T* v, const floa
         for (; j + L <= d; j += L) {
             for (int h0 = 0; h0 < group; h0 += 8) {
                 int hn = group - h0 < 8 ? group - h0 : 8;
-                weigh_values_n<T>(hn, scores + (size_t)h0 * span, span, v, d, j, b0, b1, rescale + h0,
+                weigh_values_n<T>(hn, scores + (size_t)h0 * stride, stride, v, d, j, b0, b1, rescale + h0,
                                   out + (size_t)h0 * d);
             }
         }
         for (; j < d; ++j) {
             for (int h = 0; h < group; ++h) {
                 float a = 0;
-                for (int64_t t = b0; t < b1; ++t) a += scores[(size_t)h * span + t] * to_float(v[t * d + j]);
+                for (int64_t t = b0; t < b1; ++t) a += scores[(size_t)h * stride + t] * to_float(v[t * d + j]);
                 float* o = out + (size_t)h * d + j;
                 *o = *o * rescale[h] + a;
             }
@@ -450,11 +450,11 @@ int decode_layers(const Shapes& sh, T* x, const void* const* weights, T* cache_k
                   const int64_t* slots, const int64_t* cache_index, const T* cos, const T* sin) {
     const int B = sh.batch, W = sh.width, H = sh.heads, KV = sh.kv_heads, D = sh.head_dim, M = sh.mlp_dim;
     const int G = H / KV;
-    const int64_t span = sh.span;
+    const int64_t span = sh.span, stride = (span + L - 1) / L * L;
     if (D > 1024 || H % KV != 0 || H / KV > 64) return 1;
     thread_local std::vector<float> buf;
-    size_t need = (size_t)B * (2 * W + 2 * H * D + 2 * KV * D + 3 * M + 2 * D) + (size_t)B * span +
-                  (size_t)G * span;
+    size_t need = (size_t)B * (2 * W + 2 * H * D + 2 * KV * D + 3 * M + 2 * D) + (size_t)B * stride +
+                  (size_t)G * stride;
     if (buf.size() < need) buf.resize(need);
     float* xs = buf.data();                 // [B, W] residual stream
     float* hn = xs + (size_t)B * W;         // [B, W] normed
@@ -467,8 +467,8 @@ int decode_layers(const Shapes& sh, T* x, const void* const* weights, T* cache_k
     float* mb = ub + (size_t)B * M;         // [B, M]
     float* cs = mb + (size_t)B * M;         // [B, D] cos
     float* sn = cs + (size_t)B * D;         // [B, D] sin
-    float* masks = sn + (size_t)B * D;      // [B, span]
-    float* scores = masks + (size_t)B * span;  // [G, span]
+    float* masks = sn + (size_t)B * D;      // [B, stride]
+    float* scores = masks + (size_t)B * stride;  // [G, stride]
 
     const float ninf = -std::numeric_limits<float>::infinity();
     if (span > sh.max_len) return 2;
@@ -480,7 +480,7 @@ int decode_layers(const Shapes& sh, T* x, const void* const* weights, T* cache_k
         int64_t slot = slots[b], ci = cache_index[b];
         valid[slot * sh.max_len + ci] = true;
         const bool* vrow = valid + slot * sh.max_len;
-        for (int64_t s = 0; s < span; ++s) masks[(size_t)b * span + s] = (vrow[s] && s <= ci) ? 0.0f : ninf;
+        for (int64_t s = 0; s < stride; ++s) masks[(size_t)b * stride + s] = (s < span && vrow[s] && s <= ci) ? 0.0f : ninf;
         for (int j = 0; j < D; ++j) {
             cs[(size_t)b * D + j] = to_float(cos[(size_t)b * D + j]);
             sn[(size_t)b * D + j] = to_float(sin[(size_t)b * D + j]);
@@ -526,7 +526,7 @@ int decode_layers(const Shapes& sh, T* x, const void* const* weights, T* cache_k
             }
             for (int h = 0; h < KV; ++h)
                 attend<T>(qb + ((size_t)b * H + (size_t)h * G) * D, G, D, slot_k + (int64_t)h * sh.max_len * D,
-                          slot_v + (int64_t)h * sh.max_len * D, masks + (size_t)b * span, span, scale, scores,
+                          slot_v + (int64_t)h * sh.max_len * D, masks + (size_t)b * stride, span, stride, scale, scores,
                           ab + ((size_t)b * H + (size_t)h * G) * D);
         }
         linear(ab, B, H * D, wo, W, hn);
