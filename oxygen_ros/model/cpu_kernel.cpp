@@ -69,50 +69,33 @@ inline vf vload(const float* p) {
 inline vf vload(const Bf16* p) {
     vh h;
     std::memcpy(&h, p, sizeof h);
-    vu u = __builtin_convertvector(h, vu) << 16;
-    vf v;
-    std::memcpy(&v, &u, sizeof v);
-    return v;
+    return (vf)(__builtin_convertvector(h, vu) << 16);  // a vector cast reinterprets the bits
 }
 inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
 template <typename T> inline vf vround(vf v);
 template <> inline vf vround<float>(vf v) { return v; }
 template <> inline vf vround<Bf16>(vf v) {
-    vu u;
-    std::memcpy(&u, &v, sizeof u);
+    vu u = (vu)v;
     vu r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
     vi nan = v != v;
-    r = nan ? vu{} + 0x7FC00000u : r;
-    vf out;
-    std::memcpy(&out, &r, sizeof out);
-    return out;
+    return (vf)(nan ? vu{} + 0x7FC00000u : r);
 }
 
 // vround for values known to be finite (no NaN check)
 template <typename T> inline vf vround_finite(vf v);
 template <> inline vf vround_finite<float>(vf v) { return v; }
 template <> inline vf vround_finite<Bf16>(vf v) {
-    vu u;
-    std::memcpy(&u, &v, sizeof u);
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
-    vf out;
-    std::memcpy(&out, &u, sizeof out);
-    return out;
+    vu u = (vu)v;
+    return (vf)((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u);
 }
 
-inline float hsum(vf v) {
-    typedef float vf8 __attribute__((vector_size(32)));
-    typedef float vf4 __attribute__((vector_size(16)));
-    vf8 lo, hi;
-    std::memcpy(&lo, &v, sizeof lo);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-    vf8 a = lo + hi;
-    vf4 a0, a1;
-    std::memcpy(&a0, &a, sizeof a0);
-    std::memcpy(&a1, reinterpret_cast<const char*>(&a) + sizeof a0, sizeof a1);
-    vf4 b = a0 + a1;
-    return (b[0] + b[2]) + (b[1] + b[3]);
+inline float hsum(vf v) {  // halves folded onto each other: the sum ends in lane 0
+    v += __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    v += __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    v += __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    v += __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    return v[0];
 }
 
 inline vf vsplat(float x) { return vf{} + x; }
@@ -148,9 +131,7 @@ inline vf vexp(vf x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf scale;
-    std::memcpy(&scale, &e, sizeof scale);
+    vf scale = (vf)((__builtin_convertvector(n, vi) + 127) << 23);
     vf out = p * scale;
     return under ? vf{} : out;
 }
@@ -169,9 +150,7 @@ inline vf vexp_nonpos(vf x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf scale;
-    std::memcpy(&scale, &e, sizeof scale);
+    vf scale = (vf)((__builtin_convertvector(n, vi) + 127) << 23);
     return under ? vf{} : p * scale;
 }
 
