@@ -7,8 +7,8 @@ that hashes the source, the flags and this CPU's feature flags; later processes 
 compiler, or a failed build, raises `CpuKernelUnavailable` with the compiler's message: the caller decides
 whether to run eagerly instead (`Pi05Model.use_cpu_kernel` does not decide for it).
 
-The call is bound with ctypes, not a torch extension: the kernel needs no torch headers (a build takes about a
-second, not a minute) and takes raw pointers to the model's weights, the cache and a step's indices.
+The call is bound with ctypes, not a torch extension: the kernel needs no torch headers (a build takes a few
+seconds, not a minute) and takes raw pointers to the model's weights, the cache and a step's indices.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from .user_cache import cached_file
 SOURCE = Path(__file__).with_name("cpu_kernel.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's `bf16` argument
-WEIGHTS_PER_LAYER = 9  # input norm, q, k, v, o, post-attention norm, gate, up, down
 
 
 class CpuKernelUnavailable(RuntimeError):
@@ -79,7 +78,8 @@ def load() -> ctypes.CDLL:
 
 
 def layer_weights(layers: torch.nn.ModuleList) -> ctypes.Array:
-    """The pointers the kernel reads each layer's weights through, in its order (`WEIGHTS_PER_LAYER` a layer)."""
+    """The pointers the kernel reads each layer's weights through, in its order: input norm, q, k, v, o,
+    post-attention norm, gate, up, down."""
     tensors = []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
