@@ -114,31 +114,11 @@ inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for 
     return best;
 }
 
-// exp for float32 lanes: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial (relative error ~2e-7); exactly 0
-// below the float32 normal range (so masked -inf scores weigh nothing).
-inline vf vexp(vf x) {
+// exp for float32 lanes x <= 88.7 (a softmax's scores minus their maximum, say): 2^n * e^r with |r| <= ln2/2 and
+// a degree-6 polynomial (relative error ~2e-7); exactly 0 below the float32 normal range (so masked -inf scores
+// weigh nothing).
+inline vf vexp_upto(vf x) {
     const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-    vf lo_cut = vsplat(-87.3f), hi_cut = vsplat(88.7f);
-    vi under = x < lo_cut;
-    x = x < lo_cut ? lo_cut : x;
-    x = x > hi_cut ? hi_cut : x;
-    vf n = (x * 1.44269504088896341f + magic) - magic;
-    vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vf p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    vf scale = (vf)((__builtin_convertvector(n, vi) + 127) << 23);
-    vf out = p * scale;
-    return under ? vf{} : out;
-}
-
-// vexp for x <= 0 (a score minus its row's maximum), -inf giving exactly 0.
-inline vf vexp_nonpos(vf x) {
-    const vf magic = vsplat(12582912.0f);
     vi under = x < -87.3f;
     x = under ? vsplat(-87.3f) : x;
     vf n = (x * 1.44269504088896341f + magic) - magic;
@@ -153,7 +133,6 @@ inline vf vexp_nonpos(vf x) {
     vf scale = (vf)((__builtin_convertvector(n, vi) + 127) << 23);
     return under ? vf{} : p * scale;
 }
-
 
 // ---- building blocks on one row (float32 working copies) -------------------------------------------------------
 
@@ -229,7 +208,7 @@ inline vf vgelu(vf x) {
     vf inner = (x + 0.044715f * (x * x * x)) * beta;
     inner = inner > 9.0f ? vsplat(9.0f) : inner;
     inner = inner < -9.0f ? vsplat(-9.0f) : inner;
-    vf th = 1.0f - 2.0f / (vexp(2.0f * inner) + 1.0f);
+    vf th = 1.0f - 2.0f / (vexp_upto(2.0f * inner) + 1.0f);  // |inner| <= 9: in vexp_upto's range
     return 0.5f * x * (1.0f + th);
 }
 
@@ -386,7 +365,7 @@ void attend(const float* q, int group, int d, const T* k, const T* v, const floa
             any = true;
             vf vmax = vsplat(new_max), vsum{};
             for (int64_t t = b0; t < b1v; t += L) {
-                vf e = vexp_nonpos(vload(sc + t) - vmax);
+                vf e = vexp_upto(vload(sc + t) - vmax);
                 vsum += e;
                 vstore(sc + t, vround_finite<T>(e));
             }
