@@ -5,6 +5,7 @@ it is built once per cache and chosen as `auto` / `on` / `off` say."""
 
 import dataclasses
 import os
+import platform
 import subprocess
 import sys
 
@@ -202,3 +203,24 @@ def test_logits_the_caller_keeps_are_not_overwritten_by_the_next_step():
         kept = first.clone()
         model.decode_step(cache, slots, torch.tensor([7, 8]), index + 1, index + 1)
         assert torch.equal(first, kept)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 instruction-set levels")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])  # AVX2 (desktop CPUs without AVX-512); SSE4.2
+@torch.inference_mode()
+def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkeypatch):
+    """The kernel's 16-lane vectors as the compiler lowers them for CPUs without AVX-512: the same checks against the
+    eager step as above, for the 8-head shape, in both dtypes, with the greedy choice too."""
+    narrow = cpu_kernel.load(march)
+    assert narrow is not cpu_kernel.load()
+    monkeypatch.setattr(cpu_kernel, "load", lambda: narrow)
+    config = CONFIGS["8 heads per K/V head (the fullvocab and pi05 grouping)"]
+    for dtype in DTYPES:
+        eager, kernel = models(config, dtype)
+        caches = [random_cache(config, dtype, num_slots=6, max_len=700, seed=1) for _ in range(2)]
+        slots, index = torch.tensor([4, 1, 2]), torch.tensor([650, config.prefix_len + 3, 520])
+        tokens = torch.tensor([5, 900, 17])
+        expected = eager.decode_step(caches[0], slots, tokens, index, index - 7)
+        assert_close_logits(kernel.decode_step(caches[1], slots, tokens, index, index - 7), expected, dtype)
+        assert torch.equal(kernel.decode_next(caches[1], slots, tokens, index + 1, index - 6),
+                           eager.decode_next(caches[0], slots, tokens, index + 1, index - 6))

@@ -28,7 +28,9 @@ from .precision import cpu_flags
 from .user_cache import cached_file
 
 SOURCE = Path(__file__).with_name("cpu_kernel.cpp")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+# and -march: the machine it runs on, unless a test asks. -Wno-psabi: the 64-byte vectors never cross the library's
+# interface, so the ABI notes for CPUs without AVX-512 do not apply.
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-Wno-psabi")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's `bf16` argument
 
 
@@ -44,26 +46,33 @@ def compiler() -> str:
     raise CpuKernelUnavailable("no C++ compiler found ($CXX, g++ or c++); `make setup` installs g++")
 
 
-def library_name(cxx: str) -> str:
+def flags(march: str) -> tuple[str, ...]:
+    return (*FLAGS, f"-march={march}")
+
+
+def library_name(cxx: str, march: str = "native") -> str:
     """The cached library's file name: changes with the source, the compiler, the flags and the CPU."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cxx.encode(), " ".join(FLAGS).encode(), " ".join(sorted(cpu_flags())).encode()):
+    for part in (SOURCE.read_bytes(), cxx.encode(), " ".join(flags(march)).encode(),
+                 " ".join(sorted(cpu_flags())).encode()):
         key.update(part)
         key.update(b"\0")
     return f"cpu_kernel-{key.hexdigest()[:16]}.so"
 
 
-def _build(cxx: str, out: str) -> None:
-    result = subprocess.run([cxx, *FLAGS, "-o", out, str(SOURCE)], capture_output=True, text=True)
+def _build(cxx: str, march: str, out: str) -> None:
+    result = subprocess.run([cxx, *flags(march), "-o", out, str(SOURCE)], capture_output=True, text=True)
     if result.returncode != 0:
         raise CpuKernelUnavailable(f"{cxx} failed to build {SOURCE.name}:\n{result.stderr.strip()}")
 
 
 @functools.cache
-def load() -> ctypes.CDLL:
-    """The compiled kernel library (built on first use, then cached on disk and in this process)."""
+def load(march: str = "native") -> ctypes.CDLL:
+    """The compiled kernel library (built on first use, then cached on disk and in this process). The model runs
+    the one for this machine (`native`); tests also build it for older instruction sets (`x86-64-v3`: AVX2, as
+    desktop CPUs without AVX-512 have), to run the code the compiler lowers to narrower vectors."""
     cxx = compiler()
-    path = cached_file(library_name(cxx), lambda out: _build(cxx, out))
+    path = cached_file(library_name(cxx, march), lambda out: _build(cxx, march, out))
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as error:
