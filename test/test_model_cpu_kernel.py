@@ -153,6 +153,8 @@ def test_bad_indices_and_unsupported_models_are_refused():
 
 
 def test_auto_on_and_off(monkeypatch):
+    real_load = cpu_kernel.load
+    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: {"avx512f"})  # auto's CPU check passes
     model = build_model(TINY, seed=0)
     assert cpu_kernel.apply(model, "off") == "off (as configured)" and not model.uses_cpu_kernel
     assert cpu_kernel.apply(model, "auto") == "on (auto)" and model.uses_cpu_kernel
@@ -174,6 +176,12 @@ def test_auto_on_and_off(monkeypatch):
     assert not fallback.uses_cpu_kernel
     with pytest.raises(cpu_kernel.CpuKernelUnavailable):
         cpu_kernel.apply(fallback, "on")
+    monkeypatch.setattr(cpu_kernel, "load", real_load)
+    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: {"avx2", "fma"})  # no AVX-512: auto keeps the eager step
+    plain = build_model(TINY, seed=0)
+    assert cpu_kernel.apply(plain, "auto") == ("off (auto: this CPU has no AVX-512, where the kernel is slower than "
+                                               "the eager step)") and not plain.uses_cpu_kernel
+    assert cpu_kernel.apply(plain, "on") == "on" and plain.uses_cpu_kernel
     monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
     with pytest.raises(cpu_kernel.CpuKernelUnavailable, match="no C\\+\\+ compiler"):
         cpu_kernel.compiler()

@@ -148,7 +148,16 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     return tokens
 
 
-CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on wherever it runs (a CPU model, a built kernel)
+CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on wherever it runs and pays (a CPU model, AVX-512)
+
+
+def auto_refusal() -> str | None:
+    """Why `auto` leaves the kernel off on this CPU, or None. Its 16-lane vectors pay on AVX-512; built for AVX2 the
+    layers of a batch-50 step took 23 ms here against 3 ms for AVX-512 and 5-7 ms eager (docs/benchmarks.md),
+    so without AVX-512 `auto` keeps the eager step (`on` still runs the kernel)."""
+    if "avx512f" not in cpu_flags():
+        return "this CPU has no AVX-512, where the kernel is slower than the eager step"
+    return None
 
 
 def apply(model: torch.nn.Module, requested: str) -> str:
@@ -159,6 +168,9 @@ def apply(model: torch.nn.Module, requested: str) -> str:
         raise ValueError(f"unknown cpu_kernel choice {requested!r}; choose one of {CHOICES}")
     if requested == "off":
         return "off (as configured)"
+    refusal = auto_refusal() if requested == "auto" and model.device.type == "cpu" else None
+    if refusal:
+        return f"off (auto: {refusal})"
     try:
         model.use_cpu_kernel()
     except (CpuKernelUnavailable, ValueError) as error:
