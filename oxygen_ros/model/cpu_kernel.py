@@ -120,9 +120,10 @@ def decode_layers(x: Tensor, weights: ctypes.Array, config, cache, slots: Tensor
     tensors = (x, cache.k, cache.v, cache.valid, slots, cache_index, cos, sin)
     if not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
         raise ValueError("the CPU kernel needs contiguous CPU tensors")
-    if cache.k.dtype != x.dtype or cos.dtype != x.dtype or slots.dtype != torch.long \
-            or cache_index.dtype != torch.long:
-        raise ValueError("the CPU kernel needs the cache and RoPE tables in the model's dtype and long indices")
+    if cache.k.dtype != x.dtype:
+        raise ValueError(f"the CPU kernel needs the cache in the model's dtype ({x.dtype}), not {cache.k.dtype}")
+    if cos.dtype != x.dtype or slots.dtype != torch.long or cache_index.dtype != torch.long:
+        raise ValueError("the CPU kernel needs the RoPE tables in the model's dtype and long indices")
     status = load().oxy_decode_layers(
         DTYPES[x.dtype], x.shape[0], g.width, g.num_heads, g.num_kv_heads, g.head_dim, g.mlp_dim, g.depth,
         g.rms_eps, x.data_ptr(), weights, cache.k.data_ptr(), cache.v.data_ptr(), cache.num_slots, cache.max_len,
