@@ -70,10 +70,11 @@ def test_model_bench_times_a_preset_in_the_dtype_asked_for(capsys):
 def test_decode_bench_times_the_compiled_step_beside_the_eager_one_and_its_floors(capsys):
     from oxygen_ros.bench.decode_bench import main as decode_bench
 
-    assert decode_bench(["--preset", "tiny", "--batches", "2", "--dtypes", "float32", "--rounds", "1", "--steps", "1",
-                         "--cpu-kernel"]) == 0
+    assert decode_bench(["--preset", "tiny", "--batches", "16", "--dtypes", "float32", "--rounds", "1", "--steps",
+                         "1", "--cpu-kernel"]) == 0
     rows = {" ".join(line.split()[2:-3]): line.split()[-3:] for line in capsys.readouterr().out.splitlines()
             if line.startswith("float32")}
-    for variant in ("decode_batch", "decode_batch cpu kernel", "floor: head matmul"):
+    # 16 requests: float32 steps take the head fused with the greedy choice (`cpu_kernel.head_greedy_pays`)
+    for variant in ("decode_batch", "decode_batch cpu kernel", "fused head+greedy", "floor: head matmul"):
         assert float(rows[variant][0]) > 0 and float(rows[variant][1]) > 0, rows
     assert float(rows["floor: head matmul"][1]) == 1.0  # the ratios are against that floor

@@ -1,6 +1,7 @@
 """`Pi05Model.use_cpu_kernel` (`model/cpu_kernel.py`): the compiled decode step gives the eager step's logits (to
 float32 rounding; bfloat16 to a rounding step), writes the same cache, and picks the same greedy tokens step after
 step, in float32 and bfloat16, for every attention shape it has a path for; its greedy choice is the float argmax;
+the head fused with the greedy choice picks what the eager head's logits pick, ties and bfloat16 rounding included;
 it is built once per cache and chosen as `auto` / `on` / `off` say."""
 
 import dataclasses
@@ -17,6 +18,7 @@ from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.sampling import greedy_tokens
 
 TINY = get_preset("tiny")
 
@@ -130,6 +132,102 @@ def test_greedy_choice_is_the_float_argmax(dtype):
         assert torch.equal(cpu_kernel.greedy_tokens(rows), rows.float().argmax(dim=-1))
 
 
+HEAD_PATHS = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]  # (dtype, matrix tiles)
+
+
+def needs_tiles(amx: bool) -> None:
+    if amx and not cpu_kernel.has_amx():
+        pytest.skip("this CPU has no AMX tiles (the vector path is tested on every CPU)")
+
+
+@pytest.mark.parametrize(("dtype", "amx"), HEAD_PATHS)
+def test_fused_head_picks_what_the_eager_heads_logits_pick(dtype, amx):
+    """`head_greedy` against `greedy_tokens(h @ head.T)` in the model's dtype: batches across its 16-request
+    vectors and 64-request passes, a vocabulary with rows after the last whole tile of 16, widths that are and are
+    not whole tiles, one to three threads."""
+    needs_tiles(amx)
+    gen = torch.Generator().manual_seed(0)
+    for width in (64, 96) if amx else (64, 40):
+        head = torch.randn(16 * 300 + 5, width, generator=gen).to(dtype)
+        for batch in (1, 15, 16, 17, 50, 64, 65, 130):
+            h = torch.randn(batch, width, generator=gen).to(dtype)
+            expected = greedy_tokens(h @ head.T)
+            for threads in (1, 2, 3):
+                assert torch.equal(cpu_kernel.head_greedy(h, head, threads, amx), expected), (width, batch, threads)
+
+
+@pytest.mark.parametrize(("dtype", "amx"), HEAD_PATHS)
+def test_fused_head_keeps_the_first_of_equal_logits(dtype, amx):
+    """Equal logits resolve to the first index, within a tile, across tiles and across threads' ranges; in
+    bfloat16, logits that differ in float32 but round to one bfloat16 value are equal, as the eager logits are."""
+    needs_tiles(amx)
+    vocab, width = 16 * 64, 64
+    head = torch.zeros(vocab, width)
+    head[:, 1] = -1.0  # every other row scores below the planted ones
+    h = torch.zeros(3, width)
+    h[:, 0], h[:, 1] = 1.0, 2.0**-9
+    for row in (3, 5, 40, 900):  # 3 and 5 share a tile; 900 is in the last thread's range
+        head[row, 0] = 1.0
+    head[5, 1] = 0.0  # the first maximum in float32 arithmetic: 1.0 against 1.0 - 2^-9 for rows 3, 40, 900
+    head[900, 1] = 1.0  # 1 + 2^-9: the largest, yet 1.0 once rounded to bfloat16 (2^-7 apart there)
+    h[1] = 0.0  # request 1: every logit 0: the first index
+    h[2] = -h[2]  # request 2: the planted rows score lowest; the others tie at 2^-9
+    h, head = h.to(dtype), head.to(dtype)
+    expected = greedy_tokens(h @ head.T)
+    assert expected.tolist() == ([900 if dtype == torch.float32 else 3, 0, 0])
+    for threads in (1, 2, 4):
+        assert torch.equal(cpu_kernel.head_greedy(h, head, threads, amx), expected)
+
+
+def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
+    h, head = torch.zeros(2, 40, dtype=torch.bfloat16), torch.zeros(32, 40, dtype=torch.bfloat16)
+    if cpu_kernel.has_amx():  # tiles need whole 32-wide pieces of the width
+        with pytest.raises(ValueError, match="no matrix tiles"):
+            cpu_kernel.head_greedy(h, head, 1, amx=True)
+    with pytest.raises(ValueError, match="no matrix tiles"):
+        cpu_kernel.head_greedy(h.float(), head.float(), 1, amx=True)  # tiles are bfloat16 only
+    with pytest.raises(ValueError, match="one float dtype"):
+        cpu_kernel.head_greedy(h, head.float())
+    with pytest.raises(ValueError, match="one float dtype"):
+        cpu_kernel.head_greedy(h[:, :8], head)
+    # which steps take the fused head: bfloat16 only on tiles, float32 from HEAD_GREEDY_MIN_ROWS requests
+    for tiles in (True, False):
+        monkeypatch.setattr(cpu_kernel, "has_amx", lambda tiles=tiles: tiles)
+        assert cpu_kernel.head_greedy_pays(torch.bfloat16, 1, 64) is tiles
+        assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40)
+    assert cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS, 40)
+    assert not cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS - 1, 64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.inference_mode()
+def test_greedy_text_through_the_fused_head_equals_the_eager_models(dtype, monkeypatch):
+    """A batch large enough for the fused head in either dtype (forced on, so the vector path runs in bfloat16 on a
+    CPU without tiles too): 30 greedy steps give the eager model's tokens, and the fused head made every one."""
+    monkeypatch.setattr(cpu_kernel, "head_greedy_pays", lambda dtype, rows, width: True)
+    calls = []
+    real = cpu_kernel.head_greedy
+    monkeypatch.setattr(cpu_kernel, "head_greedy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    config = CONFIGS["8 heads per K/V head (the fullvocab and pi05 grouping)"]
+    eager, kernel = models(config, dtype)
+    n = 17
+    slots = torch.arange(n).flip(0)
+    inputs = random_inputs(config, n, seed=4)
+    caches = [KVCache(config, num_slots=n, max_len=config.prefix_len + 32, dtype=dtype) for _ in range(2)]
+    first = eager.prefill(inputs, caches[0], slots, want_logits=True)
+    kernel.prefill(inputs, caches[1], slots)
+    fed = [first.logits.argmax(dim=-1)] * 2
+    texts = [[], []]
+    for step in range(30):
+        index, positions = torch.full((n,), config.prefix_len + step), first.num_valid + step
+        for i, (model, cache) in enumerate(zip((eager, kernel), caches)):
+            fed[i] = model.decode_next(cache, slots, fed[i], index, positions)
+            texts[i].append(fed[i].tolist())
+    assert texts[1] == texts[0]
+    assert len(calls) == 30
+    assert len({token for step in texts[0] for token in step}) > 100
+
+
 @torch.inference_mode()
 def test_bad_indices_and_unsupported_models_are_refused():
     model = build_model(TINY, seed=0).use_cpu_kernel()
@@ -232,3 +330,7 @@ def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkey
         assert_close_logits(kernel.decode_step(caches[1], slots, tokens, index, index - 7), expected, dtype)
         assert torch.equal(kernel.decode_next(caches[1], slots, tokens, index + 1, index - 6),
                            eager.decode_next(caches[0], slots, tokens, index + 1, index - 6))
+        gen = torch.Generator().manual_seed(3)
+        h, head = torch.randn(50, 64, generator=gen).to(dtype), torch.randn(1000, 64, generator=gen).to(dtype)
+        assert not narrow.oxy_has_amx()
+        assert torch.equal(cpu_kernel.head_greedy(h, head, 2), greedy_tokens(h @ head.T))

@@ -17,7 +17,8 @@ descending order, which the cache cannot serve as a view: every layer gathers th
 `decode_batch` is the engine's step over language requests in those slots (`EngineBatch`): its index stays on the
 device and advances in place; `decode_batch rebuilt` builds every index from the requests' lists each step instead.
 `decode_batch cpu kernel` (`--cpu-kernel`) is that step with the backbone layers and the greedy choice as compiled
-CPU calls (`Pi05Model.use_cpu_kernel`).
+CPU calls (`Pi05Model.use_cpu_kernel`), the text head fused with the choice where `cpu_kernel.head_greedy_pays`;
+`fused head+greedy` is that fused call alone on the floor's hidden states.
 `--profile` prints torch.profiler's per-operator table for each variant; `--compile` adds the compiled decode
 step (`Pi05Model.compile_steps`) and one denoise step (one Euler step of `sample_actions`), eager and compiled,
 as variants; compiling takes tens of seconds per batch size.
@@ -35,6 +36,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from oxygen_ros.engine.language import LanguageRequest, decode_batch
+from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import Pi05Model, build_model
@@ -124,6 +126,8 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
     }
     if kernel is not None:
         runs["decode_batch cpu kernel"] = EngineBatch(kernel, cache, tokens.tolist(), rebuilt=False)
+        if cpu_kernel.head_greedy_pays(model.dtype, batch, cfg.backbone.width):
+            runs["fused head+greedy"] = lambda: cpu_kernel.head_greedy(hidden, head, torch.get_num_threads())
     if compiled is not None:
         noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
         runs["decode_next compiled"] = lambda: compiled.decode_next(cache, slots, tokens, index, positions)

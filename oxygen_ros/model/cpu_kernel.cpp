@@ -20,7 +20,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define OXY_AMX 1
+#endif
 
 namespace {
 
@@ -99,6 +107,7 @@ inline float hsum(vf v) {  // halves folded onto each other: the sum ends in lan
 }
 
 inline vf vsplat(float x) { return vf{} + x; }
+inline vf vbroadcast(float x) { return x - vf{}; }  // exactly x in every lane, -0 too: one broadcast
 
 inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for none)
     const float ninf = -std::numeric_limits<float>::infinity();
@@ -545,6 +554,224 @@ int64_t first_max(const K* row, int64_t n) {
     return -1;
 }
 
+
+// ---- the text head and the greedy choice in one pass --------------------------------------------------------
+
+// A greedy step needs each request's first maximum over h . W[v] for every vocabulary row v, not the [B, vocab]
+// logits: the head is computed a block of vocabulary rows at a time and each block is folded into a running
+// maximum per request while it is in registers, so the logits never reach memory (writing and reading back
+// [50, 257152] of them costs more than the products do at a small width). Lanes run across requests: a value
+// and its vocabulary index per request, compared with `>` in vocabulary order, keep the first maximum. In
+// bfloat16 each product sum is rounded to bfloat16 before it is compared, as the eager logits are stored, so
+// ties the rounding makes resolve to the first index as they do there.
+
+constexpr int HEAD_LANES = 64;  // requests per pass (4 vectors); larger batches take several passes over the head
+
+struct Best {  // per request of a pass: the running maximum and its vocabulary index
+    vf value[HEAD_LANES / L];
+    vi index[HEAD_LANES / L];
+};
+
+template <typename T>
+inline void fold(Best& best, int j, vf x, int32_t v) {
+    x = vround_finite<T>(x);
+    vi greater = x > best.value[j];
+    best.value[j] = greater ? x : best.value[j];
+    best.index[j] = greater ? vi{} + v : best.index[j];
+}
+
+// Vocabulary rows [v0, v1) on float32 FMA lanes: hp is h transposed and padded, [K][NB * 16] float32. R rows at a
+// time, each weight broadcast against every request's lane.
+template <typename T, int NB, int R>
+int64_t head_rows_vec(const float* hp, const T* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
+    int64_t v = v0;
+    for (; v + R <= v1; v += R) {
+        vf acc[R][NB] = {};
+        const T* wr = w + v * K;
+        for (int64_t k = 0; k < K; ++k) {
+            vf hv[NB];
+            for (int j = 0; j < NB; ++j) hv[j] = vload(hp + (k * NB + j) * L);
+            for (int r = 0; r < R; ++r) {
+                vf ws = vbroadcast(to_float(wr[r * K + k]));
+                for (int j = 0; j < NB; ++j) acc[r][j] += ws * hv[j];
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int j = 0; j < NB; ++j) fold<T>(best, j, acc[r][j], (int32_t)(v + r));
+    }
+    return v;
+}
+
+template <typename T, int NB>
+void head_range_vec(const float* hp, const T* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
+        int64_t v = head_rows_vec<T, NB, 24 / NB>(hp, w, K, v0, v1, best);
+    head_rows_vec<T, NB, 1>(hp, w, K, v, v1, best);
+}
+
+#ifdef OXY_AMX
+// AMX: bfloat16 tiles of 16 vocabulary rows x 32 of the width (read straight from the head, a row at a time)
+// times the requests' hidden states in the tiles' pair-interleaved layout, accumulated in float32 tiles of 16
+// vocabulary rows x 16 requests. Linux hands out the tile registers only on request, once per process.
+bool amx_granted() {
+    static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return granted;
+}
+
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// hp: h in pair-interleaved tiles, [K / 32][NB][16 pairs][16 requests][2] bfloat16. Rows [v0, v1), v1 - v0 a
+// multiple of 16. Tiles 0..NB-1 accumulate, 4 holds the head's block, 5 and 6 the requests'.
+template <int NB>
+void head_range_amx(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
+    alignas(64) float c[NB][16][16];
+    const int64_t stride = K * (int64_t)sizeof(Bf16);
+    const char* end = reinterpret_cast<const char*>(w + v1 * K);
+    for (int64_t v = v0; v < v1; v += 16) {
+        // the head's rows 8 blocks ahead into L1: after a step's layers have streamed the K/V through the caches
+        // the hardware prefetcher alone left the tile loads waiting (5.8 against 7.4-7.8 ms, layers and head of a
+        // bfloat16 batch-50 step at the real vocabulary, docs/benchmarks.md)
+        const char* ahead = reinterpret_cast<const char*>(w + (v + 8 * 16) * K);
+        for (int64_t b = 0; b < 16 * stride && ahead + b < end; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+        _tile_zero(0);
+        if (NB > 1) _tile_zero(1);
+        if (NB > 2) _tile_zero(2);
+        if (NB > 3) _tile_zero(3);
+        for (int64_t kc = 0; kc < K / 32; ++kc) {
+            const Bf16* b = hp + kc * NB * 512;
+            _tile_loadd(4, w + v * K + kc * 32, stride);
+            _tile_loadd(5, b, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            if (NB > 1) {
+                _tile_loadd(6, b + 512, 64);
+                _tile_dpbf16ps(1, 4, 6);
+            }
+            if (NB > 2) {
+                _tile_loadd(5, b + 1024, 64);
+                _tile_dpbf16ps(2, 4, 5);
+            }
+            if (NB > 3) {
+                _tile_loadd(6, b + 1536, 64);
+                _tile_dpbf16ps(3, 4, 6);
+            }
+        }
+        _tile_stored(0, c[0], 64);
+        if (NB > 1) _tile_stored(1, c[1], 64);
+        if (NB > 2) _tile_stored(2, c[2], 64);
+        if (NB > 3) _tile_stored(3, c[3], 64);
+        // A rounded value beats the running maximum only if the raw one does (rounding is monotonic), and past
+        // the first blocks few do: the block's raw maxima screen it, the fold runs only when one passes.
+        vi any{};
+        for (int j = 0; j < NB; ++j) {
+            vf m = vload(c[j][0]);
+            for (int r = 1; r < 16; ++r) {
+                vf x = vload(c[j][r]);
+                m = x > m ? x : m;
+            }
+            any |= m > best.value[j];
+        }
+        bool screened_out = true;
+        for (int i = 0; i < L; ++i) screened_out &= any[i] == 0;
+        if (screened_out) continue;
+        for (int r = 0; r < 16; ++r)
+            for (int j = 0; j < NB; ++j) fold<Bf16>(best, j, vload(c[j][r]), (int32_t)(v + r));
+    }
+}
+
+template <int NB>
+void amx_worker(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
+    TileConfig saved, cfg{};
+    _tile_storeconfig(&saved);  // whatever the caller's thread had configured (a library's kernel), put back after
+    cfg.palette = 1;
+    for (int t = 0; t < 7; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    head_range_amx<NB>(hp, w, K, v0, v1, best);
+    if (saved.palette)
+        _tile_loadconfig(&saved);
+    else
+        _tile_release();
+}
+#endif
+
+// One pass over the head for up to HEAD_LANES requests: rows h [B, K], head [V, K], each request's first maximum
+// into tokens. The vocabulary is split into `threads` contiguous ranges, one per thread, merged in order.
+template <typename T, int NB>
+void head_greedy_pass(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, bool amx,
+                      int64_t* tokens) {
+    std::vector<Best> bests(threads);
+    for (Best& b : bests)
+        for (int j = 0; j < HEAD_LANES / L; ++j) {
+            b.value[j] = vsplat(-std::numeric_limits<float>::infinity());
+            b.index[j] = vi{};
+        }
+    std::vector<float> hp_f;
+    std::vector<Bf16> hp_b;
+    if (amx) {
+        hp_b.assign(K / 32 * NB * 512, Bf16{0});
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t k = 0; k < K; ++k)  // [kc][j][pair][request][2]
+                hp_b[((k / 32 * NB + b / 16) * 16 + k % 32 / 2) * 32 + b % 16 * 2 + k % 2] =
+                    reinterpret_cast<const Bf16*>(h)[b * K + k];
+    } else {
+        hp_f.assign(K * NB * L, 0.0f);
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t k = 0; k < K; ++k) hp_f[k * NB * L + b] = to_float(h[b * K + k]);
+    }
+    // ranges in whole tiles of 16 rows; the last one also takes the rows after the last whole tile
+    int64_t tiles = V / 16, v_tiles = tiles * 16;
+    auto work = [&](int t) {
+        int64_t v0 = tiles * t / threads * 16, v1 = tiles * (t + 1) / threads * 16;
+#ifdef OXY_AMX
+        if (amx) {
+            amx_worker<NB>(hp_b.data(), reinterpret_cast<const Bf16*>(w), K, v0, v1, bests[t]);
+            if (t == threads - 1 && v_tiles < V) {
+                std::vector<float> tail(K * NB * L, 0.0f);
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t k = 0; k < K; ++k) tail[k * NB * L + b] = to_float(h[b * K + k]);
+                head_range_vec<T, NB>(tail.data(), w, K, v_tiles, V, bests[t]);
+            }
+            return;
+        }
+#endif
+        head_range_vec<T, NB>(hp_f.data(), w, K, v0, t == threads - 1 ? V : v1, bests[t]);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (std::thread& th : pool) th.join();
+    for (int64_t b = 0; b < B; ++b) {
+        int j = (int)(b / L), lane = (int)(b % L);
+        float value = bests[0].value[j][lane];
+        int32_t index = bests[0].index[j][lane];
+        for (int t = 1; t < threads; ++t)
+            if (bests[t].value[j][lane] > value) {
+                value = bests[t].value[j][lane];
+                index = bests[t].index[j][lane];
+            }
+        tokens[b] = index;
+    }
+}
+
+template <typename T>
+void head_greedy(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, bool amx, int64_t* tokens) {
+    for (int64_t b0 = 0; b0 < B; b0 += HEAD_LANES) {
+        int64_t n = B - b0 < HEAD_LANES ? B - b0 : HEAD_LANES;
+        const T* hb = h + b0 * K;
+        switch ((n + L - 1) / L) {
+            case 1: head_greedy_pass<T, 1>(hb, n, K, w, V, threads, amx, tokens + b0); break;
+            case 2: head_greedy_pass<T, 2>(hb, n, K, w, V, threads, amx, tokens + b0); break;
+            case 3: head_greedy_pass<T, 3>(hb, n, K, w, V, threads, amx, tokens + b0); break;
+            default: head_greedy_pass<T, 4>(hb, n, K, w, V, threads, amx, tokens + b0); break;
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -573,6 +800,39 @@ int oxy_decode_layers(int bf16, int batch, int width, int heads, int kv_heads, i
     return decode_layers<float>(sh, static_cast<float*>(x), weights, static_cast<float*>(cache_k),
                                 static_cast<float*>(cache_v), valid, slots, cache_index,
                                 static_cast<const float*>(cos), static_cast<const float*>(sin));
+}
+
+// tokens[b] = the first maximum over the vocabulary of h[b] . head[v] (h [B, K], head [V, K], both contiguous, in
+// the model's dtype): the greedy choice from a decode step's final hidden states without its logits. `amx` asks
+// for the bfloat16 tile path; returns 0, or 1 when asked for tiles this build or this process cannot use (then
+// nothing is written).
+int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch, int64_t width, const void* head,
+                    int64_t vocab, int64_t* tokens) {
+    if (threads < 1) threads = 1;
+    if (vocab / 16 < threads) threads = 1;
+    if (amx) {
+#ifdef OXY_AMX
+        if (!bf16 || width % 32 != 0 || !amx_granted()) return 1;
+#else
+        return 1;
+#endif
+    }
+    if (bf16)
+        head_greedy(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
+                    amx != 0, tokens);
+    else
+        head_greedy(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
+                    amx != 0, tokens);
+    return 0;
+}
+
+// 1 when this build has the AMX tile path and this process may use it.
+int oxy_has_amx() {
+#ifdef OXY_AMX
+    return amx_granted() ? 1 : 0;
+#else
+    return 0;
+#endif
 }
 
 }  // extern "C"

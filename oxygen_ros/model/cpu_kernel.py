@@ -1,5 +1,7 @@
 """A decode step's backbone layers, and its greedy token choice, as compiled CPU calls (`cpu_kernel.cpp`), for
-`Pi05Model.use_cpu_kernel`.
+`Pi05Model.use_cpu_kernel`. The choice is made either from logits (`greedy_tokens`) or, fused with the text head,
+from the final hidden states (`head_greedy`: no [batch, vocab] logits are written; bfloat16 runs on the CPU's AMX
+matrix tiles where the build and the kernel grant them).
 
 The C++ source ships with the package and is compiled on first use with the system C++ compiler (`$CXX`, else
 `g++`, else `c++`) for the machine it runs on (`-march=native`), into the user cache (`user_cache.py`) under a name
@@ -83,6 +85,10 @@ def load(march: str = "native") -> ctypes.CDLL:
     fn.restype = i
     lib.oxy_greedy.argtypes = [i, p, i64, i64, i64, p]
     lib.oxy_greedy.restype = None
+    lib.oxy_head_greedy.argtypes = [i, i, i, p, i64, i64, p, i64, p]
+    lib.oxy_head_greedy.restype = i
+    lib.oxy_has_amx.argtypes = []
+    lib.oxy_has_amx.restype = i
     return lib
 
 
@@ -147,6 +153,43 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     if len(redo):
         tokens[redo] = logits[redo].float().argmax(dim=-1)
     return tokens
+
+
+def head_greedy(h: Tensor, head: Tensor, threads: int = 1, amx: bool | None = None) -> Tensor:
+    """The greedy tokens [B] long of final-norm hidden states h [B, W] through the text head [vocab, W] (both
+    contiguous CPU tensors in float32 or bfloat16): `sampling.greedy_tokens(h @ head.T)` without the logits, on
+    `threads` threads. `amx` (default: where this build and process have it) runs bfloat16 on the CPU's matrix
+    tiles; False keeps vector lanes."""
+    tensors = (h, head)
+    if h.dim() != 2 or head.dim() != 2 or h.shape[1] != head.shape[1] or h.dtype != head.dtype \
+            or h.dtype not in DTYPES or not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
+        raise ValueError("the CPU kernel's head needs contiguous CPU h [B, W] and head [vocab, W] of one float dtype")
+    if amx is None:
+        amx = h.dtype == torch.bfloat16 and h.shape[1] % 32 == 0 and has_amx()
+    tokens = torch.empty(h.shape[0], dtype=torch.long)
+    status = load().oxy_head_greedy(DTYPES[h.dtype], int(amx), threads, h.data_ptr(), h.shape[0], h.shape[1],
+                                 head.data_ptr(), head.shape[0], tokens.data_ptr())
+    if status != 0:
+        raise ValueError("the CPU kernel has no matrix tiles for this head here")
+    return tokens
+
+
+def has_amx() -> bool:
+    """Whether the kernel built here has the bfloat16 matrix-tile path and this process may use the tiles."""
+    return bool(load().oxy_has_amx())
+
+
+HEAD_GREEDY_MIN_ROWS = 16  # float32: below this many requests torch's head + `greedy_tokens` is as fast or faster
+
+
+def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
+    """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
+    from figures measured on one and two threads at the real vocabulary (docs/benchmarks.md): in bfloat16 on
+    matrix tiles at any batch (the vector lanes are 2-4x slower than torch's bfloat16 head there, so not without
+    them); in float32 from 16 requests (below, a request per lane wastes most of each vector)."""
+    if dtype == torch.bfloat16:
+        return width % 32 == 0 and has_amx()
+    return dtype == torch.float32 and rows >= HEAD_GREEDY_MIN_ROWS
 
 
 CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on wherever it runs and pays (a CPU model, AVX-512)

@@ -89,10 +89,11 @@ class Pi05Model(nn.Module):
 
     def use_cpu_kernel(self) -> Pi05Model:
         """Opt in (a float32 or bfloat16 model on the CPU) to running a decode step's backbone layers as one
-        compiled call (`model/cpu_kernel.py`) instead of hundreds of tensor operators, and its greedy choice as one
-        pass per row; the text head's matmul stays torch's. The first call in a process builds or loads the kernel: `CpuKernelUnavailable`
-        where it cannot be built (no C++ compiler), ValueError for a model it does not run. Outputs match the eager
-        model to floating-point rounding. Returns the model."""
+        compiled call (`model/cpu_kernel.py`) instead of hundreds of tensor operators; a greedy step's text head and
+        token choice as one more (no logits; `cpu_kernel.head_greedy_pays` says which steps), else torch's head and
+        the greedy choice as one pass per row. The first call in a process builds or loads the kernel:
+        `CpuKernelUnavailable` where it cannot be built (no C++ compiler), ValueError for a model it does not run.
+        Outputs match the eager model to floating-point rounding. Returns the model."""
         cpu_kernel.check_supported(self)
         cpu_kernel.load()
         self._cpu_kernel = True
@@ -297,6 +298,11 @@ class Pi05Model(nn.Module):
         """
         if samplers is not None and len(samplers) != len(index):
             raise ValueError(f"{len(samplers)} samplers for {len(index)} requests")
+        if self._cpu_kernel and not any(s is not None for s in samplers or ()) \
+                and cpu_kernel.head_greedy_pays(self.dtype, len(index), self.config.backbone.width):
+            self._check_tokens(index, tokens)
+            h, _ = self.backbone.norm(self._kernel_hidden(cache, index, tokens))
+            return cpu_kernel.head_greedy(h, self.backbone.text_head, torch.get_num_threads())
         logits = self._decode_logits(cache, index, tokens)
         chosen = cpu_kernel.greedy_tokens(logits) if self._cpu_kernel else greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
@@ -306,8 +312,7 @@ class Pi05Model(nn.Module):
 
     def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """Next-token logits [B, vocab] in the model's dtype; a CUDA graph's replay when one serves the batch."""
-        if tuple(tokens.shape) != (len(index),):
-            raise ValueError(f"tokens must have shape ({len(index)},), got {tuple(tokens.shape)}")
+        self._check_tokens(index, tokens)
         if self._graphs is not None:
             logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
             if logits is not None:
@@ -315,6 +320,11 @@ class Pi05Model(nn.Module):
         hidden = self._kernel_hidden(cache, index, tokens) if self._cpu_kernel else self._decode_hidden(cache, index,
                                                                                                          tokens)
         return self.backbone.logits(hidden, self._logits_out(len(index)))
+
+    @staticmethod
+    def _check_tokens(index: DecodeIndex, tokens: Tensor) -> None:
+        if tuple(tokens.shape) != (len(index),):
+            raise ValueError(f"tokens must have shape ({len(index)},), got {tuple(tokens.shape)}")
 
     def _logits_out(self, rows: int) -> Tensor | None:
         """A [rows, vocab] view of the CPU decode step's logits buffer (grown to the largest batch seen, in the model's
