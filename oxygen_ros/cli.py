@@ -11,7 +11,7 @@ import sys
 
 from oxygen_ros import __version__
 from oxygen_ros.command_line import UsageError
-from oxygen_ros.openmp import prefer_passive_waits
+from oxygen_ros.openmp import prefer_passive_waits, prefer_short_spins
 
 PASSIVE_OPENMP_COMMANDS = {"fleet-profile", "fleet-bench"}  # stage workers run torch side by side
 
@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"oxygen-ros: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    if name in PASSIVE_OPENMP_COMMANDS:
-        prefer_passive_waits()  # before torch is imported (`oxygen_ros/openmp.py`)
+    if name in PASSIVE_OPENMP_COMMANDS:  # before torch is imported (`oxygen_ros/openmp.py`)
+        prefer_passive_waits()
+    else:
+        prefer_short_spins()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
         return int(module.main(rest) or 0)

@@ -17,7 +17,7 @@ import importlib
 import signal
 import threading
 
-from oxygen_ros.openmp import prefer_passive_waits
+from oxygen_ros.openmp import prefer_passive_waits, prefer_short_spins
 
 PASSIVE_OPENMP_NODES = {"fleet_node"}  # several threads run torch at once (`oxygen_ros/openmp.py`)
 
@@ -43,8 +43,10 @@ def process_stop() -> threading.Event | None:
 def run(node: str) -> int:
     """Catch the stop signals, import `oxygen_ros.nodes.<node>` and return its `main()`'s exit code."""
     stop = catch_stop_signals()
-    if node in PASSIVE_OPENMP_NODES:
-        prefer_passive_waits()  # before torch is imported
+    if node in PASSIVE_OPENMP_NODES:  # before torch is imported (`oxygen_ros/openmp.py`)
+        prefer_passive_waits()
+    else:
+        prefer_short_spins()
     try:
         main = importlib.import_module(f"oxygen_ros.nodes.{node}").main
         return 0 if stop.is_set() else main()
