@@ -18,7 +18,7 @@ from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
-from oxygen_ros.model.sampling import greedy_tokens
+from oxygen_ros.model.sampling import Sampler, greedy_tokens
 
 TINY = get_preset("tiny")
 
@@ -226,6 +226,16 @@ def test_greedy_text_through_the_fused_head_equals_the_eager_models(dtype, monke
     assert texts[1] == texts[0]
     assert len(calls) == 30
     assert len({token for step in texts[0] for token in step}) > 100
+    # a sampled request in the batch: its row needs logits, so the step takes torch's head (and the greedy rows
+    # still get the eager model's tokens)
+    samplers = [None] * n
+    samplers[3] = Sampler(1.0, torch.Generator().manual_seed(0))
+    index, positions = torch.full((n,), config.prefix_len + 30), first.num_valid + 30
+    chosen = [model.decode_next(cache, slots, fed[i], index, positions, samplers)
+              for i, (model, cache) in enumerate(zip((eager, kernel), caches))]
+    assert len(calls) == 30
+    greedy_rows = torch.arange(n) != 3
+    assert torch.equal(chosen[1][greedy_rows], chosen[0][greedy_rows])
 
 
 @torch.inference_mode()

@@ -560,14 +560,15 @@ int64_t first_max(const K* row, int64_t n) {
 // A greedy step needs each request's first maximum over h . W[v] for every vocabulary row v, not the [B, vocab]
 // logits: the head is computed a block of vocabulary rows at a time and each block is folded into a running
 // maximum per request while it is in registers, so the logits never reach memory (writing and reading back
-// [50, 257152] of them costs more than the products do at a small width). Lanes run across requests: a value
-// and its vocabulary index per request, compared with `>` in vocabulary order, keep the first maximum. In
-// bfloat16 each product sum is rounded to bfloat16 before it is compared, as the eager logits are stored, so
-// ties the rounding makes resolve to the first index as they do there.
+// [50, 257152] of them costs more than the products do at a small width). A running maximum and the row it came
+// from, compared with `>` in vocabulary order, keep the first maximum. In bfloat16 each product sum is rounded
+// to bfloat16 before it is compared, as the eager logits are stored, so ties the rounding makes resolve to the
+// first row as they do there. Two paths: vector lanes across the vocabulary (`head_greedy_lanes`, any CPU) and,
+// in bfloat16, AMX tiles with lanes across requests (`head_greedy_amx`).
 
-constexpr int HEAD_LANES = 64;  // requests per pass (4 vectors); larger batches take several passes over the head
+constexpr int HEAD_LANES = 64;  // AMX: requests per pass (4 vectors); larger batches take several passes
 
-struct Best {  // per request of a pass: the running maximum and its vocabulary index
+struct Best {  // AMX, per request of a pass: the running maximum and its vocabulary row
     vf value[HEAD_LANES / L];
     vi index[HEAD_LANES / L];
 };
@@ -580,32 +581,127 @@ inline void fold(Best& best, int j, vf x, int32_t v) {
     best.index[j] = greater ? vi{} + v : best.index[j];
 }
 
-// Vocabulary rows [v0, v1) on float32 FMA lanes: hp is h transposed and padded, [K][NB * 16] float32. R rows at a
-// time, each weight broadcast against every request's lane.
-template <typename T, int NB, int R>
-int64_t head_rows_vec(const float* hp, const T* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
-    int64_t v = v0;
-    for (; v + R <= v1; v += R) {
-        vf acc[R][NB] = {};
-        const T* wr = w + v * K;
-        for (int64_t k = 0; k < K; ++k) {
-            vf hv[NB];
-            for (int j = 0; j < NB; ++j) hv[j] = vload(hp + (k * NB + j) * L);
-            for (int r = 0; r < R; ++r) {
-                vf ws = vbroadcast(to_float(wr[r * K + k]));
-                for (int j = 0; j < NB; ++j) acc[r][j] += ws * hv[j];
-            }
+// Vector lanes across the vocabulary (the path without matrix tiles): 32 rows of the head at a time are transposed
+// into wt [K][32] float32 (16 x 16 tiles in registers), then G requests at a time accumulate their 32 sums as two
+// vectors, each weight vector reused by every request of the group; no lane is padding whatever the batch. Each
+// request keeps a running maximum per lane (its vocabulary rows v with v % 16 == lane) and the row it came from;
+// `lane_argmax` reduces the lanes at the end.
+constexpr int HEAD_COLS = 32;  // vocabulary rows transposed at a time
+constexpr int HEAD_GROUP = 12;  // requests a register block (24 accumulators)
+
+template <typename T>
+void transpose_block(const T* w, int64_t K, int64_t rows, float* wt) {  // rows <= 32 of w [.., K] -> wt [K][32]
+    for (int half = 0; half < 2; ++half) {
+        int64_t r0 = half * L;
+        int64_t c = 0;
+        for (; c + L <= K; c += L) {
+            vf cols[L];
+            for (int j = 0; j < L; ++j) cols[j] = r0 + j < rows ? vload(w + (r0 + j) * K + c) : vf{};
+            transpose16(cols);
+            for (int j = 0; j < L; ++j) vstore(wt + (c + j) * HEAD_COLS + r0, cols[j]);
         }
-        for (int r = 0; r < R; ++r)
-            for (int j = 0; j < NB; ++j) fold<T>(best, j, acc[r][j], (int32_t)(v + r));
+        for (; c < K; ++c)
+            for (int j = 0; j < L; ++j) wt[c * HEAD_COLS + r0 + j] = r0 + j < rows ? to_float(w[(r0 + j) * K + c]) : 0.0f;
     }
-    return v;
 }
 
-template <typename T, int NB>
-void head_range_vec(const float* hp, const T* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
-        int64_t v = head_rows_vec<T, NB, 24 / NB>(hp, w, K, v0, v1, best);
-    head_rows_vec<T, NB, 1>(hp, w, K, v, v1, best);
+template <typename T, int G>
+inline void head_group(const float* wt, int64_t K, const float* hf, int64_t rows, int32_t v, vf* best, vi* index) {
+    vf acc[G][2] = {};
+    for (int64_t k = 0; k < K; ++k) {
+        vf w0 = vload(wt + k * HEAD_COLS), w1 = vload(wt + k * HEAD_COLS + L);
+        for (int g = 0; g < G; ++g) {
+            vf hb = vbroadcast(hf[g * K + k]);
+            acc[g][0] += hb * w0;
+            acc[g][1] += hb * w1;
+        }
+    }
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const vf ninf = vsplat(-std::numeric_limits<float>::infinity());
+    for (int g = 0; g < G; ++g)
+        for (int half = 0; half < 2; ++half) {  // the lower 16 rows first: on a tie a lane keeps the earlier row
+            vi row = lane + half * L;
+            vf x = vround_finite<T>(acc[g][half]);
+            if (rows < HEAD_COLS) x = row < (int32_t)rows ? x : ninf;  // rows past the head's end never win
+            vi greater = x > best[g];
+            best[g] = greater ? x : best[g];
+            index[g] = greater ? row + v : index[g];
+        }
+}
+
+template <typename T>
+void head_range_lanes(const float* hf, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1, vf* best,
+                      vi* index) {
+    std::vector<float> wt(K * HEAD_COLS);
+    for (int64_t v = v0; v < v1; v += HEAD_COLS) {
+        int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
+        // the block after next into cache while this one computes (the head streams from memory or L3)
+        if (v + 3 * HEAD_COLS <= v1) {
+            const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
+            for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        }
+        transpose_block(w + v * K, K, rows, wt.data());
+        int64_t b = 0;
+        for (; b + HEAD_GROUP <= B; b += HEAD_GROUP)
+            head_group<T, HEAD_GROUP>(wt.data(), K, hf + b * K, rows, (int32_t)v, best + b, index + b);
+        switch (B - b) {  // the last requests, a smaller block (compile-time sizes keep it in registers)
+#define OXY_GROUP(n) \
+    case n: head_group<T, n>(wt.data(), K, hf + b * K, rows, (int32_t)v, best + b, index + b); break;
+            OXY_GROUP(1) OXY_GROUP(2) OXY_GROUP(3) OXY_GROUP(4) OXY_GROUP(5) OXY_GROUP(6)
+            OXY_GROUP(7) OXY_GROUP(8) OXY_GROUP(9) OXY_GROUP(10) OXY_GROUP(11)
+#undef OXY_GROUP
+            default: break;
+        }
+    }
+}
+
+// The first maximum across one request's lanes: the largest value, and of the lanes holding it the lowest row.
+inline void lane_argmax(vf best, vi index, float* value, int32_t* row) {
+    float m = best[0];
+    for (int i = 1; i < L; ++i) m = best[i] > m ? best[i] : m;
+    int32_t r = std::numeric_limits<int32_t>::max();
+    for (int i = 0; i < L; ++i)
+        if (best[i] == m && index[i] < r) r = index[i];
+    *value = m;
+    *row = r;
+}
+
+template <typename T>
+void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, int64_t* tokens) {
+    std::vector<float> hf(B * K);
+    for (int64_t i = 0; i < B * K; ++i) hf[i] = to_float(h[i]);
+    std::vector<vf> best(threads * B);
+    std::vector<vi> index(threads * B);
+    int64_t blocks = (V + HEAD_COLS - 1) / HEAD_COLS;
+    auto work = [&](int t) {
+        int64_t v0 = blocks * t / threads * HEAD_COLS, v1 = blocks * (t + 1) / threads * HEAD_COLS;
+        v1 = v1 < V ? v1 : V;
+        const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        for (int64_t b = 0; b < B; ++b) {  // a lane that never sees a finite value keeps its range's first row
+            best[t * B + b] = vsplat(-std::numeric_limits<float>::infinity());
+            index[t * B + b] = lane + (int32_t)v0;
+        }
+        if (v0 < v1) head_range_lanes<T>(hf.data(), B, K, w, v0, v1, best.data() + t * B, index.data() + t * B);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (std::thread& th : pool) th.join();
+    for (int64_t b = 0; b < B; ++b) {  // ranges in vocabulary order: a later one wins only when strictly larger
+        float value;
+        int32_t row;
+        lane_argmax(best[b], index[b], &value, &row);
+        for (int t = 1; t < threads; ++t) {
+            float v;
+            int32_t r;
+            lane_argmax(best[t * B + b], index[t * B + b], &v, &r);
+            if (v > value) {
+                value = v;
+                row = r;
+            }
+        }
+        tokens[b] = row;
+    }
 }
 
 #ifdef OXY_AMX
@@ -699,10 +795,12 @@ void amx_worker(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_t v1
 }
 #endif
 
-// One pass over the head for up to HEAD_LANES requests: rows h [B, K], head [V, K], each request's first maximum
-// into tokens. The vocabulary is split into `threads` contiguous ranges, one per thread, merged in order.
-template <typename T, int NB>
-void head_greedy_pass(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, bool amx,
+#ifdef OXY_AMX
+// One pass over the head on matrix tiles for up to HEAD_LANES requests: rows h [B, K], head [V, K], each
+// request's first maximum into tokens. The vocabulary's whole tiles are split into `threads` contiguous ranges,
+// one per thread, merged in order; the rows after the last whole tile (fewer than 16) are plain dot products.
+template <int NB>
+void head_greedy_pass(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_t V, int threads,
                       int64_t* tokens) {
     std::vector<Best> bests(threads);
     for (Best& b : bests)
@@ -710,36 +808,13 @@ void head_greedy_pass(const T* h, int64_t B, int64_t K, const T* w, int64_t V, i
             b.value[j] = vsplat(-std::numeric_limits<float>::infinity());
             b.index[j] = vi{};
         }
-    std::vector<float> hp_f;
-    std::vector<Bf16> hp_b;
-    if (amx) {
-        hp_b.assign(K / 32 * NB * 512, Bf16{0});
-        for (int64_t b = 0; b < B; ++b)
-            for (int64_t k = 0; k < K; ++k)  // [kc][j][pair][request][2]
-                hp_b[((k / 32 * NB + b / 16) * 16 + k % 32 / 2) * 32 + b % 16 * 2 + k % 2] =
-                    reinterpret_cast<const Bf16*>(h)[b * K + k];
-    } else {
-        hp_f.assign(K * NB * L, 0.0f);
-        for (int64_t b = 0; b < B; ++b)
-            for (int64_t k = 0; k < K; ++k) hp_f[k * NB * L + b] = to_float(h[b * K + k]);
-    }
-    // ranges in whole tiles of 16 rows; the last one also takes the rows after the last whole tile
-    int64_t tiles = V / 16, v_tiles = tiles * 16;
+    std::vector<Bf16> hp(K / 32 * NB * 512, Bf16{0});
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < K; ++k)  // [kc][j][pair][request][2]
+            hp[((k / 32 * NB + b / 16) * 16 + k % 32 / 2) * 32 + b % 16 * 2 + k % 2] = h[b * K + k];
+    int64_t tiles = V / 16;
     auto work = [&](int t) {
-        int64_t v0 = tiles * t / threads * 16, v1 = tiles * (t + 1) / threads * 16;
-#ifdef OXY_AMX
-        if (amx) {
-            amx_worker<NB>(hp_b.data(), reinterpret_cast<const Bf16*>(w), K, v0, v1, bests[t]);
-            if (t == threads - 1 && v_tiles < V) {
-                std::vector<float> tail(K * NB * L, 0.0f);
-                for (int64_t b = 0; b < B; ++b)
-                    for (int64_t k = 0; k < K; ++k) tail[k * NB * L + b] = to_float(h[b * K + k]);
-                head_range_vec<T, NB>(tail.data(), w, K, v_tiles, V, bests[t]);
-            }
-            return;
-        }
-#endif
-        head_range_vec<T, NB>(hp_f.data(), w, K, v0, t == threads - 1 ? V : v1, bests[t]);
+        amx_worker<NB>(hp.data(), w, K, tiles * t / threads * 16, tiles * (t + 1) / threads * 16, bests[t]);
     };
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
@@ -754,23 +829,34 @@ void head_greedy_pass(const T* h, int64_t B, int64_t K, const T* w, int64_t V, i
                 value = bests[t].value[j][lane];
                 index = bests[t].index[j][lane];
             }
+        for (int64_t v = tiles * 16; v < V; ++v) {
+            float sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum += to_float(h[b * K + k]) * to_float(w[v * K + k]);
+            float x = round_to<Bf16>(sum);
+            if (x > value) {
+                value = x;
+                index = (int32_t)v;
+            }
+        }
         tokens[b] = index;
     }
 }
+#endif
 
-template <typename T>
-void head_greedy(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, bool amx, int64_t* tokens) {
+#ifdef OXY_AMX
+void head_greedy_amx(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_t V, int threads, int64_t* tokens) {
     for (int64_t b0 = 0; b0 < B; b0 += HEAD_LANES) {
         int64_t n = B - b0 < HEAD_LANES ? B - b0 : HEAD_LANES;
-        const T* hb = h + b0 * K;
+        const Bf16* hb = h + b0 * K;
         switch ((n + L - 1) / L) {
-            case 1: head_greedy_pass<T, 1>(hb, n, K, w, V, threads, amx, tokens + b0); break;
-            case 2: head_greedy_pass<T, 2>(hb, n, K, w, V, threads, amx, tokens + b0); break;
-            case 3: head_greedy_pass<T, 3>(hb, n, K, w, V, threads, amx, tokens + b0); break;
-            default: head_greedy_pass<T, 4>(hb, n, K, w, V, threads, amx, tokens + b0); break;
+            case 1: head_greedy_pass<1>(hb, n, K, w, V, threads, tokens + b0); break;
+            case 2: head_greedy_pass<2>(hb, n, K, w, V, threads, tokens + b0); break;
+            case 3: head_greedy_pass<3>(hb, n, K, w, V, threads, tokens + b0); break;
+            default: head_greedy_pass<4>(hb, n, K, w, V, threads, tokens + b0); break;
         }
     }
 }
+#endif
 
 }  // namespace
 
@@ -817,12 +903,19 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
         return 1;
 #endif
     }
+#ifdef OXY_AMX
+    if (amx) {
+        head_greedy_amx(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
+                        tokens);
+        return 0;
+    }
+#endif
     if (bf16)
-        head_greedy(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
-                    amx != 0, tokens);
+        head_greedy_lanes(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
+                          tokens);
     else
-        head_greedy(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
-                    amx != 0, tokens);
+        head_greedy_lanes(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab,
+                          threads, tokens);
     return 0;
 }
 

@@ -179,14 +179,14 @@ def has_amx() -> bool:
     return bool(load().oxy_has_amx())
 
 
-HEAD_GREEDY_MIN_ROWS = 16  # float32: below this many requests torch's head + `greedy_tokens` is as fast or faster
+HEAD_GREEDY_MIN_ROWS = 4  # float32: below this many requests torch's head + `greedy_tokens` is faster
 
 
 def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
-    from figures measured on one and two threads at the real vocabulary (docs/benchmarks.md): in bfloat16 on
-    matrix tiles at any batch (the vector lanes are 2-4x slower than torch's bfloat16 head there, so not without
-    them); in float32 from 16 requests (below, a request per lane wastes most of each vector)."""
+    from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): bfloat16 on matrix tiles at any
+    batch (on vector lanes it is 1.5-2.5x slower than torch's bfloat16 head, so not without tiles); float32 from
+    HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads the head faster)."""
     if dtype == torch.bfloat16:
         return width % 32 == 0 and has_amx()
     return dtype == torch.float32 and rows >= HEAD_GREEDY_MIN_ROWS
