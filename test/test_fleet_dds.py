@@ -73,9 +73,10 @@ def test_two_sims_in_closed_loop_on_one_fleet_node(tmp_path, ros_env):
     summaries = json.loads((out / "summary.json").read_text())
     assert sorted(summaries) == ["robot1", "robot2"]
     for name, summary in summaries.items():
-        # one episode of 2 sim seconds at 50 Hz, unless random weights' commands made the physics diverge, which
-        # ends the episode early as a counted failure (`docs/sim.md`)
-        assert summary["step"] == 100 or summary["diverged_episodes"] == 1, summary
+        # one episode of 2 sim seconds at 50 Hz, unless random weights' commands ended it early: gym-aloha may score
+        # their flailing a success (seen once: reward 4 after 8 steps), or the physics may diverge, a counted failure
+        # (`docs/sim.md`), as `test_sim_demo.py` allows too
+        assert summary["step"] == 100 or summary["successes"] == 1 or summary["diverged_episodes"] == 1, summary
         assert summary["chunks_accepted"] > 0 and summary["chunks_malformed"] == 0  # every stamp mapped back
         assert summary["chunk_wall_latency_ms"]["median"] > 0
         assert f"{name}: {summary['chunks_received']} chunks" in printed.stdout
