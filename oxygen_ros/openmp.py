@@ -16,7 +16,8 @@ starts a step beside a denoising (`RuntimeConfig.overlap_threads`): its step sta
 0.3 ms with `GOMP_SPINCOUNT=10000`. Measured on 2 cores (fullvocab, float32, continuous batching with overlap, two
 runs each): a frame took 51.3-52.9 ms with 10,000 rounds against 55.7-57.6 by default and 56.7-58.7 passive, while
 an action-only frame took 43.7-45.6 ms with 10,000 rounds, 43.6-47.2 by default and 51.0-53.8 passive (three
-runs each); so 10,000 rounds cost the arm nothing alone and give the overlap back its start (docs/benchmarks.md).
+runs each); so in float32 10,000 rounds cost the arm nothing alone (in bfloat16 up to a few percent, in some
+runs) and give the overlap back its start (docs/benchmarks.md).
 """
 
 from __future__ import annotations
