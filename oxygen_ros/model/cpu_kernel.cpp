@@ -106,8 +106,7 @@ inline float hsum(vf v) {  // halves folded onto each other: the sum ends in lan
     return v[0];
 }
 
-inline vf vsplat(float x) { return vf{} + x; }
-inline vf vbroadcast(float x) { return x - vf{}; }  // exactly x in every lane, -0 too: one broadcast
+inline vf vsplat(float x) { return x - vf{}; }  // x in every lane, exactly (-0 too): one broadcast
 
 inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for none)
     const float ninf = -std::numeric_limits<float>::infinity();
@@ -566,19 +565,13 @@ int64_t first_max(const K* row, int64_t n) {
 // first row as they do there. Two paths: vector lanes across the vocabulary (`head_greedy_lanes`, any CPU) and,
 // in bfloat16, AMX tiles with lanes across requests (`head_greedy_amx`).
 
-constexpr int HEAD_LANES = 64;  // AMX: requests per pass (4 vectors); larger batches take several passes
-
-struct Best {  // AMX, per request of a pass: the running maximum and its vocabulary row
-    vf value[HEAD_LANES / L];
-    vi index[HEAD_LANES / L];
-};
-
-template <typename T>
-inline void fold(Best& best, int j, vf x, int32_t v) {
-    x = vround_finite<T>(x);
-    vi greater = x > best.value[j];
-    best.value[j] = greater ? x : best.value[j];
-    best.index[j] = greater ? vi{} + v : best.index[j];
+// `work(t)` for t = 0 .. threads - 1, t = 0 on the calling thread; returns when all are done.
+template <typename F>
+void on_threads(int threads, F work) {
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (std::thread& th : pool) th.join();
 }
 
 // Vector lanes across the vocabulary (the path without matrix tiles): 32 rows of the head at a time are transposed
@@ -611,7 +604,7 @@ inline void head_group(const float* wt, int64_t K, const float* hf, int64_t rows
     for (int64_t k = 0; k < K; ++k) {
         vf w0 = vload(wt + k * HEAD_COLS), w1 = vload(wt + k * HEAD_COLS + L);
         for (int g = 0; g < G; ++g) {
-            vf hb = vbroadcast(hf[g * K + k]);
+            vf hb = vsplat(hf[g * K + k]);
             acc[g][0] += hb * w0;
             acc[g][1] += hb * w1;
         }
@@ -683,10 +676,7 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
         }
         if (v0 < v1) head_range_lanes<T>(hf.data(), B, K, w, v0, v1, best.data() + t * B, index.data() + t * B);
     };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-    work(0);
-    for (std::thread& th : pool) th.join();
+    on_threads(threads, work);
     for (int64_t b = 0; b < B; ++b) {  // ranges in vocabulary order: a later one wins only when strictly larger
         float value;
         int32_t row;
@@ -708,6 +698,20 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
 // AMX: bfloat16 tiles of 16 vocabulary rows x 32 of the width (read straight from the head, a row at a time)
 // times the requests' hidden states in the tiles' pair-interleaved layout, accumulated in float32 tiles of 16
 // vocabulary rows x 16 requests. Linux hands out the tile registers only on request, once per process.
+constexpr int HEAD_LANES = 64;  // AMX: requests per pass (4 vectors); larger batches take several passes
+
+struct Best {  // AMX, per request of a pass: the running maximum and its vocabulary row
+    vf value[HEAD_LANES / L];
+    vi index[HEAD_LANES / L];
+};
+
+inline void fold(Best& best, int j, vf x, int32_t v) {
+    x = vround_finite<Bf16>(x);
+    vi greater = x > best.value[j];
+    best.value[j] = greater ? x : best.value[j];
+    best.index[j] = greater ? vi{} + v : best.index[j];
+}
+
 bool amx_granted() {
     static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     return granted;
@@ -773,7 +777,7 @@ void head_range_amx(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_
         for (int i = 0; i < L; ++i) screened_out &= any[i] == 0;
         if (screened_out) continue;
         for (int r = 0; r < 16; ++r)
-            for (int j = 0; j < NB; ++j) fold<Bf16>(best, j, vload(c[j][r]), (int32_t)(v + r));
+            for (int j = 0; j < NB; ++j) fold(best, j, vload(c[j][r]), (int32_t)(v + r));
     }
 }
 
@@ -816,10 +820,7 @@ void head_greedy_pass(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_
     auto work = [&](int t) {
         amx_worker<NB>(hp.data(), w, K, tiles * t / threads * 16, tiles * (t + 1) / threads * 16, bests[t]);
     };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-    work(0);
-    for (std::thread& th : pool) th.join();
+    on_threads(threads, work);
     for (int64_t b = 0; b < B; ++b) {
         int j = (int)(b / L), lane = (int)(b % L);
         float value = bests[0].value[j][lane];
@@ -899,17 +900,13 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
     if (amx) {
 #ifdef OXY_AMX
         if (!bf16 || width % 32 != 0 || !amx_granted()) return 1;
+        head_greedy_amx(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
+                        tokens);
+        return 0;
 #else
         return 1;
 #endif
     }
-#ifdef OXY_AMX
-    if (amx) {
-        head_greedy_amx(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
-                        tokens);
-        return 0;
-    }
-#endif
     if (bf16)
         head_greedy_lanes(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
                           tokens);

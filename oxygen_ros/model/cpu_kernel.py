@@ -165,7 +165,7 @@ def head_greedy(h: Tensor, head: Tensor, threads: int = 1, amx: bool | None = No
             or h.dtype not in DTYPES or not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
         raise ValueError("the CPU kernel's head needs contiguous CPU h [B, W] and head [vocab, W] of one float dtype")
     if amx is None:
-        amx = h.dtype == torch.bfloat16 and h.shape[1] % 32 == 0 and has_amx()
+        amx = tiles_run(h.dtype, h.shape[1])
     tokens = torch.empty(h.shape[0], dtype=torch.long)
     status = load().oxy_head_greedy(DTYPES[h.dtype], int(amx), threads, h.data_ptr(), h.shape[0], h.shape[1],
                                  head.data_ptr(), head.shape[0], tokens.data_ptr())
@@ -179,6 +179,12 @@ def has_amx() -> bool:
     return bool(load().oxy_has_amx())
 
 
+def tiles_run(dtype: torch.dtype, width: int) -> bool:
+    """Whether `head_greedy` runs a head of this dtype and width on matrix tiles here (bfloat16, whole 32-wide
+    pieces of the width)."""
+    return dtype == torch.bfloat16 and width % 32 == 0 and has_amx()
+
+
 HEAD_GREEDY_MIN_ROWS = 4  # float32: below this many requests torch's head + `greedy_tokens` is faster
 
 
@@ -188,7 +194,7 @@ def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     batch (on vector lanes it is 1.5-2.5x slower than torch's bfloat16 head, so not without tiles); float32 from
     HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads the head faster)."""
     if dtype == torch.bfloat16:
-        return width % 32 == 0 and has_amx()
+        return tiles_run(dtype, width)
     return dtype == torch.float32 and rows >= HEAD_GREEDY_MIN_ROWS
 
 
