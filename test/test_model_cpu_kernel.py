@@ -132,12 +132,19 @@ def test_greedy_choice_is_the_float_argmax(dtype):
         assert torch.equal(cpu_kernel.greedy_tokens(rows), rows.float().argmax(dim=-1))
 
 
-HEAD_PATHS = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]  # (dtype, matrix tiles)
+# (dtype, matrix tiles): float32 on tiles is screened with the head's bfloat16 copy
+HEAD_PATHS = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, True)]
 
 
 def needs_tiles(amx: bool) -> None:
     if amx and not cpu_kernel.has_amx():
         pytest.skip("this CPU has no AMX tiles (the vector path is tested on every CPU)")
+
+
+def fused(h, head, threads, amx):
+    """`head_greedy` on the path asked for, with the head's copy where float32 runs on tiles."""
+    copy = cpu_kernel.head_copy(head) if amx and head.dtype == torch.float32 else None
+    return cpu_kernel.head_greedy(h, head, threads, amx, copy=copy)
 
 
 @pytest.mark.parametrize(("dtype", "amx"), HEAD_PATHS)
@@ -153,7 +160,7 @@ def test_fused_head_picks_what_the_eager_heads_logits_pick(dtype, amx):
             h = torch.randn(batch, width, generator=gen).to(dtype)
             expected = greedy_tokens(h @ head.T)
             for threads in (1, 2, 3):
-                assert torch.equal(cpu_kernel.head_greedy(h, head, threads, amx), expected), (width, batch, threads)
+                assert torch.equal(fused(h, head, threads, amx), expected), (width, batch, threads)
 
 
 @pytest.mark.parametrize(("dtype", "amx"), HEAD_PATHS)
@@ -176,7 +183,7 @@ def test_fused_head_keeps_the_first_of_equal_logits(dtype, amx):
     expected = greedy_tokens(h @ head.T)
     assert expected.tolist() == ([900 if dtype == torch.float32 else 3, 0, 0])
     for threads in (1, 2, 4):
-        assert torch.equal(cpu_kernel.head_greedy(h, head, threads, amx), expected)
+        assert torch.equal(fused(h, head, threads, amx), expected)
 
 
 def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
@@ -184,19 +191,155 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
     if cpu_kernel.has_amx():  # tiles need whole 32-wide pieces of the width
         with pytest.raises(ValueError, match="no matrix tiles"):
             cpu_kernel.head_greedy(h, head, 1, amx=True)
-    with pytest.raises(ValueError, match="no matrix tiles"):
-        cpu_kernel.head_greedy(h.float(), head.float(), 1, amx=True)  # tiles are bfloat16 only
+    if cpu_kernel.has_amx():  # float32 on tiles: screened with the head's copy, so not without one
+        h32, head32 = torch.zeros(2, 64), torch.zeros(32, 64)
+        with pytest.raises(ValueError, match="needs its head_copy"):
+            cpu_kernel.head_greedy(h32, head32, 1, amx=True)
+        with pytest.raises(ValueError, match="needs its head_copy"):
+            cpu_kernel.head_greedy(h32, head32, 1, amx=True, copy=cpu_kernel.head_copy(head32[:16]))
+        with pytest.raises(ValueError, match="no matrix tiles"):
+            cpu_kernel.head_greedy(h.float(), head.float(), 1, amx=True, copy=cpu_kernel.head_copy(head.float()))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        cpu_kernel.head_copy(head)
     with pytest.raises(ValueError, match="one float dtype"):
         cpu_kernel.head_greedy(h, head.float())
     with pytest.raises(ValueError, match="one float dtype"):
         cpu_kernel.head_greedy(h[:, :8], head)
-    # which steps take the fused head: bfloat16 only on tiles, float32 from HEAD_GREEDY_MIN_ROWS requests
+    # which steps take the fused head: any on tiles; on vector lanes float32 from HEAD_GREEDY_MIN_ROWS requests
     for tiles in (True, False):
         monkeypatch.setattr(cpu_kernel, "has_amx", lambda tiles=tiles: tiles)
-        assert cpu_kernel.head_greedy_pays(torch.bfloat16, 1, 64) is tiles
+        for dtype in DTYPES:
+            assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is tiles
         assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40)
-    assert cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS, 40)
-    assert not cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS - 1, 64)
+        assert cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS, 40)
+        assert not cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS - 1, 40)
+
+
+def lanes(h, head, threads=1):
+    return cpu_kernel.head_greedy(h, head, threads, amx=False)
+
+
+def test_the_screened_float32_head_picks_the_vector_lanes_token_bit_for_bit():
+    """float32 on tiles: rows the bfloat16 screen cannot tell apart (relative gaps of 1e-7 to 1e-3, far inside a
+    bfloat16 step) are chosen in float32, before and after the best row, within a tile, across tiles and threads'
+    ranges and in the rows after the last whole tile: the vector lanes' token every time, and where the gap is
+    larger than float32's own rounding the float64 argmax."""
+    needs_tiles(True)
+    gen = torch.Generator().manual_seed(5)
+    vocab, width = 16 * 400 + 7, 64
+    head = torch.randn(vocab, width, generator=gen)
+    h = torch.randn(65, width, generator=gen)
+    best = (h @ head.T).argmax(dim=-1)
+    places = (0, 1, best.tolist()[0] + 1, 2000, 3199, 3200, 6399, vocab - 1)  # 3200: the second of two ranges
+    for gap in (1e-7, 1e-6, 1e-5, 1e-4, 1e-3):
+        planted = head.clone()
+        for b in range(len(places)):  # request b's best row, scaled copies planted around the vocabulary
+            for i, place in enumerate(places):
+                if place != best[b]:
+                    planted[place] = head[best[b]] * (1 + gap * (i - b))
+        copy = cpu_kernel.head_copy(planted)
+        exact = (h.double() @ planted.double().T).argmax(dim=-1)
+        for threads in (1, 2, 3):
+            got = cpu_kernel.head_greedy(h, planted, threads, amx=True, copy=copy)
+            assert torch.equal(got, lanes(h, planted, threads)), (gap, threads)
+            if gap >= 1e-4:
+                assert torch.equal(got, exact), (gap, threads)
+
+
+def test_the_screened_float32_head_bound_covers_the_worst_bfloat16_rounding():
+    """Rows built so that bfloat16 rounding moves their sums as far as it can, opposite ways: row P's factors all
+    round up, row Q's all down, so Q's screened sum is 0.49 below P's while Q's float32 sum is the larger. The
+    screen must keep Q: request 0 has h and both rows of one magnitude (Q's sum within two bounds of P's);
+    request 1 puts Q's weight on small h entries times a large row (Q's sum below P's lower bound, only its own
+    larger bound keeps it: the block holding it must not be skipped on P's bound). P comes first, in one thread's
+    range with Q or in the one before."""
+    needs_tiles(True)
+    u, t = 2.0**-8, 2.0**-16  # above 1 + u a bfloat16 rounds up to 1 + 2u, below it down to 1
+    width, vocab = 128, 16 * 100
+    head = torch.randn(vocab, width, generator=torch.Generator().manual_seed(8)) * 0.01
+    h = torch.zeros(2, width, dtype=torch.float64)
+    for b, scale in ((0, 1.0), (1, 2.0**-3)):
+        cols = slice(64 * b, 64 * b + 64)
+        p_cols, q_cols = slice(64 * b, 64 * b + 32), slice(64 * b + 32, 64 * b + 64)
+        h[b, p_cols], h[b, q_cols] = 1 + u + t, scale * (1 + u - t)
+        p, q = torch.zeros(width, dtype=torch.float64), torch.zeros(width, dtype=torch.float64)
+        p[p_cols], q[q_cols] = 1 + u + t, (1 + u - t) / scale
+        p[64 * b] -= 0.003  # P's float32 sum just below Q's
+        head[(40, 840)[b], cols], head[(1100, 1300)[b], cols] = p[cols].float(), q[cols].float()
+    h = h.float()
+    exact = (h.double() @ head.double().T)
+    assert exact.argmax(dim=-1).tolist() == [1100, 1300]  # the Q rows
+    approx = h.bfloat16().double() @ head.bfloat16().double().T
+    assert approx.argmax(dim=-1).tolist() == [40, 840]  # the P rows, by 0.49
+    copy = cpu_kernel.head_copy(head)
+    for threads in (1, 2):
+        assert cpu_kernel.head_greedy(h, head, threads, amx=True, copy=copy).tolist() == [1100, 1300]
+
+
+def test_the_screened_float32_head_with_many_rows_near_the_top():
+    """A run of rows each a little above the last (every one a new best when seen: the kept rows are pruned as the
+    screen's lower bound rises), and many equal best rows (more than the screen keeps: those requests are searched
+    on vector lanes): the vector lanes' tokens, the last of the run and the first of the equal rows."""
+    needs_tiles(True)
+    gen = torch.Generator().manual_seed(6)
+    vocab, width = 16 * 300, 64
+    h = torch.zeros(3, width)
+    h[:, 0] = 1.0
+    h[1, 1] = 1.0
+    h[2] = torch.randn(width, generator=gen)
+    head = torch.randn(vocab, width, generator=gen) * 0.01
+    head[100:2100, 0] = 1.0 + torch.arange(2000) * 2e-4  # request 0: a rising run of 2000 rows, ~100 within a bound
+    head[3000:4000] = 0.0
+    head[3000:4000, 1] = 2.0  # request 1: 1000 equal rows (and above the run)
+    copy = cpu_kernel.head_copy(head)
+    for threads in (1, 2):
+        got = cpu_kernel.head_greedy(h, head, threads, amx=True, copy=copy)
+        assert got[:2].tolist() == [2099, 3000]
+        assert torch.equal(got, lanes(h, head, threads))
+
+
+def test_the_screened_float32_head_leaves_unbounded_inputs_to_the_vector_lanes():
+    """Hidden states or heads whose products could leave float32's range (or are not finite) are not screened: the
+    same tokens as the vector lanes, NaN and infinity included."""
+    needs_tiles(True)
+    gen = torch.Generator().manual_seed(7)
+    head, h = torch.randn(16 * 40 + 3, 64, generator=gen), torch.randn(4, 64, generator=gen)
+    cases = []
+    big = h.clone()
+    big[1] *= 1e36  # its products overflow no float32, its bounds would
+    cases.append((big, head))
+    odd = h.clone()
+    odd[2, 5], odd[3, 7] = float("inf"), float("nan")
+    cases.append((odd, head))
+    huge_row = head.clone()
+    huge_row[17] = 3e38
+    cases.append((h, huge_row))
+    for hs, hd in cases:
+        assert torch.equal(cpu_kernel.head_greedy(hs, hd, 2, amx=True, copy=cpu_kernel.head_copy(hd)),
+                           lanes(hs, hd, 2))
+
+
+def test_the_model_keeps_one_head_copy_until_the_head_changes(monkeypatch):
+    """A float32 model on tiles makes its head's copy on the first greedy step and reuses it; a head changed in place
+    (new weights loaded) gets a new copy, so the tokens follow the new head."""
+    needs_tiles(True)
+    made = []
+    real = cpu_kernel.head_copy
+    monkeypatch.setattr(cpu_kernel, "head_copy", lambda head: made.append(1) or real(head))
+    config = CONFIGS["8 heads per K/V head (the fullvocab and pi05 grouping)"]
+    eager, kernel = models(config, torch.float32)
+    caches = [random_cache(config, torch.float32, num_slots=6, max_len=700, seed=2) for _ in range(2)]
+    slots, index, tokens = torch.arange(6), torch.full((6,), 600), torch.tensor([5, 9, 17, 3, 40, 2])
+    step = [lambda m=m, c=c: torch.inference_mode()(m.decode_next)(c, slots, tokens, index, index - 7)
+            for m, c in zip((eager, kernel), caches)]
+    for _ in range(3):
+        assert torch.equal(step[1](), step[0]())
+    assert len(made) == 1
+    with torch.no_grad():
+        for model in (eager, kernel):
+            model.backbone.text_head.mul_(-1.0)
+    assert torch.equal(step[1](), step[0]())
+    assert len(made) == 2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -106,6 +106,9 @@ inline float hsum(vf v) {  // halves folded onto each other: the sum ends in lan
     return v[0];
 }
 
+inline Bf16 to_bf16(Bf16 x) { return x; }
+inline Bf16 to_bf16(float x) { return Bf16{bf16_bits(x)}; }
+
 inline vf vsplat(float x) { return x - vf{}; }  // x in every lane, exactly (-0 too): one broadcast
 
 inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for none)
@@ -700,18 +703,6 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
 // vocabulary rows x 16 requests. Linux hands out the tile registers only on request, once per process.
 constexpr int HEAD_LANES = 64;  // AMX: requests per pass (4 vectors); larger batches take several passes
 
-struct Best {  // AMX, per request of a pass: the running maximum and its vocabulary row
-    vf value[HEAD_LANES / L];
-    vi index[HEAD_LANES / L];
-};
-
-inline void fold(Best& best, int j, vf x, int32_t v) {
-    x = vround_finite<Bf16>(x);
-    vi greater = x > best.value[j];
-    best.value[j] = greater ? x : best.value[j];
-    best.index[j] = greater ? vi{} + v : best.index[j];
-}
-
 bool amx_granted() {
     static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     return granted;
@@ -723,10 +714,31 @@ struct alignas(64) TileConfig {
     uint8_t rows[16];
 };
 
-// hp: h in pair-interleaved tiles, [K / 32][NB][16 pairs][16 requests][2] bfloat16. Rows [v0, v1), v1 - v0 a
-// multiple of 16. Tiles 0..NB-1 accumulate, 4 holds the head's block, 5 and 6 the requests'.
-template <int NB>
-void head_range_amx(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
+// Up to 16 * NB rows of h [B, K] (float32 rounded to nearest bfloat16, or bfloat16) in the tiles' layout:
+// [K / 32][NB][16 pairs][16 requests][2], requests past B zero.
+template <typename T>
+std::vector<Bf16> pair_tiles(const T* h, int64_t B, int64_t K, int NB) {
+    std::vector<Bf16> hp(K / 32 * NB * 512, Bf16{0});
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < K; ++k)
+            hp[((k / 32 * NB + b / 16) * 16 + k % 32 / 2) * 32 + b % 16 * 2 + k % 2] = to_bf16(h[b * K + k]);
+    return hp;
+}
+
+// For each block of 16 vocabulary rows v in [v0, v1) (a multiple of 16 apart): c[j][r][i] = the float32 sum over
+// the width of request 16 j + i's row of hp times head row v + r (w [V, K] bfloat16), then `block(v, c)`. Sets up
+// the tiles on the calling thread and puts back whatever it had configured (a library's kernel) after. Tiles
+// 0..NB-1 accumulate, 4 holds the head's block, 5 and 6 the requests'.
+template <int NB, typename F>
+void tile_blocks(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_t v1, F&& block) {
+    TileConfig saved, cfg{};
+    _tile_storeconfig(&saved);
+    cfg.palette = 1;
+    for (int t = 0; t < 7; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
     alignas(64) float c[NB][16][16];
     const int64_t stride = K * (int64_t)sizeof(Bf16);
     const char* end = reinterpret_cast<const char*>(w + v1 * K);
@@ -762,44 +774,48 @@ void head_range_amx(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_
         if (NB > 1) _tile_stored(1, c[1], 64);
         if (NB > 2) _tile_stored(2, c[2], 64);
         if (NB > 3) _tile_stored(3, c[3], 64);
-        // A rounded value beats the running maximum only if the raw one does (rounding is monotonic), and past
-        // the first blocks few do: the block's raw maxima screen it, the fold runs only when one passes.
-        vi any{};
-        for (int j = 0; j < NB; ++j) {
-            vf m = vload(c[j][0]);
-            for (int r = 1; r < 16; ++r) {
-                vf x = vload(c[j][r]);
-                m = x > m ? x : m;
-            }
-            any |= m > best.value[j];
-        }
-        bool screened_out = true;
-        for (int i = 0; i < L; ++i) screened_out &= any[i] == 0;
-        if (screened_out) continue;
-        for (int r = 0; r < 16; ++r)
-            for (int j = 0; j < NB; ++j) fold(best, j, vload(c[j][r]), (int32_t)(v + r));
+        block(v, c);
     }
-}
-
-template <int NB>
-void amx_worker(const Bf16* hp, const Bf16* w, int64_t K, int64_t v0, int64_t v1, Best& best) {
-    TileConfig saved, cfg{};
-    _tile_storeconfig(&saved);  // whatever the caller's thread had configured (a library's kernel), put back after
-    cfg.palette = 1;
-    for (int t = 0; t < 7; ++t) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
-    head_range_amx<NB>(hp, w, K, v0, v1, best);
     if (saved.palette)
         _tile_loadconfig(&saved);
     else
         _tile_release();
 }
-#endif
 
-#ifdef OXY_AMX
+// Whether any lane of any of the NB vectors is set.
+template <int NB>
+inline bool any_lane(const vi* set) {
+    vi any = set[0];
+    for (int j = 1; j < NB; ++j) any |= set[j];
+    for (int i = 0; i < L; ++i)
+        if (any[i]) return true;
+    return false;
+}
+
+// The largest of a block's 16 rows of c[j] (per request lane).
+inline vf block_max(const float (*cj)[16]) {
+    vf m = vload(cj[0]);
+    for (int r = 1; r < 16; ++r) {
+        vf x = vload(cj[r]);
+        m = x > m ? x : m;
+    }
+    return m;
+}
+
+// ---- bfloat16 heads: the greedy choice straight from the tiles ----
+
+struct Best {  // per request of a pass: the running maximum and its vocabulary row
+    vf value[HEAD_LANES / L];
+    vi index[HEAD_LANES / L];
+};
+
+inline void fold(Best& best, int j, vf x, int32_t v) {
+    x = vround_finite<Bf16>(x);
+    vi greater = x > best.value[j];
+    best.value[j] = greater ? x : best.value[j];
+    best.index[j] = greater ? vi{} + v : best.index[j];
+}
+
 // One pass over the head on matrix tiles for up to HEAD_LANES requests: rows h [B, K], head [V, K], each
 // request's first maximum into tokens. The vocabulary's whole tiles are split into `threads` contiguous ranges,
 // one per thread, merged in order; the rows after the last whole tile (fewer than 16) are plain dot products.
@@ -812,13 +828,20 @@ void head_greedy_pass(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_
             b.value[j] = vsplat(-std::numeric_limits<float>::infinity());
             b.index[j] = vi{};
         }
-    std::vector<Bf16> hp(K / 32 * NB * 512, Bf16{0});
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t k = 0; k < K; ++k)  // [kc][j][pair][request][2]
-            hp[((k / 32 * NB + b / 16) * 16 + k % 32 / 2) * 32 + b % 16 * 2 + k % 2] = h[b * K + k];
+    std::vector<Bf16> hp = pair_tiles(h, B, K, NB);
     int64_t tiles = V / 16;
     auto work = [&](int t) {
-        amx_worker<NB>(hp.data(), w, K, tiles * t / threads * 16, tiles * (t + 1) / threads * 16, bests[t]);
+        Best& best = bests[t];
+        tile_blocks<NB>(hp.data(), w, K, tiles * t / threads * 16, tiles * (t + 1) / threads * 16,
+                        [&](int64_t v, const float (*c)[16][16]) {
+            // A rounded value beats the running maximum only if the raw one does (rounding is monotonic), and
+            // past the first blocks few do: the block's raw maxima screen it, the fold runs only when one passes.
+            vi beats[NB];
+            for (int j = 0; j < NB; ++j) beats[j] = block_max(c[j]) > best.value[j];
+            if (!any_lane<NB>(beats)) return;
+            for (int r = 0; r < 16; ++r)
+                for (int j = 0; j < NB; ++j) fold(best, j, vload(c[j][r]), (int32_t)(v + r));
+        });
     };
     on_threads(threads, work);
     for (int64_t b = 0; b < B; ++b) {
@@ -842,20 +865,175 @@ void head_greedy_pass(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_
         tokens[b] = index;
     }
 }
-#endif
 
-#ifdef OXY_AMX
-void head_greedy_amx(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_t V, int threads, int64_t* tokens) {
-    for (int64_t b0 = 0; b0 < B; b0 += HEAD_LANES) {
-        int64_t n = B - b0 < HEAD_LANES ? B - b0 : HEAD_LANES;
-        const Bf16* hb = h + b0 * K;
-        switch ((n + L - 1) / L) {
-            case 1: head_greedy_pass<1>(hb, n, K, w, V, threads, tokens + b0); break;
-            case 2: head_greedy_pass<2>(hb, n, K, w, V, threads, tokens + b0); break;
-            case 3: head_greedy_pass<3>(hb, n, K, w, V, threads, tokens + b0); break;
-            default: head_greedy_pass<4>(hb, n, K, w, V, threads, tokens + b0); break;
+// ---- float32 heads: screened on tiles, chosen in float32 ----
+//
+// A float32 head's products cost 4-6x the bfloat16 tiles' on vector lanes, and a greedy step needs only the
+// largest. The tiles compute every row's sum from bfloat16 copies of h and the head (`approx`); |approx - exact|
+// <= bound(b, r) = c ||h_b|| ||w_r|| + a_b, where `exact` is the float32 sum the vector-lane path computes:
+// rounding each factor to bfloat16 moves a product by at most 2^-7 + 2^-16 of |h_i w_i|, both float32 sums of K
+// terms are off by at most K 2^-24 of sum |h_i w_i|, which is at most ||h|| ||w|| (Cauchy-Schwarz); c is 1.5 times
+// their sum, the margin covering the norms' and the bounds' own float32 rounding; a_b covers the tiles' flushing of
+// values below float32's normal range. A row can be the exact maximum only if approx + bound is at least every
+// row's approx - bound, so each request keeps the rows that pass that test against the running maximum of lower
+// bounds, and computes the survivors' exact sums: the first exact maximum among them is the vector-lane path's
+// answer, bit for bit. A request with more than SCREEN_KEEP survivors (a head of many equal rows, say) is searched
+// on vector lanes instead.
+constexpr size_t SCREEN_KEEP = 256;
+
+struct Candidate {
+    float upper;
+    int32_t row;
+};
+
+struct Screen {  // one thread's, per request of a pass
+    vf lower[HEAD_LANES / L];  // the running maximum of lower bounds; +inf in lanes past the batch (never pass)
+    std::vector<Candidate> rows[HEAD_LANES];
+    bool too_many[HEAD_LANES] = {};
+};
+
+inline void keep(Screen& s, int b, Candidate c, float lower) {
+    std::vector<Candidate>& rows = s.rows[b];
+    if (s.too_many[b]) return;
+    if (rows.size() == 2 * SCREEN_KEEP) {  // drop the rows the lower bound has passed since they were kept
+        size_t n = 0;
+        for (const Candidate& x : rows)
+            if (x.upper >= lower) rows[n++] = x;
+        rows.resize(n);
+        if (n > SCREEN_KEEP) {
+            s.too_many[b] = true;
+            rows.clear();
+            return;
         }
     }
+    rows.push_back(c);
+}
+
+// The float32 sum the vector-lane path computes for one row (in order over the width, one fused multiply-add a
+// term where the build has them, as there).
+inline float dot_in_order(const float* a, const float* b, int64_t K) {
+    float s = 0;
+    for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
+    return s;
+}
+
+// Every request of h [B, K] (B <= HEAD_LANES) through the float32 head w [V, K] with its bfloat16 copy wb and its
+// rows' norms; tokens[b] = the first exact maximum, or -1 for a request with too many survivors.
+template <int NB>
+void head_screened_pass(const float* h, int64_t B, int64_t K, const float* w, const Bf16* wb, const float* norms,
+                        float max_norm, const float* h_norms, int64_t V, int threads, int64_t* tokens) {
+    const double rel = 1.5 * (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + 2.0 * (double)K * std::ldexp(1.0, -24));
+    const float up = 1.0f + std::ldexp(1.0f, -20);  // float32 casts below round up by at most this much
+    alignas(64) float hs[HEAD_LANES] = {}, as[HEAD_LANES] = {}, gs[HEAD_LANES] = {};
+    for (int64_t b = 0; b < B; ++b) {
+        hs[b] = (float)(rel * h_norms[b]) * up;
+        as[b] = (float)(4.0 * (double)K * std::ldexp(1.0, -126) * ((double)h_norms[b] + max_norm + 1.0)) * up;
+        gs[b] = (max_norm * hs[b] + as[b]) * up;  // the largest bound of any row for this request
+    }
+    vf H[NB], A[NB], gate[NB];
+    for (int j = 0; j < NB; ++j) {
+        H[j] = vload(hs + 16 * j);
+        A[j] = vload(as + 16 * j);
+        gate[j] = vload(gs + 16 * j);
+    }
+    std::vector<Bf16> hp = pair_tiles(h, B, K, NB);
+    std::vector<Screen> screens(threads);
+    std::vector<float> values(threads * B);
+    std::vector<int32_t> rows(threads * B);
+    int64_t tiles = V / 16;
+    auto work = [&](int t) {
+        Screen& s = screens[t];
+        for (int j = 0; j < NB; ++j)
+            for (int i = 0; i < L; ++i)
+                s.lower[j][i] = 16 * j + i < B ? -std::numeric_limits<float>::infinity()
+                                               : std::numeric_limits<float>::infinity();
+        tile_blocks<NB>(hp.data(), wb, K, tiles * t / threads * 16, tiles * (t + 1) / threads * 16,
+                        [&](int64_t v, const float (*c)[16][16]) {
+            // no row of the block can pass unless its largest sum plus the largest bound does
+            vi pass[NB];
+            for (int j = 0; j < NB; ++j) pass[j] = block_max(c[j]) + gate[j] >= s.lower[j];
+            if (!any_lane<NB>(pass)) return;
+            for (int r = 0; r < 16; ++r) {
+                float n = norms[v + r];
+                for (int j = 0; j < NB; ++j) {
+                    vf x = vload(c[j][r]), bound = n * H[j] + A[j];
+                    vf lower = x - bound, upper = x + bound;
+                    s.lower[j] = lower > s.lower[j] ? lower : s.lower[j];
+                    vi kept = upper >= s.lower[j];
+                    for (int i = 0; i < L; ++i)
+                        if (kept[i]) keep(s, 16 * j + i, Candidate{upper[i], (int32_t)(v + r)}, s.lower[j][i]);
+                }
+            }
+        });
+        for (int64_t b = 0; b < B; ++b) {  // the survivors' exact sums, in vocabulary order
+            float best = -std::numeric_limits<float>::infinity(), lower = s.lower[b / L][b % L];
+            int32_t row = -1;
+            for (const Candidate& x : s.rows[b]) {
+                if (x.upper < lower) continue;
+                float e = dot_in_order(h + b * K, w + (int64_t)x.row * K, K);
+                if (row < 0 || e > best) {
+                    best = e;
+                    row = x.row;
+                }
+            }
+            values[t * B + b] = best;
+            rows[t * B + b] = s.too_many[b] ? -2 : row;
+        }
+    };
+    on_threads(threads, work);
+    for (int64_t b = 0; b < B; ++b) {  // ranges in vocabulary order: a later one wins only when strictly larger
+        float value = 0;
+        int32_t row = -1;
+        for (int t = 0; t < threads && row != -2; ++t) {
+            int32_t r = rows[t * B + b];
+            if (r == -2 || (r >= 0 && (row < 0 || values[t * B + b] > value))) {
+                value = values[t * B + b];
+                row = r;
+            }
+        }
+        for (int64_t v = tiles * 16; v < V && row != -2; ++v) {
+            float e = dot_in_order(h + b * K, w + v * K, K);
+            if (row < 0 || e > value) {
+                value = e;
+                row = (int32_t)v;
+            }
+        }
+        tokens[b] = row == -2 ? -1 : row;
+    }
+}
+
+template <typename F>
+void by_passes(int64_t B, F pass) {  // pass(NB, first request, requests) for HEAD_LANES requests at a time
+    for (int64_t b0 = 0; b0 < B; b0 += HEAD_LANES) {
+        int64_t n = B - b0 < HEAD_LANES ? B - b0 : HEAD_LANES;
+        pass((int)((n + L - 1) / L), b0, n);
+    }
+}
+
+void head_greedy_amx(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_t V, int threads, int64_t* tokens) {
+    by_passes(B, [&](int nb, int64_t b0, int64_t n) {
+        const Bf16* hb = h + b0 * K;
+        switch (nb) {
+            case 1: return head_greedy_pass<1>(hb, n, K, w, V, threads, tokens + b0);
+            case 2: return head_greedy_pass<2>(hb, n, K, w, V, threads, tokens + b0);
+            case 3: return head_greedy_pass<3>(hb, n, K, w, V, threads, tokens + b0);
+            default: return head_greedy_pass<4>(hb, n, K, w, V, threads, tokens + b0);
+        }
+    });
+}
+
+void head_screened_amx(const float* h, int64_t B, int64_t K, const float* w, const Bf16* wb, const float* norms,
+                       float max_norm, const float* h_norms, int64_t V, int threads, int64_t* tokens) {
+    by_passes(B, [&](int nb, int64_t b0, int64_t n) {
+        const float* hb = h + b0 * K;
+        const float* hn = h_norms + b0;
+        switch (nb) {
+            case 1: return head_screened_pass<1>(hb, n, K, w, wb, norms, max_norm, hn, V, threads, tokens + b0);
+            case 2: return head_screened_pass<2>(hb, n, K, w, wb, norms, max_norm, hn, V, threads, tokens + b0);
+            case 3: return head_screened_pass<3>(hb, n, K, w, wb, norms, max_norm, hn, V, threads, tokens + b0);
+            default: return head_screened_pass<4>(hb, n, K, w, wb, norms, max_norm, hn, V, threads, tokens + b0);
+        }
+    });
 }
 #endif
 
@@ -914,6 +1092,64 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
         head_greedy_lanes(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab,
                           threads, tokens);
     return 0;
+}
+
+// head_greedy for a float32 head [V, K] (`head`) with its bfloat16 copy (`head_bf16`, rounded to nearest) and its
+// rows' euclidean norms (`norms`, rounded up; `max_norm` their largest), screened on the matrix tiles: the same
+// tokens as the vector-lane path. Returns 0; 1 when this build or process has no tiles or the width is not whole
+// tiles (nothing written). Hidden states or a head too large for the screen's bounds to be finite (or not finite
+// at all) take the vector-lane path, as do requests the screen cannot narrow down.
+int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t width, const float* head,
+                             const void* head_bf16, const float* norms, float max_norm, int64_t vocab,
+                             int64_t* tokens) {
+#ifdef OXY_AMX
+    if (width % 32 != 0 || !amx_granted()) return 1;
+    if (threads < 1) threads = 1;
+    if (vocab / 16 < threads) threads = 1;
+    std::vector<float> h_norms(batch);
+    bool bounded = std::isfinite(max_norm) && max_norm < 1e37f;
+    for (int64_t b = 0; b < batch && bounded; ++b) {
+        double ss = 0;
+        for (int64_t k = 0; k < width; ++k) ss += (double)h[b * width + k] * h[b * width + k];
+        double n = std::sqrt(ss);
+        // finite, and every sum and bound below 1e37 whatever the rounding (no bfloat16 rounds up past float32's
+        // range, no float32 sum overflows)
+        bounded = std::isfinite(n) && n < 1e37 && n * max_norm < 1e36;
+        h_norms[b] = (float)n * (1.0f + std::ldexp(1.0f, -20));
+    }
+    if (bounded) {
+        head_screened_amx(h, batch, width, head, static_cast<const Bf16*>(head_bf16), norms, max_norm,
+                          h_norms.data(), vocab, threads, tokens);
+    } else {
+        for (int64_t b = 0; b < batch; ++b) tokens[b] = -1;
+    }
+    std::vector<int64_t> rest;  // requests the screen left to the vector lanes
+    for (int64_t b = 0; b < batch; ++b)
+        if (tokens[b] < 0) rest.push_back(b);
+    if (!rest.empty()) {
+        std::vector<float> hr(rest.size() * width);
+        for (size_t i = 0; i < rest.size(); ++i)
+            std::memcpy(hr.data() + i * width, h + rest[i] * width, sizeof(float) * width);
+        std::vector<int64_t> out(rest.size());
+        head_greedy_lanes(hr.data(), (int64_t)rest.size(), width, head, vocab, threads, out.data());
+        for (size_t i = 0; i < rest.size(); ++i) tokens[rest[i]] = out[i];
+    }
+    return 0;
+#else
+    (void)threads, (void)h, (void)batch, (void)width, (void)head, (void)head_bf16, (void)norms, (void)max_norm,
+        (void)vocab, (void)tokens;
+    return 1;
+#endif
+}
+
+// norms[v] = the euclidean norm of row v of a float32 matrix w [V, K], summed in double and rounded up.
+void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
+    for (int64_t v = 0; v < rows; ++v) {
+        double ss = 0;
+        for (int64_t k = 0; k < width; ++k) ss += (double)w[v * width + k] * w[v * width + k];
+        float n = (float)std::sqrt(ss);
+        norms[v] = (double)n < std::sqrt(ss) ? std::nextafter(n, std::numeric_limits<float>::infinity()) : n;
+    }
 }
 
 // 1 when this build has the AMX tile path and this process may use it.

@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -87,6 +88,10 @@ def load(march: str = "native") -> ctypes.CDLL:
     lib.oxy_greedy.restype = None
     lib.oxy_head_greedy.argtypes = [i, i, i, p, i64, i64, p, i64, p]
     lib.oxy_head_greedy.restype = i
+    lib.oxy_head_greedy_screened.argtypes = [i, p, i64, i64, p, p, p, ctypes.c_float, i64, p]
+    lib.oxy_head_greedy_screened.restype = i
+    lib.oxy_row_norms.argtypes = [p, i64, i64, p]
+    lib.oxy_row_norms.restype = None
     lib.oxy_has_amx.argtypes = []
     lib.oxy_has_amx.restype = i
     return lib
@@ -155,20 +160,51 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     return tokens
 
 
-def head_greedy(h: Tensor, head: Tensor, threads: int = 1, amx: bool | None = None) -> Tensor:
+@dataclass(frozen=True)
+class HeadCopy:
+    """What `head_greedy` screens a float32 head with on matrix tiles: its bfloat16 copy (rounded to nearest, half
+    the head's memory) and its rows' euclidean norms (rounded up) with their largest."""
+
+    bf16: Tensor
+    norms: Tensor
+    max_norm: float
+
+    def matches(self, head: Tensor) -> bool:
+        return tuple(self.bf16.shape) == tuple(head.shape)
+
+
+def head_copy(head: Tensor) -> HeadCopy:
+    """The HeadCopy of a contiguous float32 CPU head [vocab, W]; made once per head (a full pass over it)."""
+    if head.dim() != 2 or head.dtype != torch.float32 or not head.is_contiguous() or head.device.type != "cpu":
+        raise ValueError("a head copy is made of a contiguous float32 CPU head [vocab, W]")
+    norms = torch.empty(head.shape[0])
+    load().oxy_row_norms(head.data_ptr(), head.shape[0], head.shape[1], norms.data_ptr())
+    return HeadCopy(head.to(torch.bfloat16), norms, float(norms.max()))
+
+
+def head_greedy(h: Tensor, head: Tensor, threads: int = 1, amx: bool | None = None,
+                copy: HeadCopy | None = None) -> Tensor:
     """The greedy tokens [B] long of final-norm hidden states h [B, W] through the text head [vocab, W] (both
     contiguous CPU tensors in float32 or bfloat16): `sampling.greedy_tokens(h @ head.T)` without the logits, on
-    `threads` threads. `amx` (default: where this build and process have it) runs bfloat16 on the CPU's matrix
-    tiles; False keeps vector lanes."""
+    `threads` threads. `amx` (default: where this build and process have it) runs on the CPU's matrix tiles:
+    bfloat16 directly, float32 screened with the head's `copy` (`head_copy`; no copy, no tiles) and then chosen in
+    float32, the same tokens as its vector lanes; False keeps vector lanes."""
     tensors = (h, head)
     if h.dim() != 2 or head.dim() != 2 or h.shape[1] != head.shape[1] or h.dtype != head.dtype \
             or h.dtype not in DTYPES or not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
         raise ValueError("the CPU kernel's head needs contiguous CPU h [B, W] and head [vocab, W] of one float dtype")
     if amx is None:
-        amx = tiles_run(h.dtype, h.shape[1])
+        amx = tiles_run(h.dtype, h.shape[1]) and (h.dtype == torch.bfloat16 or copy is not None)
     tokens = torch.empty(h.shape[0], dtype=torch.long)
-    status = load().oxy_head_greedy(DTYPES[h.dtype], int(amx), threads, h.data_ptr(), h.shape[0], h.shape[1],
-                                 head.data_ptr(), head.shape[0], tokens.data_ptr())
+    if amx and h.dtype == torch.float32:
+        if copy is None or not copy.matches(head):
+            raise ValueError("a float32 head on matrix tiles needs its head_copy")
+        status = load().oxy_head_greedy_screened(threads, h.data_ptr(), h.shape[0], h.shape[1], head.data_ptr(),
+                                                 copy.bf16.data_ptr(), copy.norms.data_ptr(), copy.max_norm,
+                                                 head.shape[0], tokens.data_ptr())
+    else:
+        status = load().oxy_head_greedy(DTYPES[h.dtype], int(amx), threads, h.data_ptr(), h.shape[0], h.shape[1],
+                                        head.data_ptr(), head.shape[0], tokens.data_ptr())
     if status != 0:
         raise ValueError("the CPU kernel has no matrix tiles for this head here")
     return tokens
@@ -180,21 +216,21 @@ def has_amx() -> bool:
 
 
 def tiles_run(dtype: torch.dtype, width: int) -> bool:
-    """Whether `head_greedy` runs a head of this dtype and width on matrix tiles here (bfloat16, whole 32-wide
-    pieces of the width)."""
-    return dtype == torch.bfloat16 and width % 32 == 0 and has_amx()
+    """Whether `head_greedy` can run a head of this dtype and width on matrix tiles here (whole 32-wide pieces of
+    the width; float32 with the head's copy)."""
+    return dtype in DTYPES and width % 32 == 0 and has_amx()
 
 
-HEAD_GREEDY_MIN_ROWS = 4  # float32: below this many requests torch's head + `greedy_tokens` is faster
+HEAD_GREEDY_MIN_ROWS = 4  # float32 on vector lanes: below this many requests torch's head + `greedy_tokens` is faster
 
 
 def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
-    from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): bfloat16 on matrix tiles at any
-    batch (on vector lanes it is 1.5-2.5x slower than torch's bfloat16 head, so not without tiles); float32 from
-    HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads the head faster)."""
-    if dtype == torch.bfloat16:
-        return tiles_run(dtype, width)
+    from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): on matrix tiles at any batch; on
+    vector lanes float32 from HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads
+    the head faster) and never bfloat16 (1.5-2.5x slower than torch's bfloat16 head)."""
+    if tiles_run(dtype, width):
+        return True
     return dtype == torch.float32 and rows >= HEAD_GREEDY_MIN_ROWS
 
 

@@ -69,6 +69,8 @@ class Pi05Model(nn.Module):
         self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
         self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
+        self._head_copy_value: cpu_kernel.HeadCopy | None = None  # `_head_copy`, for the head `_head_copy_key`
+        self._head_copy_key: tuple[Tensor, tuple] | None = None  # the head object and its storage, version, shape
 
     @property
     def dtype(self) -> torch.dtype:
@@ -302,7 +304,8 @@ class Pi05Model(nn.Module):
                 and cpu_kernel.head_greedy_pays(self.dtype, len(index), self.config.backbone.width):
             self._check_tokens(index, tokens)
             h, _ = self.backbone.norm(self._kernel_hidden(cache, index, tokens))
-            return cpu_kernel.head_greedy(h, self.backbone.text_head, torch.get_num_threads())
+            head = self.backbone.text_head
+            return cpu_kernel.head_greedy(h, head, torch.get_num_threads(), copy=self._head_copy(head))
         logits = self._decode_logits(cache, index, tokens)
         chosen = cpu_kernel.greedy_tokens(logits) if self._cpu_kernel else greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
@@ -320,6 +323,18 @@ class Pi05Model(nn.Module):
         hidden = self._kernel_hidden(cache, index, tokens) if self._cpu_kernel else self._decode_hidden(cache, index,
                                                                                                          tokens)
         return self.backbone.logits(hidden, self._logits_out(len(index)))
+
+    def _head_copy(self, head: Tensor) -> cpu_kernel.HeadCopy | None:
+        """The float32 text head's bfloat16 copy and row norms that `cpu_kernel.head_greedy` screens it with on
+        matrix tiles (None for bfloat16 or without tiles); made on the first greedy step and again whenever the
+        head's storage or contents change (contents: by its version counter, which a head made under
+        `torch.inference_mode` does not have; such a head is taken as fixed while its storage is)."""
+        if self.dtype != torch.float32 or not cpu_kernel.tiles_run(self.dtype, head.shape[1]):
+            return None
+        state = (head.data_ptr(), None if head.is_inference() else head._version, tuple(head.shape))
+        if self._head_copy_key is None or self._head_copy_key[0] is not head or self._head_copy_key[1] != state:
+            self._head_copy_value, self._head_copy_key = cpu_kernel.head_copy(head.detach()), (head, state)
+        return self._head_copy_value
 
     @staticmethod
     def _check_tokens(index: DecodeIndex, tokens: Tensor) -> None:
