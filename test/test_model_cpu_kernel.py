@@ -320,8 +320,8 @@ def test_the_screened_float32_head_leaves_unbounded_inputs_to_the_vector_lanes()
 
 
 def test_the_model_keeps_one_head_copy_until_the_head_changes(monkeypatch):
-    """A float32 model on tiles makes its head's copy on the first greedy step and reuses it; a head changed in place
-    (new weights loaded) gets a new copy, so the tokens follow the new head."""
+    """A float32 model on tiles makes its head's copy when the kernel is turned on and reuses it step after step; a
+    head changed in place (new weights loaded) gets a new copy, so the tokens follow the new head."""
     needs_tiles(True)
     made = []
     real = cpu_kernel.head_copy
@@ -334,7 +334,9 @@ def test_the_model_keeps_one_head_copy_until_the_head_changes(monkeypatch):
             for m, c in zip((eager, kernel), caches)]
     for _ in range(3):
         assert torch.equal(step[1](), step[0]())
-    assert len(made) == 1
+    assert len(made) == 1  # when the kernel was turned on
+    vocab, width = kernel.backbone.text_head.shape
+    assert kernel.memory_bytes() - eager.memory_bytes() == vocab * width * 2 + vocab * 4  # counted as the model's
     with torch.no_grad():
         for model in (eager, kernel):
             model.backbone.text_head.mul_(-1.0)

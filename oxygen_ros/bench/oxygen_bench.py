@@ -136,7 +136,7 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
     quick_start = Workload(inputs[short:], noises[short:], narrate[short:], point.decode_len,
                            num_steps=point.num_steps, control_period_s=control_period_s, warmup_frames=2,
                            energy_j=energy.read_j if energy else None)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model_bytes = model.memory_bytes()
     runs: dict[str, list[SettingRun]] = {setting: [] for setting in point.settings}
     cuda_peak: dict[str, float] = {}
     for _ in range(rounds):  # settings interleaved round by round, so a burst of load hits them all alike

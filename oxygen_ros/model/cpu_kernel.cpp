@@ -565,8 +565,9 @@ int64_t first_max(const K* row, int64_t n) {
 // [50, 257152] of them costs more than the products do at a small width). A running maximum and the row it came
 // from, compared with `>` in vocabulary order, keep the first maximum. In bfloat16 each product sum is rounded
 // to bfloat16 before it is compared, as the eager logits are stored, so ties the rounding makes resolve to the
-// first row as they do there. Two paths: vector lanes across the vocabulary (`head_greedy_lanes`, any CPU) and,
-// in bfloat16, AMX tiles with lanes across requests (`head_greedy_amx`).
+// first row as they do there. Vector lanes across the vocabulary (`head_greedy_lanes`, any CPU); AMX tiles with
+// lanes across requests, bfloat16 directly (`head_greedy_amx`) and float32 screened on a bfloat16 copy of the
+// head, then chosen in float32 (`head_screened_amx`).
 
 // `work(t)` for t = 0 .. threads - 1, t = 0 on the calling thread; returns when all are done.
 template <typename F>

@@ -69,8 +69,9 @@ class Pi05Model(nn.Module):
         self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
         self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
-        self._head_copy_value: cpu_kernel.HeadCopy | None = None  # `_head_copy`, for the head `_head_copy_key`
-        self._head_copy_key: tuple[Tensor, tuple] | None = None  # the head object and its storage, version, shape
+        # `_head_copy`: (the head it was made of, that head's storage, version and shape, the copy), one attribute
+        # so that a reader on another thread sees a copy only with the head it belongs to
+        self._head_copy_made: tuple[Tensor, tuple, cpu_kernel.HeadCopy] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -93,17 +94,26 @@ class Pi05Model(nn.Module):
         """Opt in (a float32 or bfloat16 model on the CPU) to running a decode step's backbone layers as one
         compiled call (`model/cpu_kernel.py`) instead of hundreds of tensor operators; a greedy step's text head and
         token choice as one more (no logits; `cpu_kernel.head_greedy_pays` says which steps), else torch's head and
-        the greedy choice as one pass per row. The first call in a process builds or loads the kernel:
-        `CpuKernelUnavailable` where it cannot be built (no C++ compiler), ValueError for a model it does not run.
-        Outputs match the eager model to floating-point rounding. Returns the model."""
+        the greedy choice as one pass per row. A float32 model on a CPU with matrix tiles also keeps a bfloat16 copy
+        of its text head to screen it with (made here; half the head's memory). The first call in a process builds
+        or loads the kernel: `CpuKernelUnavailable` where it cannot be built (no C++ compiler), ValueError for a
+        model it does not run. Outputs match the eager model to floating-point rounding. Returns the model."""
         cpu_kernel.check_supported(self)
         cpu_kernel.load()
         self._cpu_kernel = True
+        self._head_copy(self.backbone.text_head)  # now rather than in the first greedy step
         return self
 
     @property
     def uses_cpu_kernel(self) -> bool:
         return self._cpu_kernel
+
+    def memory_bytes(self) -> int:
+        """Bytes the model holds: its parameters and, where it keeps one, its text head's screening copy."""
+        params = sum(p.numel() * p.element_size() for p in self.parameters())
+        made = self._head_copy_made
+        kept = 0 if made is None else sum(t.numel() * t.element_size() for t in (made[2].bf16, made[2].norms))
+        return params + kept
 
     def use_cuda_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), per_stream: bool = False
                         ) -> Pi05Model:
@@ -332,9 +342,10 @@ class Pi05Model(nn.Module):
         if self.dtype != torch.float32 or not cpu_kernel.tiles_run(self.dtype, head.shape[1]):
             return None
         state = (head.data_ptr(), None if head.is_inference() else head._version, tuple(head.shape))
-        if self._head_copy_key is None or self._head_copy_key[0] is not head or self._head_copy_key[1] != state:
-            self._head_copy_value, self._head_copy_key = cpu_kernel.head_copy(head.detach()), (head, state)
-        return self._head_copy_value
+        made = self._head_copy_made
+        if made is None or made[0] is not head or made[1] != state:
+            made = self._head_copy_made = (head, state, cpu_kernel.head_copy(head.detach()))
+        return made[2]
 
     @staticmethod
     def _check_tokens(index: DecodeIndex, tokens: Tensor) -> None:
