@@ -2,6 +2,8 @@
 members: the tokens are exactly those of rebuilding every index from the requests each step, in float32 and
 bfloat16, while requests join, finish, sample, are preempted and resume in another slot."""
 
+import functools
+
 import pytest
 import torch
 
@@ -116,3 +118,52 @@ def test_an_index_is_checked_once_and_advances_up_to_the_slots_end():
         index.advance()
     with pytest.raises(ValueError, match=r"tokens must have shape \(1,\)"):
         model.decode_tokens(cache, index, torch.tensor([3, 4]))
+
+
+def start_from_hidden(world, name, seed, max_new_tokens, temperature=0.0):
+    """`World.start` keeping the prefix's last-layer output instead of its logits (as the runtime does)."""
+    inputs = random_inputs(CFG, 1, seed=seed).to(world.model.device, world.model.dtype)
+    slot = world.runner.pool.allocate(name)
+    prefill = world.model.prefill(inputs, world.runner.pool.cache, torch.tensor([slot]), want_hidden=True)
+    assert prefill.logits is None
+    world.requests[name] = start_request(seed, slot, seed, 0, CFG.prefix_len, int(prefill.num_valid[0]), None,
+                                         max_new_tokens, eos_id=-1, temperature=temperature, seed=seed,
+                                         first_hidden=prefill.hidden[0])
+    assert not world.requests[name].tokens and not world.requests[name].done
+    world.inputs[name] = inputs
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_request_started_from_its_last_layer_output_gets_the_text_of_one_started_from_logits(dtype, kernel):
+    """Requests whose first token is chosen by their first decode step (greedy and sampled), alone in a step and
+    in the same head pass as requests already decoding, preempted before their first token and resumed: the same
+    text as requests started from the prefill's logits, step for step one token later."""
+    model = build_model(CFG, dtype=dtype, seed=7)
+    if kernel:
+        model.use_cpu_kernel()
+    texts = []
+    for from_hidden in (False, True):
+        world = World(model, decode_batch)
+        start = functools.partial(start_from_hidden, world) if from_hidden else world.start
+        start("a", 1, MAX_NEW)
+        start("b", 2, MAX_NEW, temperature=0.8)
+        world.decode("a", "b")  # from hidden: a step of first tokens only
+        world.start("c", 3, MAX_NEW)
+        start("d", 4, MAX_NEW)
+        start("e", 5, MAX_NEW, temperature=0.8)
+        world.preempt("e")
+        world.decode("a", "b", "c", "d")  # d's first token in the same pass as a, b and c's next ones
+        world.resume("e")
+        while any(not r.done for r in world.requests.values()):
+            world.decode(*world.requests)
+        texts.append({name: r.tokens for name, r in world.requests.items()})
+    assert texts[1] == texts[0]
+    assert all(len(t) == MAX_NEW for t in texts[0].values())
+
+
+def test_a_request_starts_from_its_logits_or_its_last_layer_output():
+    for first in ((None, None), (torch.zeros(8), torch.zeros(4))):
+        with pytest.raises(ValueError, match="one of them"):
+            start_request(1, 0, 0, 0, CFG.prefix_len, 3, first[0], 4, eos_id=-1, first_hidden=first[1])
+    assert start_request(1, 0, 0, 0, CFG.prefix_len, 3, None, 0, eos_id=-1, first_hidden=torch.zeros(4)).done

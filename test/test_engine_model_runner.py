@@ -32,7 +32,7 @@ def test_stage_prefill_then_stage_denoise_equals_one_act_call():
         workers.close()
     torch.testing.assert_close(staged, whole.actions, rtol=1e-4, atol=1e-5)
     assert prefilled.num_valid == whole.num_valid
-    for a, b in zip(prefilled.first_logits, whole.first_logits):
+    for a, b in zip(prefilled.first_hidden, whole.first_hidden):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

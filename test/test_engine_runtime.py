@@ -11,6 +11,7 @@ import torch
 
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
 from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.generate import greedy_decode
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
@@ -132,6 +133,34 @@ def test_one_robot_gets_the_isolated_chunks_and_text_through_preemption_and_resu
     assert stats.actions == 8 and stats.active_requests == 0 and stats.slots_used == 0
 
 
+@pytest.mark.parametrize("kernel", [False, True])
+def test_the_control_path_never_runs_the_text_head(tokenizer, kernel, monkeypatch):
+    """A narrating frame's first token is chosen by the language worker's first step for it (through the text head
+    in the same pass as the batch's other requests), never by the control path that prefilled it: every use of the
+    head, torch's or the CPU kernel's fused one, is on the worker's thread; the text is still isolated execution's."""
+    model = build_model(CONFIG, seed=5)
+    if kernel:
+        model.use_cpu_kernel()
+    threads = []
+
+    def on_thread(fn):
+        def wrapped(*args, **kwargs):
+            threads.append(threading.current_thread().name)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(model.backbone, "logits", on_thread(model.backbone.logits))
+    monkeypatch.setattr(cpu_kernel, "head_greedy", on_thread(cpu_kernel.head_greedy))
+    collect = Collector()
+    config = SchedulerConfig(num_steps=2, tokens_per_frame=1, max_new_tokens=4, ignore_eos=True)
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=6, overlap_threads=1),
+                      on_text=collect.on_text).start()
+    inputs, noises, chunks = narrate_every_frame(runtime, 4)
+    assert len(threads) >= 4 and set(threads) == {"oxygen-language"}
+    for i in range(4):
+        assert list(collect.finals[i].token_ids) == isolated(model, inputs[i], noises[i], 2, 4)[1], i
+
+
 def test_three_robots_on_one_model_get_the_isolated_chunks_and_text(model, tokenizer):
     """Robots submit from their own threads; the control thread batches their frames (bucket padding with zero
     rows), requests are preempted and resumed along the way, and nothing changes any result."""
@@ -142,9 +171,9 @@ def test_three_robots_on_one_model_get_the_isolated_chunks_and_text(model, token
     batches = []
     prefill = model.prefill
 
-    def counting_prefill(inputs, cache, slots, want_logits=False):
+    def counting_prefill(inputs, cache, slots, **wanted):
         batches.append(len(slots))
-        return prefill(inputs, cache, slots, want_logits=want_logits)
+        return prefill(inputs, cache, slots, **wanted)
 
     model.prefill = counting_prefill
     # 4 language slots: a whole batch can narrate, and requests of later batches preempt earlier ones
@@ -192,7 +221,8 @@ def test_language_work_never_overlaps_the_control_paths_model_calls(tokenizer):
     period = 0.03
     config = SchedulerConfig(num_steps=2, max_new_tokens=12, control_period_s=period, ignore_eos=True,
                              adaptive_k=True, tokens_per_frame=12)
-    with spied(model, ("prefill", "sample_actions", "decode_step", "decode_next", "decode_tokens")) as calls:
+    with spied(model, ("prefill", "sample_actions", "decode_step", "decode_next", "decode_tokens", "next_tokens")
+               ) as calls:
         # room for all 15 requests: however far a busy machine lets the worker fall behind, none is evicted
         runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=16)).start()
         try:
@@ -228,7 +258,7 @@ def test_with_overlap_decode_steps_run_beside_the_denoising_and_never_beside_a_p
 
     def before(name):
         with progress:
-            if name == "decode_tokens":
+            if name in ("decode_tokens", "next_tokens"):  # a step (next_tokens alone: only first tokens)
                 decode_starts[0] += 1
                 progress.notify_all()
             elif name == "sample_actions" and runtime.scheduler.has_language_requests():
@@ -241,7 +271,7 @@ def test_with_overlap_decode_steps_run_beside_the_denoising_and_never_beside_a_p
 
     config = SchedulerConfig(num_steps=3, tokens_per_frame=1, max_new_tokens=5, ignore_eos=True)
     collect = Collector()
-    with spied(model, ("prefill", "sample_actions", "decode_tokens"), before, after) as calls:
+    with spied(model, ("prefill", "sample_actions", "decode_tokens", "next_tokens"), before, after) as calls:
         runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8, overlap_threads=1),
                           on_text=collect.on_text).start()
         inputs, noises, chunks = narrate_every_frame(runtime, 6)
@@ -291,7 +321,7 @@ def test_adaptive_k_floor_gives_the_text_its_steps_when_no_slack_is_left_and_cou
     given up (it ran past the tick it delayed). Without a floor nothing is counted."""
     config = SchedulerConfig(num_steps=2, max_new_tokens=40, control_period_s=1e-4, ignore_eos=True,
                              adaptive_k=True, tokens_per_frame=40, min_steps_per_frame=floor)
-    with spied(model, ("prefill", "sample_actions", "decode_tokens")) as calls:
+    with spied(model, ("prefill", "sample_actions", "decode_tokens", "next_tokens")) as calls:
         runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=10)).start()
         try:
             inputs = runtime.prepare(observation(0))

@@ -85,11 +85,12 @@ def _eos(model, workload: Workload) -> int:
     return -1 if workload.ignore_eos else model.config.eos_id
 
 
-def _decode_alone(model, cache, slot: int, frame: int, num_valid: int, logits: Tensor, workload: Workload
+def _decode_alone(model, cache, slot: int, frame: int, num_valid: int, hidden: Tensor, workload: Workload
                   ) -> LanguageRequest:
-    """Decode one request to completion by itself (batch 1): what a sequential stack does."""
-    request = start_request(frame, slot, frame, 0, model.config.prefix_len, num_valid, logits,
-                            workload.decode_len, _eos(model, workload))
+    """Decode one request to completion by itself (batch 1): what a sequential stack does. Its first token comes
+    from the prefill's last-layer output through the text head, as in the engine (`start_request`)."""
+    request = start_request(frame, slot, frame, 0, model.config.prefix_len, num_valid, None,
+                            workload.decode_len, _eos(model, workload), first_hidden=hidden)
     while not request.done:
         decode_batch(model, cache, [request])
     return request
@@ -166,9 +167,9 @@ def run_baseline(model, workload: Workload) -> SettingRun:
         actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
         _record_action(run, window, frame, actions, t0)
         if workload.narrate[frame]:
-            prefill = model.prefill(inputs, language_pool.cache, slot, want_logits=True)
+            prefill = model.prefill(inputs, language_pool.cache, slot, want_hidden=True)
             request = _decode_alone(model, language_pool.cache, 0, frame, int(prefill.num_valid[0]),
-                                    prefill.logits[0], workload)
+                                    prefill.hidden[0], workload)
             _record_request(run, window, frame, request)
     window.close(run)
     return run
@@ -183,10 +184,10 @@ def run_shared_kv(model, workload: Workload) -> SettingRun:
     for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
         t0 = window.begin(frame)
         narrate = workload.narrate[frame]
-        prefill = model.prefill(inputs, pool.cache, slot, want_logits=narrate)
+        prefill = model.prefill(inputs, pool.cache, slot, want_hidden=narrate)
         _record_action(run, window, frame, model.sample_actions(pool.cache, slot, noise, workload.num_steps)[0], t0)
         if narrate:
-            request = _decode_alone(model, pool.cache, 0, frame, int(prefill.num_valid[0]), prefill.logits[0],
+            request = _decode_alone(model, pool.cache, 0, frame, int(prefill.num_valid[0]), prefill.hidden[0],
                                     workload)
             _record_request(run, window, frame, request)
     window.close(run)
@@ -229,10 +230,10 @@ def run_parallel(model, workload: Workload) -> SettingRun:
                     continue
                 frame = candidates[-1]
                 taken = frame
-            prefill = language_model.prefill(workload.inputs[frame], language_pool.cache, slot, want_logits=True)
-            request = start_request(frame, 0, frame, 0, model.config.prefix_len, int(prefill.num_valid[0]),
-                                    prefill.logits[0], workload.decode_len, _eos(model, workload))
-            produced = 1
+            prefill = language_model.prefill(workload.inputs[frame], language_pool.cache, slot, want_hidden=True)
+            request = start_request(frame, 0, frame, 0, model.config.prefix_len, int(prefill.num_valid[0]), None,
+                                    workload.decode_len, _eos(model, workload), first_hidden=prefill.hidden[0])
+            produced = 0
             while not request.done:
                 # tokens count when they are produced inside the measured window, finished or not
                 if window.open and not done.is_set():

@@ -1,10 +1,13 @@
 """Language requests as resumable states, and one batched decode step over any set of them.
 
 Decoding is greedy by default; with a temperature each request samples from its own seeded generator, so its text
-does not depend on which other requests shared its batches. A request is born from a frame's prefill (its slot already holds the prefix K/V, and the prefill's last-token logits
-give the first token) and then advances one token per decode step, in whatever batch the scheduler puts it in. All it
-needs to resume is in the dataclass, so requests from different frames decode together (cross-frame continuous
-batching) and a request can wait any number of frames between steps.
+does not depend on which other requests shared its batches. A request is born from a frame's prefill (its slot
+already holds the prefix K/V) with its first token chosen from the prefill's last-token logits, or with that token's
+last-layer output kept (`first_hidden`) so that its first decode step chooses the first token, in the same pass over
+the text head as the batch's other requests: the control path that ran the prefill then never pays for the head.
+It advances one token per decode step, in whatever batch the scheduler puts it in. All it needs to resume is in the
+dataclass, so requests from different frames decode together (cross-frame continuous batching) and a request can
+wait any number of frames between steps.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class LanguageRequest:
     finish_reason: str | None = None  # "eos", "length" or "evicted"
     first_token_time: float | None = None
     finish_time: float | None = None
+    # until the first token is chosen: its prefix's last-layer output [W] (`PrefillResult.hidden`), on the device
+    first_hidden: Tensor | None = field(default=None, repr=False, compare=False)
     _generator: torch.Generator | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -88,19 +93,25 @@ def start_request(
     stamp_ns: int,
     prefix_len: int,
     num_valid_prefix: int,
-    first_logits: Tensor,
+    first_logits: Tensor | None,
     max_new_tokens: int,
     eos_id: int,
     temperature: float = 0.0,
     seed: int = 0,
+    first_hidden: Tensor | None = None,
 ) -> LanguageRequest:
-    """A request whose first token comes from the prefill's last-prefix-token logits."""
+    """A request whose first token comes from the prefill's last-prefix-token logits, or (`first_logits` None)
+    from `first_hidden`, that token's last-layer output, in its first decode step."""
+    if (first_logits is None) == (first_hidden is None):
+        raise ValueError("a request starts from its first token's logits or its last-layer output, one of them")
     request = LanguageRequest(request_id, slot, frame_id, stamp_ns, prefix_len, num_valid_prefix, max_new_tokens,
                               eos_id, temperature, seed)
     if max_new_tokens == 0:
         request.finish("length", time.perf_counter())
-    else:
+    elif first_logits is not None:
         request.accept(request.choose(first_logits), time.perf_counter())
+    else:
+        request.first_hidden = first_hidden
     return request
 
 
@@ -135,25 +146,35 @@ def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
     active = sorted((r for r in requests if not r.done), key=lambda r: r.slot)
     if not active:
         return 0
-    members = _members(active)
-    fed_list = [r.tokens[-1] for r in active]
-    last = _LAST_STEPS.get(cache)
-    if last is not None and last.members == members and last.chosen_list == fed_list:
-        index, fed = last.index, last.chosen
-        index.advance()
+    starting = [r for r in active if r.first_hidden is not None]  # their first tokens, in the same head pass
+    fed_rows = [r for r in active if r.first_hidden is None]
+    first = torch.stack([r.first_hidden for r in starting]) if starting else None
+    samplers = [r.sampler() for r in fed_rows + starting]
+    if not fed_rows:
+        chosen = model.next_tokens(first, samplers)
     else:
-        offsets = [len(r.tokens) - 1 for r in active]
-        index = DecodeIndex(
-            cache,
-            torch.tensor([r.slot for r in active]),
-            torch.tensor([r.prefix_len + o for r, o in zip(active, offsets)]),
-            torch.tensor([r.num_valid_prefix + o for r, o in zip(active, offsets)]),
-        )
-        fed = torch.tensor(fed_list)
-    chosen = model.decode_tokens(cache, index, fed, [r.sampler() for r in active])
+        members = _members(fed_rows)
+        fed_list = [r.tokens[-1] for r in fed_rows]
+        last = _LAST_STEPS.get(cache)
+        if last is not None and last.members == members and last.chosen_list == fed_list:
+            index, fed = last.index, last.chosen
+            index.advance()
+        else:
+            offsets = [len(r.tokens) - 1 for r in fed_rows]
+            index = DecodeIndex(
+                cache,
+                torch.tensor([r.slot for r in fed_rows]),
+                torch.tensor([r.prefix_len + o for r, o in zip(fed_rows, offsets)]),
+                torch.tensor([r.num_valid_prefix + o for r, o in zip(fed_rows, offsets)]),
+            )
+            fed = torch.tensor(fed_list)
+        chosen = model.decode_tokens(cache, index, fed, samplers, first=first)
     chosen_list = chosen.tolist()
     now = time.perf_counter()
-    for request, token in zip(active, chosen_list):
+    for request, token in zip(fed_rows + starting, chosen_list):
+        request.first_hidden = None
         request.accept(token, now)
-    _LAST_STEPS[cache] = _LastStep(_members(active), index, chosen, chosen_list)
+    if fed_rows:  # the rows its index holds; a batch a request joined next step builds a new one
+        _LAST_STEPS[cache] = _LastStep(_members(fed_rows), index, chosen[: len(fed_rows)],
+                                       chosen_list[: len(fed_rows)])
     return len(active)

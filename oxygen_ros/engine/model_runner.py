@@ -1,8 +1,10 @@
 """The only code that calls the model: executes the scheduler's plans over one model's KV pool.
 
 - `act`: the frames of an action plan are prefilled into fresh slots and denoised together, padded to the plan's
-  power-of-two bucket with zero-filled rows (into slots kept for padding, never synthetic frames); the first-token
-  logits of narrating frames are read back before the denoising is launched.
+  power-of-two bucket with zero-filled rows (into slots kept for padding, never synthetic frames); a narrating
+  frame's prefill keeps its last token's last-layer output, from which the request's first decode step chooses the
+  first token (the text head never runs on the control path), and the valid lengths are read back before the
+  denoising is launched.
 - `decode`: one batched decode step over any set of requests of this model.
 - `resume`: a preempted request gets a slot again, its prefix recomputed and its tokens replayed, so its text is
   what it would have been without the preemption.
@@ -10,7 +12,7 @@
 Streams (`PriorityStreams`): on a GPU the control path issues on a high-priority CUDA stream and the language
 worker on a low-priority one, so a decode step on the device gives way to a chunk block by block. No events are
 needed between the two streams because every hand-over already passes a host sync: a frame's slot reaches the
-worker only after its first-token logits were read back, a slot is freed only after its last step's tokens were
+worker only after its prefill's valid lengths were read back, a slot is freed only after its last step's tokens were
 read back, and decode steps write only the text part of their own slots while a chunk reads its slot's prefix.
 This path is written for GPUs but has not run on one yet (`test_gpu/`, `make test-gpu`, is its proof).
 """
@@ -72,7 +74,7 @@ class Prefilled:
 
     slots: list[int]
     num_valid: list[int]  # valid prefix tokens per frame
-    first_logits: list[Tensor | None]  # host logits of each narrating frame's first token
+    first_hidden: list[Tensor | None]  # each narrating frame's last prefix token's last-layer output [W], on the device
 
 
 @dataclass
@@ -141,10 +143,10 @@ class ModelRunner:
         if pad:
             rows.append(zero_inputs(self.model.config, pad, device, dtype))
         prefill = self.model.prefill(concat_inputs(rows) if len(rows) > 1 else rows[0], self.pool.cache,
-                                     torch.tensor(slot_ids), want_logits=any(narrate))
+                                     torch.tensor(slot_ids), want_hidden=any(narrate))
         # read back before denoising: on a GPU this waits for the prefill, not for the chunk too
         num_valid = prefill.num_valid[: len(inputs)].tolist()
-        return num_valid, [prefill.logits[i].cpu() if n else None for i, n in enumerate(narrate)]
+        return num_valid, [prefill.hidden[i] if n else None for i, n in enumerate(narrate)]
 
     def _denoise(self, slot_ids: list[int], noises: list[Tensor]) -> Tensor:
         """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros."""

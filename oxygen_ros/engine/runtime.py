@@ -410,12 +410,10 @@ class Runtime:
         request_id = self.scheduler.new_request_id()
         eos = -1 if sched.ignore_eos else runner.eos_id
         request = start_request(request_id, slot, frame.frame_id, frame.stamp_ns, runner.model.config.prefix_len,
-                                out.num_valid[i], out.first_logits[i], frame.max_new_tokens, eos, sched.temperature,
-                                sched.seed * 1_000_003 + request_id)
+                                out.num_valid[i], None, frame.max_new_tokens, eos, sched.temperature,
+                                sched.seed * 1_000_003 + request_id, first_hidden=out.first_hidden[i])
         self._origins[request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
-        for counters in self._counting(frame.robot_id):
-            counters.produced(time.perf_counter(), len(request.tokens))
-        if request.done:  # a budget of 0 or 1, or EOS first: nothing to decode
+        if request.done:  # a budget of 0: nothing to decode (its first token comes from its first decode step)
             runner.free([slot])
             self._notes.append(request)
         else:

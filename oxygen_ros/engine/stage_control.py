@@ -34,7 +34,7 @@ class StagedControl:
         self.runtime = runtime
         self.planner = planner
         self.workers = workers
-        # frame id -> slot, valid prefix, first logits, model: frames between their two stages
+        # frame id -> slot, valid prefix, first token's last-layer output, model: frames between their two stages
         self._prefilled: dict[int, tuple[int, int, Tensor | None, str]] = {}
 
     def frame_room(self, model_id: str) -> int:
@@ -114,7 +114,7 @@ class StagedControl:
             return [rt._failed(f, error) for f in frames]
         if batch.stage == Stage.VLM:
             for i, frame in enumerate(frames):
-                self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_logits[i],
+                self._prefilled[frame.frame_id] = (result.slots[i], result.num_valid[i], result.first_hidden[i],
                                                    batch.model_id)
             return []
         if not frames:

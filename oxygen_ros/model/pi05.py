@@ -38,10 +38,13 @@ from .vision import VisionEncoder
 @dataclass
 class PrefillResult:
     """num_valid [B] long: valid prefix tokens per sample, which is also the first free RoPE position.
-    logits [B, vocab] float32 of the last valid prefix token when asked for, else None."""
+    logits [B, vocab] float32 of the last valid prefix token when asked for, else None.
+    hidden [B, W] that token's last-layer output (before the final norm, in the model's dtype, on its device) when
+    asked for, else None: `next_tokens` chooses the first token from it later, anywhere."""
 
     num_valid: Tensor
     logits: Tensor | None
+    hidden: Tensor | None = None
 
 
 def time_embedding(t: Tensor, width: int, min_period: float, max_period: float) -> Tensor:
@@ -153,11 +156,13 @@ class Pi05Model(nn.Module):
 
     @torch.inference_mode()
     def prefill(
-        self, batch: ModelInputs, cache: KVCache, slots: Tensor, want_logits: bool = False
+        self, batch: ModelInputs, cache: KVCache, slots: Tensor, want_logits: bool = False, want_hidden: bool = False
     ) -> PrefillResult:
         """Run the prefix through the backbone, writing every layer's K/V into `cache[:, slots, :, :prefix_len]`.
 
         The slot's room after the prefix is marked invalid, so a reused slot forgets the previous frame's text.
+        `want_logits` / `want_hidden`: also the last valid token's next-token logits / last-layer output (the
+        latter without the text head, whose product at the real vocabulary costs a CPU prefill 4 ms).
         """
         cfg = self.config
         length = cfg.prefix_len
@@ -182,8 +187,8 @@ class Pi05Model(nn.Module):
             cache.k[i, idx, :, :length] = k.to(cache.dtype)
             cache.v[i, idx, :, :length] = v.to(cache.dtype)
             if i == len(layers) - 1:
-                # The cache is complete; the last layer's outputs matter only for the next-token logits.
-                if not want_logits:
+                # The cache is complete; the last layer's outputs matter only for the next token.
+                if not (want_logits or want_hidden):
                     break
                 q, x, mask = (
                     q[rows, :, last][:, :, None],
@@ -195,7 +200,7 @@ class Pi05Model(nn.Module):
         cache.valid[idx, :length] = valid
         cache.valid[idx, length:] = False
         logits = self.backbone.logits(x[:, -1]).float() if want_logits else None
-        return PrefillResult(num_valid=valid.sum(dim=1), logits=logits)
+        return PrefillResult(num_valid=valid.sum(dim=1), logits=logits, hidden=x[:, -1] if want_hidden else None)
 
     # ---- actions ----------------------------------------------------------------------------------------------
 
@@ -297,26 +302,51 @@ class Pi05Model(nn.Module):
 
     @torch.inference_mode()
     def decode_tokens(
-        self, cache: KVCache, index: DecodeIndex, tokens: Tensor, samplers: Sequence[Sampler | None] | None = None
+        self, cache: KVCache, index: DecodeIndex, tokens: Tensor, samplers: Sequence[Sampler | None] | None = None,
+        first: Tensor | None = None,
     ) -> Tensor:
         """One decode step of the batch `index` (built for `cache`) feeding `tokens` [B]; returns the chosen next
-        tokens [B] long, on the model's device.
+        tokens [B] long, on the model's device, as `next_tokens` chooses them. A caller that keeps the batch
+        advances `index` in place and feeds back what this returned: the next step copies nothing from the host.
 
-        Request b takes the first maximum of its logits, or with `samplers[b]` a sample from that request's own
-        stream; either way exactly what the float32 logits of `decode_step` give. The logits stay in the model's
-        dtype and only sampled rows are converted, so no [B, vocab] float32 copy is made. A caller that keeps the
-        batch advances `index` in place and feeds back what this returned: the next step copies nothing from the
-        host.
+        `first` [N, W]: prefixes' last-layer outputs (`PrefillResult.hidden`) whose first tokens are chosen in the
+        same pass over the text head; their tokens follow the batch's ([B + N] in all, `samplers` alike).
         """
-        if samplers is not None and len(samplers) != len(index):
-            raise ValueError(f"{len(samplers)} samplers for {len(index)} requests")
+        rows = len(index) + (0 if first is None else len(first))
+        if samplers is not None and len(samplers) != rows:
+            raise ValueError(f"{len(samplers)} samplers for {rows} requests")
+        self._check_tokens(index, tokens)
+        if self._graphs is not None:
+            logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
+            if logits is not None:
+                if first is not None:
+                    logits = torch.cat([logits, self.backbone.logits(first.to(logits.dtype))])
+                return self._choose(logits, samplers)
+        hidden = self._step_hidden(cache, index, tokens)
+        if first is not None:
+            hidden = torch.cat([hidden, first.to(hidden.dtype)])
+        return self._next_tokens(hidden, samplers)
+
+    @torch.inference_mode()
+    def next_tokens(self, hidden: Tensor, samplers: Sequence[Sampler | None] | None = None) -> Tensor:
+        """The next tokens [B] long chosen from last-layer outputs hidden [B, W] (before the final norm): row b
+        takes the first maximum of its logits, or with `samplers[b]` a sample from that request's own stream;
+        either way exactly what the float32 logits give. The logits stay in the model's dtype and only sampled
+        rows are converted, so no [B, vocab] float32 copy is made; a greedy batch on the CPU kernel makes no
+        logits at all where `cpu_kernel.head_greedy_pays`."""
+        if samplers is not None and len(samplers) != len(hidden):
+            raise ValueError(f"{len(samplers)} samplers for {len(hidden)} requests")
+        return self._next_tokens(hidden, samplers)
+
+    def _next_tokens(self, hidden: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
         if self._cpu_kernel and not any(s is not None for s in samplers or ()) \
-                and cpu_kernel.head_greedy_pays(self.dtype, len(index), self.config.backbone.width):
-            self._check_tokens(index, tokens)
-            h, _ = self.backbone.norm(self._kernel_hidden(cache, index, tokens))
+                and cpu_kernel.head_greedy_pays(self.dtype, len(hidden), self.config.backbone.width):
+            h, _ = self.backbone.norm(hidden)
             head = self.backbone.text_head
-            return cpu_kernel.head_greedy(h, head, torch.get_num_threads(), copy=self._head_copy(head))
-        logits = self._decode_logits(cache, index, tokens)
+            return cpu_kernel.head_greedy(h.contiguous(), head, torch.get_num_threads(), copy=self._head_copy(head))
+        return self._choose(self.backbone.logits(hidden, self._logits_out(len(hidden))), samplers)
+
+    def _choose(self, logits: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
         chosen = cpu_kernel.greedy_tokens(logits) if self._cpu_kernel else greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
             if sampler is not None:
@@ -330,9 +360,13 @@ class Pi05Model(nn.Module):
             logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
             if logits is not None:
                 return logits
-        hidden = self._kernel_hidden(cache, index, tokens) if self._cpu_kernel else self._decode_hidden(cache, index,
-                                                                                                         tokens)
-        return self.backbone.logits(hidden, self._logits_out(len(index)))
+        return self.backbone.logits(self._step_hidden(cache, index, tokens), self._logits_out(len(index)))
+
+    def _step_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
+        """A decode step's last-layer outputs [B, W], by the CPU kernel or the (maybe compiled) eager layers."""
+        if self._cpu_kernel:
+            return self._kernel_hidden(cache, index, tokens)
+        return self._decode_hidden(cache, index, tokens)
 
     def _head_copy(self, head: Tensor) -> cpu_kernel.HeadCopy | None:
         """The float32 text head's bfloat16 copy and row norms that `cpu_kernel.head_greedy` screens it with on
