@@ -128,8 +128,7 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
         runs["decode_batch cpu kernel"] = EngineBatch(kernel, cache, tokens.tolist(), rebuilt=False)
         if cpu_kernel.head_greedy_pays(model.dtype, batch, cfg.backbone.width):
             # as the model runs it: a float32 head on matrix tiles with its copy (made once, as the model does)
-            head_copy = cpu_kernel.head_copy(head) if model.dtype == torch.float32 and cpu_kernel.tiles_run(
-                model.dtype, cfg.backbone.width) else None
+            head_copy = cpu_kernel.head_copy(head) if cpu_kernel.screens(model.dtype, cfg.backbone.width) else None
             runs["fused head+greedy"] = lambda: cpu_kernel.head_greedy(hidden, head, torch.get_num_threads(),
                                                                        copy=head_copy)
     if compiled is not None:

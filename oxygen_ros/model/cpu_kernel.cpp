@@ -698,6 +698,22 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
     }
 }
 
+// The intra-op threads a head pass splits its vocabulary over: at least 1, and 1 when there are fewer whole tiles.
+inline int usable_threads(int threads, int64_t vocab) { return threads < 1 || vocab / 16 < threads ? 1 : threads; }
+
+// The euclidean norm of x [n], summed in double.
+inline double norm2(const float* x, int64_t n) {
+    double ss = 0;
+    for (int64_t k = 0; k < n; ++k) ss += (double)x[k] * x[k];
+    return std::sqrt(ss);
+}
+
+// x as a float32 no smaller than x.
+inline float float_up(double x) {
+    float f = (float)x;
+    return (double)f < x ? std::nextafter(f, std::numeric_limits<float>::infinity()) : f;
+}
+
 #ifdef OXY_AMX
 // AMX: bfloat16 tiles of 16 vocabulary rows x 32 of the width (read straight from the head, a row at a time)
 // times the requests' hidden states in the tiles' pair-interleaved layout, accumulated in float32 tiles of 16
@@ -924,12 +940,11 @@ template <int NB>
 void head_screened_pass(const float* h, int64_t B, int64_t K, const float* w, const Bf16* wb, const float* norms,
                         float max_norm, const float* h_norms, int64_t V, int threads, int64_t* tokens) {
     const double rel = 1.5 * (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + 2.0 * (double)K * std::ldexp(1.0, -24));
-    const float up = 1.0f + std::ldexp(1.0f, -20);  // float32 casts below round up by at most this much
     alignas(64) float hs[HEAD_LANES] = {}, as[HEAD_LANES] = {}, gs[HEAD_LANES] = {};
     for (int64_t b = 0; b < B; ++b) {
-        hs[b] = (float)(rel * h_norms[b]) * up;
-        as[b] = (float)(4.0 * (double)K * std::ldexp(1.0, -126) * ((double)h_norms[b] + max_norm + 1.0)) * up;
-        gs[b] = (max_norm * hs[b] + as[b]) * up;  // the largest bound of any row for this request
+        hs[b] = float_up(rel * h_norms[b]);
+        as[b] = float_up(4.0 * (double)K * std::ldexp(1.0, -126) * ((double)h_norms[b] + max_norm + 1.0));
+        gs[b] = float_up((double)max_norm * hs[b] + as[b]);  // the largest bound of any row for this request
     }
     vf H[NB], A[NB], gate[NB];
     for (int j = 0; j < NB; ++j) {
@@ -1074,8 +1089,7 @@ int oxy_decode_layers(int bf16, int batch, int width, int heads, int kv_heads, i
 // nothing is written).
 int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch, int64_t width, const void* head,
                     int64_t vocab, int64_t* tokens) {
-    if (threads < 1) threads = 1;
-    if (vocab / 16 < threads) threads = 1;
+    threads = usable_threads(threads, vocab);
     if (amx) {
 #ifdef OXY_AMX
         if (!bf16 || width % 32 != 0 || !amx_granted()) return 1;
@@ -1105,18 +1119,15 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
                              int64_t* tokens) {
 #ifdef OXY_AMX
     if (width % 32 != 0 || !amx_granted()) return 1;
-    if (threads < 1) threads = 1;
-    if (vocab / 16 < threads) threads = 1;
+    threads = usable_threads(threads, vocab);
     std::vector<float> h_norms(batch);
     bool bounded = std::isfinite(max_norm) && max_norm < 1e37f;
     for (int64_t b = 0; b < batch && bounded; ++b) {
-        double ss = 0;
-        for (int64_t k = 0; k < width; ++k) ss += (double)h[b * width + k] * h[b * width + k];
-        double n = std::sqrt(ss);
+        double n = norm2(h + b * width, width);
         // finite, and every sum and bound below 1e37 whatever the rounding (no bfloat16 rounds up past float32's
         // range, no float32 sum overflows)
         bounded = std::isfinite(n) && n < 1e37 && n * max_norm < 1e36;
-        h_norms[b] = (float)n * (1.0f + std::ldexp(1.0f, -20));
+        h_norms[b] = float_up(n);
     }
     if (bounded) {
         head_screened_amx(h, batch, width, head, static_cast<const Bf16*>(head_bf16), norms, max_norm,
@@ -1145,12 +1156,7 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
 
 // norms[v] = the euclidean norm of row v of a float32 matrix w [V, K], summed in double and rounded up.
 void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
-    for (int64_t v = 0; v < rows; ++v) {
-        double ss = 0;
-        for (int64_t k = 0; k < width; ++k) ss += (double)w[v * width + k] * w[v * width + k];
-        float n = (float)std::sqrt(ss);
-        norms[v] = (double)n < std::sqrt(ss) ? std::nextafter(n, std::numeric_limits<float>::infinity()) : n;
-    }
+    for (int64_t v = 0; v < rows; ++v) norms[v] = float_up(norm2(w + v * width, width));
 }
 
 // 1 when this build has the AMX tile path and this process may use it.

@@ -221,6 +221,11 @@ def tiles_run(dtype: torch.dtype, width: int) -> bool:
     return dtype in DTYPES and width % 32 == 0 and has_amx()
 
 
+def screens(dtype: torch.dtype, width: int) -> bool:
+    """Whether a head of this dtype and width is screened on matrix tiles here (float32; it needs its `head_copy`)."""
+    return dtype == torch.float32 and tiles_run(dtype, width)
+
+
 HEAD_GREEDY_MIN_ROWS = 4  # float32 on vector lanes: below this many requests torch's head + `greedy_tokens` is faster
 
 

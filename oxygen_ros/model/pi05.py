@@ -162,7 +162,7 @@ class Pi05Model(nn.Module):
 
         The slot's room after the prefix is marked invalid, so a reused slot forgets the previous frame's text.
         `want_logits` / `want_hidden`: also the last valid token's next-token logits / last-layer output (the
-        latter without the text head, whose product at the real vocabulary costs a CPU prefill 4 ms).
+        latter without running the text head: the engine chooses the first token off the control path).
         """
         cfg = self.config
         length = cfg.prefix_len
@@ -316,12 +316,11 @@ class Pi05Model(nn.Module):
         if samplers is not None and len(samplers) != rows:
             raise ValueError(f"{len(samplers)} samplers for {rows} requests")
         self._check_tokens(index, tokens)
-        if self._graphs is not None:
-            logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
-            if logits is not None:
-                if first is not None:
-                    logits = torch.cat([logits, self.backbone.logits(first.to(logits.dtype))])
-                return self._choose(logits, samplers)
+        logits = self._graph_logits(cache, index, tokens)
+        if logits is not None:
+            if first is not None:
+                logits = torch.cat([logits, self.backbone.logits(first.to(logits.dtype))])
+            return self._choose(logits, samplers)
         hidden = self._step_hidden(cache, index, tokens)
         if first is not None:
             hidden = torch.cat([hidden, first.to(hidden.dtype)])
@@ -356,11 +355,16 @@ class Pi05Model(nn.Module):
     def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """Next-token logits [B, vocab] in the model's dtype; a CUDA graph's replay when one serves the batch."""
         self._check_tokens(index, tokens)
-        if self._graphs is not None:
-            logits = self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
-            if logits is not None:
-                return logits
+        logits = self._graph_logits(cache, index, tokens)
+        if logits is not None:
+            return logits
         return self.backbone.logits(self._step_hidden(cache, index, tokens), self._logits_out(len(index)))
+
+    def _graph_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor | None:
+        """A CUDA graph's replay of the step's logits when one serves the batch, else None."""
+        if self._graphs is None:
+            return None
+        return self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
 
     def _step_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """A decode step's last-layer outputs [B, W], by the CPU kernel or the (maybe compiled) eager layers."""
@@ -370,10 +374,10 @@ class Pi05Model(nn.Module):
 
     def _head_copy(self, head: Tensor) -> cpu_kernel.HeadCopy | None:
         """The float32 text head's bfloat16 copy and row norms that `cpu_kernel.head_greedy` screens it with on
-        matrix tiles (None for bfloat16 or without tiles); made on the first greedy step and again whenever the
+        matrix tiles (None where it is not screened); made when the kernel is turned on and again whenever the
         head's storage or contents change (contents: by its version counter, which a head made under
         `torch.inference_mode` does not have; such a head is taken as fixed while its storage is)."""
-        if self.dtype != torch.float32 or not cpu_kernel.tiles_run(self.dtype, head.shape[1]):
+        if not cpu_kernel.screens(self.dtype, head.shape[1]):
             return None
         state = (head.data_ptr(), None if head.is_inference() else head._version, tuple(head.shape))
         made = self._head_copy_made
