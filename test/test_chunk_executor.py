@@ -76,6 +76,20 @@ def test_latency_counts_from_the_camera_frame_when_the_first_action_is_for_the_n
         assert ex.stats.latencies == [delay]
 
 
+def test_latency_from_nanosecond_stamps_is_a_whole_step_count():
+    """Stamps come as integer nanoseconds (sec, nanosec): step 249 at 50 Hz is 4.98 s, which divides back to
+    248.99999999999997 steps; the report says 3, not 2.9999999999999716. A frame half a step off stays 2.5."""
+    ex = ChunkExecutor(DOF, DT, mode="newest_wins", initial_command=np.zeros(DOF), start_step=249)
+    for _ in range(3):
+        ex.next_command()
+    frame = (249 * 20_000_000) / 1e9
+    assert 252 - frame / DT != 3  # the float error this guards against
+    arrival = ex.add_chunk(tagged_chunk(1, 8), stamp=frame + DT, time_step=DT, frame_stamp=frame)
+    assert arrival.latency_steps == 3 and ex.stats.summary()["latency_steps"]["median"] == 3
+    arrival = ex.add_chunk(tagged_chunk(2, 8), stamp=frame + 1.5 * DT, time_step=DT, frame_stamp=frame + 0.5 * DT)
+    assert arrival.accepted and abs(arrival.latency_steps - 2.5) < 1e-9  # not snapped to a whole step
+
+
 def test_holds_last_command_when_no_chunk_covers_the_step():
     ex = ChunkExecutor(DOF, DT, mode="rtc", initial_command=np.full(DOF, 7.0))
     assert np.all(ex.next_command() == 7.0)

@@ -41,7 +41,7 @@ def test_sim_demo_runs_the_closed_loop_and_writes_its_outputs(tmp_path, demo_env
     assert "control rate:" in printed.stdout and "switch discontinuity (rtc)" in printed.stdout
     summary = json.loads((out / "summary.json").read_text())
     # Injected delay 3; a loaded machine can make a chunk miss its tick by one step.
-    assert summary["step"] == 100 and summary["chunk_latency_steps"]["median"] in (3, 4)
+    assert summary["step"] == 100 and 3 <= summary["chunk_latency_steps"]["median"] <= 4
     sheet = np.asarray(Image.open(out / "contact_sheet.png"))
     assert sheet.shape == (LABEL_TOP + 6 * 64 + 5 * 4, LABEL_LEFT + 2 * 96 + 4, 3)
     # camera names above each column and the time left of each row: dark text on the white margins

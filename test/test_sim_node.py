@@ -100,7 +100,7 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     # on a loaded machine can hold a single answer several steps, so the max only bounds outliers); none malformed
     # except the deliberately bad first one.
     latency = summary["chunk_latency_steps"]
-    assert latency["median"] in (delay, delay + 1) and latency["max"] <= delay + 10, summary
+    assert delay <= latency["median"] <= delay + 1 and latency["max"] <= delay + 10, summary
     assert summary["chunks_malformed"] == 1 and summary["chunks_accepted"] >= steps - 20, summary
     assert statuses and statuses[-1]["task"] == "transfer_cube"
 

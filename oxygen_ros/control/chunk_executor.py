@@ -73,6 +73,12 @@ class ExecutorStats:
         }
 
 
+def _snap(steps: float) -> float:
+    """A step count from nanosecond stamps: whole when within `_EPS` of a whole number (2.9999999999999716 -> 3)."""
+    whole = round(steps) if math.isfinite(steps) else steps
+    return float(whole) if abs(steps - whole) <= _EPS else steps
+
+
 def _describe(values: np.ndarray) -> dict:
     if values.size == 0:
         return {"count": 0, "mean": 0.0, "median": 0.0, "max": 0.0}
@@ -163,7 +169,7 @@ class ChunkExecutor:
         actions = np.asarray(actions, dtype=np.float64)
         source = stamp / self.dt
         arrival = self.step
-        latency = arrival - (source if frame_stamp is None else frame_stamp / self.dt)
+        latency = _snap(arrival - (source if frame_stamp is None else frame_stamp / self.dt))
 
         def reject(reason: str) -> ChunkArrival:
             self.stats.chunks_rejected += 1
