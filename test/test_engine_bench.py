@@ -2,6 +2,7 @@
 
 import json
 
+from oxygen_ros.bench import oxygen_bench as bench
 from oxygen_ros.bench.modes import SETTINGS
 from oxygen_ros.bench.oxygen_bench import main
 
@@ -33,22 +34,36 @@ def test_quick_bench_writes_results_table_and_plots(tmp_path, capsys):
     assert all(r["energy_j"] is None and r["energy"] == "energy: not measured (no GPU)" for r in records)
 
 
-def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, capsys):
-    assert main(["--preset", "tiny", "--goals", "--frames", "2", "--rounds", "1", "--dtype", "float32", "bfloat16",
+def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, capsys, monkeypatch):
+    ran = []  # the settings in the order they ran, each through its real runner
+
+    def spy(name, run):
+        def call(*args, **kwargs):
+            ran.append(name)
+            return run(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(bench, "RUNNERS", {name: spy(name, run) for name, run in bench.RUNNERS.items()})
+    assert main(["--preset", "tiny", "--goals", "--frames", "2", "--rounds", "2", "--dtype", "float32", "bfloat16",
                  "--out", str(tmp_path)]) == 0
     records = json.loads((tmp_path / "results.json").read_text())
-    settings = ("action_only", "baseline", "continuous_batching", "continuous_batching_overlap")
+    settings = ("baseline", "continuous_batching", "action_only", "continuous_batching_overlap")
+    narrated = ("continuous_batching", "continuous_batching_overlap")
     assert [(r["dtype"], r["sweep"], r["setting"]) for r in records] == [
         (dtype, sweep, setting) for dtype in ("float32", "bfloat16")
-        for sweep, names in (("goals", settings), ("goals_timer", settings[2:])) for setting in names]
+        for sweep, names in (("goals", settings), ("goals_timer", narrated)) for setting in names]
     assert all(r["tokens_per_frame"] == (1 if r["sweep"] == "goals" else "adaptive") and r["decode_len"] == 50
-               and r["overlap_threads"] == 1 for r in records)
+               and r["overlap_threads"] == 1 and r["rounds"] == 2 and len(r["round_action_hz"]) == 2
+               for r in records)
+    # per dtype: the control period's own action_only run, then the two rounds of each point; action_only runs
+    # next to each narrated setting, and every other round runs the settings backwards
+    assert ran == ["action_only", *settings, *settings[::-1], *narrated, *narrated[::-1]] * 2
     out = capsys.readouterr().out
     for dtype in ("float32", "bfloat16"):
-        for setting in settings[2:]:
+        for setting in narrated:
             assert f"goals ({dtype}, {setting}):" in out
             assert f"timer ({dtype}, {setting}, adaptive k, floor 1):" in out
-    assert "floor steps past the tick" in out
+    assert "floor steps past the tick" in out and "round by round" in out
     assert "tokens/s against" in out and " requests dropped" in out
     assert all(r["requests_dropped"] == 0 for r in records)
     # k = 1 over 2 measured frames: every request in flight gets one token a frame, the newest its first
