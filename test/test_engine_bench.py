@@ -93,3 +93,15 @@ def test_decode_bench_times_the_compiled_step_beside_the_eager_one_and_its_floor
     for variant in ("decode_batch", "decode_batch cpu kernel", "fused head+greedy", "floor: head matmul"):
         assert float(rows[variant][0]) > 0 and float(rows[variant][1]) > 0, rows
     assert float(rows["floor: head matmul"][1]) == 1.0  # the ratios are against that floor
+
+
+def test_decode_bench_times_a_denoising_beside_the_step_and_beside_its_head(capsys):
+    from oxygen_ros.bench.decode_bench import main as decode_bench
+
+    assert decode_bench(["--preset", "tiny", "--batches", "16", "--dtypes", "float32", "--rounds", "1", "--steps",
+                         "2", "--cpu-kernel", "--beside"]) == 0
+    rows = {" ".join(line.split()[2:-1]): float(line.split()[-1]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("float32")}
+    for case in ("denoise alone", "denoise beside the step", "denoise beside its kernels", "denoise beside the head",
+                 "step alone", "step beside denoise"):
+        assert rows[case] > 0, rows

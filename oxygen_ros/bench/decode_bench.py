@@ -19,7 +19,12 @@ device and advances in place; `decode_batch rebuilt` builds every index from the
 `decode_batch cpu kernel` (`--cpu-kernel`) is that step with the backbone layers and the greedy choice as compiled
 CPU calls (`Pi05Model.use_cpu_kernel`), the text head fused with the choice where `cpu_kernel.head_greedy_pays`;
 `fused head+greedy` is that fused call alone on the floor's hidden states.
-`--profile` prints torch.profiler's per-operator table for each variant; `--compile` adds the compiled decode
+`--beside` times what a step costs a denoising that runs beside it, as the engine's overlap runs them (each on one
+intra-op thread, on its own Python thread): one frame's denoising alone, beside a thread that runs the engine's
+batch step over and over, beside one that runs only the step's two compiled calls (`--cpu-kernel`; what is left
+when the step's Python and torch operators are taken away) and beside one that runs only its text head; and the
+step beside the denoising. `--profile` prints torch.profiler's
+per-operator table for each variant; `--compile` adds the compiled decode
 step (`Pi05Model.compile_steps`) and one denoise step (one Euler step of `sample_actions`), eager and compiled,
 as variants; compiling takes tens of seconds per batch size.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -38,6 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 from oxygen_ros.engine.language import LanguageRequest, decode_batch
 from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import Pi05Config, get_preset
+from oxygen_ros.model.gemma import rope_cos_sin
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import Pi05Model, build_model
 
@@ -154,6 +161,96 @@ def measure(runs: dict[str, Callable], rounds: int, steps: int) -> dict[str, flo
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def beside(main: Callable, background: Callable, calls: int) -> tuple[list[float], list[float]]:
+    """`calls` timed calls of `main` on this thread while another thread calls `background` over and over, each on
+    one intra-op thread; the ms of each `main` call and of each `background` call that ran beside them (the first
+    and the last in part: the one in flight when `main` began, and the one that `main`'s end lets finish)."""
+    stop, started = threading.Event(), threading.Event()
+    times: list[float] = []
+
+    def loop() -> None:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            while True:
+                start = time.perf_counter()
+                background()
+                times.append((time.perf_counter() - start) * 1e3)
+                started.set()
+                if stop.is_set():
+                    return
+
+    worker = threading.Thread(target=loop, name="decode-beside", daemon=True)
+    worker.start()
+    started.wait()  # its first call (warm-up) is over: every timed main call has it running beside
+    times.clear()
+    ms = []
+    with torch.inference_mode():
+        for _ in range(calls):
+            start = time.perf_counter()
+            main()
+            ms.append((time.perf_counter() - start) * 1e3)
+    stop.set()
+    worker.join()
+    return ms, times
+
+
+def overlap_costs(model: Pi05Model, batch: int, seed: int, rounds: int, calls: int) -> dict[str, float]:
+    """Median ms: a frame's denoising alone and beside a thread that repeats the engine's batch step, the step's
+    two kernel calls alone (with the CPU kernel: its arguments built once, so that thread runs almost no Python and
+    no torch operator) or its text head alone; and the step alone and beside the denoising. The cases interleave
+    round by round, each on one intra-op thread."""
+    cfg, g = model.config, model.config.backbone
+    cache = random_cache(cfg, batch + 1, model.dtype, seed)  # the frame's prefix in the last slot
+    gen = torch.Generator().manual_seed(seed)
+    step = EngineBatch(model, cache, torch.randint(4, cfg.vocab_size, (batch,), generator=gen).tolist(), rebuilt=False)
+    noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=gen).to(model.dtype)
+    frame = torch.tensor([batch])
+    hidden = torch.randn(batch, g.width, generator=gen).to(model.dtype)
+    head = model.backbone.text_head.detach()
+    kernel = model.uses_cpu_kernel and cpu_kernel.head_greedy_pays(model.dtype, batch, g.width)
+    head_copy = cpu_kernel.head_copy(head) if kernel and cpu_kernel.screens(model.dtype, g.width) else None
+    backgrounds = {"the step": step}
+    if kernel:
+        x = hidden.clone()
+        weights = cpu_kernel.layer_weights(model.backbone.layers)
+        slots, at = torch.arange(batch), torch.full((batch,), cfg.prefix_len + TEXT_OFFSET)
+        cos, sin = (t.reshape(batch, g.head_dim).contiguous() for t in rope_cos_sin(
+            (at - cfg.max_token_len // 2)[:, None], g.head_dim, cfg.rope_theta, model.dtype))
+
+        def kernels() -> None:
+            x.copy_(hidden)
+            cpu_kernel.decode_layers(x, weights, cfg, cache, slots, at, cos, sin, cfg.prefix_len + TEXT_OFFSET + 1)
+            cpu_kernel.head_greedy(x, head, 1, copy=head_copy)
+
+        backgrounds["its kernels"] = kernels
+        backgrounds["the head"] = lambda: cpu_kernel.head_greedy(hidden, head, 1, copy=head_copy)
+    else:
+        backgrounds["the head"] = lambda: torch.mm(hidden, head.T)
+    denoise = lambda: model.sample_actions(cache, frame, noise, cfg.num_steps)  # noqa: E731
+    times: dict[str, list[float]] = {"denoise alone": [], "step alone": [], "step beside denoise": []}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            for fn in (denoise, *backgrounds.values()):
+                fn()
+        for _ in range(rounds):
+            with torch.inference_mode():
+                for name, fn in (("denoise alone", denoise), ("step alone", step)):
+                    for _ in range(calls):
+                        start = time.perf_counter()
+                        fn()
+                        times[name].append((time.perf_counter() - start) * 1e3)
+            for name, fn in backgrounds.items():
+                ms, background = beside(denoise, fn, calls)
+                times.setdefault(f"denoise beside {name}", []).extend(ms)
+                if fn is step:
+                    times["step beside denoise"] += background
+    finally:
+        torch.set_num_threads(threads)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def print_profile(name: str, fn: Callable, steps: int) -> None:
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -175,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="also time the torch.compile'd decode step")
     parser.add_argument("--cpu-kernel", action="store_true",
                         help="also time the engine's step with the compiled CPU kernel (Pi05Model.use_cpu_kernel)")
+    parser.add_argument("--beside", action="store_true",
+                        help="also time a denoising beside the batch step and beside its text head (largest batch)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.threads:
@@ -185,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.backbone.width}, depth {config.backbone.depth}), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, read bandwidth {bandwidth:.1f} GB/s, median of {args.rounds} "
           f"interleaved rounds x {args.steps} calls")
-    print(f"{'dtype':<10}{'batch':>6}  {'variant':<24}{'ms':>9}{'x head':>8}{'x memory':>10}")
+    print(f"{'dtype':<10}{'batch':>6}  {'variant':<28}{'ms':>9}{'x head':>8}{'x memory':>10}")
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         model = build_model(config, dtype=dtype, seed=args.seed)
@@ -199,11 +298,15 @@ def main(argv: list[str] | None = None) -> int:
             head_ms = result["floor: head matmul"]
             for name, ms in result.items():
                 ratios = "" if name.startswith("denoise") else f"{ms / head_ms:>8.2f}{ms / memory_ms:>10.2f}"
-                print(f"{dtype_name:<10}{batch:>6}  {name:<24}{ms:>9.2f}{ratios}")
-            print(f"{dtype_name:<10}{batch:>6}  {'floor: memory':<24}{memory_ms:>9.2f}")
+                print(f"{dtype_name:<10}{batch:>6}  {name:<28}{ms:>9.2f}{ratios}")
+            print(f"{dtype_name:<10}{batch:>6}  {'floor: memory':<28}{memory_ms:>9.2f}")
             if args.profile:
                 for name, fn in runs.items():
                     print_profile(f"{dtype_name} batch {batch} {name}", fn, args.steps)
+        if args.beside:
+            batch = max(args.batches)
+            for name, ms in overlap_costs(kernel or model, batch, args.seed, args.rounds, args.steps).items():
+                print(f"{dtype_name:<10}{batch:>6}  {name:<28}{ms:>9.2f}")
     return 0
 
 
