@@ -120,6 +120,35 @@ def test_an_index_is_checked_once_and_advances_up_to_the_slots_end():
         model.decode_tokens(cache, index, torch.tensor([3, 4]))
 
 
+def test_an_index_from_host_lists_is_the_index_from_tensors():
+    """What `decode_batch` builds when a batch changes: the same slots, cache indices, positions, slot range and span
+    as the tensor-built index, checked alike, and advancing alike (its three tensors are rows of one)."""
+    model = build_model(CFG, seed=0)
+    cache = ModelRunner(model, language_slots=4, max_new_tokens=4).pool.cache
+    for slots in ([1, 2, 3], [3, 1]):  # one range (views of the cache) and not (a gather)
+        at = [CFG.prefix_len + i for i in range(len(slots))]
+        positions = [7 + i for i in range(len(slots))]
+        built = DecodeIndex(cache, torch.tensor(slots), torch.tensor(at), torch.tensor(positions))
+        listed = DecodeIndex.from_lists(cache, slots, at, positions)
+        for index in (built, listed):
+            index.advance()
+        assert listed.idx == built.idx if isinstance(built.idx, slice) else torch.equal(listed.idx, built.idx)
+        for name in ("slots", "cache_index", "positions"):
+            mine, theirs = getattr(listed, name), getattr(built, name)
+            assert mine.dtype == theirs.dtype == torch.long and mine.is_contiguous() and torch.equal(mine, theirs)
+        assert listed.span == built.span and len(listed) == len(built)
+    with pytest.raises(ValueError, match="cache_index must lie in"):
+        DecodeIndex.from_lists(cache, [0], [CFG.prefix_len - 1], [0])
+    with pytest.raises(ValueError, match="distinct"):
+        DecodeIndex.from_lists(cache, [1, 1], [CFG.prefix_len] * 2, [0, 0])
+    with pytest.raises(ValueError, match="out of range"):
+        DecodeIndex.from_lists(cache, [9], [CFG.prefix_len], [0])
+    with pytest.raises(ValueError, match=r"positions must have shape \(2,\)"):
+        DecodeIndex.from_lists(cache, [1, 2], [CFG.prefix_len] * 2, [0])
+    with pytest.raises(ValueError, match="non-empty"):
+        DecodeIndex.from_lists(cache, [], [], [])
+
+
 def start_from_hidden(world, name, seed, max_new_tokens, temperature=0.0):
     """`World.start` keeping the prefix's last-layer output instead of its logits (as the runtime does)."""
     inputs = random_inputs(CFG, 1, seed=seed).to(world.model.device, world.model.dtype)

@@ -161,11 +161,11 @@ def decode_batch(model, cache: KVCache, requests: list[LanguageRequest]) -> int:
             index.advance()
         else:
             offsets = [len(r.tokens) - 1 for r in fed_rows]
-            index = DecodeIndex(
+            index = DecodeIndex.from_lists(
                 cache,
-                torch.tensor([r.slot for r in fed_rows]),
-                torch.tensor([r.prefix_len + o for r, o in zip(fed_rows, offsets)]),
-                torch.tensor([r.num_valid_prefix + o for r, o in zip(fed_rows, offsets)]),
+                [r.slot for r in fed_rows],
+                [r.prefix_len + o for r, o in zip(fed_rows, offsets)],
+                [r.num_valid_prefix + o for r, o in zip(fed_rows, offsets)],
             )
             fed = torch.tensor(fed_list)
         chosen = model.decode_tokens(cache, index, fed, samplers, first=first)

@@ -69,15 +69,43 @@ class DecodeIndex:
             if tuple(t.shape) != (b,):
                 raise ValueError(f"{name} must have shape ({b},), got {tuple(t.shape)}")
         lo, hi = int(cache_index.min()), int(cache_index.max())
+        self._check(cache, lo, hi)
+        values = slots.tolist() if slots.ndim == 1 else []
+        with torch.inference_mode():  # the model reads these in inference mode; `advance` updates them there too
+            # copies: `advance` updates them in place, never the caller's tensors
+            self._finish(cache, values, hi, slots.to(cache.device, torch.long),
+                         cache_index.to(cache.device, torch.long, copy=True),
+                         positions.to(cache.device, torch.long, copy=True))
+
+    @classmethod
+    def from_lists(cls, cache: KVCache, slots: list[int], cache_index: list[int], positions: list[int]
+                   ) -> DecodeIndex:
+        """The same index from host lists (what the engine keeps per request): checked on the lists, sent to the
+        device as one tensor whose rows are the index's three, so a new batch costs one tensor, not a dozen small
+        operators on the thread that decodes beside the control path."""
+        b = len(slots)
+        for name, values in (("cache_index", cache_index), ("positions", positions)):
+            if len(values) != b:
+                raise ValueError(f"{name} must have shape ({b},), got ({len(values)},)")
+        if b:
+            cls._check(cache, min(cache_index), max(cache_index))
+        index = cls.__new__(cls)
+        with torch.inference_mode():
+            rows = torch.tensor([slots, cache_index, positions], dtype=torch.long, device=cache.device)
+            index._finish(cache, list(slots), max(cache_index, default=0), rows[0], rows[1], rows[2])
+        return index
+
+    @staticmethod
+    def _check(cache: KVCache, lo: int, hi: int) -> None:
         if lo < cache.config.prefix_len or hi >= cache.max_len:
             raise ValueError(f"cache_index must lie in [{cache.config.prefix_len}, {cache.max_len}), got {lo}..{hi}")
-        idx = slot_index(slots, cache.num_slots)
-        with torch.inference_mode():  # the model reads these in inference mode; `advance` updates them there too
-            self.slots = slots.to(cache.device, torch.long)
-            # copies: `advance` updates them in place, never the caller's tensors
-            self.cache_index = cache_index.to(cache.device, torch.long, copy=True)
-            self.positions = positions.to(cache.device, torch.long, copy=True)
-        self.idx = idx if isinstance(idx, slice) else self.slots
+
+    def _finish(self, cache: KVCache, values: list[int], hi: int, slots: Tensor, cache_index: Tensor,
+                positions: Tensor) -> None:
+        """The slots' values checked (`slot_range`), the tensors kept, the span set."""
+        span = slot_range(values, cache.num_slots)
+        self.slots, self.cache_index, self.positions = slots, cache_index, positions
+        self.idx = span if span is not None else slots
         self.span = hi + 1
         self.max_len = cache.max_len
 
@@ -99,9 +127,17 @@ def slot_index(slots: Tensor, num_slots: int) -> slice | Tensor:
 
     Indexing with a slice gives views of the cache (no copy); a tensor index gathers. Callers decide once per call.
     """
-    if slots.ndim != 1 or slots.numel() == 0:
+    if slots.ndim != 1:
         raise ValueError("slots must be a non-empty 1-D tensor of slot indices")
-    values = slots.tolist()
+    span = slot_range(slots.tolist(), num_slots)
+    return span if span is not None else slots.to(torch.long)
+
+
+def slot_range(values: list[int], num_slots: int) -> slice | None:
+    """The `slice` of slot indices `values` when they are one ascending contiguous range, else None; raises when
+    they are empty, out of range or repeated."""
+    if not values:
+        raise ValueError("slots must be a non-empty 1-D tensor of slot indices")
     if min(values) < 0 or max(values) >= num_slots:
         raise ValueError(f"slot indices {values} out of range for {num_slots} slots")
     if len(set(values)) != len(values):
@@ -109,7 +145,7 @@ def slot_index(slots: Tensor, num_slots: int) -> slice | Tensor:
     start = values[0]
     if values == list(range(start, start + len(values))):
         return slice(start, start + len(values))
-    return slots.to(torch.long)
+    return None
 
 
 def read_slots(layer_buffer: Tensor, idx: slice | Tensor, span: int) -> Tensor:
