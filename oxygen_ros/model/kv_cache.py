@@ -68,14 +68,13 @@ class DecodeIndex:
         for name, t in (("cache_index", cache_index), ("positions", positions)):
             if tuple(t.shape) != (b,):
                 raise ValueError(f"{name} must have shape ({b},), got {tuple(t.shape)}")
-        lo, hi = int(cache_index.min()), int(cache_index.max())
-        self._check(cache, lo, hi)
-        values = slots.tolist() if slots.ndim == 1 else []
+        hi = self._check(cache, int(cache_index.min()), int(cache_index.max()))
+        window = slot_range(slots.tolist() if slots.ndim == 1 else [], cache.num_slots)
         with torch.inference_mode():  # the model reads these in inference mode; `advance` updates them there too
             # copies: `advance` updates them in place, never the caller's tensors
-            self._finish(cache, values, hi, slots.to(cache.device, torch.long),
-                         cache_index.to(cache.device, torch.long, copy=True),
-                         positions.to(cache.device, torch.long, copy=True))
+            self._keep(cache, window, hi, slots.to(cache.device, torch.long),
+                       cache_index.to(cache.device, torch.long, copy=True),
+                       positions.to(cache.device, torch.long, copy=True))
 
     @classmethod
     def from_lists(cls, cache: KVCache, slots: list[int], cache_index: list[int], positions: list[int]
@@ -87,25 +86,25 @@ class DecodeIndex:
         for name, values in (("cache_index", cache_index), ("positions", positions)):
             if len(values) != b:
                 raise ValueError(f"{name} must have shape ({b},), got ({len(values)},)")
-        if b:
-            cls._check(cache, min(cache_index), max(cache_index))
+        window = slot_range(slots, cache.num_slots)  # first: it refuses an empty batch
+        hi = cls._check(cache, min(cache_index), max(cache_index))
         index = cls.__new__(cls)
         with torch.inference_mode():
             rows = torch.tensor([slots, cache_index, positions], dtype=torch.long, device=cache.device)
-            index._finish(cache, list(slots), max(cache_index, default=0), rows[0], rows[1], rows[2])
+            index._keep(cache, window, hi, rows[0], rows[1], rows[2])
         return index
 
     @staticmethod
-    def _check(cache: KVCache, lo: int, hi: int) -> None:
+    def _check(cache: KVCache, lo: int, hi: int) -> int:
+        """The cache indices' range checked; returns the highest."""
         if lo < cache.config.prefix_len or hi >= cache.max_len:
             raise ValueError(f"cache_index must lie in [{cache.config.prefix_len}, {cache.max_len}), got {lo}..{hi}")
+        return hi
 
-    def _finish(self, cache: KVCache, values: list[int], hi: int, slots: Tensor, cache_index: Tensor,
-                positions: Tensor) -> None:
-        """The slots' values checked (`slot_range`), the tensors kept, the span set."""
-        span = slot_range(values, cache.num_slots)
+    def _keep(self, cache: KVCache, window: slice | None, hi: int, slots: Tensor, cache_index: Tensor,
+              positions: Tensor) -> None:
         self.slots, self.cache_index, self.positions = slots, cache_index, positions
-        self.idx = span if span is not None else slots
+        self.idx = window if window is not None else slots
         self.span = hi + 1
         self.max_len = cache.max_len
 
@@ -127,17 +126,15 @@ def slot_index(slots: Tensor, num_slots: int) -> slice | Tensor:
 
     Indexing with a slice gives views of the cache (no copy); a tensor index gathers. Callers decide once per call.
     """
-    if slots.ndim != 1:
-        raise ValueError("slots must be a non-empty 1-D tensor of slot indices")
-    span = slot_range(slots.tolist(), num_slots)
-    return span if span is not None else slots.to(torch.long)
+    window = slot_range(slots.tolist() if slots.ndim == 1 else [], num_slots)
+    return window if window is not None else slots.to(torch.long)
 
 
 def slot_range(values: list[int], num_slots: int) -> slice | None:
     """The `slice` of slot indices `values` when they are one ascending contiguous range, else None; raises when
-    they are empty, out of range or repeated."""
+    they are empty (or were not 1-D), out of range or repeated."""
     if not values:
-        raise ValueError("slots must be a non-empty 1-D tensor of slot indices")
+        raise ValueError("slots must be a non-empty 1-D sequence of slot indices")
     if min(values) < 0 or max(values) >= num_slots:
         raise ValueError(f"slot indices {values} out of range for {num_slots} slots")
     if len(set(values)) != len(values):
