@@ -133,11 +133,9 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
     }
     if kernel is not None:
         runs["decode_batch cpu kernel"] = EngineBatch(kernel, cache, tokens.tolist(), rebuilt=False)
-        if cpu_kernel.head_greedy_pays(model.dtype, batch, cfg.backbone.width):
-            # as the model runs it: a float32 head on matrix tiles with its copy (made once, as the model does)
-            head_copy = cpu_kernel.head_copy(head) if cpu_kernel.screens(model.dtype, cfg.backbone.width) else None
-            runs["fused head+greedy"] = lambda: cpu_kernel.head_greedy(hidden, head, torch.get_num_threads(),
-                                                                       copy=head_copy)
+        fused = fused_head(hidden, head)
+        if fused is not None:
+            runs["fused head+greedy"] = fused
     if compiled is not None:
         noise = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
         runs["decode_next compiled"] = lambda: compiled.decode_next(cache, slots, tokens, index, positions)
@@ -146,18 +144,35 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
     return runs
 
 
+def fused_head(hidden: torch.Tensor, head: torch.Tensor) -> Callable | None:
+    """The text head fused with the greedy choice on `hidden` as the kernel model runs it (a float32 head screened
+    on matrix tiles with its copy, made once here as the model makes it once), on torch's threads of the calling
+    thread; None where the model would not take it (`cpu_kernel.head_greedy_pays`)."""
+    if not cpu_kernel.head_greedy_pays(hidden.dtype, len(hidden), hidden.shape[1]):
+        return None
+    copy = cpu_kernel.head_copy(head) if cpu_kernel.screens(hidden.dtype, hidden.shape[1]) else None
+    return lambda: cpu_kernel.head_greedy(hidden, head, torch.get_num_threads(), copy=copy)
+
+
+def time_calls(fn: Callable, calls: int) -> list[float]:
+    """The ms of each of `calls` calls of `fn`, in inference mode."""
+    ms = []
+    with torch.inference_mode():
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            ms.append((time.perf_counter() - start) * 1e3)
+    return ms
+
+
 def measure(runs: dict[str, Callable], rounds: int, steps: int) -> dict[str, float]:
     """Median ms per call for each run, interleaving the runs round by round after one warm-up each."""
     for fn in runs.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    with torch.inference_mode():
-        for _ in range(rounds):
-            for name, fn in runs.items():
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    fn()
-                    times[name].append((time.perf_counter() - start) * 1e3)
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name] += time_calls(fn, steps)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -183,12 +198,7 @@ def beside(main: Callable, background: Callable, calls: int) -> tuple[list[float
     worker.start()
     started.wait()  # its first call (warm-up) is over: every timed main call has it running beside
     times.clear()
-    ms = []
-    with torch.inference_mode():
-        for _ in range(calls):
-            start = time.perf_counter()
-            main()
-            ms.append((time.perf_counter() - start) * 1e3)
+    ms = time_calls(main, calls)
     stop.set()
     worker.join()
     return ms, times
@@ -207,11 +217,10 @@ def overlap_costs(model: Pi05Model, batch: int, seed: int, rounds: int, calls: i
     frame = torch.tensor([batch])
     hidden = torch.randn(batch, g.width, generator=gen).to(model.dtype)
     head = model.backbone.text_head.detach()
-    kernel = model.uses_cpu_kernel and cpu_kernel.head_greedy_pays(model.dtype, batch, g.width)
-    head_copy = cpu_kernel.head_copy(head) if kernel and cpu_kernel.screens(model.dtype, g.width) else None
+    x = hidden.clone()  # the kernels' hidden states, updated in place
+    fused = fused_head(x, head) if model.uses_cpu_kernel else None
     backgrounds = {"the step": step}
-    if kernel:
-        x = hidden.clone()
+    if fused is not None:
         weights = cpu_kernel.layer_weights(model.backbone.layers)
         slots, at = torch.arange(batch), torch.full((batch,), cfg.prefix_len + TEXT_OFFSET)
         cos, sin = (t.reshape(batch, g.head_dim).contiguous() for t in rope_cos_sin(
@@ -220,10 +229,10 @@ def overlap_costs(model: Pi05Model, batch: int, seed: int, rounds: int, calls: i
         def kernels() -> None:
             x.copy_(hidden)
             cpu_kernel.decode_layers(x, weights, cfg, cache, slots, at, cos, sin, cfg.prefix_len + TEXT_OFFSET + 1)
-            cpu_kernel.head_greedy(x, head, 1, copy=head_copy)
+            fused()
 
         backgrounds["its kernels"] = kernels
-        backgrounds["the head"] = lambda: cpu_kernel.head_greedy(hidden, head, 1, copy=head_copy)
+        backgrounds["the head"] = fused
     else:
         backgrounds["the head"] = lambda: torch.mm(hidden, head.T)
     denoise = lambda: model.sample_actions(cache, frame, noise, cfg.num_steps)  # noqa: E731
@@ -235,12 +244,8 @@ def overlap_costs(model: Pi05Model, batch: int, seed: int, rounds: int, calls: i
             for fn in (denoise, *backgrounds.values()):
                 fn()
         for _ in range(rounds):
-            with torch.inference_mode():
-                for name, fn in (("denoise alone", denoise), ("step alone", step)):
-                    for _ in range(calls):
-                        start = time.perf_counter()
-                        fn()
-                        times[name].append((time.perf_counter() - start) * 1e3)
+            times["denoise alone"] += time_calls(denoise, calls)
+            times["step alone"] += time_calls(step, calls)
             for name, fn in backgrounds.items():
                 ms, background = beside(denoise, fn, calls)
                 times.setdefault(f"denoise beside {name}", []).extend(ms)
