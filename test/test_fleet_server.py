@@ -8,8 +8,9 @@ import torch
 
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.fleet.lockstep import choose_partition
 from oxygen_ros.fleet.model_runner import ModelSpec
-from oxygen_ros.fleet.profile_table import synthetic_table
+from oxygen_ros.fleet.profile_table import SyntheticLatencyModel, synthetic_table
 from oxygen_ros.fleet.server import (
     FleetServer,
     RobotCounts,
@@ -232,6 +233,46 @@ def test_frames_wait_for_frame_slots_instead_of_failing(tokenizer):  # noqa: F81
         server.close()
     assert sorted(c.context for c in chunks) == list(range(6)) and all(c.error is None for c in chunks), \
         server.robot_counts("r1")
+
+
+def test_the_control_thread_waits_while_a_lockstep_runs_its_two_stages_side_by_side(tokenizer):  # noqa: F811
+    """A lockstep whose VLM batch ends before the action batch beside it: the control thread waits for the action
+    batch instead of asking the planner again and again until it ends (that spin took the interpreter lock from the
+    stage workers between their operators: a 15 ms denoising took seconds and frames expired in the queue). While a
+    lockstep runs, the planner is asked at most once per lockstep; every frame is served."""
+    table = synthetic_table({"a": 1.0, "b": 1.0}, buckets=(1, 2), shares=(0.5, 1.0),
+                            latency_model=SyntheticLatencyModel(vlm_share_exponent=0.1))
+    assert choose_partition(table, ("a", 1), ("b", 1), 1.1).mode == "split"  # both stages side by side
+    robots = [ServedRobot("r1", "a", 600.0), ServedRobot("r2", "b", 600.0)]
+    chunks = []
+    config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=12, frame_slots=8)
+    torch.set_num_threads(1)
+    server = FleetServer([ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")], robots, config,
+                         lambda model: tokenizer, on_chunk=chunks.append, design="robion", profile=table,
+                         cpu_threads=2)
+    device = server.runtime.stage_planner.device
+    start, asked = device.start, {"jobs": 0, "side by side": 0, "while running": 0}
+
+    def counted(now):
+        running = device.busy
+        jobs = start(now)
+        asked["while running"] += running
+        asked["jobs"] += len(jobs)
+        asked["side by side"] += sum(job.co_run for job in jobs)
+        return jobs
+
+    device.start = counted
+    for i in range(3):
+        for robot in ("r1", "r2"):
+            assert server.submit(robot, observation(i), False, stamp_ns=10 * i + 1, age_s=0.0, context=(robot, i))
+    server.start()
+    try:
+        assert server.runtime.drain(120)
+    finally:
+        server.close()
+    assert sorted(c.context for c in chunks) == [(r, i) for r in ("r1", "r2") for i in range(3)]
+    assert asked["side by side"] >= 1, asked
+    assert asked["while running"] <= asked["jobs"], asked
 
 
 def test_cpu_kernel_choice_reaches_every_served_model(tokenizer):  # noqa: F811

@@ -64,8 +64,12 @@ class StagedControl:
                     break
                 # while a lane is idle (a static split), a frame arriving meanwhile may start on it: look again soon
                 idle = len(running) < self.planner.lanes
-                wait([item[2] for _, items in running for item in items], timeout=POLL_S if idle else None,
-                     return_when=FIRST_COMPLETED)
+                # only the batches still running: a finished one (a lockstep's VLM batch, done before the action
+                # batch beside it) would end every wait at once, and this thread would spin, taking the
+                # interpreter lock from the stage workers between each of their operators
+                unfinished = [item[2] for _, items in running for item in items if not item[2].done()]
+                if unfinished:
+                    wait(unfinished, timeout=POLL_S if idle else None, return_when=FIRST_COMPLETED)
                 still = []
                 for job, items in running:
                     if all(item[2].done() for item in items):
