@@ -430,11 +430,19 @@ def test_auto_on_and_off(monkeypatch):
     with pytest.raises(cpu_kernel.CpuKernelUnavailable):
         cpu_kernel.apply(fallback, "on")
     monkeypatch.setattr(cpu_kernel, "load", real_load)
-    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: {"avx2", "fma"})  # no AVX-512: auto keeps the eager step
+    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: {"avx2", "fma"})  # no AVX-512: auto keeps the eager layers
+    refusal = "this CPU has no AVX-512, where the kernel's layers are slower than the eager step"
+    monkeypatch.setattr(cpu_kernel, "has_avx2_head", lambda: False)  # a build without the AVX2 head: all eager
     plain = build_model(TINY, seed=0)
-    assert cpu_kernel.apply(plain, "auto") == ("off (auto: this CPU has no AVX-512, where the kernel is slower than "
-                                               "the eager step)") and not plain.uses_cpu_kernel
-    assert cpu_kernel.apply(plain, "on") == "on" and plain.uses_cpu_kernel
+    assert cpu_kernel.apply(plain, "auto") == f"off (auto: {refusal})" and not plain.uses_cpu_kernel
+    assert cpu_kernel.apply(plain, "on") == "on" and plain.uses_cpu_kernel and plain.uses_kernel_layers
+    monkeypatch.setattr(cpu_kernel, "has_avx2_head", lambda: True)  # with it: float32 takes the kernel's head alone
+    head_only = build_model(TINY, seed=0)
+    assert cpu_kernel.apply(head_only, "auto") == (f"text head only (auto: {refusal}; its float32 text head on AVX2 "
+                                                   "is faster than torch's)")
+    assert head_only.uses_cpu_kernel and not head_only.uses_kernel_layers
+    bf16 = build_model(TINY, dtype=torch.bfloat16, seed=0)  # no AVX2 head in bfloat16: all eager
+    assert cpu_kernel.apply(bf16, "auto") == f"off (auto: {refusal})" and not bf16.uses_cpu_kernel
     monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
     with pytest.raises(cpu_kernel.CpuKernelUnavailable, match="no C\\+\\+ compiler"):
         cpu_kernel.compiler()
@@ -470,7 +478,8 @@ def test_logits_the_caller_keeps_are_not_overwritten_by_the_next_step():
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])  # AVX2 (desktop CPUs without AVX-512); SSE4.2
 @torch.inference_mode()
 def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkeypatch):
-    """The kernel's 16-lane vectors as the compiler lowers them for CPUs without AVX-512: the same checks against the
+    """The kernel built for CPUs without AVX-512 (its 16-lane vectors lowered, on AVX2 the float32 head on 8-lane
+    registers): the same checks against the
     eager step as above, for the 8-head shape, in both dtypes, with the greedy choice too."""
     narrow = cpu_kernel.load(march)
     assert narrow is not cpu_kernel.load()
@@ -489,3 +498,7 @@ def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkey
         h, head = torch.randn(50, 64, generator=gen).to(dtype), torch.randn(1000, 64, generator=gen).to(dtype)
         assert not narrow.oxy_has_amx()
         assert torch.equal(cpu_kernel.head_greedy(h, head, 2), greedy_tokens(h @ head.T))
+        winner = int(greedy_tokens(h[:1] @ head.T)[0])  # equal rows before and after it (a partial last block)
+        tied = torch.cat([head, head[winner:winner + 1]])
+        tied[3] = head[winner]
+        assert cpu_kernel.head_greedy(h[:1], tied, 2).tolist() == [min(3, winner)]

@@ -30,6 +30,13 @@
 #define OXY_AMX 1
 #endif
 
+// AVX2 with FMA and no AVX-512: the float32 text head has its own path on 8-lane registers (`head_greedy_avx2`);
+// the 16-lane vectors above lower to pairs of them, which the head's register blocks do not fit.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#define OXY_AVX2_HEAD 1
+#endif
+
 namespace {
 
 typedef float vf __attribute__((vector_size(64)));
@@ -698,6 +705,79 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
     }
 }
 
+#ifdef OXY_AVX2_HEAD
+// The float32 head on AVX2 (K a multiple of 8): 8 vocabulary rows at a time, read straight from the head; each
+// request's 8 dot products accumulate one per register over the width, then fold into one register whose lane i
+// is row i's sum; each request keeps a running maximum per lane and its row, as `head_group` does. The 8 rows
+// (2 KB at width 64) stay in L1 while every request passes over them, so the head is read from memory once.
+inline __m256 fold8(const __m256* a) {  // lane i = the sum of a[i]'s lanes
+    __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// Rows v0 .. v1 - 1: best/index [B][8] get each request's per-lane maximum and its row.
+void head_range_avx2(const float* h, int64_t B, int64_t K, const float* w, int64_t v0, int64_t v1, float* best,
+                     int32_t* index) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t b = 0; b < B; ++b) {
+        _mm256_storeu_ps(best + b * 8, ninf);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(index + b * 8),
+                            _mm256_add_epi32(lane, _mm256_set1_epi32((int32_t)v0)));
+    }
+    for (int64_t v = v0; v < v1; v += 8) {
+        int64_t rows = v1 - v < 8 ? v1 - v : 8;
+        const float* r[8];
+        for (int i = 0; i < 8; ++i) r[i] = w + (v + (i < rows ? i : 0)) * K;  // past the end: row v, masked below
+        __m256 row = _mm256_castsi256_ps(_mm256_add_epi32(lane, _mm256_set1_epi32((int32_t)v)));
+        __m256 inside = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)rows), lane));
+        for (int64_t b = 0; b < B; ++b) {
+            const float* hb = h + b * K;
+            __m256 acc[8];
+            for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < K; c += 8) {
+                __m256 hc = _mm256_loadu_ps(hb + c);
+                for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(hc, _mm256_loadu_ps(r[i] + c), acc[i]);
+            }
+            __m256 x = _mm256_blendv_ps(ninf, fold8(acc), inside);  // rows past the end never win
+            __m256 kept = _mm256_loadu_ps(best + b * 8);
+            __m256 greater = _mm256_cmp_ps(x, kept, _CMP_GT_OQ);  // strictly: a lane keeps its earlier row on a tie
+            _mm256_storeu_ps(best + b * 8, _mm256_blendv_ps(kept, x, greater));
+            __m256 at = _mm256_loadu_ps(reinterpret_cast<const float*>(index + b * 8));
+            _mm256_storeu_ps(reinterpret_cast<float*>(index + b * 8), _mm256_blendv_ps(at, row, greater));
+        }
+    }
+}
+
+void head_greedy_avx2(const float* h, int64_t B, int64_t K, const float* w, int64_t V, int threads,
+                      int64_t* tokens) {
+    std::vector<float> best(threads * B * 8, -std::numeric_limits<float>::infinity());
+    std::vector<int32_t> index(threads * B * 8, std::numeric_limits<int32_t>::max());
+    int64_t blocks = (V + 7) / 8;
+    on_threads(threads, [&](int t) {
+        int64_t v0 = blocks * t / threads * 8, v1 = blocks * (t + 1) / threads * 8;
+        v1 = v1 < V ? v1 : V;
+        if (v0 < v1) head_range_avx2(h, B, K, w, v0, v1, best.data() + t * B * 8, index.data() + t * B * 8);
+    });
+    for (int64_t b = 0; b < B; ++b) {  // the largest value; of the lanes and ranges holding it, the lowest row
+        float value = -std::numeric_limits<float>::infinity();
+        int32_t row = std::numeric_limits<int32_t>::max();
+        for (int t = 0; t < threads; ++t)
+            for (int i = 0; i < 8; ++i) {
+                float x = best[(t * B + b) * 8 + i];
+                int32_t r = index[(t * B + b) * 8 + i];
+                if (x > value || (x == value && r < row)) {
+                    value = x;
+                    row = r;
+                }
+            }
+        tokens[b] = row;
+    }
+}
+#endif
+
 // The intra-op threads a head pass splits its vocabulary over: at least 1, and 1 when there are fewer whole tiles.
 inline int usable_threads(int threads, int64_t vocab) { return threads < 1 || vocab / 16 < threads ? 1 : threads; }
 
@@ -1100,6 +1180,13 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
         return 1;
 #endif
     }
+#ifdef OXY_AVX2_HEAD
+    if (!bf16 && width % 8 == 0) {
+        head_greedy_avx2(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
+                         tokens);
+        return 0;
+    }
+#endif
     if (bf16)
         head_greedy_lanes(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
                           tokens);
@@ -1157,6 +1244,15 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
 // norms[v] = the euclidean norm of row v of a float32 matrix w [V, K], summed in double and rounded up.
 void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
     for (int64_t v = 0; v < rows; ++v) norms[v] = float_up(norm2(w + v * width, width));
+}
+
+// 1 when this build has the AVX2 float32 head (`head_greedy_avx2`, widths that are multiples of 8).
+int oxy_has_avx2_head() {
+#ifdef OXY_AVX2_HEAD
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 // 1 when this build has the AMX tile path and this process may use it.

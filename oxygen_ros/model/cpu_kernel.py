@@ -94,6 +94,8 @@ def load(march: str = "native") -> ctypes.CDLL:
     lib.oxy_row_norms.restype = None
     lib.oxy_has_amx.argtypes = []
     lib.oxy_has_amx.restype = i
+    lib.oxy_has_avx2_head.argtypes = []
+    lib.oxy_has_avx2_head.restype = i
     return lib
 
 
@@ -215,6 +217,12 @@ def has_amx() -> bool:
     return bool(load().oxy_has_amx())
 
 
+def has_avx2_head() -> bool:
+    """Whether the kernel built here has the float32 text head on AVX2 registers (a CPU with AVX2 and FMA but no
+    AVX-512: there the 16-lane vector path lowers to register pairs that its blocks do not fit)."""
+    return bool(load().oxy_has_avx2_head())
+
+
 def tiles_run(dtype: torch.dtype, width: int) -> bool:
     """Whether `head_greedy` can run a head of this dtype and width on matrix tiles here (whole 32-wide pieces of
     the width; float32 with the head's copy)."""
@@ -232,22 +240,24 @@ HEAD_GREEDY_MIN_ROWS = 4  # float32 on vector lanes: below this many requests to
 def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
     from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): on matrix tiles at any batch; on
-    vector lanes float32 from HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads
-    the head faster) and never bfloat16 (1.5-2.5x slower than torch's bfloat16 head)."""
+    vector lanes (the AVX2 head included) float32 from HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's
+    matrix-vector product reads the head faster) and never bfloat16 (1.5-2.5x slower than torch's bfloat16
+    head)."""
     if tiles_run(dtype, width):
         return True
     return dtype == torch.float32 and rows >= HEAD_GREEDY_MIN_ROWS
 
 
-CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on wherever it runs and pays (a CPU model, AVX-512)
+CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on where it runs and pays (AVX-512); on AVX2 its head
 
 
 def auto_refusal() -> str | None:
-    """Why `auto` leaves the kernel off on this CPU, or None. Its 16-lane vectors pay on AVX-512; built for AVX2 the
-    layers of a batch-50 step took 23 ms here against 3 ms for AVX-512 and 5-7 ms eager (docs/benchmarks.md),
-    so without AVX-512 `auto` keeps the eager step (`on` still runs the kernel)."""
+    """Why `auto` leaves the kernel's layers off on this CPU, or None. Its 16-lane vectors pay on AVX-512; built for
+    AVX2 the layers of a batch-50 step took 23 ms here against 3 ms for AVX-512 and 5-7 ms eager
+    (docs/benchmarks.md), so without AVX-512 `auto` keeps the eager layers (`on` still runs them), and takes only
+    the float32 text head where the build has its AVX2 path (`has_avx2_head`)."""
     if "avx512f" not in cpu_flags():
-        return "this CPU has no AVX-512, where the kernel is slower than the eager step"
+        return "this CPU has no AVX-512, where the kernel's layers are slower than the eager step"
     return None
 
 
@@ -260,12 +270,21 @@ def apply(model: torch.nn.Module, requested: str) -> str:
     if requested == "off":
         return "off (as configured)"
     refusal = auto_refusal() if requested == "auto" and model.device.type == "cpu" else None
-    if refusal:
-        return f"off (auto: {refusal})"
     try:
-        model.use_cpu_kernel()
+        if refusal and not _head_only_pays(model):
+            return f"off (auto: {refusal})"
+        model.use_cpu_kernel(layers=not refusal)
     except (CpuKernelUnavailable, ValueError) as error:
         if requested == "on":
             raise
         return f"off (auto: {str(error).splitlines()[0]})"
+    if refusal:
+        return f"text head only (auto: {refusal}; its float32 text head on AVX2 is faster than torch's)"
     return "on" if requested == "on" else "on (auto)"
+
+
+def _head_only_pays(model: torch.nn.Module) -> bool:
+    """Whether `auto` takes the kernel's text head alone for `model` (a float32 Pi05Model on the CPU, a width the
+    AVX2 head runs, a build that has it); CpuKernelUnavailable where the kernel cannot be built."""
+    return model.device.type == "cpu" and model.dtype == torch.float32 \
+        and model.config.backbone.width % 8 == 0 and has_avx2_head()

@@ -71,6 +71,7 @@ class Pi05Model(nn.Module):
         self.time_mlp_out = nn.Linear(width, width)
         self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
+        self._kernel_layers = False  # True once it is called with layers=True
         self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
         # `_head_copy`: (the head it was made of, that head's storage, version and shape, the copy), one attribute
         # so that a reader on another thread sees a copy only with the head it belongs to
@@ -93,23 +94,30 @@ class Pi05Model(nn.Module):
         self._decode_hidden = torch.compile(self._decode_hidden)
         return self
 
-    def use_cpu_kernel(self) -> Pi05Model:
+    def use_cpu_kernel(self, layers: bool = True) -> Pi05Model:
         """Opt in (a float32 or bfloat16 model on the CPU) to running a decode step's backbone layers as one
         compiled call (`model/cpu_kernel.py`) instead of hundreds of tensor operators; a greedy step's text head and
         token choice as one more (no logits; `cpu_kernel.head_greedy_pays` says which steps), else torch's head and
-        the greedy choice as one pass per row. A float32 model on a CPU with matrix tiles also keeps a bfloat16 copy
-        of its text head to screen it with (made here; half the head's memory). The first call in a process builds
-        or loads the kernel: `CpuKernelUnavailable` where it cannot be built (no C++ compiler), ValueError for a
-        model it does not run. Outputs match the eager model to floating-point rounding. Returns the model."""
+        the greedy choice as one pass per row. `layers=False` keeps the eager layers and takes only the head and the
+        choice (where the kernel's layers are slower than torch's: `cpu_kernel.apply`). A float32 model on a CPU
+        with matrix tiles also keeps a bfloat16 copy of its text head to screen it with (made here; half the head's
+        memory). The first call in a process builds or loads the kernel: `CpuKernelUnavailable` where it cannot be
+        built (no C++ compiler), ValueError for a model it does not run. Outputs match the eager model to
+        floating-point rounding. Returns the model."""
         cpu_kernel.check_supported(self)
         cpu_kernel.load()
         self._cpu_kernel = True
+        self._kernel_layers = layers
         self._head_copy(self.backbone.text_head)  # now rather than in the first greedy step
         return self
 
     @property
     def uses_cpu_kernel(self) -> bool:
         return self._cpu_kernel
+
+    @property
+    def uses_kernel_layers(self) -> bool:
+        return self._kernel_layers
 
     def memory_bytes(self) -> int:
         """Bytes the model holds: its parameters and, where it keeps one, its text head's screening copy."""
@@ -368,7 +376,7 @@ class Pi05Model(nn.Module):
 
     def _step_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """A decode step's last-layer outputs [B, W], by the CPU kernel or the (maybe compiled) eager layers."""
-        if self._cpu_kernel:
+        if self._kernel_layers:
             return self._kernel_hidden(cache, index, tokens)
         return self._decode_hidden(cache, index, tokens)
 
