@@ -151,10 +151,11 @@ def fused(h, head, threads, amx):
 def test_fused_head_picks_what_the_eager_heads_logits_pick(dtype, amx):
     """`head_greedy` against `greedy_tokens(h @ head.T)` in the model's dtype: batches across its 16-request
     vectors and 64-request passes, a vocabulary with rows after the last whole tile of 16, widths that are and are
-    not whole tiles, one to three threads."""
+    not whole tiles (on vector lanes, an odd one that bfloat16's pair dot products leave to the widened path), one
+    to three threads."""
     needs_tiles(amx)
     gen = torch.Generator().manual_seed(0)
-    for width in (64, 96) if amx else (64, 40):
+    for width in (64, 96) if amx else (64, 40, 41):  # 41: bfloat16 without pair dot products
         head = torch.randn(16 * 300 + 5, width, generator=gen).to(dtype)
         for batch in (1, 15, 16, 17, 50, 64, 65, 130):
             h = torch.randn(batch, width, generator=gen).to(dtype)
@@ -205,14 +206,30 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
         cpu_kernel.head_greedy(h, head.float())
     with pytest.raises(ValueError, match="one float dtype"):
         cpu_kernel.head_greedy(h[:, :8], head)
-    # which steps take the fused head: any on tiles; on vector lanes float32 from HEAD_GREEDY_MIN_ROWS requests
+    # which steps take the fused head: any on tiles; on vector lanes from HEAD_GREEDY_MIN_ROWS requests, float32,
+    # and bfloat16 only where the build has the pair dot products (and the width is even)
+    few = cpu_kernel.HEAD_GREEDY_MIN_ROWS
     for tiles in (True, False):
         monkeypatch.setattr(cpu_kernel, "has_amx", lambda tiles=tiles: tiles)
-        for dtype in DTYPES:
-            assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is tiles
-        assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40)
-        assert cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS, 40)
-        assert not cpu_kernel.head_greedy_pays(torch.float32, cpu_kernel.HEAD_GREEDY_MIN_ROWS - 1, 40)
+        for pairs in (True, False):
+            monkeypatch.setattr(cpu_kernel, "has_pair_head", lambda pairs=pairs: pairs)
+            for dtype in DTYPES:
+                assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is tiles
+            assert cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40) is pairs
+            assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 41)
+            assert not cpu_kernel.head_greedy_pays(torch.bfloat16, few - 1, 40)
+            assert cpu_kernel.head_greedy_pays(torch.float32, few, 40)
+            assert not cpu_kernel.head_greedy_pays(torch.float32, few - 1, 40)
+
+
+def test_the_pair_head_is_built_where_the_cpu_has_avx512_bf16():
+    """The bfloat16 head's pair dot products are in the kernel built for this machine exactly where its CPU has
+    AVX-512 BF16 (then the vector-lane tests above run them), and in none of the narrower builds."""
+    flags = cpu_kernel.cpu_flags()
+    assert cpu_kernel.has_pair_head() == ({"avx512f", "avx512_bf16"} <= flags)
+    if platform.machine() == "x86_64":
+        for march in ("x86-64-v3", "x86-64-v2"):
+            assert not cpu_kernel.load(march).oxy_has_pair_head()
 
 
 def lanes(h, head, threads=1):

@@ -37,6 +37,13 @@
 #define OXY_AVX2_HEAD 1
 #endif
 
+// AVX-512 BF16 (`vdpbf16ps`, without AMX tiles: AMD Zen 4 and later, Intel Cooper Lake): the bfloat16 text head
+// multiplies pairs of bfloat16 elements straight from the head (`PairLanes`) instead of widening them to float32.
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define OXY_DPBF16 1
+#endif
+
 namespace {
 
 typedef float vf __attribute__((vector_size(64)));
@@ -572,9 +579,10 @@ int64_t first_max(const K* row, int64_t n) {
 // [50, 257152] of them costs more than the products do at a small width). A running maximum and the row it came
 // from, compared with `>` in vocabulary order, keep the first maximum. In bfloat16 each product sum is rounded
 // to bfloat16 before it is compared, as the eager logits are stored, so ties the rounding makes resolve to the
-// first row as they do there. Vector lanes across the vocabulary (`head_greedy_lanes`, any CPU); AMX tiles with
-// lanes across requests, bfloat16 directly (`head_greedy_amx`) and float32 screened on a bfloat16 copy of the
-// head, then chosen in float32 (`head_screened_amx`).
+// first row as they do there. Vector lanes across the vocabulary (`head_greedy_lanes`, any CPU; bfloat16 on
+// AVX-512 BF16's pair dot products, `head_greedy_pairs`; float32 on AVX2 without AVX-512, `head_greedy_avx2`); AMX
+// tiles with lanes across requests, bfloat16 directly (`head_greedy_amx`) and float32 screened on a bfloat16 copy
+// of the head, then chosen in float32 (`head_screened_amx`).
 
 // `work(t)` for t = 0 .. threads - 1, t = 0 on the calling thread; returns when all are done.
 template <typename F>
@@ -609,6 +617,21 @@ void transpose_block(const T* w, int64_t K, int64_t rows, float* wt) {  // rows 
     }
 }
 
+// Folds one request's sums x for block rows half * 16 + lane (v the block's first row, `rows` of them real) into
+// its running maximum per lane, each sum first rounded as the head's dtype T stores a logit. The lower 16 rows
+// come first and only a strictly larger value replaces a lane's maximum, so a tie keeps the earlier row.
+template <typename T>
+inline void fold_lanes(vf x, int half, int64_t rows, int32_t v, vf& best, vi& index) {
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const vf ninf = vsplat(-std::numeric_limits<float>::infinity());
+    vi row = lane + half * L;
+    x = vround_finite<T>(x);
+    if (rows < HEAD_COLS) x = row < (int32_t)rows ? x : ninf;  // rows past the head's end never win
+    vi greater = x > best;
+    best = greater ? x : best;
+    index = greater ? row + v : index;
+}
+
 template <typename T, int G>
 inline void head_group(const float* wt, int64_t K, const float* hf, int64_t rows, int32_t v, vf* best, vi* index) {
     vf acc[G][2] = {};
@@ -620,23 +643,81 @@ inline void head_group(const float* wt, int64_t K, const float* hf, int64_t rows
             acc[g][1] += hb * w1;
         }
     }
-    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const vf ninf = vsplat(-std::numeric_limits<float>::infinity());
     for (int g = 0; g < G; ++g)
-        for (int half = 0; half < 2; ++half) {  // the lower 16 rows first: on a tie a lane keeps the earlier row
-            vi row = lane + half * L;
-            vf x = vround_finite<T>(acc[g][half]);
-            if (rows < HEAD_COLS) x = row < (int32_t)rows ? x : ninf;  // rows past the head's end never win
-            vi greater = x > best[g];
-            best[g] = greater ? x : best[g];
-            index[g] = greater ? row + v : index[g];
-        }
+        for (int half = 0; half < 2; ++half) fold_lanes<T>(acc[g][half], half, rows, v, best[g], index[g]);
 }
 
+// The vector path's two ways of laying out and multiplying a block: `FloatLanes` widens the head's rows (float32
+// or bfloat16) and the requests' states to float32; `PairLanes` (AVX-512 BF16) keeps bfloat16 pairs. `units(K)`
+// is a row's length in the layout's elements, `pack` transposes a block of up to 32 rows into [units][32], `group`
+// multiplies G requests' states [G][units] with it and folds their sums.
 template <typename T>
-void head_range_lanes(const float* hf, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1, vf* best,
+struct FloatLanes {
+    using Unit = float;
+    static int64_t units(int64_t K) { return K; }
+    static void pack(const T* w, int64_t K, int64_t rows, float* wt) { transpose_block(w, K, rows, wt); }
+    template <int G>
+    static void group(const float* wt, int64_t U, const float* h, int64_t rows, int32_t v, vf* best, vi* index) {
+        head_group<T, G>(wt, U, h, rows, v, best, index);
+    }
+};
+
+#ifdef OXY_DPBF16
+// A bfloat16 head on AVX-512 BF16: a row's width as K / 2 pairs of bfloat16, one pair a 32-bit unit; `pack` puts
+// each pair of 16 rows in one vector (16 x 16 transposes of the units), and `group` broadcasts each request's pair
+// against the block's two vectors with `vdpbf16ps` (a float32 lane adds the pair's two exact products), so the
+// head is never widened to float32. The instruction takes subnormal inputs and sums as zero, which moves a logit
+// only where it is below 2^-126 in magnitude.
+struct PairLanes {
+    using Unit = uint32_t;
+    static int64_t units(int64_t K) { return K / 2; }
+    static void pack(const Bf16* w, int64_t K, int64_t rows, uint32_t* wt) {
+        const int64_t U = K / 2;
+        for (int half = 0; half < 2; ++half) {
+            int64_t r0 = half * L, u = 0;
+            for (; u + L <= U; u += L) {
+                vf cols[L];  // 16 units of 16 rows, as float bit patterns (a transpose only moves bits)
+                for (int j = 0; j < L; ++j) {
+                    cols[j] = vf{};
+                    if (r0 + j < rows) std::memcpy(&cols[j], w + (r0 + j) * K + 2 * u, sizeof(vf));
+                }
+                transpose16(cols);
+                for (int j = 0; j < L; ++j) std::memcpy(wt + (u + j) * HEAD_COLS + r0, &cols[j], sizeof(vf));
+            }
+            for (; u < U; ++u)
+                for (int j = 0; j < L; ++j) {
+                    uint32_t pair = 0;
+                    if (r0 + j < rows) std::memcpy(&pair, w + (r0 + j) * K + 2 * u, 4);
+                    wt[u * HEAD_COLS + r0 + j] = pair;
+                }
+        }
+    }
+    template <int G>
+    static void group(const uint32_t* wt, int64_t U, const uint32_t* h, int64_t rows, int32_t v, vf* best,
                       vi* index) {
-    std::vector<float> wt(K * HEAD_COLS);
+        __m512 acc[G][2];
+        for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+        for (int64_t u = 0; u < U; ++u) {
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wt + u * HEAD_COLS);
+            __m512bh w1 = (__m512bh)_mm512_loadu_si512(wt + u * HEAD_COLS + L);
+            for (int g = 0; g < G; ++g) {
+                __m512bh hb = (__m512bh)_mm512_set1_epi32((int32_t)h[g * U + u]);
+                acc[g][0] = _mm512_dpbf16_ps(acc[g][0], w0, hb);
+                acc[g][1] = _mm512_dpbf16_ps(acc[g][1], w1, hb);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int half = 0; half < 2; ++half) fold_lanes<Bf16>((vf)acc[g][half], half, rows, v, best[g], index[g]);
+    }
+};
+#endif
+
+// Rows v0 .. v1 - 1 of the head w [V, K] against every request's state h [B][units] laid out for path P.
+template <typename P, typename T>
+void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1, vf* best,
+                      vi* index) {
+    const int64_t U = P::units(K);
+    std::vector<typename P::Unit> wt(U * HEAD_COLS);
     for (int64_t v = v0; v < v1; v += HEAD_COLS) {
         int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
         // the block after next into cache while this one computes (the head streams from memory or L3)
@@ -644,13 +725,13 @@ void head_range_lanes(const float* hf, int64_t B, int64_t K, const T* w, int64_t
             const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
             for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 3);
         }
-        transpose_block(w + v * K, K, rows, wt.data());
+        P::pack(w + v * K, K, rows, wt.data());
         int64_t b = 0;
         for (; b + HEAD_GROUP <= B; b += HEAD_GROUP)
-            head_group<T, HEAD_GROUP>(wt.data(), K, hf + b * K, rows, (int32_t)v, best + b, index + b);
+            P::template group<HEAD_GROUP>(wt.data(), U, h + b * U, rows, (int32_t)v, best + b, index + b);
         switch (B - b) {  // the last requests, a smaller block (compile-time sizes keep it in registers)
 #define OXY_GROUP(n) \
-    case n: head_group<T, n>(wt.data(), K, hf + b * K, rows, (int32_t)v, best + b, index + b); break;
+    case n: P::template group<n>(wt.data(), U, h + b * U, rows, (int32_t)v, best + b, index + b); break;
             OXY_GROUP(1) OXY_GROUP(2) OXY_GROUP(3) OXY_GROUP(4) OXY_GROUP(5) OXY_GROUP(6)
             OXY_GROUP(7) OXY_GROUP(8) OXY_GROUP(9) OXY_GROUP(10) OXY_GROUP(11)
 #undef OXY_GROUP
@@ -670,10 +751,11 @@ inline void lane_argmax(vf best, vi index, float* value, int32_t* row) {
     *row = r;
 }
 
-template <typename T>
-void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, int64_t* tokens) {
-    std::vector<float> hf(B * K);
-    for (int64_t i = 0; i < B * K; ++i) hf[i] = to_float(h[i]);
+// The vocabulary split over `threads` in whole blocks, each range searched on path P with the requests' states
+// hp [B][units], then the ranges' maxima merged.
+template <typename P, typename T>
+void head_greedy_over(const typename P::Unit* hp, int64_t B, int64_t K, const T* w, int64_t V, int threads,
+                      int64_t* tokens) {
     std::vector<vf> best(threads * B);
     std::vector<vi> index(threads * B);
     int64_t blocks = (V + HEAD_COLS - 1) / HEAD_COLS;
@@ -685,7 +767,7 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
             best[t * B + b] = vsplat(-std::numeric_limits<float>::infinity());
             index[t * B + b] = lane + (int32_t)v0;
         }
-        if (v0 < v1) head_range_lanes<T>(hf.data(), B, K, w, v0, v1, best.data() + t * B, index.data() + t * B);
+        if (v0 < v1) head_range_lanes<P>(hp, B, K, w, v0, v1, best.data() + t * B, index.data() + t * B);
     };
     on_threads(threads, work);
     for (int64_t b = 0; b < B; ++b) {  // ranges in vocabulary order: a later one wins only when strictly larger
@@ -704,6 +786,21 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
         tokens[b] = row;
     }
 }
+
+template <typename T>
+void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, int64_t* tokens) {
+    std::vector<float> hf(B * K);
+    for (int64_t i = 0; i < B * K; ++i) hf[i] = to_float(h[i]);
+    head_greedy_over<FloatLanes<T>>(hf.data(), B, K, w, V, threads, tokens);
+}
+
+#ifdef OXY_DPBF16
+void head_greedy_pairs(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_t V, int threads, int64_t* tokens) {
+    std::vector<uint32_t> hp(B * K / 2);  // K even: each request's state as K / 2 pairs
+    std::memcpy(hp.data(), h, B * K * sizeof(Bf16));
+    head_greedy_over<PairLanes>(hp.data(), B, K, w, V, threads, tokens);
+}
+#endif
 
 #ifdef OXY_AVX2_HEAD
 // The float32 head on AVX2 (K a multiple of 8): 8 vocabulary rows at a time, read straight from the head; each
@@ -1187,6 +1284,13 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
         return 0;
     }
 #endif
+#ifdef OXY_DPBF16
+    if (bf16 && width % 2 == 0) {
+        head_greedy_pairs(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
+                          tokens);
+        return 0;
+    }
+#endif
     if (bf16)
         head_greedy_lanes(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
                           tokens);
@@ -1244,6 +1348,15 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
 // norms[v] = the euclidean norm of row v of a float32 matrix w [V, K], summed in double and rounded up.
 void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
     for (int64_t v = 0; v < rows; ++v) norms[v] = float_up(norm2(w + v * width, width));
+}
+
+// 1 when this build has the bfloat16 head on AVX-512 BF16's pair dot products (`PairLanes`, even widths).
+int oxy_has_pair_head() {
+#ifdef OXY_DPBF16
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 // 1 when this build has the AVX2 float32 head (`head_greedy_avx2`, widths that are multiples of 8).

@@ -94,6 +94,8 @@ def load(march: str = "native") -> ctypes.CDLL:
     lib.oxy_row_norms.restype = None
     lib.oxy_has_amx.argtypes = []
     lib.oxy_has_amx.restype = i
+    lib.oxy_has_pair_head.argtypes = []
+    lib.oxy_has_pair_head.restype = i
     lib.oxy_has_avx2_head.argtypes = []
     lib.oxy_has_avx2_head.restype = i
     return lib
@@ -217,6 +219,12 @@ def has_amx() -> bool:
     return bool(load().oxy_has_amx())
 
 
+def has_pair_head() -> bool:
+    """Whether the kernel built here has the bfloat16 text head on AVX-512 BF16's pair dot products (even widths;
+    a CPU with AVX-512 BF16 and no matrix tiles, such as AMD Zen 4, takes it on vector lanes)."""
+    return bool(load().oxy_has_pair_head())
+
+
 def has_avx2_head() -> bool:
     """Whether the kernel built here has the float32 text head on AVX2 registers (a CPU with AVX2 and FMA but no
     AVX-512: there the 16-lane vector path lowers to register pairs that its blocks do not fit)."""
@@ -240,12 +248,14 @@ HEAD_GREEDY_MIN_ROWS = 4  # float32 on vector lanes: below this many requests to
 def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
     from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): on matrix tiles at any batch; on
-    vector lanes (the AVX2 head included) float32 from HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's
-    matrix-vector product reads the head faster) and never bfloat16 (1.5-2.5x slower than torch's bfloat16
-    head)."""
+    vector lanes from HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads the head
+    faster with two threads): float32 (the AVX2 head included), and bfloat16 only on AVX-512 BF16's pair dot
+    products (`has_pair_head`, even widths; widened to float32 it is 1.5-2.5x slower than torch's bfloat16 head)."""
     if tiles_run(dtype, width):
         return True
-    return dtype == torch.float32 and rows >= HEAD_GREEDY_MIN_ROWS
+    if rows < HEAD_GREEDY_MIN_ROWS:
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and width % 2 == 0 and has_pair_head())
 
 
 CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on where it runs and pays (AVX-512); on AVX2 its head
