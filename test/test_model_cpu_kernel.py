@@ -157,7 +157,7 @@ def test_fused_head_picks_what_the_eager_heads_logits_pick(dtype, amx):
     gen = torch.Generator().manual_seed(0)
     for width in (64, 96) if amx else (64, 40, 41):  # 41: bfloat16 without pair dot products
         head = torch.randn(16 * 300 + 5, width, generator=gen).to(dtype)
-        for batch in (1, 15, 16, 17, 50, 64, 65, 130):
+        for batch in (1, 2, 3, 15, 16, 17, 50, 64, 65, 130):  # 1-3: row by row where the build has it
             h = torch.randn(batch, width, generator=gen).to(dtype)
             expected = greedy_tokens(h @ head.T)
             for threads in (1, 2, 3):
@@ -208,28 +208,37 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
         cpu_kernel.head_greedy(h[:, :8], head)
     # which steps take the fused head: any on tiles; on vector lanes from HEAD_GREEDY_MIN_ROWS requests, float32,
     # and bfloat16 only where the build has the pair dot products (and the width is even)
+    # and below it only where the build runs those few requests row by row
     few = cpu_kernel.HEAD_GREEDY_MIN_ROWS
+    assert few == cpu_kernel.load().oxy_head_rows_below()  # the kernel's own threshold for the row path
     for tiles in (True, False):
         monkeypatch.setattr(cpu_kernel, "has_amx", lambda tiles=tiles: tiles)
         for pairs in (True, False):
             monkeypatch.setattr(cpu_kernel, "has_pair_head", lambda pairs=pairs: pairs)
-            for dtype in DTYPES:
-                assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is tiles
-            assert cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40) is pairs
-            assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 41)
-            assert not cpu_kernel.head_greedy_pays(torch.bfloat16, few - 1, 40)
-            assert cpu_kernel.head_greedy_pays(torch.float32, few, 40)
-            assert not cpu_kernel.head_greedy_pays(torch.float32, few - 1, 40)
+            for by_rows in (True, False):
+                monkeypatch.setattr(cpu_kernel, "has_row_head", lambda dtype, width, by_rows=by_rows: by_rows)
+                for dtype in DTYPES:
+                    assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is (tiles or by_rows)
+                    assert cpu_kernel.head_greedy_pays(dtype, few - 1, 40) is by_rows
+                assert cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40) is pairs
+                assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 41)
+                assert cpu_kernel.head_greedy_pays(torch.float32, few, 40)
 
 
-def test_the_pair_head_is_built_where_the_cpu_has_avx512_bf16():
+def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them():
     """The bfloat16 head's pair dot products are in the kernel built for this machine exactly where its CPU has
-    AVX-512 BF16 (then the vector-lane tests above run them), and in none of the narrower builds."""
+    AVX-512 BF16, the row path for few requests where it has AVX-512 (float32, widths of whole 16s; bfloat16 with
+    the pair dot products, whole 32s): then the vector-lane tests above run them; none is in the narrower builds."""
     flags = cpu_kernel.cpu_flags()
-    assert cpu_kernel.has_pair_head() == ({"avx512f", "avx512_bf16"} <= flags)
+    pairs = {"avx512f", "avx512_bf16"} <= flags
+    assert cpu_kernel.has_pair_head() == pairs
+    for dtype, width, built in ((torch.float32, 64, "avx512f" in flags), (torch.float32, 40, False),
+                                (torch.bfloat16, 64, pairs), (torch.bfloat16, 48, False)):
+        assert cpu_kernel.has_row_head(dtype, width) == built, (dtype, width)
     if platform.machine() == "x86_64":
         for march in ("x86-64-v3", "x86-64-v2"):
-            assert not cpu_kernel.load(march).oxy_has_pair_head()
+            narrow = cpu_kernel.load(march)
+            assert not narrow.oxy_has_pair_head() and not narrow.oxy_has_row_head(0, 64)
 
 
 def lanes(h, head, threads=1):

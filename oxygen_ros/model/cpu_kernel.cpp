@@ -751,11 +751,10 @@ inline void lane_argmax(vf best, vi index, float* value, int32_t* row) {
     *row = r;
 }
 
-// The vocabulary split over `threads` in whole blocks, each range searched on path P with the requests' states
-// hp [B][units], then the ranges' maxima merged.
-template <typename P, typename T>
-void head_greedy_over(const typename P::Unit* hp, int64_t B, int64_t K, const T* w, int64_t V, int threads,
-                      int64_t* tokens) {
+// The vocabulary split over `threads` in whole blocks, `range(v0, v1, best, index)` searching each (B running
+// maxima per lane and their rows), then the ranges' maxima merged.
+template <typename Range>
+void head_greedy_over(int64_t B, int64_t V, int threads, int64_t* tokens, Range range) {
     std::vector<vf> best(threads * B);
     std::vector<vi> index(threads * B);
     int64_t blocks = (V + HEAD_COLS - 1) / HEAD_COLS;
@@ -767,7 +766,7 @@ void head_greedy_over(const typename P::Unit* hp, int64_t B, int64_t K, const T*
             best[t * B + b] = vsplat(-std::numeric_limits<float>::infinity());
             index[t * B + b] = lane + (int32_t)v0;
         }
-        if (v0 < v1) head_range_lanes<P>(hp, B, K, w, v0, v1, best.data() + t * B, index.data() + t * B);
+        if (v0 < v1) range(v0, v1, best.data() + t * B, index.data() + t * B);
     };
     on_threads(threads, work);
     for (int64_t b = 0; b < B; ++b) {  // ranges in vocabulary order: a later one wins only when strictly larger
@@ -791,16 +790,83 @@ template <typename T>
 void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, int64_t* tokens) {
     std::vector<float> hf(B * K);
     for (int64_t i = 0; i < B * K; ++i) hf[i] = to_float(h[i]);
-    head_greedy_over<FloatLanes<T>>(hf.data(), B, K, w, V, threads, tokens);
+    head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
+        head_range_lanes<FloatLanes<T>>(hf.data(), B, K, w, v0, v1, best, index);
+    });
 }
 
 #ifdef OXY_DPBF16
 void head_greedy_pairs(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_t V, int threads, int64_t* tokens) {
     std::vector<uint32_t> hp(B * K / 2);  // K even: each request's state as K / 2 pairs
     std::memcpy(hp.data(), h, B * K * sizeof(Bf16));
-    head_greedy_over<PairLanes>(hp.data(), B, K, w, V, threads, tokens);
+    head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
+        head_range_lanes<PairLanes>(hp.data(), B, K, w, v0, v1, best, index);
+    });
 }
 #endif
+
+constexpr int64_t HEAD_ROWS_BELOW = 4;  // cpu_kernel.HEAD_GREEDY_MIN_ROWS: fewer requests go row by row
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+// Few requests (below HEAD_ROWS_BELOW) on AVX-512: no transposes, whose cost the requests no longer share. Each
+// of 16 vocabulary rows is multiplied with a request's state along the width into a vector of partial sums
+// (`row_dot`), and `row_sums` folds the 16 vectors into one whose lane i is row i's sum; the head is read once,
+// row after row, as a matrix-vector product reads it. float32 for widths of whole 16s; bfloat16 on AVX-512
+// BF16's pair dot products for widths of whole 32s.
+
+inline vf row_sums(const vf* a) {  // lane i = the sum of a[i]'s lanes (pairs of vectors halved, four times)
+    constexpr vi lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    constexpr vi hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    constexpr vi lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    constexpr vi hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    constexpr vi lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    constexpr vi hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    constexpr vi lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    constexpr vi hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    vf b[8], c[4], d[2];
+    for (int j = 0; j < 8; ++j) b[j] = shuffle(a[2 * j], a[2 * j + 1], lo1) + shuffle(a[2 * j], a[2 * j + 1], hi1);
+    for (int j = 0; j < 4; ++j) c[j] = shuffle(b[2 * j], b[2 * j + 1], lo2) + shuffle(b[2 * j], b[2 * j + 1], hi2);
+    for (int j = 0; j < 2; ++j) d[j] = shuffle(c[2 * j], c[2 * j + 1], lo3) + shuffle(c[2 * j], c[2 * j + 1], hi3);
+    return shuffle(d[0], d[1], lo4) + shuffle(d[0], d[1], hi4);
+}
+
+inline vf row_dot(const float* row, const float* h, int64_t K) {  // fused multiply-adds, one rounding each
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += L) acc = _mm512_fmadd_ps(_mm512_loadu_ps(row + c), _mm512_loadu_ps(h + c), acc);
+    return (vf)acc;
+}
+
+#ifdef OXY_DPBF16
+inline vf row_dot(const Bf16* row, const Bf16* h, int64_t K) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += 2 * L)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(row + c), (__m512bh)_mm512_loadu_si512(h + c));
+    return (vf)acc;
+}
+#endif
+
+template <typename T>
+void head_greedy_rows(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, int64_t* tokens) {
+    head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
+        for (int64_t v = v0; v < v1; v += HEAD_COLS) {
+            int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
+            if (v + 3 * HEAD_COLS <= v1) {  // the block after next into cache, as in head_range_lanes
+                const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
+                for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+            }
+            for (int half = 0; half * L < rows; ++half)
+                for (int64_t b = 0; b < B; ++b) {
+                    vf a[L];
+                    for (int i = 0; i < L; ++i)  // rows past the head's end: zero here, masked by fold_lanes
+                        a[i] = half * L + i < rows ? row_dot(w + (v + half * L + i) * K, h + b * K, K) : vf{};
+                    fold_lanes<T>(row_sums(a), half, rows, (int32_t)v, best[b], index[b]);
+                }
+        }
+    });
+}
+#endif
+
 
 #ifdef OXY_AVX2_HEAD
 // The float32 head on AVX2 (K a multiple of 8): 8 vocabulary rows at a time, read straight from the head; each
@@ -1277,6 +1343,20 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
         return 1;
 #endif
     }
+#ifdef __AVX512F__
+    if (batch < HEAD_ROWS_BELOW && !bf16 && width % L == 0) {
+        head_greedy_rows(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
+                         tokens);
+        return 0;
+    }
+#endif
+#ifdef OXY_DPBF16
+    if (batch < HEAD_ROWS_BELOW && bf16 && width % (2 * L) == 0) {
+        head_greedy_rows(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
+                         tokens);
+        return 0;
+    }
+#endif
 #ifdef OXY_AVX2_HEAD
     if (!bf16 && width % 8 == 0) {
         head_greedy_avx2(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
@@ -1348,6 +1428,20 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
 // norms[v] = the euclidean norm of row v of a float32 matrix w [V, K], summed in double and rounded up.
 void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
     for (int64_t v = 0; v < rows; ++v) norms[v] = float_up(norm2(w + v * width, width));
+}
+
+// 1 when this build runs a head of this dtype and width for fewer than HEAD_ROWS_BELOW requests row by row
+// (`head_greedy_rows`), else 0 (then such batches take the vector lanes).
+int64_t oxy_head_rows_below() { return HEAD_ROWS_BELOW; }
+
+int oxy_has_row_head(int bf16, int64_t width) {
+#ifdef __AVX512F__
+    if (!bf16) return width % L == 0;
+#endif
+#ifdef OXY_DPBF16
+    if (bf16) return width % (2 * L) == 0;
+#endif
+    return 0;
 }
 
 // 1 when this build has the bfloat16 head on AVX-512 BF16's pair dot products (`PairLanes`, even widths).

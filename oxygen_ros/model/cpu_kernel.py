@@ -94,6 +94,10 @@ def load(march: str = "native") -> ctypes.CDLL:
     lib.oxy_row_norms.restype = None
     lib.oxy_has_amx.argtypes = []
     lib.oxy_has_amx.restype = i
+    lib.oxy_head_rows_below.argtypes = []
+    lib.oxy_head_rows_below.restype = ctypes.c_int64
+    lib.oxy_has_row_head.argtypes = [i, ctypes.c_int64]
+    lib.oxy_has_row_head.restype = i
     lib.oxy_has_pair_head.argtypes = []
     lib.oxy_has_pair_head.restype = i
     lib.oxy_has_avx2_head.argtypes = []
@@ -219,6 +223,13 @@ def has_amx() -> bool:
     return bool(load().oxy_has_amx())
 
 
+def has_row_head(dtype: torch.dtype, width: int) -> bool:
+    """Whether the kernel built here runs a head of this dtype and width for fewer than HEAD_GREEDY_MIN_ROWS
+    requests row by row (AVX-512: float32 for widths of whole 16s, bfloat16 with AVX-512 BF16 for whole 32s), the
+    way a matrix-vector product reads the head, instead of on the vector lanes' transposed blocks."""
+    return dtype in DTYPES and bool(load().oxy_has_row_head(DTYPES[dtype], width))
+
+
 def has_pair_head() -> bool:
     """Whether the kernel built here has the bfloat16 text head on AVX-512 BF16's pair dot products (even widths;
     a CPU with AVX-512 BF16 and no matrix tiles, such as AMD Zen 4, takes it on vector lanes)."""
@@ -242,19 +253,20 @@ def screens(dtype: torch.dtype, width: int) -> bool:
     return dtype == torch.float32 and tiles_run(dtype, width)
 
 
-HEAD_GREEDY_MIN_ROWS = 4  # float32 on vector lanes: below this many requests torch's head + `greedy_tokens` is faster
+HEAD_GREEDY_MIN_ROWS = 4  # below this many requests the vector lanes lose to torch's head; the row path takes them
 
 
 def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
-    from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): on matrix tiles at any batch; on
-    vector lanes from HEAD_GREEDY_MIN_ROWS requests (for one or two, torch's matrix-vector product reads the head
-    faster with two threads): float32 (the AVX2 head included), and bfloat16 only on AVX-512 BF16's pair dot
-    products (`has_pair_head`, even widths; widened to float32 it is 1.5-2.5x slower than torch's bfloat16 head)."""
+    from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): on matrix tiles at any batch;
+    below HEAD_GREEDY_MIN_ROWS requests only where the build runs them row by row (`has_row_head`: on vector
+    lanes torch's matrix-vector product reads the head faster); from it on vector lanes in float32 (the AVX2 head
+    included), and in bfloat16 only on AVX-512 BF16's pair dot products (`has_pair_head`, even widths; widened to
+    float32 it is 1.5-2.5x slower than torch's bfloat16 head)."""
     if tiles_run(dtype, width):
         return True
     if rows < HEAD_GREEDY_MIN_ROWS:
-        return False
+        return has_row_head(dtype, width)
     return dtype == torch.float32 or (dtype == torch.bfloat16 and width % 2 == 0 and has_pair_head())
 
 
