@@ -200,6 +200,9 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
             cpu_kernel.head_greedy(h32, head32, 1, amx=True, copy=cpu_kernel.head_copy(head32[:16]))
         with pytest.raises(ValueError, match="no matrix tiles"):
             cpu_kernel.head_greedy(h.float(), head.float(), 1, amx=True, copy=cpu_kernel.head_copy(head.float()))
+    h32, head32 = torch.zeros(2, 41), torch.zeros(32, 41)  # pairs need an even width, or the build to have them
+    with pytest.raises(ValueError, match="no pair dot products"):
+        cpu_kernel.head_greedy(h32, head32, 1, amx=False, copy=cpu_kernel.head_copy(head32))
     with pytest.raises(ValueError, match="contiguous float32"):
         cpu_kernel.head_copy(head)
     with pytest.raises(ValueError, match="one float dtype"):
@@ -245,12 +248,26 @@ def lanes(h, head, threads=1):
     return cpu_kernel.head_greedy(h, head, threads, amx=False)
 
 
-def test_the_screened_float32_head_picks_the_vector_lanes_token_bit_for_bit():
-    """float32 on tiles: rows the bfloat16 screen cannot tell apart (relative gaps of 1e-7 to 1e-3, far inside a
+# where a float32 head is screened on its bfloat16 copy: matrix tiles (amx=True), AVX-512 BF16's pair dot products
+SCREENS = {"tiles": True, "pairs": False}
+
+
+def needs_screen(screen: str) -> bool:
+    """The `amx` argument that screens on `screen`; skips where this CPU has no such screen."""
+    if screen == "tiles":
+        needs_tiles(True)
+    elif not cpu_kernel.has_pair_head():
+        pytest.skip("this CPU has no AVX-512 BF16 pair dot products (the vector path is tested on every CPU)")
+    return SCREENS[screen]
+
+
+@pytest.mark.parametrize("screen", SCREENS)
+def test_the_screened_float32_head_picks_the_vector_lanes_token_bit_for_bit(screen):
+    """float32 on tiles or pair dot products: rows the bfloat16 screen cannot tell apart (relative gaps of 1e-7 to 1e-3, far inside a
     bfloat16 step) are chosen in float32, before and after the best row, within a tile, across tiles and threads'
     ranges and in the rows after the last whole tile: the vector lanes' token every time, and where the gap is
     larger than float32's own rounding the float64 argmax."""
-    needs_tiles(True)
+    amx = needs_screen(screen)
     gen = torch.Generator().manual_seed(5)
     vocab, width = 16 * 400 + 7, 64
     head = torch.randn(vocab, width, generator=gen)
@@ -266,20 +283,21 @@ def test_the_screened_float32_head_picks_the_vector_lanes_token_bit_for_bit():
         copy = cpu_kernel.head_copy(planted)
         exact = (h.double() @ planted.double().T).argmax(dim=-1)
         for threads in (1, 2, 3):
-            got = cpu_kernel.head_greedy(h, planted, threads, amx=True, copy=copy)
+            got = cpu_kernel.head_greedy(h, planted, threads, amx=amx, copy=copy)
             assert torch.equal(got, lanes(h, planted, threads)), (gap, threads)
             if gap >= 1e-4:
                 assert torch.equal(got, exact), (gap, threads)
 
 
-def test_the_screened_float32_head_bound_covers_the_worst_bfloat16_rounding():
+@pytest.mark.parametrize("screen", SCREENS)
+def test_the_screened_float32_head_bound_covers_the_worst_bfloat16_rounding(screen):
     """Rows built so that bfloat16 rounding moves their sums as far as it can, opposite ways: row P's factors all
     round up, row Q's all down, so Q's screened sum is 0.49 below P's while Q's float32 sum is the larger. The
     screen must keep Q: request 0 has h and both rows of one magnitude (Q's sum within two bounds of P's);
     request 1 puts Q's weight on small h entries times a large row (Q's sum below P's lower bound, only its own
     larger bound keeps it: the block holding it must not be skipped on P's bound). P comes first, in one thread's
     range with Q or in the one before."""
-    needs_tiles(True)
+    amx = needs_screen(screen)
     u, t = 2.0**-8, 2.0**-16  # above 1 + u a bfloat16 rounds up to 1 + 2u, below it down to 1
     width, vocab = 128, 16 * 100
     head = torch.randn(vocab, width, generator=torch.Generator().manual_seed(8)) * 0.01
@@ -299,14 +317,15 @@ def test_the_screened_float32_head_bound_covers_the_worst_bfloat16_rounding():
     assert approx.argmax(dim=-1).tolist() == [40, 840]  # the P rows, by 0.49
     copy = cpu_kernel.head_copy(head)
     for threads in (1, 2):
-        assert cpu_kernel.head_greedy(h, head, threads, amx=True, copy=copy).tolist() == [1100, 1300]
+        assert cpu_kernel.head_greedy(h, head, threads, amx=amx, copy=copy).tolist() == [1100, 1300]
 
 
-def test_the_screened_float32_head_with_many_rows_near_the_top():
+@pytest.mark.parametrize("screen", SCREENS)
+def test_the_screened_float32_head_with_many_rows_near_the_top(screen):
     """A run of rows each a little above the last (every one a new best when seen: the kept rows are pruned as the
     screen's lower bound rises), and many equal best rows (more than the screen keeps: those requests are searched
     on vector lanes): the vector lanes' tokens, the last of the run and the first of the equal rows."""
-    needs_tiles(True)
+    amx = needs_screen(screen)
     gen = torch.Generator().manual_seed(6)
     vocab, width = 16 * 300, 64
     h = torch.zeros(3, width)
@@ -319,15 +338,16 @@ def test_the_screened_float32_head_with_many_rows_near_the_top():
     head[3000:4000, 1] = 2.0  # request 1: 1000 equal rows (and above the run)
     copy = cpu_kernel.head_copy(head)
     for threads in (1, 2):
-        got = cpu_kernel.head_greedy(h, head, threads, amx=True, copy=copy)
+        got = cpu_kernel.head_greedy(h, head, threads, amx=amx, copy=copy)
         assert got[:2].tolist() == [2099, 3000]
         assert torch.equal(got, lanes(h, head, threads))
 
 
-def test_the_screened_float32_head_leaves_unbounded_inputs_to_the_vector_lanes():
+@pytest.mark.parametrize("screen", SCREENS)
+def test_the_screened_float32_head_leaves_unbounded_inputs_to_the_vector_lanes(screen):
     """Hidden states or heads whose products could leave float32's range (or are not finite) are not screened: the
     same tokens as the vector lanes, NaN and infinity included."""
-    needs_tiles(True)
+    amx = needs_screen(screen)
     gen = torch.Generator().manual_seed(7)
     head, h = torch.randn(16 * 40 + 3, 64, generator=gen), torch.randn(4, 64, generator=gen)
     cases = []
@@ -341,14 +361,15 @@ def test_the_screened_float32_head_leaves_unbounded_inputs_to_the_vector_lanes()
     huge_row[17] = 3e38
     cases.append((h, huge_row))
     for hs, hd in cases:
-        assert torch.equal(cpu_kernel.head_greedy(hs, hd, 2, amx=True, copy=cpu_kernel.head_copy(hd)),
+        assert torch.equal(cpu_kernel.head_greedy(hs, hd, 2, amx=amx, copy=cpu_kernel.head_copy(hd)),
                            lanes(hs, hd, 2))
 
 
 def test_the_model_keeps_one_head_copy_until_the_head_changes(monkeypatch):
     """A float32 model on tiles makes its head's copy when the kernel is turned on and reuses it step after step; a
     head changed in place (new weights loaded) gets a new copy, so the tokens follow the new head."""
-    needs_tiles(True)
+    if not cpu_kernel.screens(torch.float32, 64):
+        pytest.skip("this CPU has neither AMX tiles nor AVX-512 BF16 to screen on (the vector path is tested everywhere)")
     made = []
     real = cpu_kernel.head_copy
     monkeypatch.setattr(cpu_kernel, "head_copy", lambda head: made.append(1) or real(head))

@@ -146,7 +146,7 @@ def variants(model: Pi05Model, batch: int, seed: int, compiled: Pi05Model | None
 
 def fused_head(hidden: torch.Tensor, head: torch.Tensor) -> Callable | None:
     """The text head fused with the greedy choice on `hidden` as the kernel model runs it (a float32 head screened
-    on matrix tiles with its copy, made once here as the model makes it once), on torch's threads of the calling
+    on a bfloat16 copy, made once here as the model makes it once), on torch's threads of the calling
     thread; None where the model would not take it (`cpu_kernel.head_greedy_pays`)."""
     if not cpu_kernel.head_greedy_pays(hidden.dtype, len(hidden), hidden.shape[1]):
         return None

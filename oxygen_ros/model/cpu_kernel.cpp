@@ -632,8 +632,19 @@ inline void fold_lanes(vf x, int half, int64_t rows, int32_t v, vf& best, vi& in
     index = greater ? row + v : index;
 }
 
-template <typename T, int G>
-inline void head_group(const float* wt, int64_t K, const float* hf, int64_t rows, int32_t v, vf* best, vi* index) {
+// out(g, half, acc[g][half]) for each request g of a group, from a copy in memory: a sink that may call out
+// (all vector registers are the caller's to save) must not make the accumulators live in memory while they add.
+template <int G, typename Out>
+__attribute__((noinline)) void hand_out(const vf (&acc)[G][2], Out& out) {
+    vf sums[G][2];
+    std::memcpy(sums, acc, sizeof sums);
+    for (int g = 0; g < G; ++g)
+        for (int half = 0; half < 2; ++half) out(g, half, sums[g][half]);
+}
+
+// G requests' sums against a block (hf [G][K] float32, wt [K][32]): out(g, half, sums of rows half * 16 + lane).
+template <int G, typename Out>
+inline void head_group(const float* wt, int64_t K, const float* hf, Out&& out) {
     vf acc[G][2] = {};
     for (int64_t k = 0; k < K; ++k) {
         vf w0 = vload(wt + k * HEAD_COLS), w1 = vload(wt + k * HEAD_COLS + L);
@@ -643,22 +654,23 @@ inline void head_group(const float* wt, int64_t K, const float* hf, int64_t rows
             acc[g][1] += hb * w1;
         }
     }
-    for (int g = 0; g < G; ++g)
-        for (int half = 0; half < 2; ++half) fold_lanes<T>(acc[g][half], half, rows, v, best[g], index[g]);
+    hand_out<G>(acc, out);
 }
 
 // The vector path's two ways of laying out and multiplying a block: `FloatLanes` widens the head's rows (float32
 // or bfloat16) and the requests' states to float32; `PairLanes` (AVX-512 BF16) keeps bfloat16 pairs. `units(K)`
 // is a row's length in the layout's elements, `pack` transposes a block of up to 32 rows into [units][32], `group`
-// multiplies G requests' states [G][units] with it and folds their sums.
+// multiplies G requests' states [G][units] with it and hands out their float32 sums; `Round` is the dtype the
+// eager logits are stored in.
 template <typename T>
 struct FloatLanes {
     using Unit = float;
+    using Round = T;
     static int64_t units(int64_t K) { return K; }
     static void pack(const T* w, int64_t K, int64_t rows, float* wt) { transpose_block(w, K, rows, wt); }
-    template <int G>
-    static void group(const float* wt, int64_t U, const float* h, int64_t rows, int32_t v, vf* best, vi* index) {
-        head_group<T, G>(wt, U, h, rows, v, best, index);
+    template <int G, typename Out>
+    static void group(const float* wt, int64_t U, const float* h, Out&& out) {
+        head_group<G>(wt, U, h, out);
     }
 };
 
@@ -670,6 +682,7 @@ struct FloatLanes {
 // only where it is below 2^-126 in magnitude.
 struct PairLanes {
     using Unit = uint32_t;
+    using Round = Bf16;
     static int64_t units(int64_t K) { return K / 2; }
     static void pack(const Bf16* w, int64_t K, int64_t rows, uint32_t* wt) {
         const int64_t U = K / 2;
@@ -692,9 +705,8 @@ struct PairLanes {
                 }
         }
     }
-    template <int G>
-    static void group(const uint32_t* wt, int64_t U, const uint32_t* h, int64_t rows, int32_t v, vf* best,
-                      vi* index) {
+    template <int G, typename Out>
+    static void group(const uint32_t* wt, int64_t U, const uint32_t* h, Out&& out) {
         __m512 acc[G][2];
         for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
         for (int64_t u = 0; u < U; ++u) {
@@ -706,16 +718,18 @@ struct PairLanes {
                 acc[g][1] = _mm512_dpbf16_ps(acc[g][1], w1, hb);
             }
         }
-        for (int g = 0; g < G; ++g)
-            for (int half = 0; half < 2; ++half) fold_lanes<Bf16>((vf)acc[g][half], half, rows, v, best[g], index[g]);
+        vf sums[G][2];
+        for (int g = 0; g < G; ++g) sums[g][0] = (vf)acc[g][0], sums[g][1] = (vf)acc[g][1];
+        hand_out<G>(sums, out);
     }
 };
 #endif
 
-// Rows v0 .. v1 - 1 of the head w [V, K] against every request's state h [B][units] laid out for path P.
-template <typename P, typename T>
-void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1, vf* best,
-                      vi* index) {
+// Rows v0 .. v1 - 1 of the head w [V, K] against every request's state h [B][units] laid out for path P:
+// sink(b, v, rows, half, x) for each block of `rows` rows from v, x request b's sums of rows v + half * 16 + lane.
+template <typename P, typename T, typename Sink>
+void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1,
+                      Sink&& sink) {
     const int64_t U = P::units(K);
     std::vector<typename P::Unit> wt(U * HEAD_COLS);
     for (int64_t v = v0; v < v1; v += HEAD_COLS) {
@@ -727,17 +741,26 @@ void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* 
         }
         P::pack(w + v * K, K, rows, wt.data());
         int64_t b = 0;
-        for (; b + HEAD_GROUP <= B; b += HEAD_GROUP)
-            P::template group<HEAD_GROUP>(wt.data(), U, h + b * U, rows, (int32_t)v, best + b, index + b);
+        auto out = [&](int g, int half, vf x) __attribute__((always_inline)) { sink(b + g, v, rows, half, x); };
+        for (; b + HEAD_GROUP <= B; b += HEAD_GROUP) P::template group<HEAD_GROUP>(wt.data(), U, h + b * U, out);
         switch (B - b) {  // the last requests, a smaller block (compile-time sizes keep it in registers)
 #define OXY_GROUP(n) \
-    case n: P::template group<n>(wt.data(), U, h + b * U, rows, (int32_t)v, best + b, index + b); break;
+    case n: P::template group<n>(wt.data(), U, h + b * U, out); break;
             OXY_GROUP(1) OXY_GROUP(2) OXY_GROUP(3) OXY_GROUP(4) OXY_GROUP(5) OXY_GROUP(6)
             OXY_GROUP(7) OXY_GROUP(8) OXY_GROUP(9) OXY_GROUP(10) OXY_GROUP(11)
 #undef OXY_GROUP
             default: break;
         }
     }
+}
+
+// The greedy choice on path P: each request's sums folded into its running maxima (`fold_lanes`).
+template <typename P, typename T>
+void head_range_greedy(const typename P::Unit* h, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1, vf* best,
+                       vi* index) {
+    head_range_lanes<P>(h, B, K, w, v0, v1, [&](int64_t b, int64_t v, int64_t rows, int half, vf x) {
+        fold_lanes<typename P::Round>(x, half, rows, (int32_t)v, best[b], index[b]);
+    });
 }
 
 // The first maximum across one request's lanes: the largest value, and of the lanes holding it the lowest row.
@@ -791,7 +814,7 @@ void head_greedy_lanes(const T* h, int64_t B, int64_t K, const T* w, int64_t V, 
     std::vector<float> hf(B * K);
     for (int64_t i = 0; i < B * K; ++i) hf[i] = to_float(h[i]);
     head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
-        head_range_lanes<FloatLanes<T>>(hf.data(), B, K, w, v0, v1, best, index);
+        head_range_greedy<FloatLanes<T>>(hf.data(), B, K, w, v0, v1, best, index);
     });
 }
 
@@ -800,7 +823,7 @@ void head_greedy_pairs(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64
     std::vector<uint32_t> hp(B * K / 2);  // K even: each request's state as K / 2 pairs
     std::memcpy(hp.data(), h, B * K * sizeof(Bf16));
     head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
-        head_range_lanes<PairLanes>(hp.data(), B, K, w, v0, v1, best, index);
+        head_range_greedy<PairLanes>(hp.data(), B, K, w, v0, v1, best, index);
     });
 }
 #endif
@@ -956,6 +979,179 @@ inline float float_up(double x) {
     float f = (float)x;
     return (double)f < x ? std::nextafter(f, std::numeric_limits<float>::infinity()) : f;
 }
+
+#if defined(OXY_AMX) || defined(OXY_DPBF16)
+// ---- float32 heads: screened on bfloat16 copies (tiles or pair dot products), chosen in float32 ----
+//
+// A float32 head's products cost 4-6x the bfloat16 tiles' on vector lanes (2x AVX-512 BF16's pair dot products'),
+// and a greedy step needs only the largest. The tiles (or the pair dot products) compute every row's sum from
+// bfloat16 copies of h and the head (`approx`); |approx - exact|
+// <= bound(b, r) = c ||h_b|| ||w_r|| + a_b, where `exact` is the float32 sum the vector-lane path computes:
+// rounding each factor to bfloat16 moves a product by at most 2^-7 + 2^-16 of |h_i w_i|, both float32 sums of K
+// terms are off by at most K 2^-24 of sum |h_i w_i|, which is at most ||h|| ||w|| (Cauchy-Schwarz); c is 1.5 times
+// their sum, the margin covering the norms' and the bounds' own float32 rounding; a_b covers the tiles' flushing of
+// values below float32's normal range. AVX-512 BF16's `vdpbf16ps` is specified as the tiles' `tdpbf16ps` is (each
+// of a pair's two products added with its own rounding, subnormal inputs and results taken as zero), so one bound
+// holds for both. A row can be the exact maximum only if approx + bound is at least every
+// row's approx - bound, so each request keeps the rows that pass that test against the running maximum of lower
+// bounds, and computes the survivors' exact sums: the first exact maximum among them is the vector-lane path's
+// answer, bit for bit. A request with more than SCREEN_KEEP survivors (a head of many equal rows, say) is searched
+// on vector lanes instead.
+constexpr size_t SCREEN_KEEP = 256;
+
+struct Candidate {
+    float upper;
+    int32_t row;
+};
+
+struct Kept {  // one request's rows that passed the screen so far, in vocabulary order
+    std::vector<Candidate> rows;
+    bool too_many = false;
+};
+
+inline void keep(Kept& k, Candidate c, float lower) {
+    if (k.too_many) return;
+    if (k.rows.size() == 2 * SCREEN_KEEP) {  // drop the rows the lower bound has passed since they were kept
+        size_t n = 0;
+        for (const Candidate& x : k.rows)
+            if (x.upper >= lower) k.rows[n++] = x;
+        k.rows.resize(n);
+        if (n > SCREEN_KEEP) {
+            k.too_many = true;
+            k.rows.clear();
+            return;
+        }
+    }
+    k.rows.push_back(c);
+}
+
+// The float32 sum the vector-lane path computes for one row (in order over the width, one fused multiply-add a
+// term where the build has them, as there).
+inline float dot_in_order(const float* a, const float* b, int64_t K) {
+    float s = 0;
+    for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
+    return s;
+}
+
+
+// The bound's scales for requests with norms h_norms [B] against a head whose largest row norm is max_norm:
+// hs[b] (times a row's norm) and as[b] (the flushing term), and gs[b], the largest bound of any row.
+inline void screen_scales(int64_t K, const float* h_norms, int64_t B, float max_norm, float* hs, float* as,
+                          float* gs) {
+    const double rel = 1.5 * (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + 2.0 * (double)K * std::ldexp(1.0, -24));
+    for (int64_t b = 0; b < B; ++b) {
+        hs[b] = float_up(rel * h_norms[b]);
+        as[b] = float_up(4.0 * (double)K * std::ldexp(1.0, -126) * ((double)h_norms[b] + max_norm + 1.0));
+        gs[b] = float_up((double)max_norm * hs[b] + as[b]);
+    }
+}
+
+// A request's first exact maximum among its kept rows whose upper bound reaches `lower` (in vocabulary order):
+// *row = -1 for none, -2 when it kept too many; *value its exact sum.
+inline void exact_best(const float* hb, const float* w, int64_t K, const Kept& k, float lower, float* value,
+                       int32_t* row) {
+    float best = -std::numeric_limits<float>::infinity();
+    int32_t at = -1;
+    for (const Candidate& x : k.rows) {
+        if (x.upper < lower) continue;
+        float e = dot_in_order(hb, w + (int64_t)x.row * K, K);
+        if (at < 0 || e > best) {
+            best = e;
+            at = x.row;
+        }
+    }
+    *value = best;
+    *row = k.too_many ? -2 : at;
+}
+
+// Merges the threads' answers [threads][B] in vocabulary order (a later range wins only when strictly larger),
+// then rows from `tail` to V (those no range covered), into tokens; -1 for a request any range gave up on.
+inline void merge_screened(const float* values, const int32_t* rows, int threads, int64_t B, const float* h,
+                           const float* w, int64_t K, int64_t tail, int64_t V, int64_t* tokens) {
+    for (int64_t b = 0; b < B; ++b) {
+        float value = 0;
+        int32_t row = -1;
+        for (int t = 0; t < threads && row != -2; ++t) {
+            int32_t r = rows[t * B + b];
+            if (r == -2 || (r >= 0 && (row < 0 || values[t * B + b] > value))) {
+                value = values[t * B + b];
+                row = r;
+            }
+        }
+        for (int64_t v = tail; v < V && row != -2; ++v) {
+            float e = dot_in_order(h + b * K, w + v * K, K);
+            if (row < 0 || e > value) {
+                value = e;
+                row = (int32_t)v;
+            }
+        }
+        tokens[b] = row == -2 ? -1 : row;
+    }
+}
+
+#endif
+
+#ifdef OXY_DPBF16
+inline float hmax(vf v) {  // the largest lane (halves folded onto each other, as in hsum)
+    v = __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}) > v
+            ? __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}) : v;
+    v = __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}) > v
+            ? __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}) : v;
+    v = __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}) > v
+            ? __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}) : v;
+    return v[0] > v[1] ? v[0] : v[1];
+}
+
+// Screens the sums x of rows r0 + lane (`n` of them real) for one request against its running lower bound, keeping
+// the rows whose upper bound reaches it (the bound's scales hs, as as in `screen_scales`).
+__attribute__((noinline)) void screen_rows(vf x, int64_t r0, int64_t n, const float* norms, float hs, float as,
+                                           float& lower, Kept& kept) {
+    alignas(64) float nr[L] = {};
+    for (int i = 0; i < L && i < n; ++i) nr[i] = norms[r0 + i];
+    vf bound = vload(nr) * vsplat(hs) + vsplat(as);
+    vf lo = x - bound, up = x + bound;  // rows past the end: -inf both
+    float m = hmax(lo);
+    lower = m > lower ? m : lower;
+    vi pass = up >= vsplat(lower);
+    for (int i = 0; i < L && i < n; ++i)
+        if (pass[i]) keep(kept, Candidate{up[i], (int32_t)(r0 + i)}, lower);
+}
+
+// A float32 head screened on AVX-512 BF16's pair dot products (`PairLanes` over the bfloat16 copy wb, with h
+// rounded to nearest bfloat16 as the copy is), then chosen in float32, as on tiles; lanes hold vocabulary rows, so
+// each request keeps one running lower bound. Every request of h [B, K] (K even); tokens[b] as head_screened_pass.
+void head_screened_pairs(const float* h, int64_t B, int64_t K, const float* w, const Bf16* wb, const float* norms,
+                         float max_norm, const float* h_norms, int64_t V, int threads, int64_t* tokens) {
+    const int64_t U = K / 2;
+    std::vector<uint32_t> hp(B * U);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t u = 0; u < U; ++u)
+            hp[b * U + u] = (uint32_t)bf16_bits(h[b * K + 2 * u]) | (uint32_t)bf16_bits(h[b * K + 2 * u + 1]) << 16;
+    std::vector<float> hs(B), as(B), gs(B), values(threads * B);
+    std::vector<int32_t> rows(threads * B);
+    screen_scales(K, h_norms, B, max_norm, hs.data(), as.data(), gs.data());
+    int64_t blocks = (V + HEAD_COLS - 1) / HEAD_COLS;
+    on_threads(threads, [&](int t) {
+        std::vector<float> lower(B, -std::numeric_limits<float>::infinity());
+        std::vector<Kept> kept(B);
+        int64_t v0 = blocks * t / threads * HEAD_COLS, v1 = blocks * (t + 1) / threads * HEAD_COLS;
+        v1 = v1 < V ? v1 : V;
+        const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        const vf ninf = vsplat(-std::numeric_limits<float>::infinity());
+        if (v0 < v1)
+            head_range_lanes<PairLanes>(hp.data(), B, K, wb, v0, v1, [&](int64_t b, int64_t v, int64_t n, int half,
+                                                                           vf x) __attribute__((always_inline)) {
+                if (n < HEAD_COLS) x = lane < (int32_t)(n - half * L) ? x : ninf;  // rows past the head's end
+                // no row of the half-block can pass unless its largest sum plus the largest bound does
+                if (hmax(x) + gs[b] >= lower[b])
+                    screen_rows(x, v + half * L, n - half * L, norms, hs[b], as[b], lower[b], kept[b]);
+            });
+        for (int64_t b = 0; b < B; ++b)  // the survivors' exact sums, in vocabulary order
+            exact_best(h + b * K, w, K, kept[b], lower[b], &values[t * B + b], &rows[t * B + b]);
+    });
+    merge_screened(values.data(), rows.data(), threads, B, h, w, K, V, V, tokens);
+}
+#endif
 
 #ifdef OXY_AMX
 // AMX: bfloat16 tiles of 16 vocabulary rows x 32 of the width (read straight from the head, a row at a time)
@@ -1126,69 +1322,18 @@ void head_greedy_pass(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64_
     }
 }
 
-// ---- float32 heads: screened on tiles, chosen in float32 ----
-//
-// A float32 head's products cost 4-6x the bfloat16 tiles' on vector lanes, and a greedy step needs only the
-// largest. The tiles compute every row's sum from bfloat16 copies of h and the head (`approx`); |approx - exact|
-// <= bound(b, r) = c ||h_b|| ||w_r|| + a_b, where `exact` is the float32 sum the vector-lane path computes:
-// rounding each factor to bfloat16 moves a product by at most 2^-7 + 2^-16 of |h_i w_i|, both float32 sums of K
-// terms are off by at most K 2^-24 of sum |h_i w_i|, which is at most ||h|| ||w|| (Cauchy-Schwarz); c is 1.5 times
-// their sum, the margin covering the norms' and the bounds' own float32 rounding; a_b covers the tiles' flushing of
-// values below float32's normal range. A row can be the exact maximum only if approx + bound is at least every
-// row's approx - bound, so each request keeps the rows that pass that test against the running maximum of lower
-// bounds, and computes the survivors' exact sums: the first exact maximum among them is the vector-lane path's
-// answer, bit for bit. A request with more than SCREEN_KEEP survivors (a head of many equal rows, say) is searched
-// on vector lanes instead.
-constexpr size_t SCREEN_KEEP = 256;
-
-struct Candidate {
-    float upper;
-    int32_t row;
-};
-
 struct Screen {  // one thread's, per request of a pass
     vf lower[HEAD_LANES / L];  // the running maximum of lower bounds; +inf in lanes past the batch (never pass)
-    std::vector<Candidate> rows[HEAD_LANES];
-    bool too_many[HEAD_LANES] = {};
+    Kept kept[HEAD_LANES];
 };
-
-inline void keep(Screen& s, int b, Candidate c, float lower) {
-    std::vector<Candidate>& rows = s.rows[b];
-    if (s.too_many[b]) return;
-    if (rows.size() == 2 * SCREEN_KEEP) {  // drop the rows the lower bound has passed since they were kept
-        size_t n = 0;
-        for (const Candidate& x : rows)
-            if (x.upper >= lower) rows[n++] = x;
-        rows.resize(n);
-        if (n > SCREEN_KEEP) {
-            s.too_many[b] = true;
-            rows.clear();
-            return;
-        }
-    }
-    rows.push_back(c);
-}
-
-// The float32 sum the vector-lane path computes for one row (in order over the width, one fused multiply-add a
-// term where the build has them, as there).
-inline float dot_in_order(const float* a, const float* b, int64_t K) {
-    float s = 0;
-    for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
-    return s;
-}
 
 // Every request of h [B, K] (B <= HEAD_LANES) through the float32 head w [V, K] with its bfloat16 copy wb and its
 // rows' norms; tokens[b] = the first exact maximum, or -1 for a request with too many survivors.
 template <int NB>
 void head_screened_pass(const float* h, int64_t B, int64_t K, const float* w, const Bf16* wb, const float* norms,
                         float max_norm, const float* h_norms, int64_t V, int threads, int64_t* tokens) {
-    const double rel = 1.5 * (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + 2.0 * (double)K * std::ldexp(1.0, -24));
     alignas(64) float hs[HEAD_LANES] = {}, as[HEAD_LANES] = {}, gs[HEAD_LANES] = {};
-    for (int64_t b = 0; b < B; ++b) {
-        hs[b] = float_up(rel * h_norms[b]);
-        as[b] = float_up(4.0 * (double)K * std::ldexp(1.0, -126) * ((double)h_norms[b] + max_norm + 1.0));
-        gs[b] = float_up((double)max_norm * hs[b] + as[b]);  // the largest bound of any row for this request
-    }
+    screen_scales(K, h_norms, B, max_norm, hs, as, gs);
     vf H[NB], A[NB], gate[NB];
     for (int j = 0; j < NB; ++j) {
         H[j] = vload(hs + 16 * j);
@@ -1220,45 +1365,15 @@ void head_screened_pass(const float* h, int64_t B, int64_t K, const float* w, co
                     s.lower[j] = lower > s.lower[j] ? lower : s.lower[j];
                     vi kept = upper >= s.lower[j];
                     for (int i = 0; i < L; ++i)
-                        if (kept[i]) keep(s, 16 * j + i, Candidate{upper[i], (int32_t)(v + r)}, s.lower[j][i]);
+                        if (kept[i]) keep(s.kept[16 * j + i], Candidate{upper[i], (int32_t)(v + r)}, s.lower[j][i]);
                 }
             }
         });
-        for (int64_t b = 0; b < B; ++b) {  // the survivors' exact sums, in vocabulary order
-            float best = -std::numeric_limits<float>::infinity(), lower = s.lower[b / L][b % L];
-            int32_t row = -1;
-            for (const Candidate& x : s.rows[b]) {
-                if (x.upper < lower) continue;
-                float e = dot_in_order(h + b * K, w + (int64_t)x.row * K, K);
-                if (row < 0 || e > best) {
-                    best = e;
-                    row = x.row;
-                }
-            }
-            values[t * B + b] = best;
-            rows[t * B + b] = s.too_many[b] ? -2 : row;
-        }
+        for (int64_t b = 0; b < B; ++b)  // the survivors' exact sums, in vocabulary order
+            exact_best(h + b * K, w, K, s.kept[b], s.lower[b / L][b % L], &values[t * B + b], &rows[t * B + b]);
     };
     on_threads(threads, work);
-    for (int64_t b = 0; b < B; ++b) {  // ranges in vocabulary order: a later one wins only when strictly larger
-        float value = 0;
-        int32_t row = -1;
-        for (int t = 0; t < threads && row != -2; ++t) {
-            int32_t r = rows[t * B + b];
-            if (r == -2 || (r >= 0 && (row < 0 || values[t * B + b] > value))) {
-                value = values[t * B + b];
-                row = r;
-            }
-        }
-        for (int64_t v = tiles * 16; v < V && row != -2; ++v) {
-            float e = dot_in_order(h + b * K, w + v * K, K);
-            if (row < 0 || e > value) {
-                value = e;
-                row = (int32_t)v;
-            }
-        }
-        tokens[b] = row == -2 ? -1 : row;
-    }
+    merge_screened(values.data(), rows.data(), threads, B, h, w, K, tiles * 16, V, tokens);
 }
 
 template <typename F>
@@ -1381,15 +1496,23 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
 }
 
 // head_greedy for a float32 head [V, K] (`head`) with its bfloat16 copy (`head_bf16`, rounded to nearest) and its
-// rows' euclidean norms (`norms`, rounded up; `max_norm` their largest), screened on the matrix tiles: the same
-// tokens as the vector-lane path. Returns 0; 1 when this build or process has no tiles or the width is not whole
-// tiles (nothing written). Hidden states or a head too large for the screen's bounds to be finite (or not finite
-// at all) take the vector-lane path, as do requests the screen cannot narrow down.
-int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t width, const float* head,
+// rows' euclidean norms (`norms`, rounded up; `max_norm` their largest), screened on the matrix tiles (`amx`) or
+// on AVX-512 BF16's pair dot products: the same tokens as the vector-lane path. Returns 0; 1 when this build or
+// process cannot screen that way or the width does not suit it (whole tiles; even for pairs), nothing written.
+// Hidden states or a head too large for the screen's bounds to be finite (or not finite at all) take the
+// vector-lane path, as do requests the screen cannot narrow down.
+int oxy_head_greedy_screened(int amx, int threads, const float* h, int64_t batch, int64_t width, const float* head,
                              const void* head_bf16, const float* norms, float max_norm, int64_t vocab,
                              int64_t* tokens) {
+    bool tiles = false, pairs = false;
 #ifdef OXY_AMX
-    if (width % 32 != 0 || !amx_granted()) return 1;
+    tiles = amx && width % 32 == 0 && amx_granted();
+#endif
+#ifdef OXY_DPBF16
+    pairs = !amx && width % 2 == 0;
+#endif
+    if (!tiles && !pairs) return 1;
+#if defined(OXY_AMX) || defined(OXY_DPBF16)
     threads = usable_threads(threads, vocab);
     std::vector<float> h_norms(batch);
     bool bounded = std::isfinite(max_norm) && max_norm < 1e37f;
@@ -1400,12 +1523,20 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
         bounded = std::isfinite(n) && n < 1e37 && n * max_norm < 1e36;
         h_norms[b] = float_up(n);
     }
-    if (bounded) {
-        head_screened_amx(h, batch, width, head, static_cast<const Bf16*>(head_bf16), norms, max_norm,
-                          h_norms.data(), vocab, threads, tokens);
-    } else {
+    const Bf16* wb = static_cast<const Bf16*>(head_bf16);
+    if (!bounded) {
         for (int64_t b = 0; b < batch; ++b) tokens[b] = -1;
     }
+#ifdef OXY_AMX
+    else if (tiles) {
+        head_screened_amx(h, batch, width, head, wb, norms, max_norm, h_norms.data(), vocab, threads, tokens);
+    }
+#endif
+#ifdef OXY_DPBF16
+    else if (pairs) {
+        head_screened_pairs(h, batch, width, head, wb, norms, max_norm, h_norms.data(), vocab, threads, tokens);
+    }
+#endif
     std::vector<int64_t> rest;  // requests the screen left to the vector lanes
     for (int64_t b = 0; b < batch; ++b)
         if (tokens[b] < 0) rest.push_back(b);
@@ -1419,8 +1550,8 @@ int oxy_head_greedy_screened(int threads, const float* h, int64_t batch, int64_t
     }
     return 0;
 #else
-    (void)threads, (void)h, (void)batch, (void)width, (void)head, (void)head_bf16, (void)norms, (void)max_norm,
-        (void)vocab, (void)tokens;
+    (void)threads, (void)h, (void)batch, (void)head, (void)head_bf16, (void)norms, (void)max_norm, (void)vocab,
+        (void)tokens;
     return 1;
 #endif
 }

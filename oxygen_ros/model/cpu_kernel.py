@@ -88,7 +88,7 @@ def load(march: str = "native") -> ctypes.CDLL:
     lib.oxy_greedy.restype = None
     lib.oxy_head_greedy.argtypes = [i, i, i, p, i64, i64, p, i64, p]
     lib.oxy_head_greedy.restype = i
-    lib.oxy_head_greedy_screened.argtypes = [i, p, i64, i64, p, p, p, ctypes.c_float, i64, p]
+    lib.oxy_head_greedy_screened.argtypes = [i, i, p, i64, i64, p, p, p, ctypes.c_float, i64, p]
     lib.oxy_head_greedy_screened.restype = i
     lib.oxy_row_norms.argtypes = [p, i64, i64, p]
     lib.oxy_row_norms.restype = None
@@ -195,26 +195,30 @@ def head_greedy(h: Tensor, head: Tensor, threads: int = 1, amx: bool | None = No
     """The greedy tokens [B] long of final-norm hidden states h [B, W] through the text head [vocab, W] (both
     contiguous CPU tensors in float32 or bfloat16): `sampling.greedy_tokens(h @ head.T)` without the logits, on
     `threads` threads. `amx` (default: where this build and process have it) runs on the CPU's matrix tiles:
-    bfloat16 directly, float32 screened with the head's `copy` (`head_copy`; no copy, no tiles) and then chosen in
-    float32, the same tokens as its vector lanes; False keeps vector lanes."""
+    bfloat16 directly, float32 screened with the head's `copy` (`head_copy`) and then chosen in float32, the same
+    tokens as its vector lanes. Without tiles a float32 head with its `copy` is screened alike on AVX-512 BF16's
+    pair dot products (by default from HEAD_GREEDY_MIN_ROWS requests: fewer take the row path, `has_row_head`);
+    False and no copy keeps vector lanes."""
     tensors = (h, head)
     if h.dim() != 2 or head.dim() != 2 or h.shape[1] != head.shape[1] or h.dtype != head.dtype \
             or h.dtype not in DTYPES or not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
         raise ValueError("the CPU kernel's head needs contiguous CPU h [B, W] and head [vocab, W] of one float dtype")
     if amx is None:
         amx = tiles_run(h.dtype, h.shape[1]) and (h.dtype == torch.bfloat16 or copy is not None)
+        if not amx and (len(h) < HEAD_GREEDY_MIN_ROWS or not screens(h.dtype, h.shape[1])):
+            copy = None
     tokens = torch.empty(h.shape[0], dtype=torch.long)
-    if amx and h.dtype == torch.float32:
+    if h.dtype == torch.float32 and (amx or copy is not None):
         if copy is None or not copy.matches(head):
-            raise ValueError("a float32 head on matrix tiles needs its head_copy")
-        status = load().oxy_head_greedy_screened(threads, h.data_ptr(), h.shape[0], h.shape[1], head.data_ptr(),
-                                                 copy.bf16.data_ptr(), copy.norms.data_ptr(), copy.max_norm,
-                                                 head.shape[0], tokens.data_ptr())
+            raise ValueError("a float32 head screened on bfloat16 needs its head_copy")
+        status = load().oxy_head_greedy_screened(int(amx), threads, h.data_ptr(), h.shape[0], h.shape[1],
+                                                 head.data_ptr(), copy.bf16.data_ptr(), copy.norms.data_ptr(),
+                                                 copy.max_norm, head.shape[0], tokens.data_ptr())
     else:
         status = load().oxy_head_greedy(DTYPES[h.dtype], int(amx), threads, h.data_ptr(), h.shape[0], h.shape[1],
                                         head.data_ptr(), head.shape[0], tokens.data_ptr())
     if status != 0:
-        raise ValueError("the CPU kernel has no matrix tiles for this head here")
+        raise ValueError(f"the CPU kernel has no {'matrix tiles' if amx else 'pair dot products'} for this head here")
     return tokens
 
 
@@ -249,8 +253,9 @@ def tiles_run(dtype: torch.dtype, width: int) -> bool:
 
 
 def screens(dtype: torch.dtype, width: int) -> bool:
-    """Whether a head of this dtype and width is screened on matrix tiles here (float32; it needs its `head_copy`)."""
-    return dtype == torch.float32 and tiles_run(dtype, width)
+    """Whether a head of this dtype and width is screened on a bfloat16 copy here (float32; it needs its
+    `head_copy`): on matrix tiles, else on AVX-512 BF16's pair dot products (even widths)."""
+    return dtype == torch.float32 and (tiles_run(dtype, width) or (width % 2 == 0 and has_pair_head()))
 
 
 HEAD_GREEDY_MIN_ROWS = 4  # below this many requests the vector lanes lose to torch's head; the row path takes them

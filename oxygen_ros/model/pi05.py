@@ -100,8 +100,8 @@ class Pi05Model(nn.Module):
         token choice as one more (no logits; `cpu_kernel.head_greedy_pays` says which steps), else torch's head and
         the greedy choice as one pass per row. `layers=False` keeps the eager layers and takes only the head and the
         choice (where the kernel's layers are slower than torch's: `cpu_kernel.apply`). A float32 model on a CPU
-        with matrix tiles also keeps a bfloat16 copy of its text head to screen it with (made here; half the head's
-        memory). The first call in a process builds or loads the kernel: `CpuKernelUnavailable` where it cannot be
+        with matrix tiles or AVX-512 BF16 also keeps a bfloat16 copy of its text head to screen it with (made here;
+        half the head's memory). The first call in a process builds or loads the kernel: `CpuKernelUnavailable` where it cannot be
         built (no C++ compiler), ValueError for a model it does not run. Outputs match the eager model to
         floating-point rounding. Returns the model."""
         cpu_kernel.check_supported(self)
@@ -382,9 +382,10 @@ class Pi05Model(nn.Module):
 
     def _head_copy(self, head: Tensor) -> cpu_kernel.HeadCopy | None:
         """The float32 text head's bfloat16 copy and row norms that `cpu_kernel.head_greedy` screens it with on
-        matrix tiles (None where it is not screened); made when the kernel is turned on and again whenever the
-        head's storage or contents change (contents: by its version counter, which a head made under
-        `torch.inference_mode` does not have; such a head is taken as fixed while its storage is)."""
+        matrix tiles or AVX-512 BF16's pair dot products (None where it is not screened); made when the kernel is
+        turned on and again whenever the head's storage or contents change (contents: by its version counter, which
+        a head made under `torch.inference_mode` does not have; such a head is taken as fixed while its storage
+        is)."""
         if not cpu_kernel.screens(self.dtype, head.shape[1]):
             return None
         state = (head.data_ptr(), None if head.is_inference() else head._version, tuple(head.shape))
