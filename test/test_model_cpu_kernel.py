@@ -221,8 +221,9 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
             for by_rows in (True, False):
                 monkeypatch.setattr(cpu_kernel, "has_row_head", lambda dtype, width, by_rows=by_rows: by_rows)
                 for dtype in DTYPES:
-                    assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is (tiles or by_rows)
                     assert cpu_kernel.head_greedy_pays(dtype, few - 1, 40) is by_rows
+                assert cpu_kernel.head_greedy_pays(torch.bfloat16, 1, 64) is (tiles or by_rows)
+                assert cpu_kernel.head_greedy_pays(torch.float32, 1, 64) is tiles  # torch's float32 head for one
                 assert cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40) is pairs
                 assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 41)
                 assert cpu_kernel.head_greedy_pays(torch.float32, few, 40)
