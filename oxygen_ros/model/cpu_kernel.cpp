@@ -632,18 +632,29 @@ inline void fold_lanes(vf x, int half, int64_t rows, int32_t v, vf& best, vi& in
     index = greater ? row + v : index;
 }
 
-// out(g, half, acc[g][half]) for each request g of a group, from a copy in memory: a sink that may call out
-// (all vector registers are the caller's to save) must not make the accumulators live in memory while they add.
+// out(g, half, acc[g][half]) for each request g of a group. `Staged`, for a sink that may call out (all vector
+// registers are the caller's to save): from a copy in memory, in a function of its own, so that the accumulators
+// need not live in memory while they add (they did, spilled beside every multiply); else inline.
 template <int G, typename Out>
-__attribute__((noinline)) void hand_out(const vf (&acc)[G][2], Out& out) {
+__attribute__((noinline)) void staged_out(const vf (&acc)[G][2], Out& out) {
     vf sums[G][2];
     std::memcpy(sums, acc, sizeof sums);
     for (int g = 0; g < G; ++g)
         for (int half = 0; half < 2; ++half) out(g, half, sums[g][half]);
 }
 
+template <bool Staged, int G, typename Out>
+inline void hand_out(const vf (&acc)[G][2], Out& out) {
+    if constexpr (Staged) {
+        staged_out<G>(acc, out);
+    } else {
+        for (int g = 0; g < G; ++g)
+            for (int half = 0; half < 2; ++half) out(g, half, acc[g][half]);
+    }
+}
+
 // G requests' sums against a block (hf [G][K] float32, wt [K][32]): out(g, half, sums of rows half * 16 + lane).
-template <int G, typename Out>
+template <bool Staged, int G, typename Out>
 inline void head_group(const float* wt, int64_t K, const float* hf, Out&& out) {
     vf acc[G][2] = {};
     for (int64_t k = 0; k < K; ++k) {
@@ -654,7 +665,7 @@ inline void head_group(const float* wt, int64_t K, const float* hf, Out&& out) {
             acc[g][1] += hb * w1;
         }
     }
-    hand_out<G>(acc, out);
+    hand_out<Staged, G>(acc, out);
 }
 
 // The vector path's two ways of laying out and multiplying a block: `FloatLanes` widens the head's rows (float32
@@ -668,9 +679,9 @@ struct FloatLanes {
     using Round = T;
     static int64_t units(int64_t K) { return K; }
     static void pack(const T* w, int64_t K, int64_t rows, float* wt) { transpose_block(w, K, rows, wt); }
-    template <int G, typename Out>
+    template <bool Staged, int G, typename Out>
     static void group(const float* wt, int64_t U, const float* h, Out&& out) {
-        head_group<G>(wt, U, h, out);
+        head_group<Staged, G>(wt, U, h, out);
     }
 };
 
@@ -705,7 +716,7 @@ struct PairLanes {
                 }
         }
     }
-    template <int G, typename Out>
+    template <bool Staged, int G, typename Out>
     static void group(const uint32_t* wt, int64_t U, const uint32_t* h, Out&& out) {
         __m512 acc[G][2];
         for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
@@ -720,14 +731,15 @@ struct PairLanes {
         }
         vf sums[G][2];
         for (int g = 0; g < G; ++g) sums[g][0] = (vf)acc[g][0], sums[g][1] = (vf)acc[g][1];
-        hand_out<G>(sums, out);
+        hand_out<Staged, G>(sums, out);
     }
 };
 #endif
 
 // Rows v0 .. v1 - 1 of the head w [V, K] against every request's state h [B][units] laid out for path P:
-// sink(b, v, rows, half, x) for each block of `rows` rows from v, x request b's sums of rows v + half * 16 + lane.
-template <typename P, typename T, typename Sink>
+// sink(b, v, rows, half, x) for each block of `rows` rows from v, x request b's sums of rows v + half * 16 + lane
+// (`Staged`: a sink that may call out, `hand_out`).
+template <typename P, bool Staged = false, typename T, typename Sink>
 void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* w, int64_t v0, int64_t v1,
                       Sink&& sink) {
     const int64_t U = P::units(K);
@@ -742,10 +754,11 @@ void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* 
         P::pack(w + v * K, K, rows, wt.data());
         int64_t b = 0;
         auto out = [&](int g, int half, vf x) __attribute__((always_inline)) { sink(b + g, v, rows, half, x); };
-        for (; b + HEAD_GROUP <= B; b += HEAD_GROUP) P::template group<HEAD_GROUP>(wt.data(), U, h + b * U, out);
+        for (; b + HEAD_GROUP <= B; b += HEAD_GROUP)
+            P::template group<Staged, HEAD_GROUP>(wt.data(), U, h + b * U, out);
         switch (B - b) {  // the last requests, a smaller block (compile-time sizes keep it in registers)
 #define OXY_GROUP(n) \
-    case n: P::template group<n>(wt.data(), U, h + b * U, out); break;
+    case n: P::template group<Staged, n>(wt.data(), U, h + b * U, out); break;
             OXY_GROUP(1) OXY_GROUP(2) OXY_GROUP(3) OXY_GROUP(4) OXY_GROUP(5) OXY_GROUP(6)
             OXY_GROUP(7) OXY_GROUP(8) OXY_GROUP(9) OXY_GROUP(10) OXY_GROUP(11)
 #undef OXY_GROUP
@@ -876,7 +889,8 @@ void head_greedy_rows(const T* h, int64_t B, int64_t K, const T* w, int64_t V, i
             int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
             if (v + 3 * HEAD_COLS <= v1) {  // the block after next into cache, as in head_range_lanes
                 const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
-                for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+                for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64)
+                    __builtin_prefetch(ahead + b, 0, 3);
             }
             for (int half = 0; half * L < rows; ++half)
                 for (int64_t b = 0; b < B; ++b) {
@@ -1139,8 +1153,9 @@ void head_screened_pairs(const float* h, int64_t B, int64_t K, const float* w, c
         const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
         const vf ninf = vsplat(-std::numeric_limits<float>::infinity());
         if (v0 < v1)
-            head_range_lanes<PairLanes>(hp.data(), B, K, wb, v0, v1, [&](int64_t b, int64_t v, int64_t n, int half,
-                                                                           vf x) __attribute__((always_inline)) {
+            head_range_lanes<PairLanes, true>(hp.data(), B, K, wb, v0, v1, [&](int64_t b, int64_t v, int64_t n,
+                                                                                 int half, vf x)
+                                                                                 __attribute__((always_inline)) {
                 if (n < HEAD_COLS) x = lane < (int32_t)(n - half * L) ? x : ninf;  // rows past the head's end
                 // no row of the half-block can pass unless its largest sum plus the largest bound does
                 if (hmax(x) + gs[b] >= lower[b])
