@@ -232,7 +232,8 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
 def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them():
     """The bfloat16 head's pair dot products are in the kernel built for this machine exactly where its CPU has
     AVX-512 BF16, the row path for few requests where it has AVX-512 (float32, widths of whole 16s; bfloat16 with
-    the pair dot products, whole 32s): then the vector-lane tests above run them; none is in the narrower builds."""
+    the pair dot products, whole 32s): then the vector-lane tests above run them; neither is in the builds for
+    AVX2 or SSE4.2, and an AVX-512 build without BF16 has only the float32 row path."""
     flags = cpu_kernel.cpu_flags()
     pairs = {"avx512f", "avx512_bf16"} <= flags
     assert cpu_kernel.has_pair_head() == pairs
@@ -243,6 +244,9 @@ def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them():
         for march in ("x86-64-v3", "x86-64-v2"):
             narrow = cpu_kernel.load(march)
             assert not narrow.oxy_has_pair_head() and not narrow.oxy_has_row_head(0, 64)
+        if "avx512f" in flags:  # AVX-512 without BF16: the float32 row path only
+            v4 = cpu_kernel.load("x86-64-v4")
+            assert not v4.oxy_has_pair_head() and v4.oxy_has_row_head(0, 64) and not v4.oxy_has_row_head(1, 64)
 
 
 def lanes(h, head, threads=1):
@@ -523,12 +527,16 @@ def test_logits_the_caller_keeps_are_not_overwritten_by_the_next_step():
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 instruction-set levels")
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])  # AVX2 (desktop CPUs without AVX-512); SSE4.2
+# AVX-512 without AVX-512 BF16 (Skylake-X, Ice Lake: the row path in float32, bfloat16 widened); AVX2 (desktop CPUs
+# without AVX-512); SSE4.2
+@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3", "x86-64-v2"])
 @torch.inference_mode()
 def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkeypatch):
-    """The kernel built for CPUs without AVX-512 (its 16-lane vectors lowered, on AVX2 the float32 head on 8-lane
-    registers): the same checks against the
-    eager step as above, for the 8-head shape, in both dtypes, with the greedy choice too."""
+    """The kernel built for CPUs without AVX-512 BF16 (AVX-512 alone; or without AVX-512: its 16-lane vectors
+    lowered, on AVX2 the float32 head on 8-lane registers): the same checks against the eager step as above, for
+    the 8-head shape, in both dtypes, with the greedy choice too."""
+    if march == "x86-64-v4" and "avx512f" not in cpu_kernel.cpu_flags():
+        pytest.skip("an AVX-512 build runs only on a CPU with AVX-512 (the narrower builds run everywhere)")
     narrow = cpu_kernel.load(march)
     assert narrow is not cpu_kernel.load()
     monkeypatch.setattr(cpu_kernel, "load", lambda: narrow)

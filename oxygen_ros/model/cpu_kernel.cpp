@@ -37,6 +37,11 @@
 #define OXY_AVX2_HEAD 1
 #endif
 
+// AVX-512: fewer than 4 requests read the text head row by row (`head_greedy_rows`).
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 // AVX-512 BF16 (`vdpbf16ps`, without AMX tiles: AMD Zen 4 and later, Intel Cooper Lake): the bfloat16 text head
 // multiplies pairs of bfloat16 elements straight from the head (`PairLanes`) instead of widening them to float32.
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -736,6 +741,15 @@ struct PairLanes {
 };
 #endif
 
+// The block of HEAD_COLS rows after next (from row v of the head w [.., K], within rows before v1) into cache while
+// this one computes: the head streams from memory or L3. Always inlined: as a call it cost the pair head 4-5%.
+template <typename T>
+__attribute__((always_inline)) inline void prefetch_ahead(const T* w, int64_t K, int64_t v, int64_t v1) {
+    if (v + 3 * HEAD_COLS > v1) return;
+    const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
+    for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+}
+
 // Rows v0 .. v1 - 1 of the head w [V, K] against every request's state h [B][units] laid out for path P:
 // sink(b, v, rows, half, x) for each block of `rows` rows from v, x request b's sums of rows v + half * 16 + lane
 // (`Staged`: a sink that may call out, `hand_out`).
@@ -746,11 +760,7 @@ void head_range_lanes(const typename P::Unit* h, int64_t B, int64_t K, const T* 
     std::vector<typename P::Unit> wt(U * HEAD_COLS);
     for (int64_t v = v0; v < v1; v += HEAD_COLS) {
         int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
-        // the block after next into cache while this one computes (the head streams from memory or L3)
-        if (v + 3 * HEAD_COLS <= v1) {
-            const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
-            for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 3);
-        }
+        prefetch_ahead(w, K, v, v1);
         P::pack(w + v * K, K, rows, wt.data());
         int64_t b = 0;
         auto out = [&](int g, int half, vf x) __attribute__((always_inline)) { sink(b + g, v, rows, half, x); };
@@ -787,16 +797,23 @@ inline void lane_argmax(vf best, vi index, float* value, int32_t* row) {
     *row = r;
 }
 
+// Thread t's rows [*v0, *v1) of a vocabulary of V rows split over `threads` in whole blocks of `block` rows.
+inline void thread_rows(int64_t V, int64_t block, int threads, int t, int64_t* v0, int64_t* v1) {
+    int64_t blocks = (V + block - 1) / block;
+    *v0 = blocks * t / threads * block;
+    *v1 = blocks * (t + 1) / threads * block;
+    *v1 = *v1 < V ? *v1 : V;
+}
+
 // The vocabulary split over `threads` in whole blocks, `range(v0, v1, best, index)` searching each (B running
 // maxima per lane and their rows), then the ranges' maxima merged.
 template <typename Range>
 void head_greedy_over(int64_t B, int64_t V, int threads, int64_t* tokens, Range range) {
     std::vector<vf> best(threads * B);
     std::vector<vi> index(threads * B);
-    int64_t blocks = (V + HEAD_COLS - 1) / HEAD_COLS;
     auto work = [&](int t) {
-        int64_t v0 = blocks * t / threads * HEAD_COLS, v1 = blocks * (t + 1) / threads * HEAD_COLS;
-        v1 = v1 < V ? v1 : V;
+        int64_t v0, v1;
+        thread_rows(V, HEAD_COLS, threads, t, &v0, &v1);
         const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
         for (int64_t b = 0; b < B; ++b) {  // a lane that never sees a finite value keeps its range's first row
             best[t * B + b] = vsplat(-std::numeric_limits<float>::infinity());
@@ -843,8 +860,19 @@ void head_greedy_pairs(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64
 
 constexpr int64_t HEAD_ROWS_BELOW = 4;  // cpu_kernel.HEAD_GREEDY_MIN_ROWS: fewer requests go row by row
 
+// Whether this build runs a head of this dtype and width row by row (`head_greedy_rows`, below).
+inline bool rows_run(bool bf16, int64_t width) {
 #ifdef __AVX512F__
-#include <immintrin.h>
+    if (!bf16) return width % L == 0;
+#endif
+#ifdef OXY_DPBF16
+    if (bf16) return width % (2 * L) == 0;
+#endif
+    (void)bf16, (void)width;
+    return false;
+}
+
+#ifdef __AVX512F__
 // Few requests (below HEAD_ROWS_BELOW) on AVX-512: no transposes, whose cost the requests no longer share. Each
 // of 16 vocabulary rows is multiplied with a request's state along the width into a vector of partial sums
 // (`row_dot`), and `row_sums` folds the 16 vectors into one whose lane i is row i's sum; the head is read once,
@@ -887,11 +915,7 @@ void head_greedy_rows(const T* h, int64_t B, int64_t K, const T* w, int64_t V, i
     head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
         for (int64_t v = v0; v < v1; v += HEAD_COLS) {
             int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
-            if (v + 3 * HEAD_COLS <= v1) {  // the block after next into cache, as in head_range_lanes
-                const char* ahead = reinterpret_cast<const char*>(w + (v + 2 * HEAD_COLS) * K);
-                for (int64_t b = 0; b < HEAD_COLS * K * (int64_t)sizeof(T); b += 64)
-                    __builtin_prefetch(ahead + b, 0, 3);
-            }
+            prefetch_ahead(w, K, v, v1);
             for (int half = 0; half * L < rows; ++half)
                 for (int64_t b = 0; b < B; ++b) {
                     vf a[L];
@@ -903,7 +927,6 @@ void head_greedy_rows(const T* h, int64_t B, int64_t K, const T* w, int64_t V, i
     });
 }
 #endif
-
 
 #ifdef OXY_AVX2_HEAD
 // The float32 head on AVX2 (K a multiple of 8): 8 vocabulary rows at a time, read straight from the head; each
@@ -955,10 +978,9 @@ void head_greedy_avx2(const float* h, int64_t B, int64_t K, const float* w, int6
                       int64_t* tokens) {
     std::vector<float> best(threads * B * 8, -std::numeric_limits<float>::infinity());
     std::vector<int32_t> index(threads * B * 8, std::numeric_limits<int32_t>::max());
-    int64_t blocks = (V + 7) / 8;
     on_threads(threads, [&](int t) {
-        int64_t v0 = blocks * t / threads * 8, v1 = blocks * (t + 1) / threads * 8;
-        v1 = v1 < V ? v1 : V;
+        int64_t v0, v1;
+        thread_rows(V, 8, threads, t, &v0, &v1);
         if (v0 < v1) head_range_avx2(h, B, K, w, v0, v1, best.data() + t * B * 8, index.data() + t * B * 8);
     });
     for (int64_t b = 0; b < B; ++b) {  // the largest value; of the lanes and ranges holding it, the lowest row
@@ -1006,11 +1028,11 @@ inline float float_up(double x) {
 // their sum, the margin covering the norms' and the bounds' own float32 rounding; a_b covers the tiles' flushing of
 // values below float32's normal range. AVX-512 BF16's `vdpbf16ps` is specified as the tiles' `tdpbf16ps` is (each
 // of a pair's two products added with its own rounding, subnormal inputs and results taken as zero), so one bound
-// holds for both. A row can be the exact maximum only if approx + bound is at least every
-// row's approx - bound, so each request keeps the rows that pass that test against the running maximum of lower
-// bounds, and computes the survivors' exact sums: the first exact maximum among them is the vector-lane path's
-// answer, bit for bit. A request with more than SCREEN_KEEP survivors (a head of many equal rows, say) is searched
-// on vector lanes instead.
+// holds for both. A row can be the exact maximum only if approx + bound is at least every row's approx - bound,
+// so each request keeps the rows that pass that test against the running maximum of lower bounds, and computes
+// the survivors' exact sums: the first exact maximum among them is the vector-lane path's answer, bit for bit. A
+// request with more than SCREEN_KEEP survivors (a head of many equal rows, say) is searched on vector lanes
+// instead.
 constexpr size_t SCREEN_KEEP = 256;
 
 struct Candidate {
@@ -1046,7 +1068,6 @@ inline float dot_in_order(const float* a, const float* b, int64_t K) {
     for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
     return s;
 }
-
 
 // The bound's scales for requests with norms h_norms [B] against a head whose largest row norm is max_norm:
 // hs[b] (times a row's norm) and as[b] (the flushing term), and gs[b], the largest bound of any row.
@@ -1107,12 +1128,12 @@ inline void merge_screened(const float* values, const int32_t* rows, int threads
 
 #ifdef OXY_DPBF16
 inline float hmax(vf v) {  // the largest lane (halves folded onto each other, as in hsum)
-    v = __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}) > v
-            ? __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}) : v;
-    v = __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}) > v
-            ? __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}) : v;
-    v = __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}) > v
-            ? __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}) : v;
+    for (vi half : {vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+                    vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                    vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}}) {
+        vf other = __builtin_shuffle(v, half);
+        v = other > v ? other : v;
+    }
     return v[0] > v[1] ? v[0] : v[1];
 }
 
@@ -1144,12 +1165,11 @@ void head_screened_pairs(const float* h, int64_t B, int64_t K, const float* w, c
     std::vector<float> hs(B), as(B), gs(B), values(threads * B);
     std::vector<int32_t> rows(threads * B);
     screen_scales(K, h_norms, B, max_norm, hs.data(), as.data(), gs.data());
-    int64_t blocks = (V + HEAD_COLS - 1) / HEAD_COLS;
     on_threads(threads, [&](int t) {
         std::vector<float> lower(B, -std::numeric_limits<float>::infinity());
         std::vector<Kept> kept(B);
-        int64_t v0 = blocks * t / threads * HEAD_COLS, v1 = blocks * (t + 1) / threads * HEAD_COLS;
-        v1 = v1 < V ? v1 : V;
+        int64_t v0, v1;
+        thread_rows(V, HEAD_COLS, threads, t, &v0, &v1);
         const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
         const vf ninf = vsplat(-std::numeric_limits<float>::infinity());
         if (v0 < v1)
@@ -1474,16 +1494,15 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
 #endif
     }
 #ifdef __AVX512F__
-    if (batch < HEAD_ROWS_BELOW && !bf16 && width % L == 0) {
-        head_greedy_rows(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
-                         tokens);
-        return 0;
-    }
-#endif
+    if (batch < HEAD_ROWS_BELOW && rows_run(bf16, width)) {
+        if (!bf16)
+            head_greedy_rows(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab,
+                             threads, tokens);
 #ifdef OXY_DPBF16
-    if (batch < HEAD_ROWS_BELOW && bf16 && width % (2 * L) == 0) {
-        head_greedy_rows(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab, threads,
-                         tokens);
+        else
+            head_greedy_rows(static_cast<const Bf16*>(h), batch, width, static_cast<const Bf16*>(head), vocab,
+                             threads, tokens);
+#endif
         return 0;
     }
 #endif
@@ -1580,15 +1599,7 @@ void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
 // (`head_greedy_rows`), else 0 (then such batches take the vector lanes).
 int64_t oxy_head_rows_below() { return HEAD_ROWS_BELOW; }
 
-int oxy_has_row_head(int bf16, int64_t width) {
-#ifdef __AVX512F__
-    if (!bf16) return width % L == 0;
-#endif
-#ifdef OXY_DPBF16
-    if (bf16) return width % (2 * L) == 0;
-#endif
-    return 0;
-}
+int oxy_has_row_head(int bf16, int64_t width) { return rows_run(bf16, width); }
 
 // 1 when this build has the bfloat16 head on AVX-512 BF16's pair dot products (`PairLanes`, even widths).
 int oxy_has_pair_head() {
