@@ -16,17 +16,21 @@
 // Portable C++ with GCC vector extensions: 16 float32 lanes, which the compiler maps to AVX-512, AVX2 or SSE
 // registers for the machine it builds for.
 
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <immintrin.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 #define OXY_AMX 1
 #endif
 
@@ -589,13 +593,99 @@ int64_t first_max(const K* row, int64_t n) {
 // tiles with lanes across requests, bfloat16 directly (`head_greedy_amx`) and float32 screened on a bfloat16 copy
 // of the head, then chosen in float32 (`head_screened_amx`).
 
+// Worker threads kept between calls: starting a thread and joining it cost about 70 us a call here, 5% of a
+// one-request text head on two threads. A worker sleeps on a condition variable (it never spins: the core is the
+// control path's between calls) and runs its share when a call hands one out. One call at a time has them; a
+// call that finds them busy (another Python thread's) starts threads of its own. Never destroyed (workers may
+// still wait on it at exit); a process forked from one that has workers starts with none and makes its own.
+class Workers {
+  public:
+    static Workers* get() {
+        static std::atomic<Workers*> current{nullptr};
+        Workers* w = current.load();
+        if (w == nullptr || w->pid_ != getpid()) {  // first use, or a forked child: the parent's threads are gone
+            static std::mutex making;
+            std::lock_guard<std::mutex> hold(making);
+            w = current.load();
+            if (w == nullptr || w->pid_ != getpid()) {
+                w = new Workers;
+                current.store(w);
+            }
+        }
+        return w;
+    }
+
+    bool try_acquire() { return !busy_.exchange(true); }
+    void release() { busy_.store(false); }
+
+    // job(ctx, t) for t = 1 .. threads - 1 on the workers (started as needed), then `wait` for them. Only between
+    // try_acquire and release.
+    void start(int threads, void (*job)(void*, int), void* ctx) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        while ((int)threads_.size() < threads - 1) {
+            int id = (int)threads_.size() + 1;
+            threads_.emplace_back([this, id, seen = round_] { serve(id, seen); });  // it takes the round below
+            threads_.back().detach();
+        }
+        job_ = job;
+        ctx_ = ctx;
+        wanted_ = threads;
+        left_ = threads - 1;
+        ++round_;
+        wake_.notify_all();
+    }
+
+    void wait() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, [this] { return left_ == 0; });
+    }
+
+  private:
+    void serve(int id, uint64_t seen) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            wake_.wait(lock, [&] { return round_ != seen; });
+            seen = round_;
+            if (id >= wanted_) continue;  // a call with fewer threads than there are workers
+            void (*job)(void*, int) = job_;
+            void* ctx = ctx_;
+            lock.unlock();
+            job(ctx, id);
+            lock.lock();
+            if (--left_ == 0) done_.notify_one();
+        }
+    }
+
+    pid_t pid_ = getpid();
+    std::atomic<bool> busy_{false};
+    std::mutex mutex_;
+    std::condition_variable wake_, done_;
+    std::vector<std::thread> threads_;
+    void (*job_)(void*, int) = nullptr;
+    void* ctx_ = nullptr;
+    int wanted_ = 0, left_ = 0;
+    uint64_t round_ = 0;
+};
+
 // `work(t)` for t = 0 .. threads - 1, t = 0 on the calling thread; returns when all are done.
 template <typename F>
 void on_threads(int threads, F work) {
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    if (threads <= 1) {
+        work(0);
+        return;
+    }
+    Workers* workers = Workers::get();
+    if (!workers->try_acquire()) {  // another call has the workers
+        std::vector<std::thread> pool;
+        for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+        work(0);
+        for (std::thread& th : pool) th.join();
+        return;
+    }
+    workers->start(threads, [](void* ctx, int t) { (*static_cast<F*>(ctx))(t); }, &work);
     work(0);
-    for (std::thread& th : pool) th.join();
+    workers->wait();
+    workers->release();
 }
 
 // Vector lanes across the vocabulary (the path without matrix tiles): 32 rows of the head at a time are transposed
@@ -914,8 +1004,9 @@ template <typename T>
 void head_greedy_rows(const T* h, int64_t B, int64_t K, const T* w, int64_t V, int threads, int64_t* tokens) {
     head_greedy_over(B, V, threads, tokens, [&](int64_t v0, int64_t v1, vf* best, vi* index) {
         for (int64_t v = v0; v < v1; v += HEAD_COLS) {
+            // no prefetch ahead (as the transposing paths have): the rows stream in order, which the hardware
+            // prefetcher follows; on Zen 4 the prefetches made one request 1.4x slower (docs/benchmarks.md)
             int64_t rows = v1 - v < HEAD_COLS ? v1 - v : HEAD_COLS;
-            prefetch_ahead(w, K, v, v1);
             for (int half = 0; half * L < rows; ++half)
                 for (int64_t b = 0; b < B; ++b) {
                     vf a[L];
