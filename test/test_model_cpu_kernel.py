@@ -187,6 +187,45 @@ def test_fused_head_keeps_the_first_of_equal_logits(dtype, amx):
         assert torch.equal(fused(h, head, threads, amx), expected)
 
 
+def test_the_kept_worker_threads_serve_concurrent_callers_and_forked_children():
+    """The fused head's threads are kept between calls: two Python threads calling it at once (one has the kept
+    workers, the other starts its own), calls with fewer and more threads than are kept, and a child forked from a
+    process that has workers (it has none of them and must make its own) all get the eager head's tokens."""
+    import threading
+
+    gen = torch.Generator().manual_seed(3)
+    head = torch.randn(16 * 200 + 3, 64, generator=gen)
+    hs = [torch.randn(b, 64, generator=gen) for b in (1, 2, 5, 17)]
+    expected = [greedy_tokens(h @ head.T) for h in hs]
+    for threads in (2, 4, 3, 1, 2):  # grows the kept workers, then uses fewer of them
+        for h, want in zip(hs, expected):
+            assert torch.equal(cpu_kernel.head_greedy(h, head, threads), want)
+    wrong = []
+
+    def caller(threads: int) -> None:
+        for _ in range(40):
+            for h, want in zip(hs, expected):
+                if not torch.equal(cpu_kernel.head_greedy(h, head, threads), want):
+                    wrong.append(threads)
+
+    callers = [threading.Thread(target=caller, args=(t,)) for t in (2, 3, 2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in callers) and not wrong
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's workers are not here
+        ok = all(torch.equal(cpu_kernel.head_greedy(h, head, 2), want) for h, want in zip(hs, expected))
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1" and status == 0
+    os.close(read)
+
+
 def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
     h, head = torch.zeros(2, 40, dtype=torch.bfloat16), torch.zeros(32, 40, dtype=torch.bfloat16)
     if cpu_kernel.has_amx():  # tiles need whole 32-wide pieces of the width
@@ -222,8 +261,8 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
                 monkeypatch.setattr(cpu_kernel, "has_row_head", lambda dtype, width, by_rows=by_rows: by_rows)
                 for dtype in DTYPES:
                     assert cpu_kernel.head_greedy_pays(dtype, few - 1, 40) is by_rows
-                assert cpu_kernel.head_greedy_pays(torch.bfloat16, 1, 64) is (tiles or by_rows)
-                assert cpu_kernel.head_greedy_pays(torch.float32, 1, 64) is tiles  # torch's float32 head for one
+                for dtype in DTYPES:  # one request too
+                    assert cpu_kernel.head_greedy_pays(dtype, 1, 64) is (tiles or by_rows)
                 assert cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 40) is pairs
                 assert not cpu_kernel.head_greedy_pays(torch.bfloat16, 50, 41)
                 assert cpu_kernel.head_greedy_pays(torch.float32, few, 40)

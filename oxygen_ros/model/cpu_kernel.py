@@ -265,14 +265,15 @@ def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     """Whether a greedy step of `rows` requests takes `head_greedy` rather than torch's head and `greedy_tokens`,
     from one- and two-thread timings at the real vocabulary (docs/benchmarks.md): on matrix tiles at any batch;
     below HEAD_GREEDY_MIN_ROWS requests only where the build runs them row by row (`has_row_head`: on vector
-    lanes torch's matrix-vector product reads the head faster), and not one float32 request (on one thread the
-    row path read the float32 head no faster than torch's); from it on vector lanes in float32 (the AVX2 head
-    included), and in bfloat16 only on AVX-512 BF16's pair dot products (`has_pair_head`, even widths; widened to
-    float32 it is 1.5-2.5x slower than torch's bfloat16 head)."""
+    lanes torch's matrix-vector product reads the head faster; without software prefetches the row path reads
+    even one float32 request's head faster than torch's, 2.4 against 3.0 ms on one thread and 1.4 against 3.2 on
+    two); from it on vector lanes in float32 (the AVX2 head included), and in bfloat16 only on AVX-512 BF16's pair
+    dot products (`has_pair_head`, even widths; widened to float32 it is 1.5-2.5x slower than torch's bfloat16
+    head)."""
     if tiles_run(dtype, width):
         return True
     if rows < HEAD_GREEDY_MIN_ROWS:
-        return has_row_head(dtype, width) and (rows > 1 or dtype == torch.bfloat16)
+        return has_row_head(dtype, width)
     return dtype == torch.float32 or (dtype == torch.bfloat16 and width % 2 == 0 and has_pair_head())
 
 
