@@ -16,6 +16,7 @@ import torch
 from oxygen_ros.bench.model_bench import random_inputs
 from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.gemma import rope_cos_sin
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
 from oxygen_ros.model.sampling import Sampler, greedy_tokens
@@ -92,6 +93,31 @@ def test_one_step_over_a_random_cache_matches_the_eager_step(name, dtype):
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.02}
     torch.testing.assert_close(caches[1].k.float(), caches[0].k.float(), **tol)
     torch.testing.assert_close(caches[1].v.float(), caches[0].v.float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_one_call_steps_tables_and_weights_follow_the_model(dtype):
+    """The kernel's step reads RoPE from tables made once: each row is the eager table of that position, bit for
+    bit. It reads the weights through pointers gathered once: a weight given new storage (as `.to()` does) is
+    read from there on the next step, and the step still matches the eager one."""
+    config = CONFIGS["8 heads per K/V head (the fullvocab and pi05 grouping)"]
+    g = config.backbone
+    cos, sin = cpu_kernel.rope_tables(700, g.head_dim, config.rope_theta, dtype)
+    positions = torch.tensor([0, 1, 37, 350, 699])
+    for batch in (positions[:1], positions):  # the step's own tables, for one request and for several
+        want_cos, want_sin = rope_cos_sin(batch[:, None], g.head_dim, config.rope_theta, dtype)
+        assert torch.equal(cos[batch], want_cos.reshape(len(batch), -1))
+        assert torch.equal(sin[batch], want_sin.reshape(len(batch), -1))
+    eager, kernel = models(config, dtype)
+    args = (torch.tensor([0, 1]), torch.tensor([9, 31]), torch.tensor([600, 650]), torch.tensor([590, 640]))
+    kernel.decode_step(random_cache(config, dtype, num_slots=2, max_len=700, seed=2), *args)  # gathers its weights
+    for model in (eager, kernel):  # a final norm and an up projection with new storage and other values
+        with torch.no_grad():
+            model.backbone.norm.weight.data = torch.full_like(model.backbone.norm.weight, 0.5)
+            up = model.backbone.layers[1].mlp.up_proj
+            up.weight.data = up.weight.data * 2
+    caches = [random_cache(config, dtype, num_slots=2, max_len=700, seed=2) for _ in range(2)]
+    assert_close_logits(kernel.decode_step(caches[1], *args), eager.decode_step(caches[0], *args), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -489,6 +515,16 @@ def test_bad_indices_and_unsupported_models_are_refused():
             cpu_kernel.decode_layers(x, weights, TINY, cache, torch.tensor([slot]), torch.tensor([index]), rope,
                                      rope, span)
         assert torch.equal(cache.valid, before)  # nothing written
+    # the whole step in one call also refuses a token outside the vocabulary and a position outside its tables
+    tables = cpu_kernel.rope_tables(TINY.prefix_len + 4, TINY.backbone.head_dim, TINY.rope_theta, torch.float32)
+    step_weights = cpu_kernel.StepWeights(model.backbone)
+    for token, position in ((TINY.vocab_size, 3), (-1, 3), (3, TINY.prefix_len + 4), (3, -1)):
+        before = (cache.valid.clone(), cache.k.clone())
+        with pytest.raises(ValueError, match="token or a RoPE position is out of range"):
+            cpu_kernel.decode_step(torch.tensor([token]), step_weights, TINY, cache, torch.tensor([0]),
+                                   torch.tensor([TINY.prefix_len]), torch.tensor([position]), TINY.prefix_len + 1,
+                                   tables)
+        assert torch.equal(cache.valid, before[0]) and torch.equal(cache.k, before[1])
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         build_model(TINY, dtype=torch.float16).use_cpu_kernel()
     with pytest.raises(ValueError, match="cache in the model's dtype"):

@@ -542,6 +542,42 @@ int decode_layers(const Shapes& sh, T* x, const void* const* weights, T* cache_k
     return 0;
 }
 
+// The whole decode step before the text head, in one call: the fed tokens' embeddings (each element times `scale`,
+// rounded to T as the eager product is), their RoPE rows looked up by position in tables [rope_rows, D] (made
+// once from the eager tables), every layer (`decode_layers`) and the final norm into out [B, W]. Returns
+// decode_layers' status, or 3 for a token or a position out of range (then nothing is written).
+template <typename T>
+int decode_step(const Shapes& sh, const int64_t* tokens, const T* embed, int64_t vocab, float scale,
+                const void* const* weights, const T* final_norm, T* cache_k, T* cache_v, bool* valid,
+                const int64_t* slots, const int64_t* cache_index, const int64_t* positions, const T* rope_cos,
+                const T* rope_sin, int64_t rope_rows, T* out) {
+    const int B = sh.batch, W = sh.width, D = sh.head_dim;
+    for (int b = 0; b < B; ++b)
+        if (tokens[b] < 0 || tokens[b] >= vocab || positions[b] < 0 || positions[b] >= rope_rows) return 3;
+    thread_local std::vector<T> x, cs, sn;
+    thread_local std::vector<float> row, normed;
+    x.resize((size_t)B * W);
+    cs.resize((size_t)B * D);
+    sn.resize((size_t)B * D);
+    row.resize(W);
+    normed.resize(W);
+    for (int b = 0; b < B; ++b) {
+        const T* e = embed + tokens[b] * (int64_t)W;
+        for (int j = 0; j < W; ++j) store(&x[(size_t)b * W + j], to_float(e[j]) * scale);
+        std::memcpy(&cs[(size_t)b * D], rope_cos + positions[b] * D, sizeof(T) * D);
+        std::memcpy(&sn[(size_t)b * D], rope_sin + positions[b] * D, sizeof(T) * D);
+    }
+    int status = decode_layers<T>(sh, x.data(), weights, cache_k, cache_v, valid, slots, cache_index, cs.data(),
+                                  sn.data());
+    if (status != 0) return status;
+    for (int b = 0; b < B; ++b) {
+        for (int j = 0; j < W; ++j) row[j] = to_float(x[(size_t)b * W + j]);
+        rms_norm<T>(row.data(), W, final_norm, sh.eps, normed.data());
+        for (int j = 0; j < W; ++j) store(out + (size_t)b * W + j, normed[j]);
+    }
+    return 0;
+}
+
 // ---- greedy selection ---------------------------------------------------------------------------------------
 
 // The first maximum of one row of logits, compared as their bits read as signed integers of the same width
@@ -1565,6 +1601,27 @@ int oxy_decode_layers(int bf16, int batch, int width, int heads, int kv_heads, i
     return decode_layers<float>(sh, static_cast<float*>(x), weights, static_cast<float*>(cache_k),
                                 static_cast<float*>(cache_v), valid, slots, cache_index,
                                 static_cast<const float*>(cos), static_cast<const float*>(sin));
+}
+
+// `decode_step` above: tokens [B] long, embed [vocab, W], rope tables [rope_rows, head_dim], out [B, W].
+int oxy_decode_step(int bf16, int batch, int width, int heads, int kv_heads, int head_dim, int mlp_dim, int depth,
+                    float eps, const int64_t* tokens, const void* embed, int64_t vocab, float scale,
+                    const void* const* weights, const void* final_norm, void* cache_k, void* cache_v,
+                    int64_t num_slots, int64_t max_len, bool* valid, const int64_t* slots, const int64_t* cache_index,
+                    const int64_t* positions, int64_t span, const void* rope_cos, const void* rope_sin,
+                    int64_t rope_rows, void* out) {
+    Shapes sh{batch, width, heads, kv_heads, head_dim, mlp_dim, depth, eps, num_slots, max_len, span};
+    if (bf16)
+        return decode_step<Bf16>(sh, tokens, static_cast<const Bf16*>(embed), vocab, scale, weights,
+                                 static_cast<const Bf16*>(final_norm), static_cast<Bf16*>(cache_k),
+                                 static_cast<Bf16*>(cache_v), valid, slots, cache_index, positions,
+                                 static_cast<const Bf16*>(rope_cos), static_cast<const Bf16*>(rope_sin), rope_rows,
+                                 static_cast<Bf16*>(out));
+    return decode_step<float>(sh, tokens, static_cast<const float*>(embed), vocab, scale, weights,
+                              static_cast<const float*>(final_norm), static_cast<float*>(cache_k),
+                              static_cast<float*>(cache_v), valid, slots, cache_index, positions,
+                              static_cast<const float*>(rope_cos), static_cast<const float*>(rope_sin), rope_rows,
+                              static_cast<float*>(out));
 }
 
 // tokens[b] = the first maximum over the vocabulary of h[b] . head[v] (h [B, K], head [V, K], both contiguous, in

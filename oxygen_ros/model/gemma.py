@@ -236,6 +236,10 @@ class GemmaStack(nn.Module):
         several requests only): written and returned instead of a new tensor, so a caller that keeps one spares
         the allocator a fresh [B, vocab] block (on a CPU, pages touched for the first time) every step."""
         h, _ = self.norm(hidden)
+        return self.head_logits(h, out)
+
+    def head_logits(self, h: Tensor, out: Tensor | None = None) -> Tensor:
+        """`logits` of the final norm's outputs h (the norm already applied)."""
         if h.dim() == 2 and h.shape[0] == 1:
             return torch.mv(self.text_head, h[0])[None]
         if out is not None:

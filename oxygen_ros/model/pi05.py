@@ -73,6 +73,9 @@ class Pi05Model(nn.Module):
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
         self._kernel_layers = False  # True once it is called with layers=True
         self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
+        # the CPU kernel's step: RoPE tables (rows, dtype, (cos, sin)) and the weights it reads (`StepWeights`)
+        self._rope_tables: tuple[int, torch.dtype, tuple[Tensor, Tensor]] | None = None
+        self._step_weights: cpu_kernel.StepWeights | None = None
         # `_head_copy`: (the head it was made of, that head's storage, version and shape, the copy), one attribute
         # so that a reader on another thread sees a copy only with the head it belongs to
         self._head_copy_made: tuple[Tensor, tuple, cpu_kernel.HeadCopy] | None = None
@@ -329,7 +332,12 @@ class Pi05Model(nn.Module):
             if first is not None:
                 logits = torch.cat([logits, self.backbone.logits(first.to(logits.dtype))])
             return self._choose(logits, samplers)
-        hidden = self._step_hidden(cache, index, tokens)
+        if self._kernel_layers:  # the kernel's step ends with the final norm: the prefixes' rows are normed apart
+            h = self._kernel_normed(cache, index, tokens)
+            if first is not None:
+                h = torch.cat([h, self.backbone.norm(first.to(h.dtype))[0]])
+            return self._tokens_of_normed(h, samplers)
+        hidden = self._decode_hidden(cache, index, tokens)
         if first is not None:
             hidden = torch.cat([hidden, first.to(hidden.dtype)])
         return self._next_tokens(hidden, samplers)
@@ -346,12 +354,15 @@ class Pi05Model(nn.Module):
         return self._next_tokens(hidden, samplers)
 
     def _next_tokens(self, hidden: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
+        return self._tokens_of_normed(self.backbone.norm(hidden)[0], samplers)
+
+    def _tokens_of_normed(self, h: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
+        """`_next_tokens` of the final norm's outputs h [B, W]."""
         if self._cpu_kernel and not any(s is not None for s in samplers or ()) \
-                and cpu_kernel.head_greedy_pays(self.dtype, len(hidden), self.config.backbone.width):
-            h, _ = self.backbone.norm(hidden)
+                and cpu_kernel.head_greedy_pays(self.dtype, len(h), self.config.backbone.width):
             head = self.backbone.text_head
             return cpu_kernel.head_greedy(h.contiguous(), head, torch.get_num_threads(), copy=self._head_copy(head))
-        return self._choose(self.backbone.logits(hidden, self._logits_out(len(hidden))), samplers)
+        return self._choose(self.backbone.head_logits(h, self._logits_out(len(h))), samplers)
 
     def _choose(self, logits: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
         chosen = cpu_kernel.greedy_tokens(logits) if self._cpu_kernel else greedy_tokens(logits)
@@ -366,19 +377,15 @@ class Pi05Model(nn.Module):
         logits = self._graph_logits(cache, index, tokens)
         if logits is not None:
             return logits
-        return self.backbone.logits(self._step_hidden(cache, index, tokens), self._logits_out(len(index)))
+        if self._kernel_layers:
+            return self.backbone.head_logits(self._kernel_normed(cache, index, tokens), self._logits_out(len(index)))
+        return self.backbone.logits(self._decode_hidden(cache, index, tokens), self._logits_out(len(index)))
 
     def _graph_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor | None:
         """A CUDA graph's replay of the step's logits when one serves the batch, else None."""
         if self._graphs is None:
             return None
         return self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)
-
-    def _step_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
-        """A decode step's last-layer outputs [B, W], by the CPU kernel or the (maybe compiled) eager layers."""
-        if self._kernel_layers:
-            return self._kernel_hidden(cache, index, tokens)
-        return self._decode_hidden(cache, index, tokens)
 
     def _head_copy(self, head: Tensor) -> cpu_kernel.HeadCopy | None:
         """The float32 text head's bfloat16 copy and row norms that `cpu_kernel.head_greedy` screens it with on
@@ -410,15 +417,19 @@ class Pi05Model(nn.Module):
             self._logits_buffer = torch.empty(rows, self.config.vocab_size, dtype=self.dtype, device=self.device)
         return self._logits_buffer[:rows]
 
-    def _kernel_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
-        """`_decode_hidden` through the CPU kernel: the embedding and RoPE tables here, every layer in one call."""
+    def _kernel_normed(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
+        """The final norm's outputs [B, W] of a decode step (see `decode_step`) as one CPU kernel call: embedding,
+        RoPE (tables kept for the cache's length), every layer and the final norm."""
         cfg = self.config
-        x = self.backbone.embed(tokens.to(self.device)).contiguous()  # [B, W]
-        cos, sin = rope_cos_sin(index.positions[:, None], cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
-        b, d = len(index), cfg.backbone.head_dim
-        return cpu_kernel.decode_layers(x, cpu_kernel.layer_weights(self.backbone.layers), cfg, cache, index.slots,
-                                        index.cache_index, cos.reshape(b, d).contiguous(),
-                                        sin.reshape(b, d).contiguous(), index.span)
+        rows = cache.max_len
+        made = self._rope_tables
+        if made is None or made[0] < rows or made[1] != self.dtype:
+            made = self._rope_tables = (rows, self.dtype, cpu_kernel.rope_tables(
+                rows, cfg.backbone.head_dim, cfg.rope_theta, self.dtype))
+        if self._step_weights is None:
+            self._step_weights = cpu_kernel.StepWeights(self.backbone)
+        return cpu_kernel.decode_step(tokens.to(self.device, torch.long).contiguous(), self._step_weights, cfg, cache,
+                                      index.slots, index.cache_index, index.positions, index.span, made[2])
 
     def _decode_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""
