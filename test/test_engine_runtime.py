@@ -149,7 +149,7 @@ def test_the_control_path_never_runs_the_text_head(tokenizer, kernel, monkeypatc
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(model.backbone, "logits", on_thread(model.backbone.logits))
+    monkeypatch.setattr(model.backbone, "head_logits", on_thread(model.backbone.head_logits))
     monkeypatch.setattr(cpu_kernel, "head_greedy", on_thread(cpu_kernel.head_greedy))
     collect = Collector()
     config = SchedulerConfig(num_steps=2, tokens_per_frame=1, max_new_tokens=4, ignore_eos=True)

@@ -4,6 +4,7 @@ step, in float32 and bfloat16, for every attention shape it has a path for; its 
 the head fused with the greedy choice picks what the eager head's logits pick, ties and bfloat16 rounding included;
 it is built once per cache and chosen as `auto` / `on` / `off` say."""
 
+import copy
 import dataclasses
 import os
 import platform
@@ -102,12 +103,13 @@ def test_the_one_call_steps_tables_and_weights_follow_the_model(dtype):
     read from there on the next step, and the step still matches the eager one."""
     config = CONFIGS["8 heads per K/V head (the fullvocab and pi05 grouping)"]
     g = config.backbone
-    cos, sin = cpu_kernel.rope_tables(700, g.head_dim, config.rope_theta, dtype)
-    positions = torch.tensor([0, 1, 37, 350, 699])
-    for batch in (positions[:1], positions):  # the step's own tables, for one request and for several
-        want_cos, want_sin = rope_cos_sin(batch[:, None], g.head_dim, config.rope_theta, dtype)
-        assert torch.equal(cos[batch], want_cos.reshape(len(batch), -1))
-        assert torch.equal(sin[batch], want_sin.reshape(len(batch), -1))
+    positions = torch.tensor([0, 1, 37, 350, 699, 3, 500])
+    for head_dim in (g.head_dim, 24, 256):  # 24: not a whole vector of 16, so an eager table has a scalar tail
+        cos, sin = cpu_kernel.rope_tables(700, head_dim, config.rope_theta, dtype)
+        for batch in (positions[:1], positions[1:2], positions[:5], positions):  # the step's own tables
+            want_cos, want_sin = rope_cos_sin(batch[:, None], head_dim, config.rope_theta, dtype)
+            assert torch.equal(cos[batch], want_cos.reshape(len(batch), -1))
+            assert torch.equal(sin[batch], want_sin.reshape(len(batch), -1))
     eager, kernel = models(config, dtype)
     args = (torch.tensor([0, 1]), torch.tensor([9, 31]), torch.tensor([600, 650]), torch.tensor([590, 640]))
     kernel.decode_step(random_cache(config, dtype, num_slots=2, max_len=700, seed=2), *args)  # gathers its weights
@@ -118,6 +120,9 @@ def test_the_one_call_steps_tables_and_weights_follow_the_model(dtype):
             up.weight.data = up.weight.data * 2
     caches = [random_cache(config, dtype, num_slots=2, max_len=700, seed=2) for _ in range(2)]
     assert_close_logits(kernel.decode_step(caches[1], *args), eager.decode_step(caches[0], *args), dtype)
+    copied = copy.deepcopy(kernel)  # a copy (the benchmark's language model) reads its own weights
+    assert copied._step_weights.backbone is copied.backbone
+    assert copied._step_weights.embed.data_ptr() == copied.backbone.embed_tokens.weight.data_ptr()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

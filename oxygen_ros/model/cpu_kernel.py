@@ -15,6 +15,7 @@ seconds, not a minute) and takes raw pointers to the model's weights, the cache 
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import hashlib
@@ -152,6 +153,9 @@ class StepWeights:
         self._ptrs = [t.data_ptr() for t in self.tensors]
         # the eager embedding's scale, rounded to the table's dtype as it multiplies there (`GemmaStack.embed`)
         self.scale = float(torch.tensor(math.sqrt(b.cfg.width), dtype=self.embed.dtype))
+
+    def __deepcopy__(self, memo: dict) -> StepWeights:  # a copied model's: gathered from its own backbone
+        return StepWeights(copy.deepcopy(self.backbone, memo))
 
     def current(self) -> StepWeights:
         if [t.data_ptr() for t in self.tensors] != self._ptrs:
