@@ -44,7 +44,6 @@ from torch.profiler import ProfilerActivity, profile
 from oxygen_ros.engine.language import LanguageRequest, decode_batch
 from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import Pi05Config, get_preset
-from oxygen_ros.model.gemma import rope_cos_sin
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import Pi05Model, build_model
 
@@ -217,18 +216,19 @@ def overlap_costs(model: Pi05Model, batch: int, seed: int, rounds: int, calls: i
     frame = torch.tensor([batch])
     hidden = torch.randn(batch, g.width, generator=gen).to(model.dtype)
     head = model.backbone.text_head.detach()
-    x = hidden.clone()  # the kernels' hidden states, updated in place
+    x = hidden.clone()  # the fused head's input: the step's final-norm outputs are copied in
     fused = fused_head(x, head) if model.uses_cpu_kernel else None
     backgrounds = {"the step": step}
     if fused is not None:
-        weights = cpu_kernel.layer_weights(model.backbone.layers)
+        weights = cpu_kernel.StepWeights(model.backbone)
         slots, at = torch.arange(batch), torch.full((batch,), cfg.prefix_len + TEXT_OFFSET)
-        cos, sin = (t.reshape(batch, g.head_dim).contiguous() for t in rope_cos_sin(
-            (at - cfg.max_token_len // 2)[:, None], g.head_dim, cfg.rope_theta, model.dtype))
+        positions = at - cfg.max_token_len // 2
+        tables = cpu_kernel.rope_tables(cache.max_len, g.head_dim, cfg.rope_theta, model.dtype)
+        fed = torch.randint(4, cfg.vocab_size, (batch,), generator=gen)
 
-        def kernels() -> None:
-            x.copy_(hidden)
-            cpu_kernel.decode_layers(x, weights, cfg, cache, slots, at, cos, sin, cfg.prefix_len + TEXT_OFFSET + 1)
+        def kernels() -> None:  # the step's two calls, as `Pi05Model.decode_tokens` makes them
+            x.copy_(cpu_kernel.decode_step(fed, weights, cfg, cache, slots, at, positions,
+                                           cfg.prefix_len + TEXT_OFFSET + 1, tables))
             fused()
 
         backgrounds["its kernels"] = kernels

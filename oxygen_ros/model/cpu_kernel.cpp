@@ -658,11 +658,8 @@ class Workers {
     // try_acquire and release.
     void start(int threads, void (*job)(void*, int), void* ctx) {
         std::lock_guard<std::mutex> lock(mutex_);
-        while ((int)threads_.size() < threads - 1) {
-            int id = (int)threads_.size() + 1;
-            threads_.emplace_back([this, id, seen = round_] { serve(id, seen); });  // it takes the round below
-            threads_.back().detach();
-        }
+        for (; started_ < threads - 1; ++started_)  // each takes the round below
+            std::thread([this, id = started_ + 1, seen = round_] { serve(id, seen); }).detach();
         job_ = job;
         ctx_ = ctx;
         wanted_ = threads;
@@ -696,7 +693,7 @@ class Workers {
     std::atomic<bool> busy_{false};
     std::mutex mutex_;
     std::condition_variable wake_, done_;
-    std::vector<std::thread> threads_;
+    int started_ = 0;  // workers 1 .. started_ exist
     void (*job_)(void*, int) = nullptr;
     void* ctx_ = nullptr;
     int wanted_ = 0, left_ = 0;

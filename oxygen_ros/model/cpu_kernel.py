@@ -198,10 +198,7 @@ def decode_step(tokens: Tensor, weights: StepWeights, config, cache, slots: Tens
         cache.k.data_ptr(), cache.v.data_ptr(), cache.num_slots, cache.max_len, cache.valid.data_ptr(),
         slots.data_ptr(), cache_index.data_ptr(), positions.data_ptr(), span, cos.data_ptr(), sin.data_ptr(),
         cos.shape[0], out.data_ptr())
-    if status != 0:
-        raise ValueError({1: "the CPU kernel does not support these shapes",
-                          2: "a slot or cache index is out of range for the CPU kernel",
-                          3: "a token or a RoPE position is out of range for the CPU kernel"}.get(status, str(status)))
+    _check_status(status)
     return out
 
 
@@ -233,10 +230,16 @@ def decode_layers(x: Tensor, weights: ctypes.Array, config, cache, slots: Tensor
         DTYPES[x.dtype], x.shape[0], g.width, g.num_heads, g.num_kv_heads, g.head_dim, g.mlp_dim, g.depth,
         g.rms_eps, x.data_ptr(), weights, cache.k.data_ptr(), cache.v.data_ptr(), cache.num_slots, cache.max_len,
         cache.valid.data_ptr(), slots.data_ptr(), cache_index.data_ptr(), span, cos.data_ptr(), sin.data_ptr())
+    _check_status(status)
+    return x
+
+
+def _check_status(status: int) -> None:
+    """ValueError for a nonzero status of `oxy_decode_layers` / `oxy_decode_step` (nothing was written then)."""
     if status != 0:
         raise ValueError({1: "the CPU kernel does not support these shapes",
-                          2: "a slot or cache index is out of range for the CPU kernel"}.get(status, str(status)))
-    return x
+                          2: "a slot or cache index is out of range for the CPU kernel",
+                          3: "a token or a RoPE position is out of range for the CPU kernel"}.get(status, str(status)))
 
 
 def greedy_tokens(logits: Tensor) -> Tensor:

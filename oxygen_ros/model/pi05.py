@@ -73,8 +73,8 @@ class Pi05Model(nn.Module):
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
         self._kernel_layers = False  # True once it is called with layers=True
         self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
-        # the CPU kernel's step: RoPE tables (rows, dtype, (cos, sin)) and the weights it reads (`StepWeights`)
-        self._rope_tables: tuple[int, torch.dtype, tuple[Tensor, Tensor]] | None = None
+        # the CPU kernel's step: its RoPE tables (cos, sin) and the weights it reads (`StepWeights`)
+        self._rope_tables: tuple[Tensor, Tensor] | None = None
         self._step_weights: cpu_kernel.StepWeights | None = None
         # `_head_copy`: (the head it was made of, that head's storage, version and shape, the copy), one attribute
         # so that a reader on another thread sees a copy only with the head it belongs to
@@ -421,15 +421,14 @@ class Pi05Model(nn.Module):
         """The final norm's outputs [B, W] of a decode step (see `decode_step`) as one CPU kernel call: embedding,
         RoPE (tables kept for the cache's length), every layer and the final norm."""
         cfg = self.config
-        rows = cache.max_len
-        made = self._rope_tables
-        if made is None or made[0] < rows or made[1] != self.dtype:
-            made = self._rope_tables = (rows, self.dtype, cpu_kernel.rope_tables(
-                rows, cfg.backbone.head_dim, cfg.rope_theta, self.dtype))
+        tables = self._rope_tables
+        if tables is None or len(tables[0]) < cache.max_len or tables[0].dtype != self.dtype:
+            tables = self._rope_tables = cpu_kernel.rope_tables(cache.max_len, cfg.backbone.head_dim, cfg.rope_theta,
+                                                                self.dtype)
         if self._step_weights is None:
             self._step_weights = cpu_kernel.StepWeights(self.backbone)
         return cpu_kernel.decode_step(tokens.to(self.device, torch.long).contiguous(), self._step_weights, cfg, cache,
-                                      index.slots, index.cache_index, index.positions, index.span, made[2])
+                                      index.slots, index.cache_index, index.positions, index.span, tables)
 
     def _decode_hidden(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
         """The backbone's last-layer hidden states [B, W] for one fed token per request (see `decode_step`)."""
