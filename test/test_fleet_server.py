@@ -19,7 +19,7 @@ from oxygen_ros.fleet.server import (
     served_robots,
     serving_device,
 )
-from oxygen_ros.model.cpu_kernel import auto_refusal, has_avx2_head
+from oxygen_ros.model.cpu_kernel import auto_refusal
 
 from engine_fixtures import observation, tokenizer  # noqa: F401 - pytest fixture
 
@@ -281,9 +281,7 @@ def test_cpu_kernel_choice_reaches_every_served_model(tokenizer):  # noqa: F811
     robots = [ServedRobot("r1", "a", 600.0), ServedRobot("r2", "b", 600.0)]
     specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=6)
-    auto = "on (auto)" if auto_refusal() is None else (
-        f"text head only (auto: {auto_refusal()}; its float32 text head on AVX2 is faster than torch's)"
-        if has_avx2_head() else f"off (auto: {auto_refusal()})")
+    auto = "on (auto)" if auto_refusal() is None else f"off (auto: {auto_refusal()})"
     for choice, said in (("auto", auto), ("off", "off (as configured)")):
         chunks, texts = [], []
         kwargs = {} if choice == "auto" else {"cpu_kernel": choice}

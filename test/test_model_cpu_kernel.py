@@ -302,18 +302,22 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
 def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them():
     """The bfloat16 head's pair dot products are in the kernel built for this machine exactly where its CPU has
     AVX-512 BF16, the row path for few requests where it has AVX-512 (float32, widths of whole 16s; bfloat16 with
-    the pair dot products, whole 32s): then the vector-lane tests above run them; neither is in the builds for
-    AVX2 or SSE4.2, and an AVX-512 build without BF16 has only the float32 row path."""
+    the pair dot products, whole 32s) or AVX2 with FMA (float32, whole 8s: the AVX2 head) and the AVX2 paths where
+    it has AVX2 with FMA but no AVX-512: then the tests above run them. The AVX2 build has the AVX2 paths and no
+    pairs; the SSE4.2 build has none of them; an AVX-512 build without BF16 has only the float32 row path."""
     flags = cpu_kernel.cpu_flags()
     pairs = {"avx512f", "avx512_bf16"} <= flags
-    assert cpu_kernel.has_pair_head() == pairs
-    for dtype, width, built in ((torch.float32, 64, "avx512f" in flags), (torch.float32, 40, False),
-                                (torch.bfloat16, 64, pairs), (torch.bfloat16, 48, False)):
+    avx2 = {"avx2", "fma"} <= flags and "avx512f" not in flags
+    assert cpu_kernel.has_pair_head() == pairs and cpu_kernel.has_avx2() == avx2
+    for dtype, width, built in ((torch.float32, 64, "avx512f" in flags or avx2), (torch.float32, 40, avx2),
+                                (torch.float32, 36, False), (torch.bfloat16, 64, pairs), (torch.bfloat16, 48, False)):
         assert cpu_kernel.has_row_head(dtype, width) == built, (dtype, width)
     if platform.machine() == "x86_64":
-        for march in ("x86-64-v3", "x86-64-v2"):
-            narrow = cpu_kernel.load(march)
-            assert not narrow.oxy_has_pair_head() and not narrow.oxy_has_row_head(0, 64)
+        v3 = cpu_kernel.load("x86-64-v3")  # AVX2 and FMA: the float32 head's 8-lane path, at any batch
+        assert v3.oxy_has_avx2() and v3.oxy_has_row_head(0, 64) and v3.oxy_has_row_head(0, 40)
+        assert not v3.oxy_has_pair_head() and not v3.oxy_has_row_head(1, 64) and not v3.oxy_has_row_head(0, 36)
+        v2 = cpu_kernel.load("x86-64-v2")
+        assert not v2.oxy_has_pair_head() and not v2.oxy_has_row_head(0, 64) and not v2.oxy_has_avx2()
         if "avx512f" in flags:  # AVX-512 without BF16: the float32 row path only
             v4 = cpu_kernel.load("x86-64-v4")
             assert not v4.oxy_has_pair_head() and v4.oxy_has_row_head(0, 64) and not v4.oxy_has_row_head(1, 64)
@@ -562,19 +566,17 @@ def test_auto_on_and_off(monkeypatch):
     with pytest.raises(cpu_kernel.CpuKernelUnavailable):
         cpu_kernel.apply(fallback, "on")
     monkeypatch.setattr(cpu_kernel, "load", real_load)
-    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: {"avx2", "fma"})  # no AVX-512: auto keeps the eager layers
-    refusal = "this CPU has no AVX-512, where the kernel's layers are slower than the eager step"
-    monkeypatch.setattr(cpu_kernel, "has_avx2_head", lambda: False)  # a build without the AVX2 head: all eager
-    plain = build_model(TINY, seed=0)
-    assert cpu_kernel.apply(plain, "auto") == f"off (auto: {refusal})" and not plain.uses_cpu_kernel
-    assert cpu_kernel.apply(plain, "on") == "on" and plain.uses_cpu_kernel and plain.uses_kernel_layers
-    monkeypatch.setattr(cpu_kernel, "has_avx2_head", lambda: True)  # with it: float32 takes the kernel's head alone
-    head_only = build_model(TINY, seed=0)
-    assert cpu_kernel.apply(head_only, "auto") == (f"text head only (auto: {refusal}; its float32 text head on AVX2 "
-                                                   "is faster than torch's)")
-    assert head_only.uses_cpu_kernel and not head_only.uses_kernel_layers
-    bf16 = build_model(TINY, dtype=torch.bfloat16, seed=0)  # no AVX2 head in bfloat16: all eager
-    assert cpu_kernel.apply(bf16, "auto") == f"off (auto: {refusal})" and not bf16.uses_cpu_kernel
+    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: {"avx2", "fma"})  # AVX2 with FMA: its 8-lane paths
+    for dtype in DTYPES:
+        avx2 = build_model(TINY, dtype=dtype, seed=0)
+        assert cpu_kernel.apply(avx2, "auto") == "on (auto)" and avx2.uses_cpu_kernel
+    refusal = "this CPU has neither AVX-512 nor AVX2 with FMA, the vector widths the kernel was measured on"
+    for flags in ({"sse4_2", "avx"}, {"avx2"}, {"fma"}):  # narrower: auto keeps the eager step, on runs the kernel
+        monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda flags=flags: flags)
+        for dtype in DTYPES:
+            plain = build_model(TINY, dtype=dtype, seed=0)
+            assert cpu_kernel.apply(plain, "auto") == f"off (auto: {refusal})" and not plain.uses_cpu_kernel
+            assert cpu_kernel.apply(plain, "on") == "on" and plain.uses_cpu_kernel
     monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
     with pytest.raises(cpu_kernel.CpuKernelUnavailable, match="no C\\+\\+ compiler"):
         cpu_kernel.compiler()

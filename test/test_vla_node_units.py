@@ -592,12 +592,11 @@ def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with
 
 def test_cpu_kernel_parameter_reaches_the_model(tmp_path, ros_domain_id):
     """`model.cpu_kernel`: `auto` (the default) decodes through the compiled kernel where it builds and the CPU has
-    AVX-512 (the setup installs a C++ compiler), through its float32 text head alone on a CPU with AVX2 only, and
-    says so in the start-up source; `off` keeps the eager step."""
-    from oxygen_ros.model.cpu_kernel import auto_refusal, has_avx2_head
+    AVX-512 or AVX2 with FMA (the setup installs a C++ compiler), and says so in the start-up source; `off` keeps the
+    eager step."""
+    from oxygen_ros.model.cpu_kernel import auto_refusal
 
-    auto = ("auto", True, "cpu kernel on (auto)") if auto_refusal() is None else \
-        ("auto", True, "faster than torch's)") if has_avx2_head() else ("auto", False, "eager step)")
+    auto = ("auto", True, "cpu kernel on (auto)") if auto_refusal() is None else ("auto", False, "measured on)")
     for value, on, said in (auto, ("off", False, "cpu kernel off (as configured)")):
         node, context = aloha_node(tmp_path / value, ros_domain_id, f"model.cpu_kernel:={value}")
         try:

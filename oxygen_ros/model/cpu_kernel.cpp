@@ -34,11 +34,13 @@
 #define OXY_AMX 1
 #endif
 
-// AVX2 with FMA and no AVX-512: the float32 text head has its own path on 8-lane registers (`head_greedy_avx2`);
-// the 16-lane vectors above lower to pairs of them, which the head's register blocks do not fit.
+// AVX2 with FMA and no AVX-512: the 16-lane vectors below lower to pairs of 8-lane registers, which suits the
+// element-wise work but not the shuffles across all 16 lanes or register blocks sized for 32 registers. The float32
+// text head (`head_greedy_avx2`) and attention's scores (`scores16_avx2`) have paths of their own on 8-lane
+// registers there.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
-#define OXY_AVX2_HEAD 1
+#define OXY_AVX2 1
 #endif
 
 // AVX-512: fewer than 4 requests read the text head row by row (`head_greedy_rows`).
@@ -121,12 +123,42 @@ template <> inline vf vround_finite<Bf16>(vf v) {
     return (vf)((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u);
 }
 
+#ifdef OXY_AVX2
+// On AVX2 a 16-lane vector is two 8-lane registers; `lo_hi` and `join` name them (no data moves once inlined), and
+// `load8` loads 8 lanes of a row in either storage type.
+inline void lo_hi(vf v, __m256& lo, __m256& hi) {
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+}
+inline vf join(__m256 lo, __m256 hi) {
+    vf v;
+    std::memcpy(&v, &lo, sizeof lo);
+    std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+    return v;
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const Bf16* p) {  // widened as vload widens
+    __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+#endif
+
 inline float hsum(vf v) {  // halves folded onto each other: the sum ends in lane 0
+#ifdef OXY_AVX2  // the same folds on 8-lane registers (GCC lowers the 16-lane shuffles through memory there)
+    __m256 lo, hi;
+    lo_hi(v, lo, hi);
+    __m256 s = _mm256_add_ps(lo, hi);
+    s = _mm256_add_ps(s, _mm256_permute2f128_ps(s, s, 0x01));
+    s = _mm256_add_ps(s, _mm256_permute_ps(s, 0x4E));
+    s = _mm256_add_ps(s, _mm256_permute_ps(s, 0xB1));
+    return _mm256_cvtss_f32(s);
+#else
     v += __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
     v += __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
     v += __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
     v += __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
     return v[0];
+#endif
 }
 
 inline Bf16 to_bf16(Bf16 x) { return x; }
@@ -136,14 +168,22 @@ inline vf vsplat(float x) { return x - vf{}; }  // x in every lane, exactly (-0 
 
 inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for none)
     const float ninf = -std::numeric_limits<float>::infinity();
-    vf m = vsplat(ninf);
     int64_t i = 0;
+    float best = ninf;
+#ifdef OXY_AVX2  // maxps(v, m) is `v > m ? v : m`, NaN included; GCC lowers the 16-lane select through memory
+    __m256 m = _mm256_set1_ps(ninf);
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int j = 0; j < 8; ++j) best = lanes[j] > best ? lanes[j] : best;
+#else
+    vf m = vsplat(ninf);
     for (; i + L <= n; i += L) {
         vf v = vload(x + i);
         m = v > m ? v : m;
     }
-    float best = ninf;
     for (int j = 0; j < L; ++j) best = m[j] > best ? m[j] : best;
+#endif
     for (; i < n; ++i) best = x[i] > best ? x[i] : best;
     return best;
 }
@@ -151,7 +191,44 @@ inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for 
 // exp for float32 lanes x <= 88.7 (a softmax's scores minus their maximum, say): 2^n * e^r with |r| <= ln2/2 and
 // a degree-6 polynomial (relative error ~2e-7); exactly 0 below the float32 normal range (so masked -inf scores
 // weigh nothing).
+#ifdef OXY_AVX2
+// vexp_upto's steps on one 8-lane register, each product and sum fused or not as GCC contracts the 16-lane code.
+inline __m256 vexp8(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(-87.3f), under);
+    __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#endif
+
+#ifdef OXY_AVX2
+// vround_finite on one 8-lane register.
+template <typename T> inline __m256 round8_finite(__m256 v);
+template <> inline __m256 round8_finite<float>(__m256 v) { return v; }
+template <> inline __m256 round8_finite<Bf16>(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd);
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int32_t)0xFFFF0000u)));
+}
+#endif
+
 inline vf vexp_upto(vf x) {
+#ifdef OXY_AVX2
+    __m256 lo, hi;
+    lo_hi(x, lo, hi);
+    return join(vexp8(lo), vexp8(hi));
+#else
     const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
     vi under = x < -87.3f;
     x = under ? vsplat(-87.3f) : x;
@@ -166,13 +243,50 @@ inline vf vexp_upto(vf x) {
     p = p * r * r + r + 1.0f;
     vf scale = (vf)((__builtin_convertvector(n, vi) + 127) << 23);
     return under ? vf{} : p * scale;
+#endif
 }
 
 // ---- building blocks on one row (float32 working copies) -------------------------------------------------------
 
 // out[o] = round(sum_i x[i] * w[o, i]) for `rows` rows of x (stride `in`) at once; w [out, in] in storage type T.
+#ifdef OXY_AVX2
+// linear on AVX2: each row's 16-lane accumulator held as two 8-lane registers (lanes 0-7, 8-15), so that 4 rows'
+// accumulators stay in registers (as 16-lane vectors GCC kept them on the stack there), then folded as hsum folds
+// them: the same sums in the same order as the 16-lane code.
+template <typename T, int R>
+inline void linear_rows_avx2(const float* x, int in, const T* w, int out, float* y) {
+    for (int o = 0; o < out; ++o) {
+        const T* wo = w + (size_t)o * in;
+        __m256 lo[R], hi[R];
+        float t[R];
+        for (int k = 0; k < R; ++k) {
+            lo[k] = hi[k] = _mm256_setzero_ps();
+            t[k] = 0;
+        }
+        int i = 0;
+        for (; i + L <= in; i += L) {
+            __m256 wl = load8(wo + i), wh = load8(wo + i + 8);
+            for (int k = 0; k < R; ++k) {
+                lo[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)k * in + i), wl, lo[k]);
+                hi[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)k * in + i + 8), wh, hi[k]);
+            }
+        }
+        for (; i < in; ++i) {
+            float wv = to_float(wo[i]);
+            for (int k = 0; k < R; ++k) t[k] += x[(size_t)k * in + i] * wv;
+        }
+        for (int k = 0; k < R; ++k) y[(size_t)k * out + o] = round_to<T>(hsum(join(lo[k], hi[k])) + t[k]);
+    }
+}
+#endif
+
 template <typename T>
 void linear(const float* x, int rows, int in, const T* w, int out, float* y) {
+#ifdef OXY_AVX2
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) linear_rows_avx2<T, 4>(x + (size_t)r * in, in, w, out, y + (size_t)r * out);
+    for (; r < rows; ++r) linear_rows_avx2<T, 1>(x + (size_t)r * in, in, w, out, y + (size_t)r * out);
+#else
     int r = 0;
     for (; r + 4 <= rows; r += 4) {
         const float* x0 = x + (size_t)r * in;
@@ -213,6 +327,7 @@ void linear(const float* x, int rows, int in, const T* w, int out, float* y) {
             y[(size_t)r * out + o] = round_to<T>(hsum(a) + t);
         }
     }
+#endif
 }
 
 // Gemma RMSNorm of one row: round(x * rsqrt(mean(x^2) + eps) * (1 + w)).
@@ -299,8 +414,69 @@ inline void scores16(const float* q, int d, const T* k, vf mask, float scale, fl
     for (int h = 0; h < HN; ++h) vstore(out + (size_t)h * stride, acc[h] * scale + mask);
 }
 
+#ifdef OXY_AVX2
+// scores16 on AVX2: each half of the 16 keys as 8 x 8 tiles transposed in 8-lane registers (unpacks and shuffles
+// within 128-bit lanes, then one exchange of lanes), so one lane holds one key; every query row accumulates over a
+// tile's dimensions as scores16 does, in the same order, with the same fused multiply-adds.
+
+inline void transpose8(__m256* r) {  // r[j] becomes column j
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+template <typename T, int HN>
+inline void scores16_avx2(const float* q, int d, const T* k, const float* mask, float scale, float* out,
+                          int64_t stride) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int half = 0; half < 2; ++half) {
+        const T* kh = k + (int64_t)half * 8 * d;
+        __m256 acc[HN];
+        for (int h = 0; h < HN; ++h) acc[h] = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) {
+            __m256 cols[8];
+            for (int j = 0; j < 8; ++j) cols[j] = load8(kh + (int64_t)j * d + c);
+            transpose8(cols);  // cols[j] = dimension c + j of the 8 keys
+            for (int h = 0; h < HN; ++h) {
+                const float* qh = q + (size_t)h * d + c;
+                for (int j = 0; j < 8; ++j) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(qh[j]), cols[j], acc[h]);
+            }
+        }
+        __m256 m = _mm256_loadu_ps(mask + half * 8);
+        for (int h = 0; h < HN; ++h)
+            _mm256_storeu_ps(out + (size_t)h * stride + half * 8, _mm256_add_ps(_mm256_mul_ps(acc[h], vscale), m));
+    }
+}
+#endif
+
 template <typename T>
 inline void scores16_n(int hn, const float* q, int d, const T* k, vf mask, float scale, float* out, int64_t stride) {
+#ifdef OXY_AVX2
+    float m[L];
+    vstore(m, mask);
+    switch (hn) {
+        case 1: return scores16_avx2<T, 1>(q, d, k, m, scale, out, stride);
+        case 2: return scores16_avx2<T, 2>(q, d, k, m, scale, out, stride);
+        case 3: return scores16_avx2<T, 3>(q, d, k, m, scale, out, stride);
+        case 4: return scores16_avx2<T, 4>(q, d, k, m, scale, out, stride);
+        case 5: return scores16_avx2<T, 5>(q, d, k, m, scale, out, stride);
+        case 6: return scores16_avx2<T, 6>(q, d, k, m, scale, out, stride);
+        case 7: return scores16_avx2<T, 7>(q, d, k, m, scale, out, stride);
+        default: return scores16_avx2<T, 8>(q, d, k, m, scale, out, stride);
+    }
+#else
     switch (hn) {  // the head count as a constant, so the accumulators stay in registers
         case 1: return scores16<T, 1>(q, d, k, mask, scale, out, stride);
         case 2: return scores16<T, 2>(q, d, k, mask, scale, out, stride);
@@ -311,6 +487,7 @@ inline void scores16_n(int hn, const float* q, int d, const T* k, vf mask, float
         case 7: return scores16<T, 7>(q, d, k, mask, scale, out, stride);
         default: return scores16<T, 8>(q, d, k, mask, scale, out, stride);
     }
+#endif
 }
 
 // out[h, j..j+15] = out[h, j..j+15] * rescale[h] + sum over keys t in [b0, b1) of p[h * stride + t] * v[t, j..j+15]
@@ -329,9 +506,42 @@ inline void weigh_values(const float* p, int64_t stride, const T* v, int d, int 
     }
 }
 
+#ifdef OXY_AVX2
+// weigh_values on AVX2: each 8-lane half of the 16 value columns on its own, so HN accumulators fit the 16 registers
+// (two halves at once spilled them beside every multiply-add); the same sums in the same order.
+template <typename T, int HN>
+inline void weigh_values_avx2(const float* p, int64_t stride, const T* v, int d, int j, int64_t b0, int64_t b1,
+                              const float* rescale, float* out) {
+    for (int half = j; half < j + L; half += 8) {
+        __m256 acc[HN];
+        for (int h = 0; h < HN; ++h) acc[h] = _mm256_setzero_ps();
+        for (int64_t t = b0; t < b1; ++t) {
+            __m256 row = load8(v + t * d + half);
+            for (int h = 0; h < HN; ++h) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * stride + t]), row, acc[h]);
+        }
+        for (int h = 0; h < HN; ++h) {
+            float* o = out + (size_t)h * d + half;
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), _mm256_set1_ps(rescale[h]), acc[h]));
+        }
+    }
+}
+#endif
+
 template <typename T>
 inline void weigh_values_n(int hn, const float* p, int64_t stride, const T* v, int d, int j, int64_t b0, int64_t b1,
                            const float* rescale, float* out) {
+#ifdef OXY_AVX2
+    switch (hn) {
+        case 1: return weigh_values_avx2<T, 1>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 2: return weigh_values_avx2<T, 2>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 3: return weigh_values_avx2<T, 3>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 4: return weigh_values_avx2<T, 4>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 5: return weigh_values_avx2<T, 5>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 6: return weigh_values_avx2<T, 6>(p, stride, v, d, j, b0, b1, rescale, out);
+        case 7: return weigh_values_avx2<T, 7>(p, stride, v, d, j, b0, b1, rescale, out);
+        default: return weigh_values_avx2<T, 8>(p, stride, v, d, j, b0, b1, rescale, out);
+    }
+#else
     switch (hn) {
         case 1: return weigh_values<T, 1>(p, stride, v, d, j, b0, b1, rescale, out);
         case 2: return weigh_values<T, 2>(p, stride, v, d, j, b0, b1, rescale, out);
@@ -342,6 +552,33 @@ inline void weigh_values_n(int hn, const float* p, int64_t stride, const T* v, i
         case 7: return weigh_values<T, 7>(p, stride, v, d, j, b0, b1, rescale, out);
         default: return weigh_values<T, 8>(p, stride, v, d, j, b0, b1, rescale, out);
     }
+#endif
+}
+
+// A block of a softmax's scores sc [n] (n a multiple of 16) becomes their weights exp(sc - max), rounded as T
+// stores them; returns the weights' float32 sum before rounding (16 lanes' sums, folded as hsum folds them).
+template <typename T>
+inline float exp_block(float* sc, int64_t n, float max) {
+#ifdef OXY_AVX2  // the same steps on 8-lane registers: as 16-lane vectors GCC moved them through the stack there
+    __m256 vmax = _mm256_set1_ps(max), lo = _mm256_setzero_ps(), hi = lo;
+    for (int64_t t = 0; t < n; t += L) {
+        __m256 el = vexp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vmax));
+        __m256 eh = vexp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t + 8), vmax));
+        lo = _mm256_add_ps(lo, el);
+        hi = _mm256_add_ps(hi, eh);
+        _mm256_storeu_ps(sc + t, round8_finite<T>(el));
+        _mm256_storeu_ps(sc + t + 8, round8_finite<T>(eh));
+    }
+    return hsum(join(lo, hi));
+#else
+    vf vmax = vsplat(max), vsum{};
+    for (int64_t t = 0; t < n; t += L) {
+        vf e = vexp_upto(vload(sc + t) - vmax);
+        vsum += e;
+        vstore(sc + t, vround_finite<T>(e));
+    }
+    return hsum(vsum);
+#endif
 }
 
 // Attention of `group` query rows q [group, d] (float32, already rounded) over the first `span` keys of one K/V
@@ -397,14 +634,9 @@ void attend(const float* q, int group, int d, const T* k, const T* v, const floa
                 continue;
             }
             any = true;
-            vf vmax = vsplat(new_max), vsum{};
-            for (int64_t t = b0; t < b1v; t += L) {
-                vf e = vexp_upto(vload(sc + t) - vmax);
-                vsum += e;
-                vstore(sc + t, vround_finite<T>(e));
-            }
+            float block_sum = exp_block<T>(sc + b0, b1v - b0, new_max);
             rescale[h] = run_max[h] == ninf ? 0.0f : std::exp(run_max[h] - new_max);
-            run_sum[h] = hsum(vsum) + rescale[h] * run_sum[h];
+            run_sum[h] = block_sum + rescale[h] * run_sum[h];
             run_max[h] = new_max;
         }
         if (!any) continue;
@@ -983,13 +1215,17 @@ void head_greedy_pairs(const Bf16* h, int64_t B, int64_t K, const Bf16* w, int64
 
 constexpr int64_t HEAD_ROWS_BELOW = 4;  // cpu_kernel.HEAD_GREEDY_MIN_ROWS: fewer requests go row by row
 
-// Whether this build runs a head of this dtype and width row by row (`head_greedy_rows`, below).
+// Whether this build runs a head of this dtype and width row by row (`head_greedy_rows`, below; on AVX2 the float32
+// head `head_greedy_avx2`, which reads rows as they lie at any batch).
 inline bool rows_run(bool bf16, int64_t width) {
 #ifdef __AVX512F__
     if (!bf16) return width % L == 0;
 #endif
 #ifdef OXY_DPBF16
     if (bf16) return width % (2 * L) == 0;
+#endif
+#ifdef OXY_AVX2  // `head_greedy_avx2` reads the head's rows as they lie at any batch
+    if (!bf16) return width % 8 == 0;
 #endif
     (void)bf16, (void)width;
     return false;
@@ -1052,7 +1288,7 @@ void head_greedy_rows(const T* h, int64_t B, int64_t K, const T* w, int64_t V, i
 }
 #endif
 
-#ifdef OXY_AVX2_HEAD
+#ifdef OXY_AVX2
 // The float32 head on AVX2 (K a multiple of 8): 8 vocabulary rows at a time, read straight from the head; each
 // request's 8 dot products accumulate one per register over the width, then fold into one register whose lane i
 // is row i's sum; each request keeps a running maximum per lane and its row, as `head_group` does. The 8 rows
@@ -1651,7 +1887,7 @@ int oxy_head_greedy(int bf16, int amx, int threads, const void* h, int64_t batch
         return 0;
     }
 #endif
-#ifdef OXY_AVX2_HEAD
+#ifdef OXY_AVX2
     if (!bf16 && width % 8 == 0) {
         head_greedy_avx2(static_cast<const float*>(h), batch, width, static_cast<const float*>(head), vocab, threads,
                          tokens);
@@ -1755,9 +1991,10 @@ int oxy_has_pair_head() {
 #endif
 }
 
-// 1 when this build has the AVX2 float32 head (`head_greedy_avx2`, widths that are multiples of 8).
-int oxy_has_avx2_head() {
-#ifdef OXY_AVX2_HEAD
+// 1 when this build has its AVX2 paths (`OXY_AVX2`: the float32 head `head_greedy_avx2` for widths of whole 8s at
+// any batch, attention and the linear layers on 8-lane registers).
+int oxy_has_avx2() {
+#ifdef OXY_AVX2
     return 1;
 #else
     return 0;

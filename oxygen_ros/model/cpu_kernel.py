@@ -106,8 +106,8 @@ def load(march: str = "native") -> ctypes.CDLL:
     lib.oxy_has_row_head.restype = i
     lib.oxy_has_pair_head.argtypes = []
     lib.oxy_has_pair_head.restype = i
-    lib.oxy_has_avx2_head.argtypes = []
-    lib.oxy_has_avx2_head.restype = i
+    lib.oxy_has_avx2.argtypes = []
+    lib.oxy_has_avx2.restype = i
     return lib
 
 
@@ -318,8 +318,9 @@ def has_amx() -> bool:
 
 def has_row_head(dtype: torch.dtype, width: int) -> bool:
     """Whether the kernel built here runs a head of this dtype and width for fewer than HEAD_GREEDY_MIN_ROWS
-    requests row by row (AVX-512: float32 for widths of whole 16s, bfloat16 with AVX-512 BF16 for whole 32s), the
-    way a matrix-vector product reads the head, instead of on the vector lanes' transposed blocks."""
+    requests row by row (AVX-512: float32 for widths of whole 16s, bfloat16 with AVX-512 BF16 for whole 32s; AVX2:
+    float32 for whole 8s, its only head path), the way a matrix-vector product reads the head, instead of on the
+    vector lanes' transposed blocks."""
     return dtype in DTYPES and bool(load().oxy_has_row_head(DTYPES[dtype], width))
 
 
@@ -329,10 +330,11 @@ def has_pair_head() -> bool:
     return bool(load().oxy_has_pair_head())
 
 
-def has_avx2_head() -> bool:
-    """Whether the kernel built here has the float32 text head on AVX2 registers (a CPU with AVX2 and FMA but no
-    AVX-512: there the 16-lane vector path lowers to register pairs that its blocks do not fit)."""
-    return bool(load().oxy_has_avx2_head())
+def has_avx2() -> bool:
+    """Whether the kernel built here has its paths on AVX2's 8-lane registers (a CPU with AVX2 and FMA but no
+    AVX-512, where GCC lowers the 16-lane vectors to register pairs and moves many of them through memory): the
+    float32 text head at any batch (`has_row_head`), attention's scores, weights and sums, and the linear layers."""
+    return bool(load().oxy_has_avx2())
 
 
 def tiles_run(dtype: torch.dtype, width: int) -> bool:
@@ -366,17 +368,19 @@ def head_greedy_pays(dtype: torch.dtype, rows: int, width: int) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and width % 2 == 0 and has_pair_head())
 
 
-CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on where it runs and pays (AVX-512); on AVX2 its head
+CHOICES = ("auto", "on", "off")  # model.cpu_kernel: auto = on where it runs and pays (AVX-512, AVX2 with FMA)
 
 
 def auto_refusal() -> str | None:
-    """Why `auto` leaves the kernel's layers off on this CPU, or None. Its 16-lane vectors pay on AVX-512; built for
-    AVX2 the layers of a batch-50 step took 23 ms here against 3 ms for AVX-512 and 5-7 ms eager
-    (docs/benchmarks.md), so without AVX-512 `auto` keeps the eager layers (`on` still runs them), and takes only
-    the float32 text head where the build has its AVX2 path (`has_avx2_head`)."""
-    if "avx512f" not in cpu_flags():
-        return "this CPU has no AVX-512, where the kernel's layers are slower than the eager step"
-    return None
+    """Why `auto` leaves the kernel off on this CPU, or None. Its layers and heads are written for 16-lane vectors
+    (AVX-512) with 8-lane paths of their own on AVX2 with FMA (`has_avx2`), and were measured faster than the eager
+    step on both (docs/benchmarks.md). On a CPU with neither, the 16-lane code would lower to narrower pieces that
+    nobody has measured against the eager step, so `auto` keeps the eager step there (`on` still runs the
+    kernel)."""
+    flags = cpu_flags()
+    if "avx512f" in flags or {"avx2", "fma"} <= flags:
+        return None
+    return "this CPU has neither AVX-512 nor AVX2 with FMA, the vector widths the kernel was measured on"
 
 
 def apply(model: torch.nn.Module, requested: str) -> str:
@@ -388,21 +392,12 @@ def apply(model: torch.nn.Module, requested: str) -> str:
     if requested == "off":
         return "off (as configured)"
     refusal = auto_refusal() if requested == "auto" and model.device.type == "cpu" else None
+    if refusal:
+        return f"off (auto: {refusal})"
     try:
-        if refusal and not _head_only_pays(model):
-            return f"off (auto: {refusal})"
-        model.use_cpu_kernel(layers=not refusal)
+        model.use_cpu_kernel()
     except (CpuKernelUnavailable, ValueError) as error:
         if requested == "on":
             raise
         return f"off (auto: {str(error).splitlines()[0]})"
-    if refusal:
-        return f"text head only (auto: {refusal}; its float32 text head on AVX2 is faster than torch's)"
     return "on" if requested == "on" else "on (auto)"
-
-
-def _head_only_pays(model: torch.nn.Module) -> bool:
-    """Whether `auto` takes the kernel's text head alone for `model` (a float32 Pi05Model on the CPU, a width the
-    AVX2 head runs, a build that has it); CpuKernelUnavailable where the kernel cannot be built."""
-    return model.device.type == "cpu" and model.dtype == torch.float32 \
-        and model.config.backbone.width % 8 == 0 and has_avx2_head()

@@ -71,7 +71,6 @@ class Pi05Model(nn.Module):
         self.time_mlp_out = nn.Linear(width, width)
         self._graphs = None  # CudaGraphs once `use_cuda_graphs` is called
         self._cpu_kernel = False  # True once `use_cpu_kernel` is called
-        self._kernel_layers = False  # True once it is called with layers=True
         self._logits_buffer: Tensor | None = None  # a CPU decode step's [rows, vocab] logits, reused step after step
         # the CPU kernel's step: its RoPE tables (cos, sin) and the weights it reads (`StepWeights`)
         self._rope_tables: tuple[Tensor, Tensor] | None = None
@@ -97,30 +96,24 @@ class Pi05Model(nn.Module):
         self._decode_hidden = torch.compile(self._decode_hidden)
         return self
 
-    def use_cpu_kernel(self, layers: bool = True) -> Pi05Model:
+    def use_cpu_kernel(self) -> Pi05Model:
         """Opt in (a float32 or bfloat16 model on the CPU) to running a decode step's backbone layers as one
         compiled call (`model/cpu_kernel.py`) instead of hundreds of tensor operators; a greedy step's text head and
         token choice as one more (no logits; `cpu_kernel.head_greedy_pays` says which steps), else torch's head and
-        the greedy choice as one pass per row. `layers=False` keeps the eager layers and takes only the head and the
-        choice (where the kernel's layers are slower than torch's: `cpu_kernel.apply`). A float32 model on a CPU
-        with matrix tiles or AVX-512 BF16 also keeps a bfloat16 copy of its text head to screen it with (made here;
-        half the head's memory). The first call in a process builds or loads the kernel: `CpuKernelUnavailable` where it cannot be
-        built (no C++ compiler), ValueError for a model it does not run. Outputs match the eager model to
-        floating-point rounding. Returns the model."""
+        the greedy choice as one pass per row. A float32 model on a CPU with matrix tiles or AVX-512 BF16 also keeps
+        a bfloat16 copy of its text head to screen it with (made here; half the head's memory). The first call in a
+        process builds or loads the kernel: `CpuKernelUnavailable` where it cannot be built (no C++ compiler),
+        ValueError for a model it does not run. Outputs match the eager model to floating-point rounding. Returns
+        the model."""
         cpu_kernel.check_supported(self)
         cpu_kernel.load()
         self._cpu_kernel = True
-        self._kernel_layers = layers
         self._head_copy(self.backbone.text_head)  # now rather than in the first greedy step
         return self
 
     @property
     def uses_cpu_kernel(self) -> bool:
         return self._cpu_kernel
-
-    @property
-    def uses_kernel_layers(self) -> bool:
-        return self._kernel_layers
 
     def memory_bytes(self) -> int:
         """Bytes the model holds: its parameters and, where it keeps one, its text head's screening copy."""
@@ -332,7 +325,7 @@ class Pi05Model(nn.Module):
             if first is not None:
                 logits = torch.cat([logits, self.backbone.logits(first.to(logits.dtype))])
             return self._choose(logits, samplers)
-        if self._kernel_layers:  # the kernel's step ends with the final norm: the prefixes' rows are normed apart
+        if self._cpu_kernel:  # the kernel's step ends with the final norm: the prefixes' rows are normed apart
             h = self._kernel_normed(cache, index, tokens)
             if first is not None:
                 h = torch.cat([h, self.backbone.norm(first.to(h.dtype))[0]])
@@ -377,7 +370,7 @@ class Pi05Model(nn.Module):
         logits = self._graph_logits(cache, index, tokens)
         if logits is not None:
             return logits
-        if self._kernel_layers:
+        if self._cpu_kernel:
             return self.backbone.head_logits(self._kernel_normed(cache, index, tokens), self._logits_out(len(index)))
         return self.backbone.logits(self._decode_hidden(cache, index, tokens), self._logits_out(len(index)))
 

@@ -70,7 +70,7 @@ SPECS = (
          " | ".join(DTYPE_NAMES)),
     Spec("model.cpu_kernel", "auto", "a decode step's backbone layers and greedy choice as compiled calls on a cpu "
                                      "(built once with the system C++ compiler); auto: where it builds and the cpu "
-                                     "has AVX-512, else the eager step", " | ".join(CPU_KERNEL_CHOICES)),
+                                     "has AVX-512 or AVX2 with FMA, else the eager step", " | ".join(CPU_KERNEL_CHOICES)),
     Spec("model.seed", 0, "weights of a random-init preset and the flow-matching noise", ">= 0"),
     Spec("model.cpu_threads", 0, "torch intra-op threads; 0: torch's default", ">= 0"),
     Spec("cameras.topics", REQUIRED, "camera image topics (relative names), one per model image key"),
