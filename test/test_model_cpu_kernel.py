@@ -65,6 +65,14 @@ def random_cache(config, dtype, num_slots: int, max_len: int, seed: int) -> KVCa
     return cache
 
 
+STEP_SLOTS, STEP_TOKENS = torch.tensor([4, 1, 2, 0, 5]), torch.tensor([5, 900, 17, 3, 250])
+
+
+def step_index(config):
+    """The cache index each of STEP_SLOTS' requests is fed at."""
+    return torch.tensor([650, config.prefix_len + 3, 520, config.prefix_len + 40, 600])
+
+
 def assert_close_logits(actual, expected, dtype):
     if dtype == torch.float32:
         torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
@@ -82,11 +90,10 @@ def test_one_step_over_a_random_cache_matches_the_eager_step(name, dtype):
     config = CONFIGS[name]
     eager, kernel = models(config, dtype)
     caches = [random_cache(config, dtype, num_slots=6, max_len=700, seed=1) for _ in range(2)]
-    # scattered slots; spans across the 512-key softmax blocks, one far inside the first block
-    slots = torch.tensor([4, 1, 2])
-    index = torch.tensor([650, config.prefix_len + 3, 520])
+    # scattered slots; spans across the 512-key softmax blocks, one far inside the first block; 5 requests, so the
+    # linear layers run both their 4-row blocks and a single row
+    slots, index, tokens = STEP_SLOTS, step_index(config), STEP_TOKENS
     positions = index - 7
-    tokens = torch.tensor([5, 900, 17])
     expected = eager.decode_step(caches[0], slots, tokens, index, positions)
     actual = kernel.decode_step(caches[1], slots, tokens, index, positions)
     assert_close_logits(actual, expected, dtype)
@@ -614,24 +621,24 @@ def test_logits_the_caller_keeps_are_not_overwritten_by_the_next_step():
 @pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3", "x86-64-v2"])
 @torch.inference_mode()
 def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkeypatch):
-    """The kernel built for CPUs without AVX-512 BF16 (AVX-512 alone; or without AVX-512: its 16-lane vectors
-    lowered, on AVX2 the float32 head on 8-lane registers): the same checks against the eager step as above, for
-    the 8-head shape, in both dtypes, with the greedy choice too."""
+    """The kernel built for CPUs without AVX-512 BF16 (AVX-512 alone; or without AVX-512: on AVX2 its 8-lane
+    paths for the layers, attention and the float32 head; on SSE4.2 its 16-lane vectors lowered): the same checks
+    against the eager step as above, for every attention shape, in both dtypes, with the greedy choice too."""
     if march == "x86-64-v4" and "avx512f" not in cpu_kernel.cpu_flags():
         pytest.skip("an AVX-512 build runs only on a CPU with AVX-512 (the narrower builds run everywhere)")
     narrow = cpu_kernel.load(march)
     assert narrow is not cpu_kernel.load()
     monkeypatch.setattr(cpu_kernel, "load", lambda: narrow)
-    config = CONFIGS["8 heads per K/V head (the fullvocab and pi05 grouping)"]
+    for config in CONFIGS.values():
+        for dtype in DTYPES:
+            eager, kernel = models(config, dtype)
+            caches = [random_cache(config, dtype, num_slots=6, max_len=700, seed=1) for _ in range(2)]
+            slots, index, tokens = STEP_SLOTS, step_index(config), STEP_TOKENS
+            expected = eager.decode_step(caches[0], slots, tokens, index, index - 7)
+            assert_close_logits(kernel.decode_step(caches[1], slots, tokens, index, index - 7), expected, dtype)
+            assert torch.equal(kernel.decode_next(caches[1], slots, tokens, index + 1, index - 6),
+                               eager.decode_next(caches[0], slots, tokens, index + 1, index - 6))
     for dtype in DTYPES:
-        eager, kernel = models(config, dtype)
-        caches = [random_cache(config, dtype, num_slots=6, max_len=700, seed=1) for _ in range(2)]
-        slots, index = torch.tensor([4, 1, 2]), torch.tensor([650, config.prefix_len + 3, 520])
-        tokens = torch.tensor([5, 900, 17])
-        expected = eager.decode_step(caches[0], slots, tokens, index, index - 7)
-        assert_close_logits(kernel.decode_step(caches[1], slots, tokens, index, index - 7), expected, dtype)
-        assert torch.equal(kernel.decode_next(caches[1], slots, tokens, index + 1, index - 6),
-                           eager.decode_next(caches[0], slots, tokens, index + 1, index - 6))
         gen = torch.Generator().manual_seed(3)
         h, head = torch.randn(50, 64, generator=gen).to(dtype), torch.randn(1000, 64, generator=gen).to(dtype)
         assert not narrow.oxy_has_amx()

@@ -34,10 +34,11 @@
 #define OXY_AMX 1
 #endif
 
-// AVX2 with FMA and no AVX-512: the 16-lane vectors below lower to pairs of 8-lane registers, which suits the
-// element-wise work but not the shuffles across all 16 lanes or register blocks sized for 32 registers. The float32
-// text head (`head_greedy_avx2`) and attention's scores (`scores16_avx2`) have paths of their own on 8-lane
-// registers there.
+// AVX2 with FMA and no AVX-512: the 16-lane vectors below lower to pairs of 8-lane registers, and GCC keeps many of
+// them on the stack between operations (a loop's accumulators, selects, shuffles across all 16 lanes). The hot
+// parts have paths of their own on 8-lane registers there: `linear`, attention's scores, weights and weighted values
+// (`scores16_avx2`, `exp_block`, `weigh_values_avx2`), `vexp_upto`, `vmax_of`, `hsum` and the float32 text head
+// (`head_greedy_avx2`).
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
 #define OXY_AVX2 1
@@ -1976,10 +1977,11 @@ void oxy_row_norms(const float* w, int64_t rows, int64_t width, float* norms) {
     for (int64_t v = 0; v < rows; ++v) norms[v] = float_up(norm2(w + v * width, width));
 }
 
-// 1 when this build runs a head of this dtype and width for fewer than HEAD_ROWS_BELOW requests row by row
-// (`head_greedy_rows`), else 0 (then such batches take the vector lanes).
+// The batch below which a build with the row path reads the head row by row.
 int64_t oxy_head_rows_below() { return HEAD_ROWS_BELOW; }
 
+// 1 when this build runs a head of this dtype and width for fewer than HEAD_ROWS_BELOW requests row by row
+// (`head_greedy_rows`; on AVX2 `head_greedy_avx2`), else 0 (then such batches take the vector lanes).
 int oxy_has_row_head(int bf16, int64_t width) { return rows_run(bf16, width); }
 
 // 1 when this build has the bfloat16 head on AVX-512 BF16's pair dot products (`PairLanes`, even widths).
