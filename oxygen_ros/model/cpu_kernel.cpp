@@ -24,6 +24,7 @@
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -462,32 +463,30 @@ inline void scores16_avx2(const float* q, int d, const T* k, const float* mask, 
 }
 #endif
 
+// f(n) with n an std::integral_constant of the head count hn (1 to 8; 8 for more): the count as a constant, so that
+// a per-head loop's accumulators stay in registers.
+template <typename F>
+inline void with_heads(int hn, F f) {
+    switch (hn) {
+        case 1: return f(std::integral_constant<int, 1>{});
+        case 2: return f(std::integral_constant<int, 2>{});
+        case 3: return f(std::integral_constant<int, 3>{});
+        case 4: return f(std::integral_constant<int, 4>{});
+        case 5: return f(std::integral_constant<int, 5>{});
+        case 6: return f(std::integral_constant<int, 6>{});
+        case 7: return f(std::integral_constant<int, 7>{});
+        default: return f(std::integral_constant<int, 8>{});
+    }
+}
+
 template <typename T>
 inline void scores16_n(int hn, const float* q, int d, const T* k, vf mask, float scale, float* out, int64_t stride) {
 #ifdef OXY_AVX2
     float m[L];
     vstore(m, mask);
-    switch (hn) {
-        case 1: return scores16_avx2<T, 1>(q, d, k, m, scale, out, stride);
-        case 2: return scores16_avx2<T, 2>(q, d, k, m, scale, out, stride);
-        case 3: return scores16_avx2<T, 3>(q, d, k, m, scale, out, stride);
-        case 4: return scores16_avx2<T, 4>(q, d, k, m, scale, out, stride);
-        case 5: return scores16_avx2<T, 5>(q, d, k, m, scale, out, stride);
-        case 6: return scores16_avx2<T, 6>(q, d, k, m, scale, out, stride);
-        case 7: return scores16_avx2<T, 7>(q, d, k, m, scale, out, stride);
-        default: return scores16_avx2<T, 8>(q, d, k, m, scale, out, stride);
-    }
+    with_heads(hn, [&](auto n) { scores16_avx2<T, decltype(n)::value>(q, d, k, m, scale, out, stride); });
 #else
-    switch (hn) {  // the head count as a constant, so the accumulators stay in registers
-        case 1: return scores16<T, 1>(q, d, k, mask, scale, out, stride);
-        case 2: return scores16<T, 2>(q, d, k, mask, scale, out, stride);
-        case 3: return scores16<T, 3>(q, d, k, mask, scale, out, stride);
-        case 4: return scores16<T, 4>(q, d, k, mask, scale, out, stride);
-        case 5: return scores16<T, 5>(q, d, k, mask, scale, out, stride);
-        case 6: return scores16<T, 6>(q, d, k, mask, scale, out, stride);
-        case 7: return scores16<T, 7>(q, d, k, mask, scale, out, stride);
-        default: return scores16<T, 8>(q, d, k, mask, scale, out, stride);
-    }
+    with_heads(hn, [&](auto n) { scores16<T, decltype(n)::value>(q, d, k, mask, scale, out, stride); });
 #endif
 }
 
@@ -518,7 +517,8 @@ inline void weigh_values_avx2(const float* p, int64_t stride, const T* v, int d,
         for (int h = 0; h < HN; ++h) acc[h] = _mm256_setzero_ps();
         for (int64_t t = b0; t < b1; ++t) {
             __m256 row = load8(v + t * d + half);
-            for (int h = 0; h < HN; ++h) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * stride + t]), row, acc[h]);
+            for (int h = 0; h < HN; ++h)
+                acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * stride + t]), row, acc[h]);
         }
         for (int h = 0; h < HN; ++h) {
             float* o = out + (size_t)h * d + half;
@@ -532,27 +532,9 @@ template <typename T>
 inline void weigh_values_n(int hn, const float* p, int64_t stride, const T* v, int d, int j, int64_t b0, int64_t b1,
                            const float* rescale, float* out) {
 #ifdef OXY_AVX2
-    switch (hn) {
-        case 1: return weigh_values_avx2<T, 1>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 2: return weigh_values_avx2<T, 2>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 3: return weigh_values_avx2<T, 3>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 4: return weigh_values_avx2<T, 4>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 5: return weigh_values_avx2<T, 5>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 6: return weigh_values_avx2<T, 6>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 7: return weigh_values_avx2<T, 7>(p, stride, v, d, j, b0, b1, rescale, out);
-        default: return weigh_values_avx2<T, 8>(p, stride, v, d, j, b0, b1, rescale, out);
-    }
+    with_heads(hn, [&](auto n) { weigh_values_avx2<T, decltype(n)::value>(p, stride, v, d, j, b0, b1, rescale, out); });
 #else
-    switch (hn) {
-        case 1: return weigh_values<T, 1>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 2: return weigh_values<T, 2>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 3: return weigh_values<T, 3>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 4: return weigh_values<T, 4>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 5: return weigh_values<T, 5>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 6: return weigh_values<T, 6>(p, stride, v, d, j, b0, b1, rescale, out);
-        case 7: return weigh_values<T, 7>(p, stride, v, d, j, b0, b1, rescale, out);
-        default: return weigh_values<T, 8>(p, stride, v, d, j, b0, b1, rescale, out);
-    }
+    with_heads(hn, [&](auto n) { weigh_values<T, decltype(n)::value>(p, stride, v, d, j, b0, b1, rescale, out); });
 #endif
 }
 
