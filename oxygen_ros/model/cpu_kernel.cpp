@@ -190,9 +190,6 @@ inline float vmax_of(const float* x, int64_t n) {  // max of n values (-inf for 
     return best;
 }
 
-// exp for float32 lanes x <= 88.7 (a softmax's scores minus their maximum, say): 2^n * e^r with |r| <= ln2/2 and
-// a degree-6 polynomial (relative error ~2e-7); exactly 0 below the float32 normal range (so masked -inf scores
-// weigh nothing).
 #ifdef OXY_AVX2
 // vexp_upto's steps on one 8-lane register, each product and sum fused or not as GCC contracts the 16-lane code.
 inline __m256 vexp8(__m256 x) {
@@ -211,9 +208,7 @@ inline __m256 vexp8(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
-#endif
 
-#ifdef OXY_AVX2
 // vround_finite on one 8-lane register.
 template <typename T> inline __m256 round8_finite(__m256 v);
 template <> inline __m256 round8_finite<float>(__m256 v) { return v; }
@@ -225,6 +220,9 @@ template <> inline __m256 round8_finite<Bf16>(__m256 v) {
 }
 #endif
 
+// exp for float32 lanes x <= 88.7 (a softmax's scores minus their maximum, say): 2^n * e^r with |r| <= ln2/2 and
+// a degree-6 polynomial (relative error ~2e-7); exactly 0 below the float32 normal range (so masked -inf scores
+// weigh nothing).
 inline vf vexp_upto(vf x) {
 #ifdef OXY_AVX2
     __m256 lo, hi;
@@ -417,11 +415,9 @@ inline void scores16(const float* q, int d, const T* k, vf mask, float scale, fl
 }
 
 #ifdef OXY_AVX2
-// scores16 on AVX2: each half of the 16 keys as 8 x 8 tiles transposed in 8-lane registers (unpacks and shuffles
-// within 128-bit lanes, then one exchange of lanes), so one lane holds one key; every query row accumulates over a
-// tile's dimensions as scores16 does, in the same order, with the same fused multiply-adds.
-
-inline void transpose8(__m256* r) {  // r[j] becomes column j
+// 8 x 8 transpose of rows r[0..7] in place (unpacks and shuffles within 128-bit lanes, then one exchange of lanes):
+// r[j] becomes column j.
+inline void transpose8(__m256* r) {
     __m256 t[8], u[8];
     for (int i = 0; i < 4; ++i) {
         t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -439,6 +435,8 @@ inline void transpose8(__m256* r) {  // r[j] becomes column j
     }
 }
 
+// scores16 on AVX2: each half of the 16 keys as 8 x 8 tiles transposed so that one lane holds one key; every query
+// row accumulates over a tile's dimensions as scores16 does, in the same order, with the same fused multiply-adds.
 template <typename T, int HN>
 inline void scores16_avx2(const float* q, int d, const T* k, const float* mask, float scale, float* out,
                           int64_t stride) {
@@ -479,14 +477,14 @@ inline void with_heads(int hn, F f) {
     }
 }
 
+// scores16 (scores16_avx2 on AVX2) for hn query rows, with the 16 keys' mask at `mask`.
 template <typename T>
-inline void scores16_n(int hn, const float* q, int d, const T* k, vf mask, float scale, float* out, int64_t stride) {
+inline void scores16_n(int hn, const float* q, int d, const T* k, const float* mask, float scale, float* out,
+                       int64_t stride) {
 #ifdef OXY_AVX2
-    float m[L];
-    vstore(m, mask);
-    with_heads(hn, [&](auto n) { scores16_avx2<T, decltype(n)::value>(q, d, k, m, scale, out, stride); });
+    with_heads(hn, [&](auto n) { scores16_avx2<T, decltype(n)::value>(q, d, k, mask, scale, out, stride); });
 #else
-    with_heads(hn, [&](auto n) { scores16<T, decltype(n)::value>(q, d, k, mask, scale, out, stride); });
+    with_heads(hn, [&](auto n) { scores16<T, decltype(n)::value>(q, d, k, vload(mask), scale, out, stride); });
 #endif
 }
 
@@ -582,7 +580,7 @@ void attend(const float* q, int group, int d, const T* k, const T* v, const floa
         for (int h0 = 0; h0 < group; h0 += 8) {
             int hn = group - h0 < 8 ? group - h0 : 8;
             for (int64_t s = 0; s < stride; s += L)
-                scores16_n<T>(hn, q + (size_t)h0 * d, d, s < whole ? k + s * d : tail.data(), vload(mask + s),
+                scores16_n<T>(hn, q + (size_t)h0 * d, d, s < whole ? k + s * d : tail.data(), mask + s,
                               scale, scores + (size_t)h0 * stride + s, stride);
         }
     } else {
