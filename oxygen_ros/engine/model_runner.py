@@ -146,15 +146,17 @@ class ModelRunner:
                                      torch.tensor(slot_ids), want_hidden=any(narrate))
         # read back before denoising: on a GPU this waits for the prefill, not for the chunk too
         num_valid = prefill.num_valid[: len(inputs)].tolist()
+        if 0 in num_valid:  # checked here, on the values read back anyway: the model's prefill reads nothing back
+            raise ValueError("every prefix needs at least one valid token")
         return num_valid, [prefill.hidden[i] if n else None for i, n in enumerate(narrate)]
 
     def _denoise(self, slot_ids: list[int], noises: list[Tensor]) -> Tensor:
         """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros."""
-        cfg = self.model.config
+        noise = torch.cat([n.to(self.model.device) for n in noises])
         pad = len(slot_ids) - len(noises)
-        noise = torch.cat(noises + [torch.zeros(pad, cfg.action_horizon, cfg.action_dim)] if pad else noises)
-        actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise.to(self.model.device),
-                                            self.num_steps)
+        if pad:  # made where the noise is: the device's, not the host's
+            noise = torch.cat([noise, noise.new_zeros(pad, *noise.shape[1:])])
+        actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise, self.num_steps)
         return actions[: len(noises)]
 
     def act(self, inputs: list[ModelInputs], noises: list[Tensor], bucket: int, narrate: list[bool],
