@@ -74,8 +74,8 @@ def test_stage_workers_hold_their_own_thread_budgets():
         workers.close()
 
 
-def test_padding_noise_is_made_on_the_frames_device_and_an_empty_prefix_is_refused():
-    """A bucket's padding rows start from zeros made where the frames' noise is: the meta device stands in for a
+def test_padding_noise_is_made_on_the_models_device_and_an_empty_prefix_is_refused():
+    """A bucket's padding rows start from zeros made on the model's device: the meta device stands in for a
     GPU, beside which a host tensor cannot be concatenated. A frame without a valid prefix token is refused from
     the valid lengths the runner reads back (the model's prefill reads nothing back), its slot given back."""
     with torch.device("meta"):

@@ -38,7 +38,10 @@ LOWEST_PRIORITY = 0
 
 class PriorityStreams:
     """The control path's stream and the language worker's. `prioritized=False` gives two streams of equal
-    priority (two independent workers, as two processes would be); on a CPU both contexts do nothing."""
+    priority (two independent workers, as two processes would be); on a CPU both contexts do nothing.
+
+    Make them once the weights and pools they will read are set up: on a GPU this waits for the device, since
+    torch's streams do not wait for the work queued on the default stream (uploads, zero-filled pools, copies)."""
 
     def __init__(self, device: torch.device | str, prioritized: bool = True):
         device = torch.device(device)
@@ -46,6 +49,8 @@ class PriorityStreams:
         high = HIGHEST_PRIORITY if prioritized else LOWEST_PRIORITY
         self.control_stream = torch.cuda.Stream(device, priority=high) if self.enabled else None
         self.language_stream = torch.cuda.Stream(device, priority=LOWEST_PRIORITY) if self.enabled else None
+        if self.enabled:
+            torch.cuda.synchronize(device)
 
     def control(self):
         return torch.cuda.stream(self.control_stream) if self.enabled else nullcontext()
@@ -152,10 +157,10 @@ class ModelRunner:
 
     def _denoise(self, slot_ids: list[int], noises: list[Tensor]) -> Tensor:
         """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros."""
-        noise = torch.cat([n.to(self.model.device) for n in noises])
+        cfg, device = self.model.config, self.model.device
         pad = len(slot_ids) - len(noises)
-        if pad:  # made where the noise is: the device's, not the host's
-            noise = torch.cat([noise, noise.new_zeros(pad, *noise.shape[1:])])
+        rows = [n.to(device) for n in noises]  # and the padding made there too, not on the host
+        noise = torch.cat(rows + [torch.zeros(pad, cfg.action_horizon, cfg.action_dim, device=device)] if pad else rows)
         actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise, self.num_steps)
         return actions[: len(noises)]
 
