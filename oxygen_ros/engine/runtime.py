@@ -194,9 +194,7 @@ class Runtime:
         self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()})
         self.gate = ControlGate()
         first = next(iter(self.served.values())).model
-        self.streams = PriorityStreams(first.device)
-        if self.streams.enabled:  # weights and the zeroed pools are on the device before either path reads them
-            torch.cuda.synchronize(first.device)
+        self.streams = PriorityStreams(first.device)  # after the pools: waits for them on a GPU
         self.on_text = on_text or (lambda update: None)
         self.on_chunk = on_chunk or (lambda chunk: None)
         self._noise = torch.Generator().manual_seed(config.seed)
