@@ -8,6 +8,7 @@ import torch
 from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
 from oxygen_ros.fleet.requests import Stage
 from oxygen_ros.fleet.sm_partition import SmGranularity, SmPartitions, split_shares, vlm_group_size
+from oxygen_ros.model.precision import default_dtype
 
 HOPPER = SmGranularity.for_capability(9)
 
@@ -70,7 +71,10 @@ def test_a_cpu_runner_uses_thread_budgets_and_no_sm_partitions():
     try:
         assert runner.partitions is None and runner.partition_mode == "CPU thread budget"
         assert runner.shares() == [0.5, 1.0] and runner.sm_count(Stage.VLM, 0.5) is None
+        assert runner.dtype == runner.models["a"].model.dtype == torch.float32
     finally:
         runner.close()
+    # the fleet's default precision: bfloat16 on CUDA (its profile table in what a GPU deployment serves)
+    assert [default_dtype(d) for d in ("cuda", "cuda:1", "cpu")] == [torch.bfloat16, torch.bfloat16, torch.float32]
     with pytest.raises(ValueError, match="CUDA device"):
         SmPartitions(torch.device("cpu"))
