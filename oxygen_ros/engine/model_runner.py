@@ -12,9 +12,10 @@
 Streams (`PriorityStreams`): on a GPU the control path issues on a high-priority CUDA stream and the language
 worker on a low-priority one, so a decode step on the device gives way to a chunk block by block. No events are
 needed between the two streams because every hand-over already passes a host sync: a frame's slot reaches the
-worker only after its prefill's valid lengths were read back, a slot is freed only after its last step's tokens were
-read back, and decode steps write only the text part of their own slots while a chunk reads its slot's prefix.
-This path is written for GPUs but has not run on one yet (`test_gpu/`, `make test-gpu`, is its proof).
+worker only after its prefill's valid lengths were read back, a request's slot is freed only after its last step's
+tokens were read back and a frame's that no request takes only after its chunk was (the runtime's part), and
+decode steps write only the text part of their own slots while a chunk reads its slot's prefix. This path is
+written for GPUs but has not run on one yet (`test_gpu/`, `make test-gpu`, is its proof).
 """
 
 from __future__ import annotations
