@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from oxygen_ros.engine.planners import Stage
 from oxygen_ros.fleet import real_bench
 from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
-from oxygen_ros.fleet.requests import Stage
 
 
 def test_mean_table_averages_entries_and_co_run_slowdowns():

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..command_line import CommandParser, progress
-from ..engine.scheduler import deadline_missed
+from ..engine.frames import deadline_missed
 from ..engine.stats import percentile, percentile_ms
 from ..model import cpu_kernel
 from ..model.config import PRESETS, Pi05Config, get_preset

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from ..model.inputs import ModelInputs
+from .frames import bucket_for
 from .kv_pool import KVPool
 from .language import LanguageRequest, decode_batch
-from .scheduler import bucket_for
 
 HIGHEST_PRIORITY = -100  # CUDA clamps stream priorities into its range; lower numbers run first
 LOWEST_PRIORITY = 0

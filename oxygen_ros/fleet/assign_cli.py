@@ -21,11 +21,12 @@ from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, existing_file
 from oxygen_ros.fleet.capacity import SloSafeLoads, place_slo_safe
+from oxygen_ros.fleet.designs import DESIGNS
 from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.requests import RobotSpec
-from oxygen_ros.fleet.simulator import DESIGNS, SimConfig
+from oxygen_ros.fleet.simulator import SimConfig
 from oxygen_ros.fleet.traffic import (
     Assignment,
+    RobotSpec,
     assign_even_split,
     assign_milp_relaxed,
     assign_one_model_per_gpu,
@@ -54,15 +55,6 @@ def assignment_to_dict(assignment: Assignment, robots: Sequence[RobotSpec]) -> d
     }
 
 
-def load_assignment(path: str | Path) -> dict:
-    """The assignment JSON; ``gpu_of`` maps robot id -> GPU index."""
-    data = json.loads(Path(path).read_text())
-    if "gpu_of" not in data:
-        raise ValueError(f"{path}: not an assignment file (no 'gpu_of')")
-    data["gpu_of"] = {robot: int(gpu) for robot, gpu in data["gpu_of"].items()}
-    return data
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser("fleet-assign", __doc__)
     p.add_argument("--fleet", required=True, type=existing_file, help="fleet JSON (robots with model, rate and SLO)")
@@ -72,9 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=float, default=1.0, help="MILP per-GPU load limit (throughput loads)")
     p.add_argument("--loads", choices=("slo_safe", "throughput"), default="slo_safe",
                    help="a robot's load: from simulated robots-at-98%% per device (slo_safe) or from throughput")
-    # Designs that need measured hand-offs (omni, intergpu) are fleet-sim's comparisons, not placements.
-    designs = sorted(name for name, cls in DESIGNS.items() if not getattr(cls, "needs_hop_costs", False))
-    p.add_argument("--design", choices=designs, default="robion", help="device design (slo_safe loads)")
+    # the serving designs (fleet-sim's baselines omni and intergpu are comparisons, not placements)
+    p.add_argument("--design", choices=sorted(DESIGNS), default="robion", help="device design (slo_safe loads)")
     p.add_argument("--seeds", type=int, default=3, help="simulator seeds (slo_safe loads)")
     p.add_argument("--out", required=True, help="assignment JSON to write")
     return p

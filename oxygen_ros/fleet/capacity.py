@@ -22,10 +22,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.requests import RobotSpec
-from oxygen_ros.fleet.simulator import SimConfig, simulate
-from oxygen_ros.fleet.traffic import Assignment, InfeasibleAssignment, assign_milp
+from .profile_table import ProfileTable
+from .simulator import SimConfig, simulate
+from .traffic import Assignment, InfeasibleAssignment, RobotSpec, assign_milp
 
 TARGET = 0.98
 
@@ -185,7 +184,7 @@ def place_slo_safe(robots: Sequence[RobotSpec], n_devices: int, loads: SloSafeLo
         for seed in loads.seeds:
             result = simulate(robots, assignment.gpu_of, loads.lut, replace(loads.config, seed=seed))
             for device in range(n_devices):
-                flags = [r.met_slo for r in result.requests if assignment.gpu_of[r.robot_id] == device]
+                flags = [f.met_deadline for f in result.frames if assignment.gpu_of[f.robot_id] == device]
                 if flags:
                     per_device[device] = min(per_device[device], sum(flags) / len(flags))
             worst = min(worst, min(result.per_robot.values(), default=1.0))

@@ -28,7 +28,8 @@ import time
 import torch
 
 from oxygen_ros.engine.model_runner import ModelRunner
-from oxygen_ros.engine.stage_workers import Stage, StageWorkers
+from oxygen_ros.engine.planners import Stage
+from oxygen_ros.engine.stage_workers import StageWorkers
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
 

@@ -32,9 +32,9 @@ from oxygen_ros.fleet.capacity import CRITERIA, TARGET, Point, capacity
 from oxygen_ros.fleet.ipc import WAYS, hop_seconds
 from oxygen_ros.fleet.omni import LINKS, attach_hop_costs
 from oxygen_ros.fleet.profile_table import ProfileTable, SyntheticLatencyModel, synthetic_table
-from oxygen_ros.fleet.requests import RobotSpec
-from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, simulate
+from oxygen_ros.fleet.simulator import BASELINES, DESIGNS, SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
+    RobotSpec,
     assign_even_split,
     assign_milp_relaxed,
     assign_one_model_per_gpu,
@@ -62,7 +62,7 @@ def _names(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser("fleet-sim", __doc__)
     p.add_argument("--runs", default=DEFAULT_RUNS, help=f"design:policy pairs (designs: {', '.join(DESIGNS)}; "
-                   "policies: esf, rr, lqf), each on the MILP assignment; default: %(default)s")
+                   "policies: esf, rr, lqf, fifo), each on the MILP assignment; default: %(default)s")
     p.add_argument("--assign", default=",".join(ASSIGNERS), help="assignments to compare (with robion:esf)")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in the fleet")
     p.add_argument("--models", type=int, default=8, help="distinct models served")
@@ -109,7 +109,7 @@ def with_hop_costs(lut: ProfileTable, args: argparse.Namespace) -> ProfileTable:
 
 def devices_of(design: str, gpus: int) -> tuple[int, int]:
     """(simulated devices, GPUs they use) for ``gpus`` GPUs: an intergpu device is a pair of GPUs."""
-    per_device = getattr(DESIGNS[design], "gpus", 1)
+    per_device = getattr(BASELINES.get(design), "gpus", 1)
     devices = max(1, gpus // per_device)
     return devices, devices * per_device
 

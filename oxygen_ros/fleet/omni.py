@@ -1,24 +1,24 @@
-"""Two stage-split baselines for the simulator, on the same queues, policies and LUT as the other designs.
+"""Two stage-split baselines for the simulator, planners on the same queues, policies and LUT as the other designs.
 
-- ``OmniScheduler`` (vLLM-Omni-like): the VLM stage and the action stage are separate processes on one GPU, each
+- ``OmniPlanner`` (vLLM-Omni-like): the VLM stage and the action stage are separate processes on one GPU, each
   with its own queue and continuous batching: a stage starts its next batch as soon as it is free, taking what is
   queued (up to the max batch). Nothing coordinates the two: a stage that starts while the other stage's process
   is busy shares the device with it, modelled as the LUT latency on its share of the one fixed split that best
-  balances the stages (``baselines.best_static_share``, as a per-process limit of the device's compute could
+  balances the stages (``static_split.best_static_share``, as a per-process limit of the device's compute could
   give) inflated by the simulator's interference; a stage that starts alone runs on its fastest share. All three
   choices favour the baseline: the best split, the whole device when alone, and a running stage is not slowed
   when the other starts later. Plain time-slicing of two processes would cost more. Every
   batch pays the measured inter-process hand-offs (``fleet/ipc.py``): the client's inputs into the VLM process,
   the prefix K/V from the VLM process to the action process, the action chunk back; the sending stage's process
   is busy until its hand-off is done.
-- ``InterGpuScheduler``: the VLM stage on one GPU and the action stage on another, each with the whole device and
+- ``InterGpuPlanner``: the VLM stage on one GPU and the action stage on another, each with the whole device and
   continuous batching; a VLM batch's prefix K/V then crosses the link between the GPUs (``Link``: bytes /
   bandwidth + latency, one transfer at a time, overlapping the next VLM batch) before it joins the action queue.
-  One scheduler stands for a pair of GPUs: compare it per GPU.
+  One planner stands for a pair of GPUs: compare it per GPU.
 
 Their costs come from the LUT's ``meta``: ``ipc_s`` (hop -> bucket -> seconds, from ``fleet-ipc``) for the omni
 design, ``kv_bytes_per_request`` and ``link`` (``{"bytes_per_s", "latency_s"}``) for the inter-GPU split
-(``attach_hop_costs``). These designs exist in the simulator only; no executor runs them for real.
+(``attach_hop_costs``). These designs exist in the simulator only; no server runs them.
 """
 
 from __future__ import annotations
@@ -26,26 +26,25 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from oxygen_ros.engine.scheduler import bucket_for
-from oxygen_ros.fleet.baselines import best_static_share
-from oxygen_ros.fleet.batching import Batch, power_of_two_buckets
-from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
-from oxygen_ros.fleet.policies import RemainingTime
-from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.requests import FleetRequest, Stage
+from ..engine.frames import ActionFrame, bucket_for, power_of_two_buckets
+from ..engine.planners import Stage, StageBatch, StageJob
+from ..engine.queues import Remaining
+from .profile_table import ProfileTable
+from .static_split import best_static_share
+from .two_stage import TwoStagePlanner
 
 
-@dataclass
-class HopJob(DeviceJob):
-    """A job whose lane is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its stage runs;
-    the hop is host or link time, so interference does not inflate it. ``payload``: a batch in transit (a
-    transfer carries no stage run)."""
+@dataclass(eq=False)
+class HopJob(StageJob):
+    """A job whose lane is also busy ``hop_s`` (an inter-process hand-off or a link transfer) after its batch
+    runs; the hop is host or link time, so interference does not inflate it. ``payload``: a batch in transit (a
+    transfer runs no batch)."""
 
     hop_s: float = 0.0
-    payload: Batch | None = None
+    payload: StageBatch | None = None
 
     def duration(self, interference: float = 1.0) -> float:
-        return (super().duration(interference) if self.stage_runs else 0.0) + self.hop_s
+        return (super().duration(interference) if self.batches else 0.0) + self.hop_s
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _needs(lut: ProfileTable, key: str, design: str):
     return lut.meta[key]
 
 
-class _StagePipeline(QueuedDevice):
+class _StagePipeline(TwoStagePlanner):
     """Continuous batching on two independent stage lanes; subclasses say what a batch costs beyond the LUT."""
 
     needs_hop_costs = True
@@ -92,7 +91,7 @@ class _StagePipeline(QueuedDevice):
         super().__init__(lut, **kwargs)
         self.busy = {Stage.VLM: False, Stage.ACTION: False}
 
-    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
+    def stage_job(self, batch: StageBatch, now: float, other_running: bool) -> HopJob:
         """The job of ``batch`` on its stage's lane; ``other_running``: the other stage runs at the same time."""
         raise NotImplementedError
 
@@ -100,8 +99,8 @@ class _StagePipeline(QueuedDevice):
         """Hop time still ahead of a request at ``stage``'s queue, beyond the stages' LUT latencies."""
         raise NotImplementedError
 
-    def remaining_estimate(self, stage: Stage) -> RemainingTime:
-        base = super().remaining_estimate(stage)
+    def remaining(self, stage: Stage) -> Remaining:
+        base = super().remaining(stage)
         queues = self.queues[stage]
 
         def remaining(model_id: str) -> float:
@@ -110,7 +109,7 @@ class _StagePipeline(QueuedDevice):
 
         return remaining
 
-    def start_stages(self, now: float) -> list[DeviceJob]:
+    def start_stages(self, now: float) -> list[StageJob]:
         """Every free stage takes its next batch; a stage starting together with the other one co-runs with it."""
         batches = {stage: self.next_batch(stage, now) for stage in (Stage.VLM, Stage.ACTION) if not self.busy[stage]}
         batches = {stage: batch for stage, batch in batches.items() if batch is not None}
@@ -118,12 +117,17 @@ class _StagePipeline(QueuedDevice):
             self.busy[stage] = True
         return [self.stage_job(batch, now, self.busy[_other(stage)]) for stage, batch in batches.items()]
 
+    def finish_stage(self, job: StageJob, now: float) -> list[ActionFrame]:
+        (batch,) = job.batches
+        self.busy[Stage(batch.stage)] = False
+        return self.complete(batch, now)
+
 
 def _other(stage: Stage) -> Stage:
     return Stage.ACTION if stage is Stage.VLM else Stage.VLM
 
 
-class OmniScheduler(_StagePipeline):
+class OmniPlanner(_StagePipeline):
     """Stage processes on one GPU with continuous batching and measured IPC per hop (see the module doc)."""
 
     lanes = 2
@@ -148,32 +152,29 @@ class OmniScheduler(_StagePipeline):
             extra += self.hop("input", bucket) + self.hop("kv", bucket)
         return extra
 
-    def shared_run(self, batch: Batch) -> StageRun:
-        """``batch`` co-running with the other stage's process, on its stage's share of the split."""
-        share = self.co_shares[batch.stage]
-        return StageRun(batch, share, self.lut.latency(batch.model_id, batch.stage, batch.bucket, share))
-
-    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
-        shared = other_running
-        run = self.shared_run(batch) if shared else self.solo_run(batch)
-        if batch.stage is Stage.VLM:
+    def stage_job(self, batch: StageBatch, now: float, other_running: bool) -> HopJob:
+        """``batch`` alone on its fastest share, or co-running with the other stage's process on its stage's share
+        of the split."""
+        stage = Stage(batch.stage)
+        if other_running:
+            self.on_share(batch, self.co_shares[stage])
+        else:
+            self.solo(batch)
+        if stage is Stage.VLM:
             hop = self.hop("input", batch.bucket) + self.hop("kv", batch.bucket)
         else:
             hop = self.hop("output", batch.bucket)
-        job = HopJob(batch.stage.value, now, [run], 0.0, co_run=shared, hop_s=hop)
-        job.predicted_s = (self.guard if shared else 1.0) * run.lut_s + hop
-        return job
+        predicted = (self.guard if other_running else 1.0) * batch.seconds + hop
+        return HopJob(stage.value, now, [batch], predicted, co_run=other_running, hop_s=hop)
 
-    def start(self, now: float) -> list[DeviceJob]:
+    def start(self, now: float) -> list[StageJob]:
         return self.start_stages(now)
 
-    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
-        run = job.stage_runs[0]
-        self.busy[run.batch.stage] = False
-        return self.complete_run(run, now)
+    def finish(self, job: StageJob, now: float) -> list[ActionFrame]:
+        return self.finish_stage(job, now)
 
 
-class InterGpuScheduler(_StagePipeline):
+class InterGpuPlanner(_StagePipeline):
     """VLM on one GPU, action on another, the prefix K/V sent over the link between them (see the module doc)."""
 
     lanes = 3
@@ -184,40 +185,40 @@ class InterGpuScheduler(_StagePipeline):
         self.kv_bytes = int(_needs(lut, "kv_bytes_per_request", "intergpu"))
         link = _needs(lut, "link", "intergpu")
         self.link = Link(float(link["bytes_per_s"]), float(link["latency_s"]))
-        self.in_transit: deque[Batch] = deque()
+        self.in_transit: deque[StageBatch] = deque()
         self.link_busy = False
 
-    def transfer_s(self, requests: int) -> float:
-        """Only the batch's real requests' K/V crosses, not the padding."""
-        return self.link.transfer_s(requests * self.kv_bytes)
+    def transfer_s(self, frames: int) -> float:
+        """Only the batch's real frames' K/V crosses, not the padding."""
+        return self.link.transfer_s(frames * self.kv_bytes)
 
     def remaining_extra(self, stage: Stage, bucket: int) -> float:
         return self.transfer_s(bucket) if stage is Stage.VLM else 0.0
 
-    def stage_job(self, batch: Batch, now: float, other_running: bool) -> HopJob:
-        run = self.solo_run(batch)  # its own GPU: the other stage does not matter
-        return HopJob(batch.stage.value, now, [run], run.lut_s)
+    def stage_job(self, batch: StageBatch, now: float, other_running: bool) -> HopJob:
+        self.solo(batch)  # its own GPU: the other stage does not matter
+        return HopJob(batch.stage, now, [batch], batch.seconds)
 
-    def start(self, now: float) -> list[DeviceJob]:
-        started: list[DeviceJob] = []
+    def start(self, now: float) -> list[StageJob]:
+        started: list[StageJob] = []
         if not self.link_busy and self.in_transit:
             batch = self.in_transit.popleft()
-            seconds = self.transfer_s(len(batch.requests))
+            seconds = self.transfer_s(len(batch.frames))
             self.link_busy = True
             started.append(HopJob("link", now, [], seconds, hop_s=seconds, payload=batch))
         return started + self.start_stages(now)
 
-    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+    def finish(self, job: StageJob, now: float) -> list[ActionFrame]:
         if job.lane == "link":
             self.link_busy = False
-            for request in job.payload.requests:
-                self.queues[Stage.ACTION].push(request)
+            for frame in job.payload.frames:
+                self.queues[Stage.ACTION].push(frame)
             return []
-        run = job.stage_runs[0]
-        self.busy[run.batch.stage] = False
-        if run.batch.stage is Stage.VLM:
-            for request in run.batch.requests:
-                request.vlm_done = now
-            self.in_transit.append(run.batch)
-            return []
-        return self.complete_run(run, now)
+        (batch,) = job.batches
+        if Stage(batch.stage) is Stage.ACTION:
+            return self.finish_stage(job, now)
+        self.busy[Stage.VLM] = False
+        for frame in batch.frames:
+            frame.vlm_done = now
+        self.in_transit.append(batch)
+        return []

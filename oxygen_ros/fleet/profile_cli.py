@@ -1,16 +1,17 @@
 """``oxygen-ros fleet-profile``: measure real stage latencies of co-located models and write the LUT JSON.
 
-Every (model, stage, power-of-two batch bucket, device share) is timed with the real stage runner
-(``model_runner.ModelRunner``: prefill into KV slots, denoise from them), median of ``--repeats`` after a warm-up.
+Every (model, stage, power-of-two batch bucket, device share) is timed on the engine's model runners and stage
+workers, as a stage-split fleet server runs them (``profiler.StageProfiler``: prefill into KV slots, denoise from
+them), median of ``--repeats`` after a warm-up.
 It then runs a VLM batch and an action batch side by side on complementary shares and records how much slower
 that is than the slower of the two alone, timed in the same rounds (``meta["co_run_slowdown"]``, the interference
-the profile of a stage alone cannot see); ``fleet-sim --profile`` and the real executor read the same file.
+the profile of a stage alone cannot see); ``fleet-sim --profile`` and ``fleet_node``'s ``profile_file`` read the
+same file.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,45 +19,10 @@ from collections.abc import Sequence
 import torch
 
 from oxygen_ros.command_line import CommandParser
-from oxygen_ros.fleet.batching import power_of_two_buckets
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_table import ProfileTable, measure_co_run, profile_stages
-from oxygen_ros.fleet.requests import Stage
-
-
-def profile_runner(
-    runner: ModelRunner,
-    max_batch: int,
-    shares: Sequence[float] | None = None,
-    repeats: int = 5,
-    warmup: int = 1,
-) -> ProfileTable:
-    """The measured LUT of every model the runner serves, with the co-run slowdown and the setup in ``meta``."""
-    buckets = power_of_two_buckets(max_batch)
-    shares = list(shares or runner.shares())
-    load_before = os.getloadavg()[0]
-    table = profile_stages(runner, list(runner.models), buckets, shares, repeats=repeats, warmup=warmup)
-    table.meta.update(measure_co_run(runner.submit, table, buckets, repeats=max(3, repeats // 2)))
-    table.meta.update(
-        {
-            "runner": "model_runner.ModelRunner",
-            "device": str(runner.device),
-            "cpu_threads": runner.cpu_threads if runner.device.type == "cpu" else None,
-            "share_meaning": runner.partition_mode,
-            "sm_counts": {
-                f"{stage.value}@{share}": runner.sm_count(stage, share) for stage in Stage for share in shares
-            } if runner.partitions is not None else None,
-            "torch": torch.__version__,
-            "cuda_graphs": runner.cuda_graphs,
-            "dtype": str(runner.dtype).removeprefix("torch."),
-            "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
-            "num_steps": runner.num_steps,
-            # other work on the machine while profiling (1-minute load average before and after, and cores)
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "cores": os.cpu_count(),
-        }
-    )
-    return table
+from oxygen_ros.engine.frames import power_of_two_buckets
+from oxygen_ros.engine.planners import Stage
+from oxygen_ros.fleet.models import ModelSpec
+from oxygen_ros.fleet.profiler import StageProfiler
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,26 +58,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.require_sm_partitions and not args.device.startswith("cuda"):
         parser.error(f"--require-sm-partitions needs a CUDA device, not {args.device}")
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
-    runner = ModelRunner(
+    profiler = StageProfiler(
         specs, args.device, dtype=getattr(torch, args.dtype) if args.dtype else None, max_batch=args.max_batch,
         cpu_threads=args.cpu_threads, num_steps=args.num_steps, cuda_graphs=args.cuda_graphs,
     )
-    if args.require_sm_partitions and runner.partitions is None:
-        runner.close()
-        print(f"fleet-profile: no SM partitions here: shares would be {runner.partition_mode}", file=sys.stderr)
+    if args.require_sm_partitions and profiler.partitions is None:
+        profiler.close()
+        print(f"fleet-profile: no SM partitions here: shares would be {profiler.partition_mode}", file=sys.stderr)
         return 1
     try:
-        shares = [float(x) for x in args.shares.split(",") if x] or runner.shares()
+        shares = [float(x) for x in args.shares.split(",") if x] or profiler.shares()
         buckets = power_of_two_buckets(args.max_batch)
-        print(f"profiling {len(specs)} models x 2 stages x buckets {buckets} x shares {shares} ({runner.partition_mode},"
-              f" {str(runner.dtype).removeprefix('torch.')}): {args.warmup} warm-up and {args.repeats} timed runs "
+        print(f"profiling {len(specs)} models x 2 stages x buckets {buckets} x shares {shares} ({profiler.partition_mode},"
+              f" {str(profiler.dtype).removeprefix('torch.')}): {args.warmup} warm-up and {args.repeats} timed runs "
               "each, then the co-run rounds", flush=True)
         started = time.perf_counter()
-        table = profile_runner(runner, args.max_batch, shares, args.repeats, args.warmup)
+        table = profiler.profile(shares, args.repeats, args.warmup)
     finally:
-        runner.close()
+        profiler.close()
     table.save(args.out)
-    print(f"profiled {len(table.entries)} entries ({table.meta['dtype']}, {runner.partition_mode}) in "
+    print(f"profiled {len(table.entries)} entries ({table.meta['dtype']}, {profiler.partition_mode}) in "
           f"{time.perf_counter() - started:.1f} s -> {args.out}")
     for model_id in table.models():
         for stage in Stage:

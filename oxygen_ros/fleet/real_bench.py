@@ -1,11 +1,14 @@
 """``oxygen-ros fleet-bench``: real fleet serving on this machine, robots served at >= 98% SLO per design.
 
-Co-located models (default: two variants of the tiny preset with different weights) are profiled with the real
-stage runner, then for every robot count and design the real executor serves that many simulated robots (each at
-its control rate with its SLO, arrivals as in the simulator) for ``--duration`` wall seconds. Designs run
-interleaved per robot count, so a change in machine load hits all of them alike. Next to each real point the
-simulator's prediction from the same LUT is printed (interference = the profiled co-run slowdown).
-A design's sweep stops at its first point below the target.
+Co-located models (default: two variants of the tiny preset with different weights) are profiled on the engine's
+runners and stage workers (`profiler.StageProfiler`), then for every robot count and design a `FleetServer` of
+that design (the one a `fleet_node` runs, with the profile as its table) serves that many simulated robots: the
+simulator's arrival list for them (each robot at its control rate with its SLO) is replayed into it on the wall
+clock for ``--duration`` seconds. Designs run interleaved per robot count, so a change in machine load hits all of
+them alike. Next to each real point the simulator's prediction for the same arrival list and table is printed
+(the same scheduler and planner on a simulated clock, interference = the profiled co-run slowdown). A design's
+sweep stops at its first point below the target. Each design's server is made once and kept (its models loaded
+once per design).
 
 ``--reprofile``: profile again after every robot count, so that each count is served between two profiles, and
 predict it also from the profile after it and from the mean of the two (``profile_table.mean_table``); the two
@@ -28,13 +31,25 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.command_line import CommandParser
+from oxygen_ros.engine.frames import ActionFrame
+from oxygen_ros.engine.model_runner import zero_inputs
+from oxygen_ros.engine.runtime import RuntimeConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.capacity import TARGET, robots_at_target
-from oxygen_ros.fleet.executor import cycle_factors, run_real
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_cli import profile_runner
+from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
-from oxygen_ros.fleet.requests import RobotSpec
-from oxygen_ros.fleet.simulator import SimConfig, simulate
+from oxygen_ros.fleet.profiler import StageProfiler
+from oxygen_ros.fleet.server import FleetServer, ServedRobot
+from oxygen_ros.fleet.simulator import (
+    JobRecord,
+    SimConfig,
+    SimResult,
+    cycle_factors,
+    make_arrivals,
+    simulate,
+    summarize,
+)
+from oxygen_ros.fleet.traffic import RobotSpec
 
 
 def make_robots(n: int, models: Sequence[str], rate_hz: float, slos: Sequence[float]) -> list[RobotSpec]:
@@ -43,6 +58,50 @@ def make_robots(n: int, models: Sequence[str], rate_hz: float, slos: Sequence[fl
         RobotSpec(f"robot{i}", models[i % len(models)], rate_hz, slos[(i // len(models)) % len(slos)])
         for i in range(n)
     ]
+
+
+def fleet_server(specs: Sequence[ModelSpec], robots: Sequence[RobotSpec], design: str, lut: ProfileTable,
+                 args: argparse.Namespace) -> FleetServer:
+    """A server of `design` for every robot of the sweep, planning from `lut` (no narration: actions only)."""
+    staged = design != "monolithic"
+    frame_slots = 8 * args.max_batch if staged else args.max_batch  # a stage split holds frames between stages
+    config = RuntimeConfig(SchedulerConfig(queue="esf", max_batch=args.max_batch, max_new_tokens=1),
+                           pool_slots=frame_slots + 1, frame_slots=frame_slots)
+    served = [ServedRobot(r.robot_id, r.model_id, r.slo_s) for r in robots]
+    return FleetServer(specs, served, config, device=args.device, design=design, profile=lut,
+                       cpu_threads=args.cpu_threads, cuda_graphs=args.cuda_graphs, publish_late=True).start()
+
+
+def serve(server: FleetServer, robots: Sequence[RobotSpec], arrivals: Sequence[ActionFrame],
+          timeout_s: float = 600.0) -> SimResult:
+    """Replay `arrivals` into `server` on the wall clock (each frame at its time, stamped then: a replay that falls
+    behind sends frames already aged), wait until every frame is answered, and judge each by its deadline."""
+    inputs = {m: zero_inputs(s.model.config, 1, s.model.device, s.model.dtype) for m, s in server.runtime.served.items()}
+    server.runtime.scheduler.log = []
+    frames = []
+    start = time.perf_counter()
+    for frame in sorted(arrivals, key=lambda f: f.arrival):
+        due = start + frame.arrival
+        time.sleep(max(0.0, due - time.perf_counter()))
+        now = time.perf_counter()
+        queued = server.submit_inputs(frame.robot_id, inputs[frame.model_id], False, stamp_ns=0, age_s=now - due,
+                                      context=frame.context, arrival=now)
+        if queued is None:  # so late already that its deadline has passed: a miss, never served
+            frame.dropped = True
+        frames.append(queued or frame)
+    if not server.runtime.drain(timeout_s):
+        raise RuntimeError(f"the {server.design} server did not answer every frame in {timeout_s:.0f} s")
+    jobs = [JobRecord(0, job, job.end) for job in server.runtime.scheduler.log]
+    server.runtime.scheduler.log = None
+    return summarize(robots, frames, jobs)
+
+
+def warm_up(server: FleetServer, robots: Sequence[RobotSpec], max_batch: int) -> None:
+    """A burst of a batch of frames per model, so first-call costs (allocations) stay out of the measured runs."""
+    first = list({r.model_id: r for r in reversed(robots)}.values())  # one robot of each model
+    burst = [ActionFrame(r.model_id, None, False, 60.0, 0.0, r.robot_id, context=i)
+             for i, r in enumerate(first * max_batch)]
+    serve(server, first, burst)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,12 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cuda_graphs and not args.device.startswith("cuda"):
         parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
-    runner = ModelRunner(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads,
-                         cuda_graphs=args.cuda_graphs)
     designs = [d for d in args.designs.split(",") if d]
     slos = [float(x) for x in args.slo.split(",") if x]
     counts = [int(x) for x in args.robots.split(",") if x]
+    models = [s.model_id for s in specs]
+    everyone = make_robots(max(counts), models, args.rate, slos)
     started = time.perf_counter()
 
     def config_of(design: str, table: ProfileTable) -> SimConfig:
@@ -84,40 +145,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return SimConfig(design=design, duration_s=args.duration, seed=args.seed, max_batch=args.max_batch,
                          guard=max(1.1, slowdown), interference=slowdown)
 
+    profiler = StageProfiler(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads,
+                             cuda_graphs=args.cuda_graphs)
+    servers: dict[str, FleetServer] = {}
     try:
-        lut = profile_runner(runner, args.max_batch, repeats=args.repeats)
-        slowdown = lut.meta["co_run_slowdown"]
+        lut = profiler.profile(repeats=args.repeats)
         profiles = [lut.to_dict()]
-        frames = {m: s.stock_frame for m, s in runner.models.items()}
-        print(
-            f"device {runner.device} ({runner.cpu_threads} threads), models {[s.model_id for s in specs]}, "
-            f"torch {torch.__version__}, co-run slowdown {slowdown:.2f}; robots at {args.rate} Hz, SLOs {slos} s"
-        )
+        slowdown = lut.meta["co_run_slowdown"]
+        print(f"device {profiler.device} ({profiler.cpu_threads} threads), models {models}, torch "
+              f"{torch.__version__}, co-run slowdown {slowdown:.2f}; robots at {args.rate} Hz, SLOs {slos} s")
+        for design in designs:
+            servers[design] = fleet_server(specs, everyone, design, lut, args)
+            warm_up(servers[design], everyone, args.max_batch)
         points: dict[str, dict[int, dict]] = {d: {} for d in designs}
         active = set(designs)
         for n in counts:
-            robots = make_robots(n, list(runner.models), args.rate, slos)
+            robots = everyone[:n]
             served_now = [d for d in designs if d in active]
             for design in served_now:
                 config = config_of(design, lut)
                 slowdown = lut.meta["co_run_slowdown"]
-                real = run_real(robots, lut, runner, config, lambda r: frames[r.model_id])
+                real = serve(servers[design], robots, make_arrivals(robots, config))
                 sim = simulate(robots, {r.robot_id: 0 for r in robots}, lut, config)
-                factors = cycle_factors(real.jobs, slowdown)
+                factors = cycle_factors([r.job for r in real.jobs], slowdown)
                 points[design][n] = {
                     "real": real.summary(),
                     "sim": sim.summary(),
                     "median_cycle_factor": statistics.median(factors) if factors else None,
                 }
                 print(
-                    f"{design:<11} robots {n:>4}: real attainment {real.attainment:.3f} "
+                    f"{design:<13} robots {n:>4}: real attainment {real.attainment:.3f} "
                     f"(p50 {1e3 * real.latency_p50_s:.1f} ms, p99 {1e3 * real.latency_p99_s:.1f} ms)   "
                     f"simulated {sim.attainment:.3f}"
                 )
                 if real.attainment < TARGET:
                     active.discard(design)
             if args.reprofile:
-                after = profile_runner(runner, args.max_batch, repeats=args.repeats)
+                after = profiler.profile(repeats=args.repeats)
                 profiles.append(after.to_dict())
                 mean = mean_table(lut, after)
                 noise = tuple(lut.meta.get("noise_factors", ())) + tuple(after.meta.get("noise_factors", ()))
@@ -131,14 +195,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     band = sorted((point["sim"]["attainment"], point["sim_after"]["attainment"]))
                     point["band"] = band
                     point["real_in_band"] = band[0] - 1e-9 <= point["real"]["attainment"] <= band[1] + 1e-9
-                    print(f"{design:<11} robots {n:>4}: predicted from the profiles before / after / their mean / "
+                    print(f"{design:<13} robots {n:>4}: predicted from the profiles before / after / their mean / "
                           f"the mean with their noise: {band_text(point)}   real {point['real']['attainment']:.3f}, "
                           f"{'inside' if point['real_in_band'] else 'outside'} the before/after band")
                 lut = after
             if not active:
                 break
     finally:
-        runner.close()
+        for server in servers.values():
+            server.close()
+        profiler.close()
     served = {d: robots_at_target({n: p["real"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     simulated = {d: robots_at_target({n: p["sim"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     print(f"\nrobots served at >= {TARGET:.0%} SLO (real): {served}   simulated at the same points: {simulated}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 
+from oxygen_ros.engine.frames import deadline_missed
 from oxygen_ros.engine.stats import percentile
 
 
@@ -104,7 +105,7 @@ def score(frames: list[Frame], slo_s: float, start_ns: int = 0, end_ns: int | No
     """The frames sent in [start_ns, end_ns) judged against `slo_s` from their header stamps."""
     chosen = [f for f in frames if f.sent_ns >= start_ns and (end_ns is None or f.sent_ns < end_ns)]
     latencies = [(f.received_ns - f.stamp_ns) / 1e6 for f in chosen if f.received_ns is not None]
-    on_time = sum(latency <= slo_s * 1e3 for latency in latencies)
+    on_time = sum(not deadline_missed(latency / 1e3, slo_s) for latency in latencies)  # stamp as time zero
     return RobotScore(frames=len(chosen), on_time=on_time, late=len(latencies) - on_time,
                       missed=len(chosen) - len(latencies), latencies_ms=latencies)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from oxygen_ros.fleet.requests import RobotSpec
+from .traffic import RobotSpec
 
 
 def model_ids(n_models: int) -> list[str]:
