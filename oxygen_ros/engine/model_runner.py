@@ -99,7 +99,7 @@ class ModelRunner:
     such slots (any grouping, padded to a bucket). Its padding rows read slots of their own, prefilled once with
     zero-filled inputs, so a VLM batch and an action batch of the same model never touch each other's padding."""
 
-    def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int = 10,
+    def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int | None = None,
                  frame_slots: int | None = None, stage_split: bool = False):
         if language_slots < 0:
             raise ValueError("language_slots must be >= 0")

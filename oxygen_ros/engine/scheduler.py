@@ -35,7 +35,7 @@ ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    num_steps: int = 10  # Euler steps of the action expert
+    num_steps: int | None = None  # Euler steps of the action expert (None: the model's own, as profiled)
     tokens_per_frame: int = 4  # decode steps per frame (k); with adaptive k the cap per control period
     adaptive_k: bool = False  # decode only in the slack before the next control tick
     # adaptive k's floor: decode steps the worker gets after every frame that leaves language work, slack or not,
@@ -58,7 +58,8 @@ class SchedulerConfig:
             raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
         if self.queue not in QUEUE_POLICIES:
             raise ValueError(f"queue must be one of {tuple(QUEUE_POLICIES)}, got {self.queue!r}")
-        if self.tokens_per_frame < 0 or self.num_steps < 1 or self.max_preempted < 0 or self.min_steps_per_frame < 0:
+        steps = 1 if self.num_steps is None else self.num_steps
+        if self.tokens_per_frame < 0 or steps < 1 or self.max_preempted < 0 or self.min_steps_per_frame < 0:
             raise ValueError("tokens_per_frame, min_steps_per_frame and max_preempted must be >= 0, num_steps >= 1")
         if self.max_batch < 1 or self.max_batch & (self.max_batch - 1):
             raise ValueError(f"max_batch must be a power of two >= 1, got {self.max_batch}")
