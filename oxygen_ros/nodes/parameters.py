@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import (
     InvalidParameterTypeException,
@@ -34,7 +35,7 @@ from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 
 PRESET_NAMES = ("tiny", "small", "pi05")
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
 OPTIONAL = object()  # marks a string array that may stay unset
@@ -57,14 +58,18 @@ class Spec:
 SPECS = (
     Spec("model.preset", "tiny", "random-init model shape, used when model.checkpoint is empty",
          " | ".join(PRESET_NAMES)),
-    Spec("model.checkpoint", "", "pi05 checkpoint folder (LeRobot's or openpi's PyTorch layout); overrides "
-                                 "model.preset"),
+    Spec("model.checkpoint", "", "pi05 checkpoint (LeRobot's or openpi's PyTorch layout): a folder, or a hub repo "
+                                 "id org/name[@revision] resolved into the hub cache (HF_HUB_OFFLINE=1: cached "
+                                 "snapshots only); overrides model.preset"),
     Spec("model.text_head", "auto", "matrix a checkpoint decodes narration with; auto: as the stack that wrote it "
                                     "(LeRobot: its lm_head when it differs from the embedding; openpi: the "
                                     "embedding)", " | ".join(TEXT_HEADS)),
-    Spec("model.tokenizer", "", "SentencePiece model file; empty: a stand-in trained once into the user cache "
-                                "(random-init presets only)"),
-    Spec("model.device", "cpu", "torch device", " | ".join(DEVICES)),
+    Spec("model.tokenizer", "", "tokenizer (SentencePiece .model or tokenizer.json): a file, a folder holding one, or "
+                                "a hub repo id; empty: with a checkpoint, the one it carries or names, else "
+                                "PaliGemma's (google/paligemma-3b-pt-224, as LeRobot); with a preset, a stand-in "
+                                "trained once into the user cache"),
+    Spec("model.device", "auto", "torch device; auto: cuda when torch sees a CUDA device, else cpu",
+         " | ".join(DEVICES)),
     Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
                                 "bfloat16 where it measures faster, else float32",
          " | ".join(DTYPE_NAMES)),
@@ -293,7 +298,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         checkpoint=p.text("model.checkpoint"),
         text_head=p.choice("model.text_head", TEXT_HEADS),
         tokenizer=p.text("model.tokenizer"),
-        device=p.choice("model.device", DEVICES),
+        device=_device(p.choice("model.device", DEVICES)),
         dtype=p.choice("model.dtype", DTYPE_NAMES),
         cpu_kernel=p.choice("model.cpu_kernel", CPU_KERNEL_CHOICES),
         seed=p.integer("model.seed"),
@@ -329,6 +334,13 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         rtc_overlap=p.integer("output.rtc_overlap"),
         groups=read_groups(values, action_names),
     )
+
+
+def _device(choice: str) -> str:
+    """`auto` made concrete (the node, its logs and diagnostics see cpu or cuda)."""
+    if choice != "auto":
+        return choice
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
