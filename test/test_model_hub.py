@@ -8,6 +8,7 @@ import torch
 from hub_fixtures import cache_repo, checkpoint_files, hub_cache, word_tokenizer_json  # noqa: F401 - fixture
 from test_vla_node_units import parameter_values
 
+from oxygen_ros.cli import main as cli_main
 from oxygen_ros.model.checkpoint import save_checkpoint
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.corpus import sentences
@@ -126,3 +127,19 @@ def test_tokenizer_resolution_order_and_vocabulary(repos, hub_cache, tmp_path): 
     small = train_tokenizer(tmp_path / "small.model", 512)
     with pytest.raises(ValueError, match="has 512 tokens, the checkpoint's vocabulary 1024"):
         checkpoint_tokenizer(main, CFG.vocab_size, str(small))
+
+
+def test_download_prints_the_parameter_lines_and_fails_in_one_line(repos, hub_cache, capsys):  # noqa: F811
+    assert cli_main(["download", "org/tiny", "--revision", "main"]) == 0
+    out = capsys.readouterr().out
+    snapshot = hub_cache.resolve() / "models--org--tiny" / "snapshots" / COMMIT_A
+    assert f"checkpoint org/tiny@main: {snapshot} (weights " in out
+    assert f"tokenizer: {snapshot}/tokenizer.model (1024 tokens)" in out
+    assert '      checkpoint: "org/tiny@main"\n      tokenizer: ""  # empty: found as above' in out
+    assert cli_main(["download", "org/tiny@v1", "--tokenizer", "org/tok"]) == 0
+    assert '      checkpoint: "org/tiny@v1"\n      tokenizer: "org/tok"\n' in capsys.readouterr().out
+    assert cli_main(["download", "org/missing"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("oxygen-ros download: error: 'org/missing' is not a folder; as a hub id: org/missing is "
+                          "not in the hub cache") and "\n" not in err
+    assert cli_main(["download", "./folder"]) == 2
