@@ -130,6 +130,10 @@ SPECS = (
                                   "whole overlap with the published plan", ">= 0"),
     Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
                                     "controller); unset: action_chunk only"),
+    Spec("visualization.markers", False, "also publish chunk_markers (visualization_msgs/MarkerArray) for RViz: the "
+                                         "published plan as a chart (a lane per action joint over its time) and "
+                                         "each final narration as text"),
+    Spec("visualization.frame_id", "base_link", "frame the chunk_markers chart stands in"),
 )
 
 GROUP_SPECS = {  # output.<group>.<field>: default, description
@@ -182,6 +186,8 @@ class VlaParams:
     ensemble_m: float
     rtc_overlap: int
     groups: tuple[JointGroup, ...]  # empty: action_chunk only
+    markers: bool
+    marker_frame: str
 
     @property
     def period_s(self) -> float:
@@ -333,6 +339,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         ensemble_m=p.number("output.temporal_ensemble_m"),
         rtc_overlap=p.integer("output.rtc_overlap"),
         groups=read_groups(values, action_names),
+        markers=p.flag("visualization.markers"),
+        marker_frame=p.text("visualization.frame_id") or "base_link",
     )
 
 
@@ -384,6 +392,12 @@ class _Reader:
         value = self.text(name)
         if value not in options:
             raise ParameterError(f"{name} must be one of {' | '.join(options)}, got {value!r}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        value = self._get(name)
+        if not isinstance(value, bool):
+            raise ParameterError(f"{name} must be true or false, got {value!r}")
         return value
 
     def integer(self, name: str, minimum: int = 0) -> int:
