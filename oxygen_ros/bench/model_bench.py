@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = get_preset(name)
         model = build_model(cfg, dtype=getattr(torch, args.dtype))
         m = memory_figures(model)
-        print(f"{name} memory: {m['params_m']:.2f} M parameters, weights {m['weights_gib']:.2f} GiB, resident "
+        print(f"{name}: memory {m['params_m']:.2f} M parameters, weights {m['weights_gib']:.2f} GiB, resident "
               f"{m['rss_gib']:.2f} GiB after building (peak {m['peak_gib']:.2f} GiB), KV pool slot "
               f"{m['kv_slot_mib']:.2f} MiB ({cfg.prefix_len} + {NARRATION_TOKENS} tokens)")
         print(f"{'preset':<8}{'batch':>6}{'prefix':>8}{'prefill ms':>12}{'denoise ms/step':>17}{'chunk ms':>11}"
