@@ -30,7 +30,7 @@ def tokenizer(tmp_path_factory):
 def checkpoint(path, state_width=14):
     stats = {"observation.state": {"q01": -np.ones(state_width), "q99": np.ones(state_width)},
              "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
-    return save_checkpoint(build_model(CFG, seed=2), path, stats)
+    return save_checkpoint(build_model(CFG, seed=2), path, stats, embodiment="aloha")
 
 
 def node_args(folder, tokenizer, *extra):
@@ -93,7 +93,7 @@ def test_stats_narrower_than_the_robot_stop_start_up(tmp_path, tokenizer, capfd,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     folder = checkpoint(tmp_path / "ckpt", state_width=4)
     assert vla_node_main(node_args(folder, tokenizer)) == 1
-    assert ("cannot start: joints.state_names has 14 joints, the checkpoint's normalization stats of "
+    assert ("cannot start: joints.state_names gives 14 model dims, the checkpoint's normalization stats of "
             "observation.state only 4") in capfd.readouterr().err
 
 

@@ -526,7 +526,7 @@ def aloha_node(tmp_path, ros_domain_id, *parameters: str):
     config = get_preset("tiny")
     stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
              "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
-    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
+    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats, embodiment="aloha")
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
     context = rclpy.Context()
     overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
