@@ -42,7 +42,8 @@ from .train_tiny import INFO_FILE, TOKENIZER_FILE, TrainConfig, episode_content_
 CAMERAS = ("cam_high", "cam_left_wrist")  # as config/demo_tiny.yaml subscribes them
 PARAMETER_FILES = ("aloha.yaml", "demo_tiny.yaml")
 TASK = "pick up the red cube and place it in the bowl"
-RECORDED_TOPICS = ("action_chunk", "narration", "engine_status", "/clock")
+NODE_OUTPUTS = ("action_chunk", "narration", "engine_status")
+RECORDED_TOPICS = (*NODE_OUTPUTS, "/clock")
 TRAINING = TrainConfig()
 
 
@@ -107,10 +108,13 @@ def run_nodes(args: argparse.Namespace, out: Path, episode_bag: Path, checkpoint
             [*python_command("oxygen_ros.nodes.record_node"), str(run_bag), "--topics", *RECORDED_TOPICS],
             env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
         processes["vla_node"] = subprocess.Popen(node_cmd, env=env, stdout=logs["vla_node"], stderr=subprocess.STDOUT)
-        # the replay waits until the node subscribes (its model is loaded), so no frame goes unheard
+        # the replay waits until the node subscribes (its model is loaded), so no frame goes unheard, and until
+        # the recorder subscribes to the node's outputs (after the node advertised them), so no chunk goes
+        # unrecorded: on a loaded machine the recorder's discovery can take longer than the replay's delay
         processes["replay"] = subprocess.Popen(
             [*python_command("oxygen_ros.nodes.replay_node"), str(episode_bag), "--clock", "--wait-for",
-             "joint_states"], env=env, stdout=logs["replay"], stderr=subprocess.STDOUT)
+             "joint_states", "--wait-for-subscribers", *NODE_OUTPUTS], env=env, stdout=logs["replay"],
+            stderr=subprocess.STDOUT)
         failure = wait_for_exit({"replay": processes["replay"]},
                                 {name: processes[name] for name in ("record", "vla_node")}, args.timeout)
         if failure:

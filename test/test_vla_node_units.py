@@ -11,6 +11,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from oxygen_ros.data.jpeg import encode_jpeg
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import RuntimeStats
+from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import normalized_state
 from oxygen_ros.model.prompt import tokenize_prompt
@@ -405,6 +406,8 @@ def test_parameters_are_validated_with_clear_errors():
         "control.future_tolerance_s": (math.inf, "control.future_tolerance_s must be a number"),
         "cameras.max_pixels": (-1, "cameras.max_pixels must be an integer >= 0"),
         "language.max_preempted": (1.5, "language.max_preempted must be an integer >= 0"),
+        "language.tokens_per_frame": (-1, "language.tokens_per_frame must be an integer >= 0"),
+        "language.min_steps_per_frame": (True, "language.min_steps_per_frame must be an integer >= 0"),
     }
     for name, (value, message) in bad.items():
         with pytest.raises(ParameterError, match=message):
@@ -422,6 +425,18 @@ def test_parameters_are_validated_with_clear_errors():
             ({"embodiment_override": "yes"}, "embodiment_override must be true or false")):
         with pytest.raises(ParameterError, match=message):
             read_parameters(parameter_values(**changes))
+
+
+def test_decode_policy_parameters_choose_adaptive_k_with_its_floor_or_a_fixed_k():
+    params = read_parameters(parameter_values())  # the default: adaptive k, one step a frame owed
+    assert (params.tokens_per_frame, params.min_steps_per_frame) == (0, 1)
+    assert node_decode_policy(params.tokens_per_frame, params.min_steps_per_frame, 32) == {
+        "adaptive_k": True, "tokens_per_frame": 32, "min_steps_per_frame": 1}  # at most one budget per period
+    params = read_parameters(parameter_values(language__tokens_per_frame=3, language__min_steps_per_frame=0))
+    fixed = SchedulerConfig(**node_decode_policy(params.tokens_per_frame, params.min_steps_per_frame, 32))
+    assert (fixed.adaptive_k, fixed.tokens_per_frame, fixed.min_steps_per_frame) == (False, 3, 0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        node_decode_policy(0, -1, 32)
 
 
 def group_values(groups: dict, **changes) -> dict:

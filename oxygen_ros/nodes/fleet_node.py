@@ -41,6 +41,7 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
+``tokens_per_frame``, ``min_steps_per_frame`` (as the VLA node's ``language.*`` of those names),
 ``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
 ``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
 ``language.overlap_threads``),
@@ -73,7 +74,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.fleet.assign_cli import load_assignment
 from oxygen_ros.fleet.model_runner import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -112,6 +113,8 @@ DEFAULTS = {
     "max_pixels": 16_777_216,  # 4096 x 4096
     "narrate_every": 10,
     "max_new_tokens": 32,
+    "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)
+    "min_steps_per_frame": 1,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
     "queue": "esf",
     "design": "monolithic",  # monolithic | robion | disaggregated
@@ -181,7 +184,8 @@ class FleetNode(Node):
         frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
         pool_slots = p["pool_slots"] or frame_slots + max(2, per_model)
         scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
-                                    adaptive_k=True, tokens_per_frame=p["max_new_tokens"],
+                                    **node_decode_policy(p["tokens_per_frame"], p["min_steps_per_frame"],
+                                                         p["max_new_tokens"]),
                                     control_period_s=1.0 / p["rate_hz"])
         profile = ProfileTable.load(p["profile_file"]) if staged and p["profile_file"] else None
         self.server = FleetServer(specs, served,

@@ -110,6 +110,12 @@ SPECS = (
          "own stream seeded by model.seed, so batching never changes its text)", ">= 0"),
     Spec("language.stream_every", 8, "publish partial narration every this many tokens; 0: final text only",
          ">= 0"),
+    Spec("language.tokens_per_frame", 0, "0: adaptive k (narration decodes in the slack before the next tick, "
+                                         "so the control rate holds however long the text); N: exactly N decode "
+                                         "steps after each frame that leaves narration work, which the next tick "
+                                         "waits for (the same tokens per frame on any machine)", ">= 0"),
+    Spec("language.min_steps_per_frame", 1, "with adaptive k: decode steps each frame still owes the narration, "
+                                            "slack or not, so the text never starves; 0: none", ">= 0"),
     Spec("language.overlap_threads", 0, "decode narration beside each chunk's denoising on this many of "
                                         "model.cpu_threads (the control path keeps the rest; on cuda any value > 0 "
                                         "lets the two streams share the device); 0: only between chunks", ">= 0"),
@@ -174,6 +180,8 @@ class VlaParams:
     max_new_tokens: int
     temperature: float
     stream_every: int
+    tokens_per_frame: int  # 0: adaptive k
+    min_steps_per_frame: int
     overlap_threads: int
     pool_slots: int
     admission: str
@@ -333,6 +341,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         max_new_tokens=p.integer("language.max_new_tokens", minimum=1),
         temperature=p.number("language.temperature"),
         stream_every=p.integer("language.stream_every"),
+        tokens_per_frame=p.integer("language.tokens_per_frame"),
+        min_steps_per_frame=p.integer("language.min_steps_per_frame"),
         overlap_threads=p.integer("language.overlap_threads"),
         pool_slots=p.integer("language.pool_slots", minimum=2),
         admission=p.choice("language.admission", ADMISSION_POLICIES),

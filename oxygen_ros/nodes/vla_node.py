@@ -57,7 +57,7 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.control.handover import Handover, Plan
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
@@ -103,11 +103,10 @@ class VlaNode(Node):
         self.policy = load_policy(p)
         config = self.policy.config
         self.horizon = p.horizon or config.action_horizon
-        # adaptive k: text decodes only in the slack before the next tick (at most one narration's budget of
-        # steps per period), so the control rate holds however long the text
         scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
                                     deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
-                                    adaptive_k=True, tokens_per_frame=p.max_new_tokens,
+                                    **node_decode_policy(p.tokens_per_frame, p.min_steps_per_frame,
+                                                         p.max_new_tokens),
                                     admission=p.admission, max_preempted=p.max_preempted,
                                     temperature=p.temperature, seed=p.seed)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
