@@ -161,8 +161,10 @@ class FleetServer:
             raise ValueError(f"the profile table has no entries for models {missing}")
         served: dict[str, Served] = {}
         self.cpu_kernel: dict[str, str] = {}
+        self.trained_on = {}  # model id -> what its checkpoint says about its action space (None: random weights)
         for spec in models_to_load(specs, robots):
             loaded = load_model_source(spec.source, device, dtype or default_dtype(device), spec.seed)
+            self.trained_on[spec.model_id] = loaded.trained_on
             self.cpu_kernel[spec.model_id] = apply_cpu_kernel(loaded.model, cpu_kernel)
             tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
             if cuda_graphs:

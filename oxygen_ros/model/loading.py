@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import TextHead, load_checkpoint
+from .checkpoint import TextHead, TrainedOn, load_checkpoint
 from .config import PRESETS, Pi05Config
 from .pi05 import Pi05Model, build_model
 from .preprocess import NormStats
@@ -27,6 +27,7 @@ class LoadedModel:
     norm_stats: NormStats | None  # None for random weights
     description: str  # "preset tiny", "config <file>" or "checkpoint <dir> (...)", for logs
     text_head: TextHead | None = None  # a checkpoint's choice of text head
+    trained_on: TrainedOn | None = None  # what a checkpoint says about its action space
 
 
 def is_checkpoint(source: str) -> bool:
@@ -47,7 +48,7 @@ def load_model_source(source: str, device: torch.device | str, dtype: torch.dtyp
         head = loaded.text_head
         return LoadedModel(loaded.model, loaded.norm_stats,
                            f"checkpoint {path} ({loaded.layout} layout; text head {head.choice}: {head.reason})",
-                           head)
+                           head, loaded.trained_on)
     raise ValueError(f"model source {source!r} is neither a preset ({sorted(PRESETS)}) nor a file or folder")
 
 
