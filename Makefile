@@ -39,11 +39,13 @@ sim-demo: setup
 bench: setup
 	$(VENV)/bin/oxygen-ros bench --preset small --quick --out out/bench
 
-# On a machine with a CUDA GPU (any python with CUDA torch; no ROS needed): the CUDA test suite, which fails
-# without a GPU, and the whole set of GPU checks and figures (tests, benchmarks, fleet profile) into out/gpu.
-GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+# On a machine with a CUDA GPU (no ROS needed): the CUDA test suite, which fails without a GPU, and the whole set of
+# GPU checks and figures (tests, benchmarks, fleet profile) into out/gpu. The interpreter is the first of GPU_PY,
+# .venv/bin/python and python3 whose torch is a CUDA build that sees a device (scripts/gpu_python.sh says which);
+# without one, one line and status 1.
+GPU_PY ?=
 test-gpu:
-	$(GPU_PY) -m pytest -q test_gpu
+	@py=$$(GPU_PY="$(GPU_PY)" bash scripts/gpu_python.sh) && $$py -m pytest -q test_gpu
 
 gpu-check:
-	PYTHON=$(GPU_PY) bash scripts/gpu_check.sh out/gpu
+	GPU_PY="$(GPU_PY)" bash scripts/gpu_check.sh out/gpu

@@ -17,6 +17,7 @@ ARGUMENTS = (
     ("out_bag", "demo_run_bag", "rosbag2 folder the recorder writes (must not exist)"),
 )
 RECORDED_TOPICS = ["action_chunk", "narration", "engine_status", "/clock"]
+NODE_OUTPUTS = RECORDED_TOPICS[:3]  # the node's topics: the replay waits until the recorder subscribes to them
 
 
 def generate_launch_description():
@@ -34,5 +35,6 @@ def generate_launch_description():
     record = ExecuteProcess(cmd=["oxygen-ros", "record", LaunchConfiguration("out_bag"), "--topics",
                                  *RECORDED_TOPICS], name="record", output="screen")
     replay = ExecuteProcess(cmd=["oxygen-ros", "replay", LaunchConfiguration("bag"), "--clock", "--wait-for",
-                                 "joint_states"], name="replay", output="screen")
+                                 "joint_states", "--wait-for-subscribers", *NODE_OUTPUTS], name="replay",
+                            output="screen")
     return LaunchDescription(declared + [record, node, replay])

@@ -1,52 +1,73 @@
 #!/usr/bin/env bash
-# The GPU checks and figures in one run (about 15 minutes on one recent GPU): the CUDA test suite, the OxyGen
-# benchmark on `small` and `pi05` (bf16), and a green-context fleet profile (with and without CUDA graphs). Needs
-# python3 with a CUDA build of torch, numpy, scipy, matplotlib, sentencepiece, pyyaml, (for SM partitions)
-# cuda-bindings and (for the benchmark's energy figures) nvidia-ml-py; no ROS.
-# Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step: test_gpu bench_small
-# bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05). Each step has its own time limit
-# and the run goes on after a failed step, so one slow step does not lose the others' results; the exit status is
-# the number of failed steps.
+# The GPU checks and figures in one run: the CUDA test suite, the OxyGen benchmark on `small` and `pi05` (bf16), and
+# a green-context fleet profile (with and without CUDA graphs). Needs a python whose torch is a CUDA build (chosen by
+# scripts/gpu_python.sh: $GPU_PY, else .venv/bin/python, else python3) with this package's dependencies and the
+# `gpu` extra (cuda-bindings for the SM partitions, nvidia-ml-py for the energy figures); no ROS.
+# Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step, most telling first:
+# test_gpu bench_small fleet_profile bench_goals bench_small_graphs fleet_profile_graphs bench_pi05).
+# The whole run keeps within GPU_CHECK_BUDGET_S (default 480 s: a machine lent for a short while must have time left
+# to start and to rerun): each step gets its own limit (3-5x its estimate; none of it has run on a GPU yet) or what
+# is left of the budget, whichever is less, and a step that would get under 30 s is skipped, said in one line. The
+# run goes on after a failed step, so one slow step does not lose the others' results; a step past its limit gets
+# SIGINT first, so its log ends with where it was (pytest's summary, Python's traceback). The exit status is the
+# number of failed steps; without a usable GPU it stops at once with one line.
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-out/gpu}
 shift || true
-steps=" ${*:-test_gpu bench_small bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05} "
-mkdir -p "$out"
-py=${PYTHON:-python3}
+steps=" ${*:-test_gpu bench_small fleet_profile bench_goals bench_small_graphs fleet_profile_graphs bench_pi05} "
+budget=${GPU_CHECK_BUDGET_S:-480}
+py=$(bash scripts/gpu_python.sh) || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p "$out"
+"$py" scripts/gpu_env.py --driver >"$out/device.txt" 2>&1
+status=$?
+cat "$out/device.txt"
+[ "$status" = 0 ] || exit 1
 failed=0
 
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2
     shift 2
     [[ $steps == *" $name "* ]] || return 0
-    echo "=== $name (limit ${seconds} s)"
-    local start=$SECONDS
-    if timeout "$seconds" "$@" >"$out/$name.log" 2>&1; then
-        echo "=== $name: ok in $((SECONDS - start)) s"
-    else
-        echo "=== $name: FAILED (status $?) after $((SECONDS - start)) s"
-        failed=$((failed + 1))
+    local left=$((budget - SECONDS))
+    if [ "$left" -lt 30 ]; then
+        echo "=== $name: skipped, ${left} s of the ${budget} s budget left (GPU_CHECK_BUDGET_S)"
+        return 0
     fi
+    [ "$seconds" -le "$left" ] || seconds=$left
+    echo "=== $name (limit ${seconds} s)"
+    local start=$SECONDS status=0
+    timeout -s INT -k 30 "$seconds" "$@" >"$out/$name.log" 2>&1 || status=$?
+    if [ "$status" = 0 ]; then
+        echo "=== $name: ok in $((SECONDS - start)) s"
+    elif [ "$status" = 124 ]; then
+        echo "=== $name: FAILED, stopped at its limit after $((SECONDS - start)) s (the log ends where it was)"
+    else
+        echo "=== $name: FAILED (status $status) after $((SECONDS - start)) s"
+    fi
+    [ "$status" = 0 ] || failed=$((failed + 1))
     tail -n 25 "$out/$name.log"
 }
 
-"$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "no CUDA device here"; exit 1; }
-"$py" -c "import torch; p = torch.cuda.get_device_properties(0); print(torch.__version__, p.name, p.multi_processor_count, 'SMs')" \
-    | tee "$out/device.txt"
-step test_gpu 150 "$py" -m pytest -q -p no:cacheprovider test_gpu
-step bench_small 150 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --out "$out/bench_small"
-step bench_small_graphs 150 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
-    --out "$out/bench_small_graphs"
+# -v: one line per test as it passes, so a stopped run shows which test it was in
+step test_gpu 300 "$py" -m pytest -v -p no:cacheprovider test_gpu
+step bench_small 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --out "$out/bench_small"
+# every share the driver makes, buckets 1-4: 2 models x 2 stages x 3 buckets x ~10 shares x 4 runs, then the
+# co-run rounds (about 30 s by estimate); fails rather than profile plain streams if there are no SM partitions
+step fleet_profile 150 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
+    --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --out "$out/fleet_lut_small.json"
 # the real vocabulary at the goal point, float32 and bfloat16 side by side, with energy where NVML is installed
-step bench_goals 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset fullvocab --device cuda --goals \
+step bench_goals 300 "$py" -m oxygen_ros.bench.oxygen_bench --preset fullvocab --device cuda --goals \
     --dtype float32 bfloat16 --cuda-graphs --out "$out/bench_goals"
-step fleet_profile 60 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
-    --max-batch 8 --repeats 5 --warmup 2 --out "$out/fleet_lut_small.json"
-# the same table with the action stage replayed from CUDA graphs per SM partition
-step fleet_profile_graphs 60 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
-    --max-batch 8 --repeats 5 --warmup 2 --cuda-graphs --out "$out/fleet_lut_small_graphs.json"
-step bench_pi05 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
+step bench_small_graphs 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
+    --out "$out/bench_small_graphs"
+# the same table with the action stage replayed from CUDA graphs per SM partition (a capture per stream and bucket)
+step fleet_profile_graphs 180 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
+    --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --cuda-graphs \
+    --out "$out/fleet_lut_small_graphs.json"
+# 3.35 B parameters initialised on the CPU, then the reduced matrix (about 200 s by estimate)
+step bench_pi05 420 "$py" -m oxygen_ros.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
     --out "$out/bench_pi05"
+echo "=== $failed failed step(s); logs in $out"
 exit "$failed"

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
+from oxygen_ros.bench import modes
 from oxygen_ros.bench.modes import RUNNERS, SETTINGS, Workload
 from oxygen_ros.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.language import decode_batch, start_request
+from oxygen_ros.engine.model_runner import PriorityStreams
 from oxygen_ros.engine.step_cost import StepCostModel
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
@@ -47,6 +49,34 @@ def test_every_setting_gives_the_same_actions_and_text(model):
     assert runs["parallel"].texts, "the parallel language worker finished no request"
     for frame, tokens in runs["parallel"].texts.items():
         assert tokens == expected[frame]
+
+
+def test_parallel_makes_its_streams_after_the_model_copy_and_the_pools(model, monkeypatch):
+    """On a GPU the copy and the zero-filled pools are queued on the default stream, which the workers' streams do
+    not wait for; making the streams waits for the device, so they come after everything they read."""
+    events = []
+
+    class Streams(PriorityStreams):
+        def __init__(self, *args, **kwargs):
+            events.append("streams")
+            super().__init__(*args, **kwargs)
+
+    def pool(*args, **kwargs):
+        events.append("pool")
+        return KVPool(*args, **kwargs)
+
+    deepcopy = modes.copy.deepcopy
+    monkeypatch.setattr(modes, "PriorityStreams", Streams)
+    monkeypatch.setattr(modes, "KVPool", pool)
+    def copied(value, memo=None):
+        if memo is None:  # the copy itself, not its parts
+            events.append("copy")
+        return deepcopy(value, memo)
+
+    monkeypatch.setattr(modes.copy, "deepcopy", copied)
+    frames, noises = synthetic_frames(CONFIG, 2, seed=13)
+    RUNNERS["parallel"](model, Workload(frames, noises, arrivals("every_frame", 2), decode_len=2, num_steps=1))
+    assert events == ["copy", "pool", "pool", "streams"]
 
 
 def test_overlap_gives_the_same_actions_and_text(model):

@@ -3,13 +3,14 @@
 
 import threading
 
+import pytest
 import torch
 
 from oxygen_ros.bench.workloads import synthetic_frames
 from oxygen_ros.engine.model_runner import ModelRunner
 from oxygen_ros.engine.stage_workers import Stage, StageWorkers
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.pi05 import Pi05Model, build_model
 
 TINY = get_preset("tiny")
 
@@ -71,3 +72,21 @@ def test_stage_workers_hold_their_own_thread_budgets():
         assert workers.cpu_shares() == [0.5, 1.0]
     finally:
         workers.close()
+
+
+def test_padding_noise_is_made_on_the_models_device_and_an_empty_prefix_is_refused():
+    """A bucket's padding rows start from zeros made on the model's device: the meta device stands in for a
+    GPU, beside which a host tensor cannot be concatenated. A frame without a valid prefix token is refused from
+    the valid lengths the runner reads back (the model's prefill reads nothing back), its slot given back."""
+    with torch.device("meta"):
+        meta = Pi05Model(TINY).eval()
+    runner = ModelRunner(meta, language_slots=0, max_new_tokens=0, max_batch=4, stage_split=True)
+    noise = torch.zeros(1, TINY.action_horizon, TINY.action_dim, device="meta")
+    assert runner.denoise_stage([runner.pool.allocate("frame")], [noise], 4).shape == noise.shape
+    runner = ModelRunner(build_model(TINY, seed=0), language_slots=0, max_new_tokens=0, max_batch=2)
+    (frame,), (noise,) = synthetic_frames(TINY, 1, seed=1)
+    frame.image_masks[:] = False
+    frame.token_masks[:] = False
+    with pytest.raises(ValueError, match="at least one valid token"):
+        runner.act([frame], [noise], 1, [False])
+    assert runner.slots_in_use == 0

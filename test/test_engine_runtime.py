@@ -346,3 +346,38 @@ def test_adaptive_k_floor_gives_the_text_its_steps_when_no_slack_is_left_and_cou
     assert stats.floor_steps >= floor * 6
     decode_s = sum(e - s for s, e in decode)
     assert 0.0 < stats.floor_action_s <= decode_s
+
+
+def test_a_frame_slot_no_request_takes_is_freed_only_after_its_chunk_is_read_back(model, tokenizer):
+    """On a GPU the denoising may still read a frame's slot until its chunk reaches the host; a slot freed before
+    that could be prefilled meanwhile by a resume on the language stream. Frames whose slot goes to no request (no
+    narration, or a text budget of 0) free it only after the read-back."""
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(SchedulerConfig(num_steps=1, max_batch=2)))
+    runner = runtime.runners["default"]
+    events, act, free = [], runner.act, runner.free
+
+    class ReadBack:  # the chunk's tensor as `run_control` reads it: float(), then cpu()
+        def __init__(self, actions):
+            self.actions = actions
+
+        def float(self):
+            return self
+
+        def cpu(self):
+            events.append(("read back",))
+            return self.actions.float()
+
+    def spied_act(*args, **kwargs):
+        out = act(*args, **kwargs)
+        out.actions = ReadBack(out.actions)
+        return out
+
+    runner.act = spied_act
+    runner.free = lambda slots: (events.append(("free", *slots)), free(slots))
+    inputs = prepared(runtime, 0)
+    runtime.submit(runtime.frame(inputs, narrate=False, context=0))
+    runtime.submit(runtime.frame(inputs, narrate=True, max_new_tokens=0, context=1))
+    chunks = runtime.run_control()
+    assert [c.context for c in chunks] == [0, 1] and all(c.error is None for c in chunks)
+    assert events[0] == ("read back",) and sorted(events[1][1:]) == [0, 1] and len(events) == 2
+    assert runtime.stats().slots_used == 0

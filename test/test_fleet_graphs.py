@@ -35,6 +35,9 @@ def test_cuda_graphs_are_refused_on_a_cpu(tokenizer, capsys):  # noqa: F811
         assert "--cuda-graphs needs a CUDA device, not cpu" in capsys.readouterr().err
     with pytest.raises(ValueError, match="CUDA device"):
         build_model(get_preset("tiny"), seed=0).use_cuda_graphs(per_stream=True)
+    with pytest.raises(SystemExit) as exit_info:
+        profile_main(["--require-sm-partitions", "--device", "cpu", "--out", "unused"])
+    assert exit_info.value.code == 2 and "needs a CUDA device" in capsys.readouterr().err
 
 
 class FakeGraphs:

@@ -1,12 +1,14 @@
 """The fleet server node over real DDS: 4 namespaced robots on one node, each gets only its own chunks, its own
 narration and its own engine_status; the node serves only its GPU's robots and loads only their models, each robot
-with its SLO from the assignment file; a frame whose stamp is already past its deadline is never served and is
-counted, in the robot's engine_status and on /diagnostics."""
+with its SLO from the assignment file and its own embodiment (one is a DROID arm: its velocities integrated from its
+frame's state); a frame whose stamp is already past its deadline is never served and is counted, in the robot's
+engine_status and on /diagnostics."""
 
 import json
 import subprocess
 import sys
 
+import numpy as np
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -46,6 +48,8 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         "-p", "max_batch:=4",
         "-p", "narrate_every:=2",
         "-p", "max_new_tokens:=4",
+        "-p", f"robots:={robots}", "-p", f"robot_models:={[model_of[r] for r in robots]}",
+        "-p", "embodiments:=[absolute, absolute, droid, absolute, absolute]",  # robot3: a DROID arm (8 joints)
     ]
     server = subprocess.Popen(
         [sys.executable, "-m", "oxygen_ros.nodes.fleet_node", "--ros-args", *args],
@@ -75,7 +79,8 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         assert matched(), server.poll() is None or server.stdout.read()
         assert all(p.get_subscription_count() == 0 for p in cams["robot5"])  # not this node's robot
         def joint_state(r, i, stamp):
-            state = JointState(name=[f"{r}_j{j}" for j in range(14)], position=[0.1 * i] * 14)
+            count = 8 if r == "robot3" else 14
+            state = JointState(name=[f"{r}_j{j}" for j in range(count)], position=[0.1 * i] * count)
             state.header.stamp = stamp
             return state
 
@@ -128,9 +133,18 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         for r in served:
             stamps = {(m.header.stamp.sec, m.header.stamp.nanosec) for m in received[r]}
             assert stamps <= sent[r], (r, stamps - sent[r])  # only its own fresh frames, never another robot's
+            count = 8 if r == "robot3" else 14
             for msg in received[r]:
-                assert msg.joint_names == [f"{r}_j{j}" for j in range(14)]
-                assert len(msg.points) == 8 and len(msg.points[0].positions) == 14  # tiny: horizon 8
+                assert msg.joint_names == [f"{r}_j{j}" for j in range(count)]
+                assert len(msg.points) == 8 and len(msg.points[0].positions) == count  # tiny: horizon 8
+                if r == "robot3":  # droid: velocities integrated from the frame's state (0.3) on its 1/15 s grid
+                    positions = np.array([p.positions for p in msg.points])
+                    velocities = np.array([p.velocities for p in msg.points])
+                    np.testing.assert_allclose(positions[:, :7] - 0.3, np.cumsum(velocities[:, :7], axis=0) / 15,
+                                               atol=1e-9)
+                    assert msg.points[0].time_from_start.nanosec == round(1e9 / 15)
+                else:
+                    assert not msg.points[0].velocities
         assert received["robot5"] == []
     finally:
         node.destroy_node()

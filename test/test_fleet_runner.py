@@ -82,6 +82,7 @@ def test_fleet_profile_command_writes_a_measured_lut(tmp_path, capsys):
     assert lut.batches("a", Stage.VLM, 0.5) == [1, 2] and lut.shares("b", Stage.ACTION) == [0.5, 1.0]
     assert lut.meta["co_run_slowdown"] >= 1.0 and lut.meta["models"]["b"] == {"source": "tiny", "seed": 1}
     assert json.loads(out.read_text())["meta"]["share_meaning"] == "CPU thread budget"
+    assert lut.meta["dtype"] == "float32"  # the default on a CPU; bfloat16 on CUDA, as a GPU deployment serves
     assert "co-run slowdown" in capsys.readouterr().out
 
 

@@ -1,16 +1,28 @@
 """What of the CUDA-graph path can be checked without a GPU (the graphs themselves are tested in test_gpu/): a CPU
-model refuses graphs and keeps running eagerly, and a bucket's padding repeats the batch's first row."""
+model refuses graphs and keeps running eagerly, a bucket's padding repeats the batch's first row, and the capture
+logic (one capture at a time in the process, stream order without events on the calling stream, decode graphs
+that do not keep their cache alive) with torch's CUDA calls replaced by recording stand-ins: the captured
+function runs eagerly on the CPU, a replay does nothing."""
+
+import gc
+import threading
+import weakref
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
 
+from oxygen_ros.model import cuda_graphs
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.cuda_graphs import _padded
+from oxygen_ros.model.cuda_graphs import CudaGraphs, _padded
+from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
+
+TINY = get_preset("tiny")
 
 
 def test_a_cpu_model_refuses_graphs_and_stays_eager():
-    model = build_model(get_preset("tiny"), seed=0)
+    model = build_model(TINY, seed=0)
     with pytest.raises(ValueError, match="CUDA device"):
         model.use_cuda_graphs()
     assert model._graphs is None
@@ -22,3 +34,100 @@ def test_padding_repeats_the_first_row_along_the_batch_dimension():
     assert _padded(rows, 5).tolist() == [[0, 1], [2, 3], [4, 5], [0, 1], [0, 1]]
     layers = torch.arange(12).reshape(2, 3, 2)  # [depth, batch, ...]: padded along dim 1
     assert torch.equal(_padded(layers, 4, dim=1)[:, 3], layers[:, 0])
+
+
+class Stream:
+    """A stand-in CUDA stream: records the streams it was made to wait for."""
+
+    def __init__(self, handle: int):
+        self.device, self.cuda_stream, self.waited = "cuda:0", handle, []
+
+    def wait_stream(self, other):
+        self.waited.append(other.cuda_stream)
+
+
+class Captures:
+    """torch's capture calls replaced: which streams were current, and how many captures overlapped."""
+
+    def __init__(self, monkeypatch):
+        self.current = threading.local()
+        self.inside = 0
+        self.most_inside = 0
+        self.unlocked = []  # warm-ups or captures that ran without the capture lock
+        self.second = threading.Event()
+        self.lock = threading.Lock()
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "device", lambda device: nullcontext())
+        monkeypatch.setattr(cuda, "current_stream", lambda device=None: self.current.stream)
+        monkeypatch.setattr(cuda, "stream", self.stream)
+        monkeypatch.setattr(cuda, "graph", self.graph)
+        monkeypatch.setattr(cuda, "CUDAGraph", lambda: type("Graph", (), {"replay": lambda graph: None})())
+        monkeypatch.setattr(cuda, "graph_pool_handle", object)
+        handles = iter(range(100, 200))
+        monkeypatch.setattr(cuda, "Stream", lambda device=None: Stream(next(handles)))
+
+    def stream(self, stream):
+        self.unlocked += [] if cuda_graphs.CAPTURE_LOCK.locked() else ["warm-up"]
+        return nullcontext()
+
+    @contextmanager
+    def graph(self, graph, pool=None, stream=None, capture_error_mode="global"):
+        self.unlocked += [] if cuda_graphs.CAPTURE_LOCK.locked() else ["capture"]
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            if self.inside == 2:
+                self.second.set()
+        self.second.wait(0.3)  # long enough for a second thread's capture to start beside this one
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+def graphs_on(model, stream=None) -> CudaGraphs:
+    """`CudaGraphs` for a CPU model (the CUDA device check skipped)."""
+    graphs = CudaGraphs.__new__(CudaGraphs)
+    graphs._setup(model, (2,), torch.device("cpu"), stream)
+    return graphs
+
+
+def decode(graphs: CudaGraphs, cache: KVCache):
+    p = TINY.prefix_len
+    return graphs.decode_logits(cache, torch.tensor([0, 1]), torch.tensor([5, 6]), torch.tensor([p, p]),
+                                torch.tensor([3, 4]))
+
+
+@torch.no_grad()
+def test_captures_take_turns_keep_stream_order_and_let_their_cache_go(monkeypatch):
+    captures = Captures(monkeypatch)
+    model = build_model(TINY, seed=0)
+    caches = [KVCache(TINY, 2, TINY.prefix_len + 4) for _ in range(2)]
+    streams = [Stream(1), Stream(2)]
+    shapes = []
+
+    def worker(i: int):  # per-stream graphs (the fleet's stage workers): captured on the calling stream
+        captures.current.stream = streams[i]
+        with torch.no_grad():
+            shapes.append(tuple(decode(graphs_on(model, streams[i]), caches[i]).shape))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert shapes == [(2, TINY.vocab_size)] * 2
+    assert captures.most_inside == 1 and captures.unlocked == []  # one capture, with its warm-up, at a time
+    assert [s.waited for s in streams] == [[], []]  # no stream waits for itself, no event is made
+    # graphs of their own side stream: it starts after the calling stream's work, which waits for the capture
+    captures.current.stream = caller = Stream(3)
+    side = graphs_on(model)
+    decode(side, caches[0])
+    assert side._streams["decode"].waited == [3] and caller.waited == [side._streams["decode"].cuda_stream] * 2
+    # a decode graph keeps no reference to its cache: a pool that goes takes its graphs with it
+    kept = weakref.ref(caches[0])
+    assert len(side._decode) == 1
+    del caches[0]
+    gc.collect()
+    assert kept() is None and len(side._decode) == 0

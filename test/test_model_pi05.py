@@ -8,12 +8,13 @@ model, so they check exactly what the cache layout, masks and RoPE positions mus
 import pytest
 import torch
 
+from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.gemma import rope_cos_sin
 from oxygen_ros.model.generate import greedy_decode
 from oxygen_ros.model.inputs import ModelInputs
-from oxygen_ros.model.kv_cache import KVCache
-from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.kv_cache import DecodeIndex, KVCache
+from oxygen_ros.model.pi05 import Pi05Model, build_model
 
 CFG = get_preset("tiny")
 P = CFG.prefix_len
@@ -288,3 +289,39 @@ def test_bfloat16_model_and_cache_track_float32():
         results.append((actions, prefill.logits, logits))
     for fp32, bf16 in zip(*results):
         torch.testing.assert_close(bf16, fp32, atol=0.1, rtol=0.05)
+
+
+def test_prefill_denoising_and_greedy_step_read_nothing_back_to_the_host():
+    """On a GPU a device value read back to the host (`bool(t)`, `.item()`, `.tolist()`) stops the launching
+    thread until the device has caught up. The meta device stands in for a GPU here: its tensors have shapes but
+    no values, so any such read raises. A prefill, a denoising and a greedy decode step (choosing the prefixes'
+    first tokens too) run there to the end; slots and positions come from the host, as the engine passes them."""
+    with torch.device("meta"):
+        model = Pi05Model(CFG).eval()
+    cache = KVCache(CFG, num_slots=3, max_len=P + 4, device="meta")
+    slots = torch.tensor([0, 2])
+    prefill = model.prefill(zero_inputs(CFG, 2, "meta", torch.float32), cache, slots, want_hidden=True)
+    noise = torch.zeros(2, CFG.action_horizon, CFG.action_dim, device="meta")
+    assert model.sample_actions(cache, slots, noise, 2).shape == noise.shape
+    index = DecodeIndex(cache, slots, torch.tensor([P, P]), torch.tensor([5, 6]))
+    tokens = model.decode_tokens(cache, index, torch.zeros(2, dtype=torch.long, device="meta"), first=prefill.hidden)
+    assert tokens.shape == (4,) and tokens.dtype == torch.long and prefill.num_valid.device.type == "meta"
+
+
+@torch.inference_mode()
+def test_decode_step_never_returns_memory_a_graph_replay_overwrites(model, monkeypatch):
+    """With CUDA graphs a step's logits are the graph's static output, which the next replay overwrites; a caller
+    of `decode_step` keeps what it got. A stand-in for the graphs replays into one static buffer as a graph does."""
+    static = torch.empty(4, CFG.vocab_size)
+
+    def replay(cache, slots, tokens, cache_index, positions):
+        static.fill_(float(tokens[0]))
+        return static[: len(slots)]
+
+    monkeypatch.setattr(model, "_graphs", type("Graphs", (), {"decode_logits": staticmethod(replay)})())
+    cache = KVCache(CFG, num_slots=2, max_len=P + 4)
+    args = torch.tensor([0, 1]), torch.tensor([P, P]), torch.tensor([3, 3])
+    first = model.decode_step(cache, args[0], torch.tensor([1, 1]), *args[1:])
+    second = model.decode_step(cache, args[0], torch.tensor([2, 2]), *args[1:])
+    assert first.untyped_storage().data_ptr() != static.untyped_storage().data_ptr()
+    assert bool((first == 1).all()) and bool((second == 2).all())

@@ -176,7 +176,8 @@ def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episo
 
 
 def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path):
-    """A bag written directly with rosbags (not our converter), standard types, absolute topic names."""
+    """A bag written directly with rosbags (not our converter), standard types, absolute topic names; the replay
+    also waits for a subscriber to a topic it does not publish (as the demo waits for its recorder)."""
     store = get_typestore(Stores.ROS2_KILTED)
     string_cls = store.types["std_msgs/msg/String"]
     start = 5_000_000_000
@@ -188,8 +189,12 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     receiver = Receiver(ros_context, {"/chatter": (String, QoSProfile(depth=100)),
                                       "/clock": (Clock, QoSProfile(depth=100))})
     child = Child(["-m", "oxygen_ros.nodes.replay_node", str(tmp_path / "bag"), "--rate", "2", "--clock",
-                   "--wait-for", "/chatter", "--delay", "0.3"], ros_env)
+                   "--wait-for", "/chatter", "--wait-for-subscribers", "/recorded", "--delay", "0.3"], ros_env)
     try:
+        assert receiver.wait_for(lambda: receiver.node.count_publishers("/chatter") > 0, timeout=60)
+        time.sleep(1.0)  # the replay is up and /chatter has its subscriber; nothing subscribes to /recorded yet
+        assert receiver.received["/chatter"] == [] and receiver.received["/clock"] == []
+        receiver.node.create_subscription(String, "/recorded", lambda _: None, QoSProfile(depth=1))
         got = receiver.wait_for(lambda: len(receiver.received["/chatter"]) >= 30, timeout=20)
         child.note_shm()
         rc, output = child.wait(timeout=10)

@@ -32,7 +32,7 @@ def tokenizer(tmp_path_factory):
 def checkpoint(path, state_width=14):
     stats = {"observation.state": {"q01": -np.ones(state_width), "q99": np.ones(state_width)},
              "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
-    return save_checkpoint(build_model(CFG, seed=2), path, stats)
+    return save_checkpoint(build_model(CFG, seed=2), path, stats, embodiment="aloha")
 
 
 def node_args(folder, tokenizer, *extra):
@@ -122,7 +122,7 @@ def test_stats_narrower_than_the_robot_stop_start_up(tmp_path, tokenizer, capfd,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     folder = checkpoint(tmp_path / "ckpt", state_width=4)
     assert vla_node_main(node_args(folder, tokenizer)) == 1
-    assert ("cannot start: joints.state_names has 14 joints, the checkpoint's normalization stats of "
+    assert ("cannot start: joints.state_names gives 14 model dims, the checkpoint's normalization stats of "
             "observation.state only 4") in capfd.readouterr().err
 
 
@@ -155,3 +155,30 @@ def test_the_node_decodes_with_the_chosen_text_head_and_says_why(tmp_path, token
         assert f"text head {choice}: " in capfd.readouterr().err
     assert vla_node_main(node_args(folder, tokenizer, "-p", "model.text_head:=output")) == 1
     assert "model.text_head must be one of auto | lm_head | embedding, got 'output'" in capfd.readouterr().err
+
+
+def test_a_profile_the_checkpoint_was_not_trained_in_stops_start_up_unless_overridden(tmp_path, tokenizer, capfd,
+                                                                                       ros_domain_id, monkeypatch):
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = checkpoint(tmp_path / "ckpt")  # trained in the aloha embodiment: deltas, pi's signs
+    assert vla_node_main(node_args(folder, tokenizer, "-p", "embodiment:=absolute")) == 1
+    err = capfd.readouterr().err
+    assert ("cannot start: embodiment absolute does not fit model.checkpoint: the checkpoint was trained in "
+            "embodiment aloha (set embodiment to the profile it was trained in, or embodiment_override: true)") in err
+    assert len(err.strip().splitlines()) == 1, err
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", *node_args(folder, tokenizer, "-p", "embodiment:=absolute",
+                                            "-p", "embodiment_override:=true")], context=context,
+               domain_id=ros_domain_id)
+    node = VlaNode(context=context)
+    try:
+        assert "trained in embodiment aloha" in node.policy.embodiment_warning
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+    assert "(starting: embodiment_override is true)" in capfd.readouterr().err

@@ -29,13 +29,15 @@ def model_cache(tmp_path_factory):
 def test_hostile_inputs_never_kill_the_node_nor_reach_the_robot(ros_context, ros_env, model_cache):
     robot = Robot(ros_context, compressed_second_camera=True)
     spinner = Spinner(ros_context, [robot.node])
-    # Every acted frame narrates with admission preempt, into one language slot, with a long token budget: each
-    # new narration preempts the running one, so without a bound the waiting requests would pile up.
+    # Every acted frame narrates with admission preempt, into one language slot, with a long token budget, and
+    # decodes exactly one token per frame (a fixed k: on any machine a narration spans many frames): each new
+    # narration preempts the running one, so without a bound the waiting requests would pile up.
     child = start_node(ros_env, model_cache, "-p", "control.rate_hz:=20.0", "-p", "cameras.compressed:=[false,true]",
                        "-p", "control.max_image_age_s:=0.5", "-p", "control.max_state_age_s:=0.4",
                        "-p", "control.future_tolerance_s:=0.1", "-p", "language.admission:=preempt",
                        "-p", "language.pool_slots:=2", "-p", "language.every_n_frames:=1",
-                       "-p", "language.max_new_tokens:=200", "-p", "language.stream_every:=0",
+                       "-p", "language.max_new_tokens:=200", "-p", "language.tokens_per_frame:=1",
+                       "-p", "language.stream_every:=0",
                        "-p", "language.max_preempted:=3")
 
     counter = robot.counter
@@ -129,7 +131,7 @@ def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error
     assert all(torch.isfinite(p).all() for p in model.parameters())
     stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},  # the 14 ALOHA joints
              "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
-    checkpoint = save_checkpoint(model, tmp_path / "checkpoint", stats)
+    checkpoint = save_checkpoint(model, tmp_path / "checkpoint", stats, embodiment="aloha")
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
     robot = Robot(ros_context)
     spinner = Spinner(ros_context, [robot.node])

@@ -189,7 +189,7 @@ def flatten(tree: dict, prefix: str = "") -> set[str]:
 def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_parameters():
     import yaml
 
-    from oxygen_ros.demo import PARAMETER_FILES, RECORDED_TOPICS
+    from oxygen_ros.demo import NODE_OUTPUTS, PARAMETER_FILES, RECORDED_TOPICS
     from oxygen_ros.nodes.record_node import build_parser as record_parser
 
     tree = parse("launch/oxygen_demo.launch.py")
@@ -202,6 +202,7 @@ def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_p
         parameters = yaml.safe_load((REPO / "config" / name).read_text())["/**"]["ros__parameters"]
         assert flatten(parameters) <= NODE_PARAMETERS, name
     assert ast.literal_eval(assigned(tree, "RECORDED_TOPICS")) == list(RECORDED_TOPICS)
+    assert list(RECORDED_TOPICS[:3]) == list(NODE_OUTPUTS)  # what the launch file's replay waits to be recorded
     assert launch_configurations(tree) <= declared_arguments(tree)
     options = {"record": {o for a in record_parser()._actions for o in a.option_strings},
                "replay": {o for a in replay_parser()._actions for o in a.option_strings}}

@@ -11,6 +11,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from oxygen_ros.data.jpeg import encode_jpeg
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import RuntimeStats
+from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import normalized_state
 from oxygen_ros.model.prompt import tokenize_prompt
@@ -405,10 +406,37 @@ def test_parameters_are_validated_with_clear_errors():
         "control.future_tolerance_s": (math.inf, "control.future_tolerance_s must be a number"),
         "cameras.max_pixels": (-1, "cameras.max_pixels must be an integer >= 0"),
         "language.max_preempted": (1.5, "language.max_preempted must be an integer >= 0"),
+        "language.tokens_per_frame": (-1, "language.tokens_per_frame must be an integer >= 0"),
+        "language.min_steps_per_frame": (True, "language.min_steps_per_frame must be an integer >= 0"),
     }
     for name, (value, message) in bad.items():
         with pytest.raises(ParameterError, match=message):
             read_parameters(parameter_values(**{name.replace(".", "__"): value}))
+    assert read_parameters(parameter_values()).embodiment.name == "absolute"
+    droid = [f"j{i}" for i in range(8)]
+    params = read_parameters(parameter_values(embodiment="droid", joints__state_names=droid, joints__action_names=droid))
+    assert params.embodiment.name == "droid" and params.time_step_s == 1 / 15  # unset: the embodiment's step
+    for changes, message in (
+            ({"embodiment": "libero"}, "embodiment: embodiment 'libero' is neither a shipped profile"),
+            ({"embodiment": "droid"}, "embodiment: embodiment droid reads 8 state dims, joints.state_names has 2"),
+            ({"embodiment": "droid", "joints__state_names": droid, "joints__action_names": droid,
+              "control__time_step": 0.05},
+             "control.time_step 0.05 s differs from the 0.0666667 s step embodiment droid integrates"),
+            ({"embodiment_override": "yes"}, "embodiment_override must be true or false")):
+        with pytest.raises(ParameterError, match=message):
+            read_parameters(parameter_values(**changes))
+
+
+def test_decode_policy_parameters_choose_adaptive_k_with_its_floor_or_a_fixed_k():
+    params = read_parameters(parameter_values())  # the default: adaptive k, one step a frame owed
+    assert (params.tokens_per_frame, params.min_steps_per_frame) == (0, 1)
+    assert node_decode_policy(params.tokens_per_frame, params.min_steps_per_frame, 32) == {
+        "adaptive_k": True, "tokens_per_frame": 32, "min_steps_per_frame": 1}  # at most one budget per period
+    params = read_parameters(parameter_values(language__tokens_per_frame=3, language__min_steps_per_frame=0))
+    fixed = SchedulerConfig(**node_decode_policy(params.tokens_per_frame, params.min_steps_per_frame, 32))
+    assert (fixed.adaptive_k, fixed.tokens_per_frame, fixed.min_steps_per_frame) == (False, 3, 0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        node_decode_policy(0, -1, 32)
 
 
 def group_values(groups: dict, **changes) -> dict:
@@ -526,7 +554,7 @@ def aloha_node(tmp_path, ros_domain_id, *parameters: str):
     config = get_preset("tiny")
     stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
              "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
-    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats)
+    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats, embodiment="aloha")
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
     context = rclpy.Context()
     overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
@@ -558,6 +586,56 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
             DiagnosticStatus.ERROR, "model error: ValueError: norm stat q01 has 4 dims, need 14")
         assert health.values["model_errors"] == 2 and health.actions_published == 0
         assert node.instruction.truncated == 0  # a model error is not mistaken for a prompt that is too long
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+
+
+class Published(list):
+    """Stands in for a publisher: keeps what the node publishes."""
+
+    def publish(self, msg) -> None:
+        self.append(msg)
+
+
+def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_path, ros_domain_id, monkeypatch):
+    """embodiment aloha (config/aloha.yaml): three joint states arrive while the model runs; the published command
+    is the model's deltas added to the frame's state (pi's signs flipped back), the grippers converted, not added."""
+    node, context = aloha_node(tmp_path, ros_domain_id)
+    try:
+        names = list(node.params.state_names)
+        seen = np.linspace(-0.5, 0.5, len(names))
+
+        def joint_state(values, stamp_ns):
+            msg = JointState(name=names, position=list(values))
+            msg.header.stamp = ns_to_stamp(stamp_ns)
+            return msg
+
+        now = node.get_clock().now().nanoseconds
+        for index in range(2):
+            node._on_image(index, image("rgb8", RGB, stamp_ns=now))
+        node._on_joint_state(joint_state(seen, now))
+        act = node.runtime.act
+
+        def act_while_the_arm_moves(frame):
+            for k in range(1, 4):
+                node._on_joint_state(joint_state(seen + 0.1 * k, now + k))
+            return act(frame)
+
+        deltas = np.zeros((node.horizon, 14))
+        deltas[:, :6], deltas[:, 7:13], deltas[:, [6, 13]] = 0.05, -0.05, 0.3
+        monkeypatch.setattr(node.runtime, "act", act_while_the_arm_moves)
+        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims: deltas)  # the model's raw output
+        node.chunk_pub = published = Published()
+        node._control_tick()
+        assert node.actions_published == 1, node.detail
+        np.testing.assert_allclose(node.inputs.state, seen + 0.3)  # newer states did arrive
+        positions = np.array([p.positions for p in published[0].points])
+        flips = np.array([1, -1, -1, 1, 1, 1, 1, 1, -1, -1, 1, 1, 1, 1])
+        expected = seen + flips * deltas[0]
+        expected[[6, 13]] = (0.3 + 0.5476 + 0.6213) / 2.1123  # pi's gripper angle to ALOHA's normalized joint
+        np.testing.assert_allclose(positions, np.tile(expected, (node.horizon, 1)), atol=1e-12)
     finally:
         node.close()
         node.destroy_node()

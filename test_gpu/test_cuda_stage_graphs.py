@@ -15,13 +15,13 @@ from oxygen_ros.model.cuda_graphs import stream_key
 from engine_fixtures import TINY, observation
 
 DEVICE = torch.device("cuda")
-FRAMES, _ = synthetic_frames(TINY, 4, seed=21, device=DEVICE)
 
 
 def requests(count: int, first: int = 0) -> list[FleetRequest]:
+    frames, _ = synthetic_frames(TINY, 4, seed=21, device=DEVICE)  # made here: collecting needs no GPU
     batch = [FleetRequest(first + i, f"robot{i}", "a", 0.0, 1.0) for i in range(count)]
     for i, request in enumerate(batch):
-        request.inputs = FRAMES[(first + i) % len(FRAMES)]
+        request.inputs = frames[(first + i) % len(frames)]
     return batch
 
 

@@ -202,9 +202,9 @@ def run_parallel(model, workload: Workload) -> SettingRun:
     """
     run = SettingRun("parallel")
     language_model = copy.deepcopy(model)
-    streams = PriorityStreams(model.device, prioritized=False)
     action_pool = KVPool(model.config, 1, 0, model.dtype, model.device)
     language_pool = KVPool(model.config, 1, workload.decode_len, model.dtype, model.device)
+    streams = PriorityStreams(model.device, prioritized=False)  # after the copy and the pools: waits for them
     run.pool_bytes = action_pool.bytes_total + language_pool.bytes_total
     slot = torch.tensor([0])
     newest_frame = -1

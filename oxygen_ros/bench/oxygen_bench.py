@@ -22,7 +22,7 @@ from ..engine.stats import percentile, percentile_ms
 from ..model import cpu_kernel
 from ..model.config import PRESETS, Pi05Config, get_preset
 from ..model.pi05 import build_model
-from ..model.precision import DTYPE_NAMES, resolve_dtype
+from ..model.precision import DTYPE_NAMES, default_dtype, resolve_dtype
 from .energy import EnergyMeter, cuda_uuid, open_energy_meter, per_unit
 from .modes import OVERLAP, RUNNERS, SETTINGS, SettingRun, Workload
 from .workloads import arrivals, synthetic_frames
@@ -283,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
-    for requested in args.dtype or ["bfloat16" if cuda else "float32"]:
+    for requested in args.dtype or [str(default_dtype(args.device)).removeprefix("torch.")]:
         choice = resolve_dtype(requested, args.device, config)
         print(f"model dtype: {choice}", flush=True)
+        built = time.perf_counter()
         model = build_model(config, device=args.device, dtype=choice.dtype, seed=args.seed)
+        print(f"model built in {time.perf_counter() - built:.1f} s", flush=True)
         if args.compile:
             model.compile_steps()
         if args.cuda_graphs:

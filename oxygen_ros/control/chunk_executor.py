@@ -81,9 +81,9 @@ def _snap(steps: float) -> float:
 
 def _describe(values: np.ndarray) -> dict:
     if values.size == 0:
-        return {"count": 0, "mean": 0.0, "median": 0.0, "max": 0.0}
+        return {"count": 0, "mean": 0.0, "median": 0.0, "min": 0.0, "max": 0.0}
     return {"count": int(values.size), "mean": float(values.mean()), "median": float(np.median(values)),
-            "max": float(values.max())}
+            "min": float(values.min()), "max": float(values.max())}
 
 
 @dataclass

@@ -12,9 +12,10 @@
 Streams (`PriorityStreams`): on a GPU the control path issues on a high-priority CUDA stream and the language
 worker on a low-priority one, so a decode step on the device gives way to a chunk block by block. No events are
 needed between the two streams because every hand-over already passes a host sync: a frame's slot reaches the
-worker only after its prefill's valid lengths were read back, a slot is freed only after its last step's tokens were
-read back, and decode steps write only the text part of their own slots while a chunk reads its slot's prefix.
-This path is written for GPUs but has not run on one yet (`test_gpu/`, `make test-gpu`, is its proof).
+worker only after its prefill's valid lengths were read back, a request's slot is freed only after its last step's
+tokens were read back and a frame's that no request takes only after its chunk was (the runtime's part), and
+decode steps write only the text part of their own slots while a chunk reads its slot's prefix. This path is
+written for GPUs but has not run on one yet (`test_gpu/`, `make test-gpu`, is its proof).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ LOWEST_PRIORITY = 0
 
 class PriorityStreams:
     """The control path's stream and the language worker's. `prioritized=False` gives two streams of equal
-    priority (two independent workers, as two processes would be); on a CPU both contexts do nothing."""
+    priority (two independent workers, as two processes would be); on a CPU both contexts do nothing.
+
+    Make them once the weights and pools they will read are set up: on a GPU this waits for the device, since
+    torch's streams do not wait for the work queued on the default stream (uploads, zero-filled pools, copies)."""
 
     def __init__(self, device: torch.device | str, prioritized: bool = True):
         device = torch.device(device)
@@ -46,6 +50,8 @@ class PriorityStreams:
         high = HIGHEST_PRIORITY if prioritized else LOWEST_PRIORITY
         self.control_stream = torch.cuda.Stream(device, priority=high) if self.enabled else None
         self.language_stream = torch.cuda.Stream(device, priority=LOWEST_PRIORITY) if self.enabled else None
+        if self.enabled:
+            torch.cuda.synchronize(device)
 
     def control(self):
         return torch.cuda.stream(self.control_stream) if self.enabled else nullcontext()
@@ -146,15 +152,17 @@ class ModelRunner:
                                      torch.tensor(slot_ids), want_hidden=any(narrate))
         # read back before denoising: on a GPU this waits for the prefill, not for the chunk too
         num_valid = prefill.num_valid[: len(inputs)].tolist()
+        if 0 in num_valid:  # checked here, on the values read back anyway: the model's prefill reads nothing back
+            raise ValueError("every prefix needs at least one valid token")
         return num_valid, [prefill.hidden[i] if n else None for i, n in enumerate(narrate)]
 
     def _denoise(self, slot_ids: list[int], noises: list[Tensor]) -> Tensor:
         """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros."""
-        cfg = self.model.config
+        cfg, device = self.model.config, self.model.device
         pad = len(slot_ids) - len(noises)
-        noise = torch.cat(noises + [torch.zeros(pad, cfg.action_horizon, cfg.action_dim)] if pad else noises)
-        actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise.to(self.model.device),
-                                            self.num_steps)
+        rows = [n.to(device) for n in noises]  # and the padding made there too, not on the host
+        noise = torch.cat(rows + [torch.zeros(pad, cfg.action_horizon, cfg.action_dim, device=device)] if pad else rows)
+        actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise, self.num_steps)
         return actions[: len(noises)]
 
     def act(self, inputs: list[ModelInputs], noises: list[Tensor], bucket: int, narrate: list[bool],

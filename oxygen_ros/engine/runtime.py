@@ -194,9 +194,7 @@ class Runtime:
         self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()})
         self.gate = ControlGate()
         first = next(iter(self.served.values())).model
-        self.streams = PriorityStreams(first.device)
-        if self.streams.enabled:  # weights and the zeroed pools are on the device before either path reads them
-            torch.cuda.synchronize(first.device)
+        self.streams = PriorityStreams(first.device)  # after the pools: waits for them on a GPU
         self.on_text = on_text or (lambda update: None)
         self.on_chunk = on_chunk or (lambda chunk: None)
         self._noise = torch.Generator().manual_seed(config.seed)
@@ -329,12 +327,17 @@ class Runtime:
                 return expired + [self._failed(f, error) for f in plan.frames]
             with self._state:  # a decode step started beside the denoising may still be running
                 self.scheduler.cost.observe(plan.model_id, "action", len(plan.frames), out.seconds)
-                request_ids = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
+                handed = [self._hand_over(plan, runner, out, i) for i in range(len(plan.frames))]
                 if not self.config.overlap_threads:  # with overlap, the frame's steps were owed when it denoised
                     self._owe_for_frame()
-        with self.streams.control():  # on a GPU: wait for the chunks on the control stream, outside the gate
-            actions = out.actions.float().cpu()
-        return expired + self._chunks(plan, actions, request_ids)
+        try:
+            with self.streams.control():  # on a GPU: wait for the chunks on the control stream, outside the gate
+                actions = out.actions.float().cpu()
+        finally:
+            # only now: on a GPU the denoising may read these slots until its chunk is on the host, and a slot
+            # freed earlier could be prefilled by a resume on the language stream meanwhile
+            runner.free([slot for _, slot in handed if slot is not None])
+        return expired + self._chunks(plan, actions, [request_id for request_id, _ in handed])
 
     def _owe_for_frame(self) -> None:
         """A frame owes the worker its decode steps (k, or adaptive k's floor) when there is language work."""
@@ -401,11 +404,12 @@ class Runtime:
             self._origins[refused.request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
             self._dropped(refused)
 
-    def _hand_over(self, plan: ActionPlan, runner: ModelRunner, out, i: int) -> int | None:
+    def _hand_over(self, plan: ActionPlan, runner: ModelRunner, out, i: int) -> tuple[int | None, int | None]:
+        """Frame i's slot becomes its language request's, or not: (the request's id or None, the slot for the
+        caller to free once the frame's chunk is on the host, or None)."""
         frame, slot = plan.frames[i], out.slots[i]
         if not plan.admit[i]:
-            runner.free([slot])
-            return None
+            return None, slot
         sched = self.config.scheduler
         request_id = self.scheduler.new_request_id()
         eos = -1 if sched.ignore_eos else runner.eos_id
@@ -414,12 +418,11 @@ class Runtime:
                                 sched.seed * 1_000_003 + request_id, first_hidden=out.first_hidden[i])
         self._origins[request_id] = _Origin(frame.model_id, frame.robot_id, frame.stamp_ns, frame.context)
         if request.done:  # a budget of 0: nothing to decode (its first token comes from its first decode step)
-            runner.free([slot])
             self._notes.append(request)
-        else:
-            runner.hand_over(slot, request)
-            self.scheduler.activate(plan.model_id, request, frame.inputs)
-        return request_id
+            return request_id, slot
+        runner.hand_over(slot, request)
+        self.scheduler.activate(plan.model_id, request, frame.inputs)
+        return request_id, None
 
     def _failed(self, frame: ActionFrame, error: BaseException) -> ActionChunk:
         return ActionChunk(frame.frame_id, frame.robot_id, frame.stamp_ns, torch.empty(0), 0.0, True, None,

@@ -66,6 +66,19 @@ class SchedulerConfig:
             raise ValueError("temperature must be >= 0")
 
 
+def node_decode_policy(tokens_per_frame: int, min_steps_per_frame: int, max_new_tokens: int) -> dict[str, Any]:
+    """The nodes' two decode parameters as `SchedulerConfig` fields. `tokens_per_frame` 0 is adaptive k: the text
+    decodes in the slack before the next tick (at most one narration's budget of steps per period), so the control
+    rate holds however long the text, less the `min_steps_per_frame` steps every frame still owes it. N > 0 is a
+    fixed k: N decode steps after every frame that leaves narration work, which the next tick waits for (the text
+    advances the same number of tokens per frame on any machine, the arm pays for it)."""
+    if tokens_per_frame < 0 or min_steps_per_frame < 0:
+        raise ValueError("tokens_per_frame and min_steps_per_frame must be >= 0")
+    if tokens_per_frame:
+        return {"adaptive_k": False, "tokens_per_frame": tokens_per_frame, "min_steps_per_frame": 0}
+    return {"adaptive_k": True, "tokens_per_frame": max_new_tokens, "min_steps_per_frame": min_steps_per_frame}
+
+
 def bucket_for(count: int, max_batch: int) -> int:
     """Smallest power of two holding `count` items, capped at `max_batch`."""
     if count < 1:

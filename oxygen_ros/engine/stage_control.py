@@ -128,9 +128,10 @@ class StagedControl:
         out = Prefilled([h[0] for h in held], [h[1] for h in held], [h[2] for h in held])
         plan = rt.scheduler.plan_admission(batch.model_id, frames, batch.bucket)
         rt._displace(plan, runner)
-        request_ids = [rt._hand_over(plan, runner, out, i) for i in range(len(frames))]
+        handed = [rt._hand_over(plan, runner, out, i) for i in range(len(frames))]
+        runner.free([slot for _, slot in handed if slot is not None])  # the chunks are on the host already
         rt._owe_for_frame()
-        return rt._chunks(plan, result, request_ids)
+        return rt._chunks(plan, result, [request_id for request_id, _ in handed])
 
 
 def _denoise(runner: ModelRunner, slots: list[int], noises: list[Tensor], bucket: int) -> Tensor:

@@ -31,6 +31,7 @@ from oxygen_ros.fleet.requests import FleetRequest, Stage
 from oxygen_ros.fleet.sm_partition import SmPartitions
 from oxygen_ros.model.config import Pi05Config
 from oxygen_ros.model.loading import load_model_source
+from oxygen_ros.model.precision import default_dtype
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class ModelRunner:
         self,
         specs: Sequence[ModelSpec],
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         max_batch: int = 8,
         max_inflight: int = 64,
         cpu_threads: int | None = None,
@@ -94,11 +95,14 @@ class ModelRunner:
         sm_partitions: bool = True,
         cuda_graphs: bool = False,
     ):
-        """`cuda_graphs`: replay CUDA graphs per (model, stage, bucket, partition) (`use_stage_graphs`; a CUDA
-        device only)."""
+        """`dtype`: the models' (default: bfloat16 on CUDA, float32 on a CPU, `precision.default_dtype`).
+        `cuda_graphs`: replay CUDA graphs per (model, stage, bucket, partition) (`use_stage_graphs`; a CUDA device
+        only)."""
         if len({s.model_id for s in specs}) != len(specs):
             raise ValueError("model ids must be unique")
         self.device = torch.device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        dtype = self.dtype
         if cuda_graphs:
             check_graph_device(self.device)
         self.cuda_graphs = cuda_graphs

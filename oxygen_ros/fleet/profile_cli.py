@@ -48,6 +48,7 @@ def profile_runner(
             } if runner.partitions is not None else None,
             "torch": torch.__version__,
             "cuda_graphs": runner.cuda_graphs,
+            "dtype": str(runner.dtype).removeprefix("torch."),
             "models": {m: {"source": s.spec.source, "seed": s.spec.seed} for m, s in runner.models.items()},
             "num_steps": runner.num_steps,
             # other work on the machine while profiling (1-minute load average before and after, and cores)
@@ -71,8 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="timed runs per point (the median is kept)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point first")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="the models' dtype (default: bfloat16 on cuda, as a GPU deployment serves; float32 on cpu)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
+    p.add_argument("--require-sm-partitions", action="store_true",
+                   help="fail (status 1) where the shares are not green-context SM partitions, instead of "
+                        "profiling plain streams (a CUDA device only)")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
     p.add_argument("--num-steps", type=int, default=None, help="denoising steps (default: the model's)")
     return p
@@ -83,19 +89,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cuda_graphs and not args.device.startswith("cuda"):
         parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
+    if args.require_sm_partitions and not args.device.startswith("cuda"):
+        parser.error(f"--require-sm-partitions needs a CUDA device, not {args.device}")
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
     runner = ModelRunner(
-        specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads, num_steps=args.num_steps,
-        cuda_graphs=args.cuda_graphs,
+        specs, args.device, dtype=getattr(torch, args.dtype) if args.dtype else None, max_batch=args.max_batch,
+        cpu_threads=args.cpu_threads, num_steps=args.num_steps, cuda_graphs=args.cuda_graphs,
     )
+    if args.require_sm_partitions and runner.partitions is None:
+        runner.close()
+        print(f"fleet-profile: no SM partitions here: shares would be {runner.partition_mode}", file=sys.stderr)
+        return 1
     try:
-        shares = [float(x) for x in args.shares.split(",") if x] or None
+        shares = [float(x) for x in args.shares.split(",") if x] or runner.shares()
+        buckets = power_of_two_buckets(args.max_batch)
+        print(f"profiling {len(specs)} models x 2 stages x buckets {buckets} x shares {shares} ({runner.partition_mode},"
+              f" {str(runner.dtype).removeprefix('torch.')}): {args.warmup} warm-up and {args.repeats} timed runs "
+              "each, then the co-run rounds", flush=True)
         started = time.perf_counter()
         table = profile_runner(runner, args.max_batch, shares, args.repeats, args.warmup)
     finally:
         runner.close()
     table.save(args.out)
-    print(f"profiled {len(table.entries)} entries in {time.perf_counter() - started:.1f} s -> {args.out}")
+    print(f"profiled {len(table.entries)} entries ({table.meta['dtype']}, {runner.partition_mode}) in "
+          f"{time.perf_counter() - started:.1f} s -> {args.out}")
     for model_id in table.models():
         for stage in Stage:
             for share in table.shares(model_id, stage):

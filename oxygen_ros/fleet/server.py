@@ -41,6 +41,7 @@ from ..engine.runtime import ActionChunk, Runtime, RuntimeConfig, RuntimeStats, 
 from ..engine.stage_workers import StageWorkers
 from ..model.cpu_kernel import apply as apply_cpu_kernel
 from ..model.loading import load_model_source, tokenizer_for
+from ..model.precision import default_dtype
 from ..model.preprocess import Observation
 from .baselines import StaticSplitScheduler
 from .batching import power_of_two_buckets
@@ -132,14 +133,14 @@ class RobotCounts:
 class FleetServer:
     def __init__(self, specs: Sequence[ModelSpec], robots: Sequence[ServedRobot], config: RuntimeConfig,
                  tokenizer_of: Callable[[object], object] | None = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32,
+                 dtype: torch.dtype | None = None,
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False,
                  design: str = "monolithic", profile: ProfileTable | None = None, guard: float = 1.1,
                  cpu_threads: int | None = None, profile_repeats: int = 3, cuda_graphs: bool = False,
                  cpu_kernel: str = "auto"):
         """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
-        Only the models the robots use are loaded. `on_chunk` gets chunks ready by their deadline, and failed
+        Only the models the robots use are loaded, in `dtype` (default: bfloat16 on CUDA, float32 on a CPU). `on_chunk` gets chunks ready by their deadline, and failed
         ones (`error` set); late ones only with `publish_late` (then `missed` is set). `design`: see the module;
         a stage split plans from `profile` (default: measured now, `profile_repeats` per entry, with the
         slowdown of the two stages side by side) with `guard` or the profile's measured co-run slowdown, whichever
@@ -160,8 +161,10 @@ class FleetServer:
             raise ValueError(f"the profile table has no entries for models {missing}")
         served: dict[str, Served] = {}
         self.cpu_kernel: dict[str, str] = {}
+        self.trained_on = {}  # model id -> what its checkpoint says about its action space (None: random weights)
         for spec in models_to_load(specs, robots):
-            loaded = load_model_source(spec.source, device, dtype, spec.seed)
+            loaded = load_model_source(spec.source, device, dtype or default_dtype(device), spec.seed)
+            self.trained_on[spec.model_id] = loaded.trained_on
             self.cpu_kernel[spec.model_id] = apply_cpu_kernel(loaded.model, cpu_kernel)
             tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
             if cuda_graphs:

@@ -6,6 +6,10 @@ the hardware can partition) and the remaining group, each becomes a green contex
 VLM stage issues on the first group's stream, the action stage on the remaining group's. The two groups never
 share an SM, so a co-running stage cannot take SMs from the other. Share 1.0 is the whole device (a plain stream).
 
+The group asked for is only a request: the driver rounds it to its own granularity (on compute capability 9.x to
+multiples of 8 SMs, whatever alignment a newer driver reports), so the shares offered and every SM count reported
+are those of the groups the driver actually makes (``cuDevSmResourceSplitByCount`` without a context is cheap).
+
 Green contexts are created with CUDA's driver API through the ``cuda-bindings`` package (``cuda.bindings.driver``),
 not with ``torch.cuda.green_contexts``: torch's ``GreenContext.create(num_sms)`` always takes the first group of a
 fresh split, so two of them overlap instead of dividing the device.
@@ -14,6 +18,7 @@ fresh split, so two of them overlap instead of dividing the device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,15 +59,15 @@ def vlm_group_size(total_sms: int, vlm_share: float, granularity: SmGranularity)
     return count
 
 
-def split_shares(total_sms: int, granularity: SmGranularity, candidates: int = 10) -> list[float]:
-    """Shares to profile on a GPU: of the tenths (``1/candidates``) that round to the same SM group, the one closest
-    to that group's true fraction; only those whose complement is there too (a lockstep splits into pairs); and 1.0.
-    """
+def split_shares(total_sms: int, group_of: Callable[[float], int], candidates: int = 10) -> list[float]:
+    """Shares to profile on a GPU: of the tenths (``1/candidates``) whose first group has the same size, the one
+    closest to that group's true fraction; only those whose complement is there too (a lockstep splits into pairs);
+    and 1.0. ``group_of(share)``: the SMs of the first group made at ``share`` (ValueError where none can be)."""
     best: dict[int, float] = {}
     for k in range(1, candidates):
         share = round(k / candidates, 6)
         try:
-            count = vlm_group_size(total_sms, share, granularity)
+            count = group_of(share)
         except ValueError:
             continue
         if count not in best or abs(share - count / total_sms) < abs(best[count] - count / total_sms):
@@ -89,8 +94,6 @@ class _Driver:
 
 @dataclass
 class _Split:
-    vlm_sms: int
-    action_sms: int
     vlm_stream: torch.cuda.Stream
     action_stream: torch.cuda.Stream
     contexts: tuple  # the green contexts, kept alive with their streams
@@ -111,10 +114,11 @@ class SmPartitions:
         properties = torch.cuda.get_device_properties(index)
         sm = self._device_resource().sm
         self.total_sms = int(sm.smCount) or properties.multi_processor_count
-        if getattr(sm, "minSmPartitionSize", 0):  # newer drivers say their granularity; older ones follow the table
-            self.granularity = SmGranularity(int(sm.minSmPartitionSize), int(sm.smCoscheduledAlignment) or 1)
-        else:
-            self.granularity = SmGranularity.for_capability(properties.major)
+        # groups are asked for in the coarser of the table and what a newer driver reports (on 9.x it still rounds
+        # to multiples of 8 where it reports a finer co-scheduling alignment); what it makes is read back anyway
+        table = SmGranularity.for_capability(properties.major)
+        self.granularity = SmGranularity(max(table.min_count, int(getattr(sm, "minSmPartitionSize", 0))),
+                                         max(table.alignment, int(getattr(sm, "smCoscheduledAlignment", 0))))
         self._splits: dict[float, _Split] = {}
 
     def _device_resource(self):
@@ -122,26 +126,39 @@ class SmPartitions:
         return self._cu.check(drv.cuDeviceGetDevResource(self._cu_device, drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
 
     def shares(self) -> list[float]:
-        return split_shares(self.total_sms, self.granularity)
+        return split_shares(self.total_sms, lambda share: self.group_sizes(share)[0])
+
+    def group_sizes(self, vlm_share: float) -> tuple[int, int]:
+        """The SMs of the VLM group and of the remaining group that the driver makes at ``vlm_share`` (no context
+        is created); ValueError where it makes no split of two groups."""
+        first, remaining = self._driver_split(round(vlm_share, 6))
+        return int(first.sm.smCount), int(remaining.sm.smCount)
+
+    def _driver_split(self, vlm_share: float):
+        """The driver's split at ``vlm_share``: (the VLM group, the remaining group) as resources; ValueError
+        where it makes no split of two groups."""
+        wanted = vlm_group_size(self.total_sms, vlm_share, self.granularity)
+        groups, count, remaining = self._cu.check(
+            self._cu.driver.cuDevSmResourceSplitByCount(1, self._device_resource(), 0, wanted))
+        if count != 1 or min(int(groups[0].sm.smCount), int(remaining.sm.smCount)) < self.granularity.min_count:
+            raise ValueError(f"share {vlm_share} of {self.total_sms} SMs: the driver made no two groups "
+                             f"({count} of {wanted} asked)")
+        return groups[0], remaining
 
     def _split(self, vlm_share: float) -> _Split:
         key = round(vlm_share, 6)
         if key not in self._splits:
             drv, check = self._cu.driver, self._cu.check
-            wanted = vlm_group_size(self.total_sms, key, self.granularity)
-            groups, count, remaining = check(drv.cuDevSmResourceSplitByCount(1, self._device_resource(), 0, wanted))
-            if count != 1:
-                raise RuntimeError(f"the driver made {count} SM groups of {wanted}, expected 1")
+            first, remaining = self._driver_split(key)
             streams, contexts = [], []
-            for group in (groups[0], remaining):
+            for group in (first, remaining):
                 desc = check(drv.cuDevResourceGenerateDesc([group], 1))
                 context = check(drv.cuGreenCtxCreate(desc, self._cu_device,
                                                      drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
                 handle = check(drv.cuGreenCtxStreamCreate(context, drv.CUstream_flags.CU_STREAM_NON_BLOCKING, 0))
                 contexts.append(context)
                 streams.append(torch.cuda.get_stream_from_external(int(handle), self.device))
-            self._splits[key] = _Split(int(groups[0].sm.smCount), int(remaining.sm.smCount), streams[0], streams[1],
-                                       tuple(contexts))
+            self._splits[key] = _Split(streams[0], streams[1], tuple(contexts))
         return self._splits[key]
 
     def stream(self, stage: Stage, share: float) -> torch.cuda.Stream | None:
@@ -153,9 +170,9 @@ class SmPartitions:
         return self._split(round(1 - share, 6)).action_stream
 
     def sm_count(self, stage: Stage, share: float) -> int:
-        """The SMs a stage really gets at ``share`` (what the driver made, after rounding)."""
+        """The SMs a stage really gets at ``share`` (what the driver made, after rounding; no context is made)."""
         if share >= 1.0:
             return self.total_sms
         if Stage(stage) is Stage.VLM:
-            return self._split(share).vlm_sms
-        return self._split(round(1 - share, 6)).action_sms
+            return self.group_sizes(share)[0]
+        return self.group_sizes(round(1 - share, 6))[1]

@@ -16,19 +16,26 @@ prescribes. Nothing in the captured code syncs with the host or copies from it. 
 pool and side stream, denoise graphs another: the language worker replays the first kind while the control path
 may replay the second on its own stream, so they must not share intermediate memory; within a kind replays are
 serial on one stream. Capture errors only on unsafe calls of the capturing thread (`thread_local`), as the other
-path keeps running. `Pi05Model.use_cuda_graphs` turns this on; without it, and on a CPU, everything runs eagerly.
+path keeps running; but only one capture may be under way in a process (torch 2.13, `torch/cuda/graphs.py`,
+`graph.__init__`), and both the language worker and the control path capture, so a process-wide lock holds each
+bucket's warm-up and capture. A decode graph belongs to the cache it writes, held weakly: a cache that goes
+(a benchmark's next pool) takes its graphs and their memory with it. `Pi05Model.use_cuda_graphs` turns this on;
+without it, and on a CPU, everything runs eagerly.
 
 Per stream (`StreamGraphs`, `use_cuda_graphs(per_stream=True)`, the fleet's stage workers): a stage that issues on
 an SM partition's stream (a green context) must run its graph there, so each stream the calls come from gets its
 own graphs, warmed up, captured and replayed on that very stream, with pools of its own (a pool's captures share
 one stream). A graph is then found by (model, stage, bucket, partition): the model's `StreamGraphs`, the kind
 (denoise: the action stage; decode: the language path; the VLM stage's prefill has none and runs eagerly), the
-bucket, and the stream.
+bucket, and the stream. Warm-up and capture then run on the calling stream itself, in stream order, with no
+event between streams: torch makes its events in the device's primary context, and the driver records an event
+only on a stream of the event's own context (a green context's stream is not).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +43,7 @@ import torch
 from torch import Tensor
 
 WARMUP_RUNS = 2
+CAPTURE_LOCK = threading.Lock()  # one capture (with its warm-up) at a time in the process
 
 
 @dataclass
@@ -43,7 +51,6 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor, ...]
     output: Tensor
-    cache: object = None  # a decode graph writes this cache: kept alive, so its id is never another cache's
 
 
 def _padded(t: Tensor, rows: int, dim: int = 0) -> Tensor:
@@ -77,7 +84,8 @@ class CudaGraphs:
         self.device = device
         self._pools = {kind: torch.cuda.graph_pool_handle() for kind in ("decode", "denoise")}
         self._streams = {kind: stream or torch.cuda.Stream(self.device) for kind in ("decode", "denoise")}  # capture
-        self._decode: dict[tuple[int, int], _Captured] = {}
+        # cache -> bucket -> graph; weak keys: a graph holds no reference to the cache it writes
+        self._decode: weakref.WeakKeyDictionary[object, dict[int, _Captured]] = weakref.WeakKeyDictionary()
         self._denoise: dict[tuple[int, int, torch.dtype], _Captured] = {}
         self.captures = 0  # graphs captured so far (tests, logs)
 
@@ -86,25 +94,34 @@ class CudaGraphs:
         return graph_bucket(self.buckets, batch)
 
     def _capture(self, kind: str, run: Callable[[], Tensor], inputs: tuple[Tensor, ...]) -> _Captured:
+        """Warm up and capture `run` on this kind's stream. A side stream (one of this object's own) is ordered
+        after the calling stream's work and the calling stream after the capture; on the calling stream itself
+        (per-stream graphs) stream order does that, and no event is made (see the module's docstring)."""
         stream = self._streams[kind]
-        with torch.cuda.device(self.device):
-            stream.wait_stream(torch.cuda.current_stream())
+        with CAPTURE_LOCK, torch.cuda.device(self.device):
+            current = torch.cuda.current_stream(self.device)
+            side = stream_key(stream) != stream_key(current)
+            if side:
+                stream.wait_stream(current)
             with torch.cuda.stream(stream):
                 for _ in range(WARMUP_RUNS):
                     run()
-            torch.cuda.current_stream().wait_stream(stream)
+            if side:
+                current.wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pools[kind], stream=stream, capture_error_mode="thread_local"):
                 output = run()
-            torch.cuda.current_stream().wait_stream(stream)
-        self.captures += 1
+            if side:
+                current.wait_stream(stream)
+            self.captures += 1
         return _Captured(graph, inputs, output)
 
     # ---- decode -----------------------------------------------------------------------------------------------
 
     def decode_logits(self, cache, slots: Tensor, tokens: Tensor, cache_index: Tensor, positions: Tensor
                       ) -> Tensor | None:
-        """The decode step's logits [B, vocab] (model dtype) by replay; None when B exceeds every bucket.
+        """The decode step's logits [B, vocab] (model dtype) by replay, a view of the graph's static output that its
+        next replay overwrites; None when B exceeds every bucket.
 
         The batch was checked when its `DecodeIndex` was built; it writes the fed tokens' K/V as eagerly."""
         batch = len(slots)
@@ -112,8 +129,10 @@ class CudaGraphs:
         if bucket is None:
             return None
         values = [_padded(t.to(self.device, torch.long), bucket) for t in (slots, tokens, cache_index, positions)]
-        key = (id(cache), bucket)
-        captured = self._decode.get(key)
+        graphs = self._decode.get(cache)
+        if graphs is None:
+            graphs = self._decode[cache] = {}
+        captured = graphs.get(bucket)
         if captured is None:
             static = tuple(v.clone() for v in values)
             model = self.model
@@ -123,13 +142,12 @@ class CudaGraphs:
                 hidden = model._decode_layers(cache, s, s, t, i, p, cache.max_len)
                 return model.backbone.logits(hidden)
 
-            captured = self._decode[key] = self._capture("decode", run, static)
-            captured.cache = cache
+            captured = graphs[bucket] = self._capture("decode", run, static)
         else:
             for buffer, value in zip(captured.inputs, values):
                 buffer.copy_(value)
         captured.graph.replay()
-        return captured.output[:batch]
+        return captured.output[:batch]  # the static output: valid until this graph's next replay
 
     # ---- denoise ----------------------------------------------------------------------------------------------
 

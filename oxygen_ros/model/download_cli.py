@@ -9,8 +9,6 @@ its `models--org--name` folders under the robot's `HF_HUB_CACHE`.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from oxygen_ros.command_line import CommandParser, UsageError
 
 from .checkpoint import checkpoint_config
@@ -36,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     size = (folder / "model.safetensors").stat().st_size
     print(f"checkpoint {hub_id}: {folder} (weights {size / 2**30:.2f} GiB)")
     print(f"tokenizer: {where} ({tokenizer.vocab_size} tokens)")
-    print(f"\nparameter lines (the vla_node parameter file's model section; the snapshot is commit {Path(folder).name}):")
+    print(f"\nparameter lines (the vla_node parameter file's model section; the snapshot is commit {folder.name}):")
     print("    model:")
     print(f"      checkpoint: \"{hub_id}\"")
     print(f"      tokenizer: \"{args.tokenizer}\"" + ("" if args.tokenizer else "  # empty: found as above"))

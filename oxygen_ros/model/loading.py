@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import torch
 
-from .checkpoint import WEIGHTS_FILE, TextHead, load_checkpoint
+from .checkpoint import WEIGHTS_FILE, TextHead, TrainedOn, load_checkpoint
 from .config import PRESETS, Pi05Config
 from .hub import HubError, parse_hub_id, snapshot
 from .norm_stats import PIPELINE_FILES, pipeline_steps
@@ -46,6 +46,7 @@ class LoadedModel:
     norm_stats: NormStats | None  # None for random weights
     description: str  # "preset tiny", "config <file>" or "checkpoint <dir> (...)", for logs
     text_head: TextHead | None = None  # a checkpoint's choice of text head
+    trained_on: TrainedOn | None = None  # what a checkpoint says about its action space
 
 
 def checkpoint_folder(source: str) -> Path:
@@ -83,7 +84,8 @@ def load_model_source(source: str, device: torch.device | str, dtype: torch.dtyp
     head = loaded.text_head
     where = str(folder) if folder == path else f"{source} ({folder})"
     return LoadedModel(loaded.model, loaded.norm_stats,
-                       f"checkpoint {where} ({loaded.layout} layout; text head {head.choice}: {head.reason})", head)
+                       f"checkpoint {where} ({loaded.layout} layout; text head {head.choice}: {head.reason})", head,
+                       loaded.trained_on)
 
 
 def standin_tokenizer(vocab_size: int) -> Tokenizer:

@@ -167,6 +167,9 @@ class Pi05Model(nn.Module):
         The slot's room after the prefix is marked invalid, so a reused slot forgets the previous frame's text.
         `want_logits` / `want_hidden`: also the last valid token's next-token logits / last-layer output (the
         latter without running the text head: the engine chooses the first token off the control path).
+        Nothing is read back to the host (on a GPU that would wait for the vision tower before the layers could
+        be launched): a prefix without a valid token gets `num_valid` 0 and outputs that mean nothing, and callers
+        that read the valid lengths refuse it (the engine's model runner does).
         """
         cfg = self.config
         length = cfg.prefix_len
@@ -174,8 +177,6 @@ class Pi05Model(nn.Module):
         x, valid = self.embed_prefix(batch)
         if len(slots) != x.shape[0]:
             raise ValueError(f"{len(slots)} slots for a batch of {x.shape[0]}")
-        if not bool(valid.any(dim=1).all()):
-            raise ValueError("every prefix needs at least one valid token")
         positions = valid.long().cumsum(dim=1) - 1
         cos, sin = rope_cos_sin(positions, cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
         # Bidirectional among valid tokens. Padding rows also see themselves so no softmax row is empty;
@@ -286,10 +287,8 @@ class Pi05Model(nn.Module):
         `positions[b]`, and attends to the valid positions of its own slot up to and including that index.
         Requests may sit at different lengths.
         """
-        logits = self._decode_logits(cache, DecodeIndex(cache, slots, cache_index, positions), tokens)
-        # the caller keeps these: never the reused buffer itself
-        reused = self._logits_buffer is not None and logits.data_ptr() == self._logits_buffer.data_ptr()
-        return logits.to(torch.float32, copy=reused)
+        logits, reused = self._decode_logits(cache, DecodeIndex(cache, slots, cache_index, positions), tokens)
+        return logits.to(torch.float32, copy=reused)  # the caller keeps these: never memory the model reuses
 
     @torch.inference_mode()
     def decode_next(
@@ -364,18 +363,23 @@ class Pi05Model(nn.Module):
                 chosen[row] = sample_token(logits[row], sampler)
         return chosen
 
-    def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor:
-        """Next-token logits [B, vocab] in the model's dtype; a CUDA graph's replay when one serves the batch."""
+    def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> tuple[Tensor, bool]:
+        """Next-token logits [B, vocab] in the model's dtype (a CUDA graph's replay when one serves the batch), and
+        whether they lie in memory the model writes again: a graph's static output, which its next replay
+        overwrites, or the CPU step's reused logits buffer."""
         self._check_tokens(index, tokens)
         logits = self._graph_logits(cache, index, tokens)
         if logits is not None:
-            return logits
+            return logits, True
+        out = self._logits_out(len(index))
         if self._cpu_kernel:
-            return self.backbone.head_logits(self._kernel_normed(cache, index, tokens), self._logits_out(len(index)))
-        return self.backbone.logits(self._decode_hidden(cache, index, tokens), self._logits_out(len(index)))
+            return self.backbone.head_logits(self._kernel_normed(cache, index, tokens), out), out is not None
+        return self.backbone.logits(self._decode_hidden(cache, index, tokens), out), out is not None
 
     def _graph_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> Tensor | None:
-        """A CUDA graph's replay of the step's logits when one serves the batch, else None."""
+        """A CUDA graph's replay of the step's logits when one serves the batch, else None. The logits are the
+        graph's static output, valid until its next replay: fine for a choice made on the same stream right after
+        (`decode_tokens`), copied where a caller keeps them (`decode_step`)."""
         if self._graphs is None:
             return None
         return self._graphs.decode_logits(cache, index.slots, tokens, index.cache_index, index.positions)

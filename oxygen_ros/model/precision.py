@@ -70,6 +70,12 @@ def probe_shapes(config: Pi05Config) -> dict[str, tuple[int, int, int]]:
     }
 
 
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """The dtype the benchmarks and the fleet run in unless told: bfloat16 on CUDA (as `auto` there, what a GPU
+    deployment serves in), float32 elsewhere (no measurement: the same everywhere a CPU table is compared)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def resolve_dtype(requested: str, device: str, config: Pi05Config) -> DtypeChoice:
     """The dtype for `requested` (one of DTYPE_NAMES) on `device`; `auto` on a CPU measures at `config`'s shapes."""
     if requested not in DTYPE_NAMES:

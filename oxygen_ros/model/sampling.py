@@ -33,7 +33,13 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     below them all. So for every row whose maximum is positive the integer search finds exactly the float argmax,
     and integer maxima vectorise where bfloat16 ones do not (about 6x faster here). Rows whose maximum is zero or
     negative (rare for a text head) are searched again as floats.
+
+    That is for the CPU. Elsewhere the result is `argmax` itself (documented to return the first of equal maxima):
+    the search's "any row to redo?" is a value read back to the host, which on a GPU would stop each decode step
+    until the device caught up.
     """
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
     keys_dtype = _SAME_WIDTH_INT.get(logits.element_size()) if logits.is_floating_point() else None
     if keys_dtype is None or logits.shape[-1] < GREEDY_BLOCK:
         return _first_max(logits)[0]

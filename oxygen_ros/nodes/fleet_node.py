@@ -9,6 +9,14 @@ robot on ``/diagnostics``. The inputs go through the same checks as the VLA node
 stale frames, joints picked by name, bad messages counted), the prompt is fitted before the frame is queued,
 chunks and diagnostics are built by the same helpers.
 
+Each robot has an embodiment profile (``embodiments``: one for all, or one per entry of ``robots``;
+`control.embodiment`, as the VLA node's ``embodiment``): its state goes to the model through it, and each chunk
+leaves as the robot's absolute command made from the state of the frame the model saw (deltas added, velocities
+integrated and filled in, signs and units), with the profile's time step between points (``action_dt`` for a
+profile that names no rate). A profile that does not fit what a robot's checkpoint says it was trained on stops
+start-up unless ``embodiment_override``; one whose widths do not fit the robot's joints is checked at start-up when
+``joint_names`` is given, else at the robot's first joint state (its frames are then refused, counted, logged).
+
 Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
 narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
@@ -33,13 +41,14 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
+``tokens_per_frame``, ``min_steps_per_frame`` (as the VLA node's ``language.*`` of those names),
 ``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
 ``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
 ``language.overlap_threads``),
 ``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
 model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
 the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
-control rate, for the rate warning), ``status_rate_hz``.
+control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``.
 """
 
 from __future__ import annotations
@@ -63,8 +72,9 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.fleet.assign_cli import load_assignment
 from oxygen_ros.fleet.model_runner import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -103,6 +113,8 @@ DEFAULTS = {
     "max_pixels": 16_777_216,  # 4096 x 4096
     "narrate_every": 10,
     "max_new_tokens": 32,
+    "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)
+    "min_steps_per_frame": 1,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
     "queue": "esf",
     "design": "monolithic",  # monolithic | robion | disaggregated
@@ -112,7 +124,9 @@ DEFAULTS = {
     "guard": 1.1,
     "cuda_graphs": False,
     "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
-    "action_dt": 0.02,
+    "action_dt": 0.02,  # seconds between chunk points, for robots whose embodiment names no rate
+    "embodiments": ["absolute"],  # one for every robot, or one per entry of robots
+    "embodiment_override": False,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
 }
@@ -122,9 +136,10 @@ class RobotPort:
     """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
     def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
-                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str):
+                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str, embodiment: Embodiment):
         self.namespace = namespace
         self.robot = robot
+        self.embodiment = embodiment
         self.cameras = tuple(cameras)
         self.compressed = compressed
         self.limits = limits
@@ -146,7 +161,9 @@ class RobotPort:
         return f"{self.namespace}/camera/{camera}/image_raw"
 
     def frame_inputs(self, joint_names: tuple[str, ...]) -> FrameInputs:
-        """The VLA node's input rules for this robot, its state picked by `joint_names`."""
+        """The VLA node's input rules for this robot, its state picked by `joint_names` (checked against its
+        embodiment: EmbodimentError)."""
+        self.embodiment.check_joints(joint_names, joint_names)
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
                            (self.compressed,) * len(self.cameras), joint_names, self.limits)
 
@@ -167,7 +184,8 @@ class FleetNode(Node):
         frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
         pool_slots = p["pool_slots"] or frame_slots + max(2, per_model)
         scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
-                                    adaptive_k=True, tokens_per_frame=p["max_new_tokens"],
+                                    **node_decode_policy(p["tokens_per_frame"], p["min_steps_per_frame"],
+                                                         p["max_new_tokens"]),
                                     control_period_s=1.0 / p["rate_hz"])
         profile = ProfileTable.load(p["profile_file"]) if staged and p["profile_file"] else None
         self.server = FleetServer(specs, served,
@@ -192,9 +210,18 @@ class FleetNode(Node):
                              f"{p['queue']}, buckets up to {p['max_batch']}")
         self.params = p
         joint_names = tuple(n for n in p["joint_names"] if n)
+        embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
+        for robot in served:
+            reason = embodiments[robot.robot_id].mismatch(self.server.trained_on[robot.model_id], joint_names)
+            if reason and not p["embodiment_override"]:
+                raise ValueError(f"embodiment {embodiments[robot.robot_id].name} of robot {robot.robot_id} does not "
+                                 f"fit model {robot.model_id}: {reason} (or set embodiment_override)")
+            if reason:
+                self.get_logger().warning(f"{robot.robot_id}: embodiment does not fit model {robot.model_id}: "
+                                          f"{reason} (starting: embodiment_override is true)")
         self.ports: dict[str, RobotPort] = {}
         for robot in served:
-            self._add_robot(robot, joint_names)
+            self._add_robot(robot, joint_names, embodiments[robot.robot_id])
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / p["status_rate_hz"], self._publish_status)
         self.server.start()
@@ -204,7 +231,7 @@ class FleetNode(Node):
                                f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
-    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...]) -> None:
+    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...], embodiment: Embodiment) -> None:
         p = self.params
         namespace = "/" + robot.robot_id
         cameras = self.server.model_config(robot.robot_id).camera_names
@@ -212,7 +239,11 @@ class FleetNode(Node):
         limits = InputLimits(max_image_age_s=p["max_image_age_s"], max_state_age_s=p["max_state_age_s"],
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
-        port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"])
+        try:
+            port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
+                             embodiment)
+        except EmbodimentError as err:
+            raise ValueError(f"robot {robot.robot_id}: {err}") from None
         self.ports[robot.robot_id] = port
         for index, camera in enumerate(cameras):
             topic = port.camera_topic(camera)
@@ -231,8 +262,15 @@ class FleetNode(Node):
 
     def _on_joints(self, port: RobotPort, msg: JointState) -> None:
         if port.inputs is None:  # no joint_names given: this robot's joints are those of its first message
+            try:
+                port.inputs = port.frame_inputs(tuple(msg.name))
+            except EmbodimentError as err:
+                with port.lock:
+                    port.model_errors += 1
+                    port.state, port.detail = MODEL_ERROR, f"its joints do not fit: {err}"
+                self._warn_drop(port, f"joint_states: {port.detail}")
+                return
             port.joint_names = tuple(msg.name)
-            port.inputs = port.frame_inputs(port.joint_names)
         try:
             port.inputs.on_joint_state(msg)
         except ConversionError as err:
@@ -259,7 +297,8 @@ class FleetNode(Node):
         port.detail = ""
         model = self.server.model_config(port.robot.robot_id)
         served = self.server.runtime.served[port.robot.model_id]
-        if port.instruction.fit_prompt(served.tokenizer, frame.state, model, served.norm_stats) is not None:
+        state = port.embodiment.state_to_model(frame.state)
+        if port.instruction.fit_prompt(served.tokenizer, state, model, served.norm_stats) is not None:
             self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
                                       f"{port.instruction.text!r}")
         every = self.params["narrate_every"]
@@ -267,8 +306,8 @@ class FleetNode(Node):
         age_s = (now_ns - frame.stamp_ns) / 1e9
         try:
             queued = self.server.submit(port.robot.robot_id,
-                                        Observation(frame.images, frame.state, port.instruction.text), narrate,
-                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names))
+                                        Observation(frame.images, state, port.instruction.text), narrate,
+                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state))
         except ValueError as err:
             with port.lock:
                 port.model_errors += 1
@@ -291,16 +330,18 @@ class FleetNode(Node):
                 port.state, port.detail = MODEL_ERROR, f"{type(chunk.error).__name__}: {chunk.error}"
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             return
-        _, joint_names = chunk.context
-        actions = self.server.robot_actions(chunk, len(joint_names))
-        if not np.isfinite(actions).all():  # never sent to a robot
+        _, joint_names, state = chunk.context
+        embodiment = port.embodiment
+        command = embodiment.actions_to_robot(self.server.robot_actions(chunk, len(joint_names)), state)
+        if not np.isfinite(command.stacked()).all():  # never sent to a robot
             with port.lock:
                 port.model_errors += 1
                 port.state, port.detail = MODEL_ERROR, "action chunk has non-finite values; not published"
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             return
-        port.chunk_pub.publish(chunk_to_trajectory(actions, joint_names, chunk.stamp_ns, self.params["action_dt"],
-                                                   len(actions)))
+        port.chunk_pub.publish(chunk_to_trajectory(command.positions, joint_names, chunk.stamp_ns,
+                                                   embodiment.time_step or self.params["action_dt"],
+                                                   len(command.positions), command.velocities))
         with port.lock:
             port.actions_published += 1
 
@@ -344,6 +385,25 @@ class FleetNode(Node):
         self.server.close()
         published = sum(p.actions_published for p in self.ports.values())
         self.get_logger().info(f"published {published} action chunks")
+
+
+def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Sequence[ServedRobot]
+                      ) -> dict[str, Embodiment]:
+    """Each served robot's profile: `names` has one for all, or one per entry of `robots`; ValueError otherwise."""
+    try:
+        profiles = [load_embodiment(name) for name in names]
+    except EmbodimentError as err:
+        raise ValueError(f"embodiments: {err}") from None
+    if len(profiles) == 1:
+        return {r.robot_id: profiles[0] for r in served}
+    if len(profiles) != len(robots):
+        raise ValueError(f"embodiments has {len(profiles)} entries for {len(robots)} robots: give one for all or "
+                         "one per robot")
+    by_name = {r.strip("/"): p for r, p in zip(robots, profiles, strict=True)}
+    missing = [r.robot_id for r in served if r.robot_id not in by_name]
+    if missing:
+        raise ValueError(f"no embodiment for robots {missing} (embodiments follows robots)")
+    return {r.robot_id: by_name[r.robot_id] for r in served}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,7 @@ class Policy:
     tokenizer: Tokenizer
     norm_stats: NormStats | None
     source: str  # "preset tiny in float32 (...)" or "checkpoint <dir> ... in <dtype> (...)", for logs
+    embodiment_warning: str = ""  # why the profile does not fit the checkpoint, when embodiment_override allowed it
 
     @property
     def config(self) -> Pi05Config:
@@ -61,17 +62,18 @@ def load_policy(params: VlaParams) -> Policy:
             raise ParameterError(f"model.checkpoint {params.checkpoint!r} cannot be loaded: {err}") from err
         model, norm_stats, source = loaded.model, loaded.norm_stats, f"{loaded.description}, tokenizer {where}"
         check_against_model(params, model.config, norm_stats)
+        warning = embodiment_mismatch(params, loaded.trained_on)
     else:
         check_against_model(params, get_preset(params.preset))  # before spending time on the weights
         loaded = load_model_source(params.preset, params.device, dtype, params.seed)
-        model, norm_stats, source = loaded.model, None, loaded.description
+        model, norm_stats, source, warning = loaded.model, None, loaded.description, ""
         tokenizer, _ = _tokenizer(params, lambda: (tokenizer_for(model, params.tokenizer), ""))
     try:
         kernel = cpu_kernel.apply(model, params.cpu_kernel)
     except (cpu_kernel.CpuKernelUnavailable, ValueError) as err:
         raise ParameterError(f"model.cpu_kernel on: {err}") from err
     return Policy(model=model, tokenizer=tokenizer, norm_stats=norm_stats,
-                  source=f"{source} in {choice}, cpu kernel {kernel}")
+                  source=f"{source} in {choice}, cpu kernel {kernel}", embodiment_warning=warning)
 
 
 def _tokenizer(params: VlaParams, find) -> tuple[Tokenizer, str]:
@@ -80,3 +82,16 @@ def _tokenizer(params: VlaParams, find) -> tuple[Tokenizer, str]:
     except (OSError, ValueError, RuntimeError) as err:
         setting = repr(params.tokenizer) if params.tokenizer else "(empty: the checkpoint's own)"
         raise ParameterError(f"model.tokenizer {setting} cannot be used: {err}") from err
+
+
+def embodiment_mismatch(params: VlaParams, trained_on) -> str:
+    """"" when `embodiment` fits what the checkpoint says it was trained on; the reason, when it does not and
+    `embodiment_override` allows it; else ParameterError."""
+    reason = params.embodiment.mismatch(trained_on, params.action_names)
+    if reason is None:
+        return ""
+    line = f"embodiment {params.embodiment.name} does not fit model.checkpoint: {reason}"
+    if not params.embodiment_override:
+        raise ParameterError(f"{line} (set embodiment to the profile it was trained in, or embodiment_override: "
+                             "true)")
+    return line

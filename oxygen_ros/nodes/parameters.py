@@ -27,6 +27,7 @@ from rclpy.exceptions import (
 from rclpy.parameter import Parameter
 
 from oxygen_ros.control.chunk_executor import BLENDING_MODES
+from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
 from oxygen_ros.control.joint_groups import JointGroup
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
@@ -88,6 +89,11 @@ SPECS = (
                                             "budget", ">= 0"),
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
+    Spec("embodiment", "absolute", "what the checkpoint's state and action dims mean on this robot (deltas, "
+                                   "velocities, sign flips, gripper units): a shipped profile or a profile YAML "
+                                   "file (docs/embodiments.md)", " | ".join(shipped_names()) + " | <file>"),
+    Spec("embodiment_override", False, "start even when the checkpoint says it was trained in another embodiment "
+                                       "(a warning instead of the start-up error)"),
     Spec("control.rate_hz", 10.0, "control ticks per second (one prefill and one action chunk per tick)", "> 0"),
     Spec("control.horizon", 0, "trajectory points to publish per chunk; 0: the model's whole horizon",
          "0 .. model horizon"),
@@ -109,6 +115,12 @@ SPECS = (
          "own stream seeded by model.seed, so batching never changes its text)", ">= 0"),
     Spec("language.stream_every", 8, "publish partial narration every this many tokens; 0: final text only",
          ">= 0"),
+    Spec("language.tokens_per_frame", 0, "0: adaptive k (narration decodes in the slack before the next tick, "
+                                         "so the control rate holds however long the text); N: exactly N decode "
+                                         "steps after each frame that leaves narration work, which the next tick "
+                                         "waits for (the same tokens per frame on any machine)", ">= 0"),
+    Spec("language.min_steps_per_frame", 1, "with adaptive k: decode steps each frame still owes the narration, "
+                                            "slack or not, so the text never starves; 0: none", ">= 0"),
     Spec("language.overlap_threads", 0, "decode narration beside each chunk's denoising on this many of "
                                         "model.cpu_threads (the control path keeps the rest; on cuda any value > 0 "
                                         "lets the two streams share the device); 0: only between chunks", ">= 0"),
@@ -162,9 +174,11 @@ class VlaParams:
     max_pixels: int  # 0: no budget
     state_names: tuple[str, ...]
     action_names: tuple[str, ...]
+    embodiment: Embodiment
+    embodiment_override: bool
     rate_hz: float
     horizon: int  # 0: the model's
-    time_step_s: float  # resolved: never 0
+    time_step_s: float  # resolved: never 0 (unset: the embodiment's, else 1 / rate_hz)
     deadline_margin_s: float
     max_image_age_s: float
     max_state_age_s: float
@@ -175,6 +189,8 @@ class VlaParams:
     max_new_tokens: int
     temperature: float
     stream_every: int
+    tokens_per_frame: int  # 0: adaptive k
+    min_steps_per_frame: int
     overlap_threads: int
     pool_slots: int
     admission: str
@@ -299,6 +315,12 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         values = {**values, **words}
         p = _Reader(values)
     action_names = p.names("joints.action_names")
+    state_names = p.names("joints.state_names")
+    embodiment = read_embodiment(p.text("embodiment"), state_names, action_names)
+    time_step = time_step or embodiment.time_step or 1.0 / rate_hz
+    if embodiment.has_velocity and not math.isclose(time_step, embodiment.time_step, rel_tol=1e-5):
+        raise ParameterError(f"control.time_step {time_step:g} s differs from the {embodiment.time_step:g} s step "
+                             f"embodiment {embodiment.name} integrates its velocities over; leave it 0 or set that")
     return VlaParams(
         preset=p.choice("model.preset", PRESET_NAMES),
         checkpoint=p.text("model.checkpoint"),
@@ -313,11 +335,13 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         camera_keys=keys,
         camera_compressed=compressed,
         max_pixels=p.integer("cameras.max_pixels"),
-        state_names=p.names("joints.state_names"),
+        state_names=state_names,
         action_names=action_names,
+        embodiment=embodiment,
+        embodiment_override=p.flag("embodiment_override"),
         rate_hz=rate_hz,
         horizon=p.integer("control.horizon"),
-        time_step_s=time_step if time_step > 0 else 1.0 / rate_hz,
+        time_step_s=time_step,
         deadline_margin_s=deadline_margin,
         max_image_age_s=p.number("control.max_image_age_s"),
         max_state_age_s=p.number("control.max_state_age_s"),
@@ -328,6 +352,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         max_new_tokens=p.integer("language.max_new_tokens", minimum=1),
         temperature=p.number("language.temperature"),
         stream_every=p.integer("language.stream_every"),
+        tokens_per_frame=p.integer("language.tokens_per_frame"),
+        min_steps_per_frame=p.integer("language.min_steps_per_frame"),
         overlap_threads=p.integer("language.overlap_threads"),
         pool_slots=p.integer("language.pool_slots", minimum=2),
         admission=p.choice("language.admission", ADMISSION_POLICIES),
@@ -351,14 +377,25 @@ def _device(choice: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def read_embodiment(spec: str, state_names: tuple[str, ...], action_names: tuple[str, ...]) -> Embodiment:
+    """The profile `spec` names, checked against the robot's joints; ParameterError naming the parameter."""
+    try:
+        embodiment = load_embodiment(spec)
+        embodiment.check_joints(state_names, action_names)
+    except EmbodimentError as err:
+        raise ParameterError(f"embodiment: {err}") from None
+    return embodiment
+
+
 def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
     """What depends on the model's shape (a `Pi05Config`) and a checkpoint's norm stats; raises ParameterError."""
     unknown = [k for k in params.camera_keys if k not in config.camera_names]
     if unknown:
         raise ParameterError(f"cameras.keys {unknown} are not image keys of this model; it takes "
                              f"{list(config.camera_names)} (map each camera topic to one of them)")
-    if len(params.state_names) > config.state_dim:
-        raise ParameterError(f"joints.state_names has {len(params.state_names)} joints, the model's state takes "
+    state_dims = params.embodiment.model_state_dims(len(params.state_names))
+    if state_dims > config.state_dim:
+        raise ParameterError(f"joints.state_names gives {state_dims} model state dims, the model's state takes "
                              f"at most {config.state_dim}")
     if len(params.action_names) > config.action_dim:
         raise ParameterError(f"joints.action_names has {len(params.action_names)} joints, the model acts on at "
@@ -367,11 +404,11 @@ def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
         raise ParameterError(f"control.horizon ({params.horizon}) exceeds the model's action horizon "
                              f"({config.action_horizon})")
     widths = {k: len(v["q01"]) for k, v in (norm_stats or {}).items() if "q01" in v}
-    for feature, joints, name in ((STATE_KEY, params.state_names, "joints.state_names"),
-                                  (ACTION_KEY, params.action_names, "joints.action_names")):
-        width = widths.get(feature, len(joints))  # a preset has no stats
-        if width < len(joints):
-            raise ParameterError(f"{name} has {len(joints)} joints, the checkpoint's normalization stats of "
+    for feature, dims, name in ((STATE_KEY, state_dims, "joints.state_names"),
+                                (ACTION_KEY, len(params.action_names), "joints.action_names")):
+        width = widths.get(feature, dims)  # a preset has no stats
+        if width < dims:
+            raise ParameterError(f"{name} gives {dims} model dims, the checkpoint's normalization stats of "
                                  f"{feature} only {width}")
 
 

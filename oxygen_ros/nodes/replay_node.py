@@ -1,7 +1,7 @@
 """Replay a rosbag2 onto live topics with the bag's timing, so the VLA node can be evaluated on recorded episodes.
 
-`oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...] [--delay S]
-[--allow-partial]`
+`oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...]
+[--wait-for-subscribers T ...] [--delay S] [--allow-partial]`
 
 Messages are republished as the raw CDR bytes stored in the bag (never deserialized), each at
 `start + (log_time - first_log_time) / rate` on the monotonic clock; one plain thread does the scheduling because
@@ -76,7 +76,8 @@ class ReplayNode(Node):
 
     def __init__(self, bag: str, rate: float = 1.0, loop: bool = False, clock: bool = False,
                  topics: Sequence[str] | None = None, clock_hz: float = 100.0,
-                 wait_for: Sequence[str] = (), allow_partial: bool = False, context=None):
+                 wait_for: Sequence[str] = (), wait_for_subscribers: Sequence[str] = (),
+                 allow_partial: bool = False, context=None):
         if rate <= 0:
             raise ValueError(f"rate must be positive, got {rate}")
         selected = select_topics(bag, topics)
@@ -87,6 +88,7 @@ class ReplayNode(Node):
         if problem is not None and not allow_partial:
             raise DataError(f"{problem}; --allow-partial replays what is readable")
         self.wait_for = list(wait_for)
+        self.wait_for_subscribers = list(wait_for_subscribers)
         clock_class = message_class("rosgraph_msgs/msg/Clock", "/clock") if clock else None
         super().__init__("replay", context=context)
         self.bag, self.rate, self.loop = bag, rate, loop
@@ -105,9 +107,12 @@ class ReplayNode(Node):
             self.incomplete = problem
             self.get_logger().error(problem)
 
-    def wait_for_subscribers(self, stop: threading.Event) -> bool:
-        """Block until each `wait_for` topic has a matched subscriber (e.g. the node under test is up)."""
-        while not all(self._topic_publishers[t].get_subscription_count() > 0 for t in self.wait_for):
+    def wait_until_heard(self, stop: threading.Event) -> bool:
+        """Block until each `wait_for` topic has a subscriber matched to this replay (e.g. the node under test is
+        up) and each `wait_for_subscribers` topic one anywhere in the graph (e.g. a recorder of that node's
+        outputs, which subscribes only once the node advertises them); False if stopped first."""
+        while not (all(self._topic_publishers[t].get_subscription_count() > 0 for t in self.wait_for)
+                   and all(self.count_subscribers(t) > 0 for t in self.wait_for_subscribers)):
             if stop.wait(0.05):
                 return False
         return True
@@ -159,7 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clock-hz", type=float, default=100.0, help="/clock rate between messages")
     parser.add_argument("--topics", nargs="+", default=None, help="only these topics (default: all)")
     parser.add_argument("--wait-for", nargs="+", default=[], metavar="TOPIC",
-                        help="start only once these topics have subscribers")
+                        help="start only once these replayed topics have subscribers")
+    parser.add_argument("--wait-for-subscribers", nargs="+", default=[], metavar="TOPIC",
+                        help="start only once these topics (not replayed) have a subscriber in the ROS graph, e.g. "
+                        "the node's outputs a recorder subscribes to")
     parser.add_argument("--delay", type=float, default=0.5,
                         help="seconds to wait (after --wait-for) so subscribers finish matching")
     parser.add_argument("--allow-partial", action="store_true",
@@ -176,14 +184,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ros_process("replay", argv) as (context, stop):
         try:
             node = ReplayNode(args.bag, rate=args.rate, loop=args.loop, clock=args.clock, topics=args.topics,
-                              clock_hz=args.clock_hz, wait_for=args.wait_for, allow_partial=args.allow_partial,
+                              clock_hz=args.clock_hz, wait_for=args.wait_for,
+                              wait_for_subscribers=args.wait_for_subscribers, allow_partial=args.allow_partial,
                               context=context)
         except (DataError, TopicTypeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
         with spinning(node):
             node.get_logger().info(f"replaying {args.bag}: {node.topics} at rate {args.rate}")
-            if node.wait_for_subscribers(stop) and not stop.wait(args.delay):
+            if node.wait_until_heard(stop) and not stop.wait(args.delay):
                 node.play(stop)
             node.get_logger().info(f"published {node.published} messages")
         return 1 if node.incomplete is not None and not args.allow_partial else 0

@@ -12,10 +12,12 @@ oxygen.launch.py`). Threads:
   never waits for language beyond the one decode step that may be in flight: the runtime runs with adaptive k,
   decoding only in the slack before the next tick (the runtime's `ControlGate` and scheduler).
 
-Output: every acted chunk becomes one plan (`output.handover`: the chunk as computed, or the blend of the received
-chunks from the present control step on, `oxygen_ros.control.handover`), published whole on `action_chunk` (model
-units) and, per declared `output.groups`, as one JointTrajectory per controller with that group's joints in robot
-units (`oxygen_ros.control.joint_groups`). A chunk the hand-over cannot use (every point already past) is counted
+Output: every acted chunk is first made the robot's absolute command by the `embodiment` profile
+(`oxygen_ros.control.embodiment`: deltas added to and velocities integrated from the state of the frame the model
+saw, signs and units), then becomes one plan (`output.handover`: the chunk as computed, or the blend of the
+received chunks from the present control step on, `oxygen_ros.control.handover`), published whole on
+`action_chunk` and, per declared `output.groups`, as one JointTrajectory per controller with that group's joints in
+the controller's units (`oxygen_ros.control.joint_groups`). A chunk the hand-over cannot use (every point already past) is counted
 and logged, and nothing is published for it.
 
 Inputs stamped on another clock than the node's (a bag played without `--clock`, wall-clock stamps under
@@ -55,7 +57,7 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.control.handover import Handover, Plan
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
@@ -102,11 +104,10 @@ class VlaNode(Node):
         self.policy = load_policy(p)
         config = self.policy.config
         self.horizon = p.horizon or config.action_horizon
-        # adaptive k: text decodes only in the slack before the next tick (at most one narration's budget of
-        # steps per period), so the control rate holds however long the text
         scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
                                     deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
-                                    adaptive_k=True, tokens_per_frame=p.max_new_tokens,
+                                    **node_decode_policy(p.tokens_per_frame, p.min_steps_per_frame,
+                                                         p.max_new_tokens),
                                     admission=p.admission, max_preempted=p.max_preempted,
                                     temperature=p.temperature, seed=p.seed)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
@@ -129,7 +130,9 @@ class VlaNode(Node):
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
 
-        self.handover = Handover(p.handover, len(p.action_names), p.time_step_s, p.ensemble_m, p.rtc_overlap)
+        # the plan's columns: positions, then velocities when the embodiment has them (blended alike)
+        columns = len(p.action_names) * (2 if p.embodiment.has_velocity else 1)
+        self.handover = Handover(p.handover, columns, p.time_step_s, p.ensemble_m, p.rtc_overlap)
         self.chunks_unused = 0  # acted chunks the hand-over could not use (nothing published for them)
         self.clock_check = ClockCheck()
         self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
@@ -158,10 +161,12 @@ class VlaNode(Node):
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
         self.get_logger().info(
             f"{self.policy.source} on {p.device}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
-            f"{len(p.state_names)} state / {len(p.action_names)} action joints, {p.rate_hz:g} Hz, horizon "
-            f"{self.horizon} x {p.time_step_s:g} s, language {p.language_policy}, hand-over {p.handover}"
-            + "".join(f", {g.name} -> {self.group_pubs[i][1].topic_name} {list(g.joints)}"
-                      for i, g in enumerate(p.groups)))
+            f"{len(p.state_names)} state / {len(p.action_names)} action joints, embodiment {p.embodiment.name}, "
+            f"{p.rate_hz:g} Hz, horizon {self.horizon} x {p.time_step_s:g} s, language {p.language_policy}, "
+            f"hand-over {p.handover}" + "".join(f", {g.name} -> {self.group_pubs[i][1].topic_name} {list(g.joints)}"
+                                                for i, g in enumerate(p.groups)))
+        if self.policy.embodiment_warning:
+            self.get_logger().warning(f"{self.policy.embodiment_warning} (starting: embodiment_override is true)")
 
     def close(self) -> None:
         """Stop the language worker (call after the executor has stopped, before destroy_node)."""
@@ -240,8 +245,8 @@ class VlaNode(Node):
         finite = np.isfinite(actions)
         if not finite.all():  # never sent to a robot
             self.nonfinite_chunks += 1
-            bad_joints = [name for name, ok in zip(self.params.action_names, finite.all(axis=0), strict=True)
-                          if not ok]
+            per_joint = finite.reshape(len(finite), -1, len(self.params.action_names)).all(axis=(0, 1))
+            bad_joints = [name for name, ok in zip(self.params.action_names, per_joint, strict=True) if not ok]
             self.state, self.detail = MODEL_ERROR, (
                 f"action chunk has {finite.size - finite.sum()} non-finite values of {finite.size} (joints "
                 f"{', '.join(bad_joints)}); not published")
@@ -264,28 +269,38 @@ class VlaNode(Node):
         self._tick_times.append(time.perf_counter() - start)
 
     def _publish_plan(self, plan: Plan) -> bool:
-        """`action_chunk` (every action joint, model units), then each group's joints in robot units; header.stamp
-        one step before the first point, point i at (i + 1) steps, as `chunk_to_trajectory` lays them out. All or
-        nothing: False (nothing published) if a value in robot units is not finite."""
+        """`action_chunk` (every action joint, the robot's absolute command), then each group's joints in its
+        controller's units; header.stamp one step before the first point, point i at (i + 1) steps, as
+        `chunk_to_trajectory` lays them out. All or nothing: False (nothing published) if a value in a controller's
+        units is not finite."""
         stamp_ns, time_step, count = plan.first_ns - plan.step_ns, self.params.time_step_s, len(plan.values)
-        outputs = [(self.chunk_pub, self.params.action_names, plan.values)]
-        outputs += [(pub, group.joints, group.to_robot(plan.values)) for group, pub in self.group_pubs]
-        if not all(np.isfinite(values).all() for _, _, values in outputs):  # a scale beyond float range
-            self.nonfinite_chunks += 1
+        joints = len(self.params.action_names)
+        positions, velocities = plan.values[:, :joints], plan.values[:, joints:] if plan.values.shape[1] > joints \
+            else None
+        outputs = [(self.chunk_pub, self.params.action_names, positions, velocities)]
+        outputs += [(pub, group.joints, group.to_robot(positions),
+                     None if velocities is None else group.velocities_to_robot(velocities))
+                    for group, pub in self.group_pubs]
+        if not all(np.isfinite(p).all() and (v is None or np.isfinite(v).all()) for _, _, p, v in outputs):
+            self.nonfinite_chunks += 1  # a scale beyond float range
             self.state, self.detail = MODEL_ERROR, "a plan overflows in robot units (output.*.scale / offset); " \
                                                    "not published"
             if (suffix := self._throttled("overflow")) is not None:
                 self.get_logger().error(f"{self.detail}{suffix}")
             return False
-        for publisher, joints, values in outputs:
-            publisher.publish(chunk_to_trajectory(values, joints, stamp_ns, time_step, count))
-        self.markers.plan(plan.values, time_step, stamp_ns)
+        for publisher, names, values, rates in outputs:
+            publisher.publish(chunk_to_trajectory(values, names, stamp_ns, time_step, count, rates))
+        self.markers.plan(positions, time_step, stamp_ns)
         return True
 
     def _act(self, frame: Frame, narrate: bool, age_s: float):
-        """The chunk (the camera frame_id travels as its context, for the narration) and its robot actions."""
+        """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
+        command [H, joints (x2 with velocities)] that the embodiment makes of it from the frame's own state (never a
+        newer one: a delta or a velocity is relative to what the model saw)."""
+        embodiment = self.params.embodiment
+        state = embodiment.state_to_model(frame.state)
         # the prompt must fit max_token_len with this instruction and state: shortened before acting if need be
-        outcome = self.instruction.fit_prompt(self.policy.tokenizer, frame.state, self.policy.config,
+        outcome = self.instruction.fit_prompt(self.policy.tokenizer, state, self.policy.config,
                                               self.policy.norm_stats)
         if outcome == "cut":
             self.get_logger().warning(f"instruction too long for the model's prompt; using {self.instruction.text!r}")
@@ -293,11 +308,13 @@ class VlaNode(Node):
             self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the previous task "
                                       f"{self.instruction.text!r}")
         start = time.perf_counter()  # the chunk's latency includes preprocessing
-        observation = Observation(images=frame.images, state=frame.state, task=self.instruction.text)
+        observation = Observation(images=frame.images, state=state, task=self.instruction.text)
         inputs = self.runtime.prepare(observation)
         chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
                                                     context=frame.frame_id, arrival=start))
-        return chunk, self.runtime.robot_actions(chunk, len(self.params.action_names))
+        command = embodiment.actions_to_robot(self.runtime.robot_actions(chunk, len(self.params.action_names)),
+                                              frame.state)
+        return chunk, command.stacked()
 
     def _throttled(self, key) -> str | None:
         """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.

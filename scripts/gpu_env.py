@@ -1,0 +1,60 @@
+"""Is this interpreter fit for the GPU checks? One line either way; status 0 or 1, never a traceback.
+
+    python scripts/gpu_env.py            torch is a CUDA build and sees a device (what `gpu_python.sh` asks of
+                                         each interpreter it tries)
+    python scripts/gpu_env.py --driver   that, and the `gpu` extra works on this driver: green-context SM
+                                         partitions through cuda-bindings (the project's own SmPartitions) and
+                                         NVML's energy counter (nvidia-ml-py; missing only costs the energy figures)
+
+Run from the repository root (the package is imported from the checkout).
+"""
+
+import sys
+
+
+def device() -> str:
+    try:
+        import torch
+    except ImportError as error:
+        raise SystemExit(f"no torch ({error})") from None
+    if torch.version.cuda is None:
+        raise SystemExit(f"torch {torch.__version__} is a CPU build")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device")
+    p = torch.cuda.get_device_properties(0)
+    return (f"torch {torch.__version__}, CUDA {torch.version.cuda}, {p.name}, compute capability "
+            f"{p.major}.{p.minor}, {p.multi_processor_count} SMs")
+
+
+def driver() -> list[str]:
+    from oxygen_ros.bench.energy import cuda_uuid, open_energy_meter
+    from oxygen_ros.fleet.sm_partition import SmPartitions
+
+    try:
+        partitions = SmPartitions("cuda:0")
+        shares = partitions.shares()
+    except ImportError as error:
+        raise SystemExit(f"no cuda-bindings ({error}): install the gpu extra, pip install -e '.[gpu]'") from None
+    except (RuntimeError, ValueError) as error:
+        raise SystemExit(f"green contexts unavailable: {error}") from None
+    from importlib.metadata import version
+
+    groups = {s: partitions.group_sizes(s)[0] for s in shares[:-1]}
+    return [f"green contexts: cuda-bindings {version('cuda-bindings')}, {partitions.total_sms} SMs, groups asked "
+            f"in {partitions.granularity}, shares and the SMs the driver makes for them: {groups}",
+            open_energy_meter("cuda:0", uuid=cuda_uuid("cuda:0"))[1]]
+
+
+def main(argv: list[str]) -> int:
+    lines = [device()]
+    if "--driver" in argv:
+        lines += driver()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main(sys.argv[1:]))
+    except Exception as error:  # noqa: BLE001 - one line, never a traceback
+        raise SystemExit(f"{type(error).__name__}: {error}") from None
