@@ -72,4 +72,5 @@ rm -rf "$SITE/oxygen_ros/__init__.py" "$SITE/oxygen_ros/__pycache__" "$SITE"/oxy
 
 "$VENV/bin/python" -c "import oxygen_ros.msg, oxygen_ros; assert oxygen_ros.__file__.startswith('$ROOT')" \
   || { echo "setup: oxygen_ros does not import from this checkout" >&2; exit 1; }
-echo "setup: ready ($VENV, torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)'))"
+TORCH_BUILD=$("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')
+echo "setup: ready ($VENV, torch $TORCH_BUILD)"

@@ -299,8 +299,8 @@ def check_markers(robot: Robot, finals: list[Narration]) -> None:
     texts = [m for a in robot.markers for m in a.markers if m.ns == "narration"]
     assert plans and texts and len(plans) + len(texts) == len(robot.markers)
     for array in plans:
-        assert [(m.ns, m.id, m.type) for m in array.markers] == [("plan_path", j, Marker.LINE_STRIP) for j in range(14)] \
-            + [("plan_end", 0, Marker.SPHERE_LIST)]
+        lanes = [("plan_path", j, Marker.LINE_STRIP) for j in range(14)]
+        assert [(m.ns, m.id, m.type) for m in array.markers] == [*lanes, ("plan_end", 0, Marker.SPHERE_LIST)]
         assert all(m.header.frame_id == "world" and m.action == Marker.ADD for m in array.markers)
         drawn = [(m.id if m.ns == "plan_path" else -1, [p.x for p in m.points], [p.z for p in m.points])
                  for m in array.markers]

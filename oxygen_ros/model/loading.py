@@ -51,14 +51,14 @@ class LoadedModel:
 
 def checkpoint_folder(source: str) -> Path:
     """The checkpoint folder `source` names: a folder, or the cached snapshot of a hub id (fetched when the hub can
-    be reached). ValueError (`HubError`), one line, for anything else, a snapshot that cannot be had, or a repo
-    without `model.safetensors`."""
+    be reached). ValueError (`HubError` from the hub), one line, for anything else, a snapshot that cannot be had,
+    or a repo without `model.safetensors`."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     hub_id = parse_hub_id(source)
     if hub_id is None:
-        raise HubError(f"{source!r} is neither a checkpoint folder nor a hub repo id (org/name or "
+        raise ValueError(f"{source!r} is neither a checkpoint folder nor a hub repo id (org/name or "
                        f"org/name@revision)")
     try:
         folder = snapshot(hub_id, CHECKPOINT_FILES)
@@ -126,8 +126,8 @@ def tokenizer_file(source: str) -> Path:
         return _file_in(path) or _no_file(path)
     hub_id = parse_hub_id(source)
     if hub_id is None:
-        raise HubError(f"{source!r} is neither a tokenizer file or folder nor a hub repo id (org/name or "
-                       f"org/name@revision)")
+        raise ValueError(f"{source!r} is neither a tokenizer file or folder nor a hub repo id (org/name or "
+                         f"org/name@revision)")
     folder = snapshot(hub_id, TOKENIZER_FILES)
     return _file_in(folder) or _no_file(folder, f"{hub_id}'s snapshot ")
 
@@ -143,8 +143,8 @@ def _checkpoint_tokenizer_file(checkpoint: Path, vocab_size: int) -> Path:
         return tokenizer_file(str(inside) if inside.exists() else named[0])
     if vocab_size == PALIGEMMA_VOCAB:
         return tokenizer_file(PALIGEMMA_TOKENIZER)
-    raise HubError(f"the checkpoint {checkpoint} carries no tokenizer ({', '.join(TOKENIZER_FILES)}) and names none, "
-                   f"and its vocabulary ({vocab_size} tokens) is not PaliGemma's: set model.tokenizer")
+    raise ValueError(f"the checkpoint {checkpoint} carries no tokenizer ({', '.join(TOKENIZER_FILES)}) and names none, "
+                     f"and its vocabulary ({vocab_size} tokens) is not PaliGemma's: set model.tokenizer")
 
 
 def _file_in(folder: Path) -> Path | None:
@@ -156,5 +156,5 @@ def _file_in(folder: Path) -> Path | None:
 
 
 def _no_file(folder: Path, what: str = "") -> NoReturn:
-    raise HubError(f"{what}{folder} holds no tokenizer file ({', '.join(TOKENIZER_FILES)}, at its top or in "
-                   f"tokenizer/)")
+    raise ValueError(f"{what}{folder} holds no tokenizer file ({', '.join(TOKENIZER_FILES)}, at its top or in "
+                     f"tokenizer/)")
