@@ -101,7 +101,7 @@ def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     tree = parse("launch/oxygen.launch.py")
     declared = declared_arguments(tree)
     assert declared == {"namespace", "params_file", "use_sim_time", "preset", "checkpoint", "tokenizer",
-                        "diagnostics_aggregator"}
+                        "diagnostics_aggregator", "viewer"}
     overrides = ast.literal_eval(assigned(tree, "OVERRIDES"))
     assert launch_configurations(tree) | set(overrides) <= declared
     assert set(overrides.values()) <= NODE_PARAMETERS and "use_sim_time" in constant_strings(tree)
@@ -128,6 +128,16 @@ def test_oxygen_launch_starts_the_diagnostics_aggregator_with_the_shipped_analyz
     (pattern,) = analyzer["contains"]
     source = (REPO / "oxygen_ros" / "nodes" / "vla_node.py").read_text()
     assert 'name = f"{self.get_fully_qualified_name()}: vla engine"' in source and pattern == ": vla engine"
+
+
+def test_oxygen_launch_viewer_opens_the_shipped_rviz_and_rqt_files_with_the_markers_on():
+    tree = parse("launch/oxygen.launch.py")
+    packages = {keyword(n, "package").value for n in calls(tree, "Node")}
+    assert packages - {"oxygen_ros", "diagnostic_aggregator"} == {"rviz2", "rqt_gui"}
+    named = {s for s in constant_strings(tree) if s.startswith("oxygen.")}  # shipped files, read from config/
+    assert named == {"oxygen.perspective", "oxygen.rviz"}
+    assert all((REPO / "config" / name).is_file() for name in named) and "config" in installed_share_folders()
+    assert "visualization.markers" in constant_strings(tree) and "visualization.markers" in NODE_PARAMETERS
 
 
 def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():

@@ -218,6 +218,12 @@ def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | 
     return path
 
 
+def checkpoint_config(path: str | Path) -> Pi05Config:
+    """The model shape a checkpoint folder's `config.json` describes, read without its weights (to check what
+    depends on it, the tokenizer's vocabulary say, before the slow load)."""
+    return _config(_read_config(Path(path) / CONFIG_FILE))
+
+
 def load_checkpoint(
     path: str | Path,
     device: torch.device | str = "cpu",

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import (
     InvalidParameterTypeException,
@@ -35,7 +36,7 @@ from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 
 PRESET_NAMES = ("tiny", "small", "pi05")
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
 OPTIONAL = object()  # marks a string array that may stay unset
@@ -58,14 +59,18 @@ class Spec:
 SPECS = (
     Spec("model.preset", "tiny", "random-init model shape, used when model.checkpoint is empty",
          " | ".join(PRESET_NAMES)),
-    Spec("model.checkpoint", "", "pi05 checkpoint folder (LeRobot's or openpi's PyTorch layout); overrides "
-                                 "model.preset"),
+    Spec("model.checkpoint", "", "pi05 checkpoint (LeRobot's or openpi's PyTorch layout): a folder, or a hub repo "
+                                 "id org/name[@revision] resolved into the hub cache (HF_HUB_OFFLINE=1: cached "
+                                 "snapshots only); overrides model.preset"),
     Spec("model.text_head", "auto", "matrix a checkpoint decodes narration with; auto: as the stack that wrote it "
                                     "(LeRobot: its lm_head when it differs from the embedding; openpi: the "
                                     "embedding)", " | ".join(TEXT_HEADS)),
-    Spec("model.tokenizer", "", "SentencePiece model file; empty: a stand-in trained once into the user cache "
-                                "(random-init presets only)"),
-    Spec("model.device", "cpu", "torch device", " | ".join(DEVICES)),
+    Spec("model.tokenizer", "", "tokenizer (SentencePiece .model or tokenizer.json): a file, a folder holding one, or "
+                                "a hub repo id; empty: with a checkpoint, the one it carries or names, else "
+                                "PaliGemma's (google/paligemma-3b-pt-224, as LeRobot); with a preset, a stand-in "
+                                "trained once into the user cache"),
+    Spec("model.device", "auto", "torch device; auto: cuda when torch sees a CUDA device, else cpu",
+         " | ".join(DEVICES)),
     Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
                                 "bfloat16 where it measures faster, else float32",
          " | ".join(DTYPE_NAMES)),
@@ -137,6 +142,10 @@ SPECS = (
                                   "whole overlap with the published plan", ">= 0"),
     Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
                                     "controller); unset: action_chunk only"),
+    Spec("visualization.markers", False, "also publish chunk_markers (visualization_msgs/MarkerArray) for RViz: the "
+                                         "published plan as a chart (a lane per action joint over its time) and "
+                                         "each final narration as text"),
+    Spec("visualization.frame_id", "base_link", "frame the chunk_markers chart stands in"),
 )
 
 GROUP_SPECS = {  # output.<group>.<field>: default, description
@@ -193,6 +202,8 @@ class VlaParams:
     ensemble_m: float
     rtc_overlap: int
     groups: tuple[JointGroup, ...]  # empty: action_chunk only
+    markers: bool
+    marker_frame: str
 
     @property
     def period_s(self) -> float:
@@ -315,7 +326,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         checkpoint=p.text("model.checkpoint"),
         text_head=p.choice("model.text_head", TEXT_HEADS),
         tokenizer=p.text("model.tokenizer"),
-        device=p.choice("model.device", DEVICES),
+        device=_device(p.choice("model.device", DEVICES)),
         dtype=p.choice("model.dtype", DTYPE_NAMES),
         cpu_kernel=p.choice("model.cpu_kernel", CPU_KERNEL_CHOICES),
         seed=p.integer("model.seed"),
@@ -354,7 +365,16 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         ensemble_m=p.number("output.temporal_ensemble_m"),
         rtc_overlap=p.integer("output.rtc_overlap"),
         groups=read_groups(values, action_names),
+        markers=p.flag("visualization.markers"),
+        marker_frame=p.text("visualization.frame_id") or "base_link",
     )
+
+
+def _device(choice: str) -> str:
+    """`auto` made concrete (the node, its logs and diagnostics see cpu or cuda)."""
+    if choice != "auto":
+        return choice
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def read_embodiment(spec: str, state_names: tuple[str, ...], action_names: tuple[str, ...]) -> Embodiment:

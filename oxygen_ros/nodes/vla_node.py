@@ -77,6 +77,7 @@ from .frame_inputs import (
 )
 from .lifecycle import ros_process, spinning
 from .log_throttle import LogThrottle
+from .markers import MarkerOutput
 from .model_setup import load_policy
 from .parameters import ParameterError, declare_parameters, read_parameters
 from .qos import LATCHED_QOS, SENSOR_QOS
@@ -144,6 +145,7 @@ class VlaNode(Node):
         self.narration_pub = self.create_publisher(Narration, "narration", 50)
         self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.markers = MarkerOutput(self, p.markers, p.marker_frame)
         served = Served(self.policy.model, self.policy.tokenizer, self.policy.norm_stats)
         self.runtime = Runtime(served, runtime_config, on_text=self._publish_text).start()
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
@@ -288,6 +290,7 @@ class VlaNode(Node):
             return False
         for publisher, names, values, rates in outputs:
             publisher.publish(chunk_to_trajectory(values, names, stamp_ns, time_step, count, rates))
+        self.markers.plan(positions, time_step, stamp_ns)
         return True
 
     def _act(self, frame: Frame, narrate: bool, age_s: float):
@@ -337,6 +340,8 @@ class VlaNode(Node):
         msg.header.frame_id = update.context or ""
         self.narration_pub.publish(msg)
         self.narrations_published += 1
+        if update.final:
+            self.markers.narration(update.text, update.stamp_ns)
 
     # ---- monitoring ---------------------------------------------------------------------------------------------
 
