@@ -30,6 +30,7 @@ from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status
 from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction
 from oxygen_ros.nodes.log_throttle import LogThrottle
 from oxygen_ros.nodes.parameters import (
+    GROUP_SPECS,
     OPTIONAL,
     REQUIRED,
     SPECS,
@@ -386,7 +387,7 @@ def test_parameters_are_validated_with_clear_errors():
     params = read_parameters(parameter_values(control__rate_hz=20))  # an integer where a float is expected
     assert params.rate_hz == 20.0 and params.time_step_s == 0.05 and params.camera_compressed == (False, False)
     assert (params.max_pixels, params.max_state_age_s, params.future_tolerance_s, params.max_preempted) == (
-        4096 * 4096, 0.5, 0.1, 16)
+        1920 * 1200, 0.5, 0.1, 16)
     assert read_parameters(parameter_values(cameras__compressed=[True, False])).camera_compressed == (True, False)
     assert read_parameters(parameter_values(language__policy=False)).language_policy == "off"  # YAML's `off`
     bad = {
@@ -413,10 +414,11 @@ def test_parameters_are_validated_with_clear_errors():
 
 def group_values(groups: dict, **changes) -> dict:
     """Parameters with output groups {name: {field: value}} over the action joints a, b, c."""
-    values = parameter_values(joints__action_names=["a", "b", "c"], output__groups=list(groups), **changes)
+    values = parameter_values(**{"joints__action_names": ["a", "b", "c"], "joints__state_names": ["a", "b", "c"],
+                                 "output__groups": list(groups), **changes})
     for name, fields in groups.items():
-        values.update({f"output.{name}.{field}": fields.get(field, "" if field == "topic" else None)
-                       for field in ("joints", "topic", "scale", "offset")})
+        values.update({f"output.{name}.{field}": fields.get(field, None if default is REQUIRED else default)
+                       for field, (default, _) in GROUP_SPECS.items()})
     return values
 
 
