@@ -77,6 +77,7 @@ from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_t
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
+from .parameters import MAX_PIXELS
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
@@ -100,7 +101,7 @@ DEFAULTS = {
     "max_image_age_s": 0.0,
     "max_state_age_s": 0.0,
     "future_tolerance_s": 0.1,
-    "max_pixels": 16_777_216,  # 4096 x 4096
+    "max_pixels": MAX_PIXELS,  # as the VLA node's cameras.max_pixels
     "narrate_every": 10,
     "max_new_tokens": 32,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
@@ -234,21 +235,22 @@ class FleetNode(Node):
             port.joint_names = tuple(msg.name)
             port.inputs = port.frame_inputs(port.joint_names)
         try:
-            port.inputs.on_joint_state(msg)
+            port.inputs.on_joint_state(msg, self.get_clock().now().nanoseconds)
         except ConversionError as err:
             self._warn_drop(port, f"joint_states: {err}")
 
     def _on_image(self, port: RobotPort, index: int, msg) -> None:
         if port.inputs is None:
             return  # no joint names known yet: nothing to pick the state by
+        now_ns = self.get_clock().now().nanoseconds
         try:
-            port.inputs.on_image(index, msg)
+            port.inputs.on_image(index, msg, now_ns)
         except ConversionError as err:
             self._warn_drop(port, f"{port.cameras[index]}: {err}")
             return
         if index != 0:
             return
-        now_ns = self.get_clock().now().nanoseconds
+        port.inputs.decode_pending()  # here, not on a thread: a frame is queued with its deadline, not acted on
         decision = port.inputs.next_frame(now_ns)
         port.state, frame = decision.state, decision.frame
         for dropped in decision.dropped:
