@@ -95,8 +95,13 @@ def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_
     for group, topic in GROUP_TOPICS.items():
         columns = [ALOHA_JOINT_NAMES.index(j) for j in expected_joints[group]]
         gripper = group.endswith("gripper")
-        for msg in heard.get(topic):
+        messages = heard.get(topic)
+        # The node's exit holds every group once (at the measured positions), after its last plan.
+        assert stamp_to_ns(messages[-1].header.stamp) == 0 and len(messages[-1].points) == 1
+        for msg in messages:
             assert list(msg.joint_names) == list(expected_joints[group])
+            if stamp_to_ns(msg.header.stamp) == 0:
+                continue  # a hold, not a plan
             values = points(msg)[1]
             # The same plan as action_chunk's (same stamp), these joints only, grippers scaled to the robot's range.
             whole = [c[:, columns] for c in by_stamp.get(stamp_to_ns(msg.header.stamp), []) if len(c) == len(values)]
