@@ -295,7 +295,7 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
         # fell to a few Hz).
         alone = rate_over(6.0, bombs=False)
         mixed = rate_over(6.0, bombs=True)
-        assert mixed >= 0.5 * alone, (alone, mixed, robot.last_values())
+        assert mixed >= 0.5 * alone, (alone, mixed, {k: v for k, v in robot.last_values().items() if "ms" in k or "dropped" in k or "reused" in k or "miss" in k})
         assert float(robot.last_values()["tick_ms_p99"]) < 1e3 / rate * 4, robot.last_values()
 
         # A joint named twice with conflicting values: dropped and counted like other malformed states.

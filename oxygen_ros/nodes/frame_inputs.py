@@ -33,15 +33,17 @@ The frame's stamp and frame_id are those of the first camera's image.
 
 from __future__ import annotations
 
+import os
 import threading
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from torch import Tensor
 
 from oxygen_ros.data.stamps import stamp_to_ns
-from oxygen_ros.model.preprocess import normalized_state
+from oxygen_ros.model.preprocess import normalized_state, resize_with_pad
 from oxygen_ros.model.prompt import tokenize_prompt
 
 from .conversions import (
@@ -63,6 +65,7 @@ STALE_STATE = "stale_state"
 MODEL_ERROR = "model_error"
 SKIPPED_TICK_STATES = (FUTURE_FRAME, STALE_FRAME, STALE_STATE)  # ticks counted as drops (logged), not waits
 JOINT_STATES = "joint_states"  # the source name of joint-state drops
+DECODER_NICE = 10  # added to the decoder thread's niceness: the control path comes first
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ class InputLimits:
 
 @dataclass
 class Frame:
-    images: dict[str, np.ndarray]  # model image key -> HxWx3 uint8 RGB
+    images: dict[str, np.ndarray | Tensor]  # model image key -> HxWx3 uint8 RGB, or the model's input made of it
+    # (`resize_with_pad`'s [3, size, size], when the limits give the model's size)
     state: np.ndarray
     stamp_ns: int
     frame_id: str
@@ -199,6 +203,8 @@ class FrameInputs:
             try:
                 image = compressed_to_rgb(msg, self.limits.images) if camera.compressed else \
                     image_to_rgb(msg, self.limits.images)
+                if self.limits.images.model_size:  # the model's input, made here rather than in the tick
+                    image = resize_with_pad(image, self.limits.images.model_size)
             except ConversionError as err:
                 with self._lock:
                     self._count(err)
@@ -263,8 +269,12 @@ class FrameInputs:
 
 class DecodeThread:
     """Runs `FrameInputs.decode_pending` on a thread of its own whenever `wake` is called (after `on_image` kept a
-    message): the control tick never decodes. Pillow releases the interpreter lock while it decodes, so a costly
-    image takes a core, not the node's other threads."""
+    message): the control tick never decodes. Pillow releases the interpreter lock while it decodes, and the thread
+    runs at a lower scheduling priority (Linux nice 10, per thread; the threads it starts inherit it), so a costly
+    image (a JPEG claiming the whole pixel budget) takes the cores the control path leaves, not the control
+    path's. With the model's size in the limits it also resizes each image to the model's input here, so the tick
+    never pays for a large one. (Its torch thread count is left alone: setting it would also set the process's
+    default, which the control path's thread reads when it starts.)"""
 
     def __init__(self, inputs: FrameInputs):
         self.inputs = inputs
@@ -277,6 +287,10 @@ class DecodeThread:
         self._wake.set()
 
     def _run(self) -> None:
+        try:  # a Linux thread is a task of its own: this lowers only the decoder's priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DECODER_NICE)
+        except (AttributeError, OSError):  # no per-thread priorities here: the decoder runs at the node's
+            pass
         while True:
             self._wake.wait()
             self._wake.clear()
