@@ -77,7 +77,6 @@ from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_t
 from .diagnostics import Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
-from .parameters import MAX_PIXELS
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
@@ -101,7 +100,7 @@ DEFAULTS = {
     "max_image_age_s": 0.0,
     "max_state_age_s": 0.0,
     "future_tolerance_s": 0.1,
-    "max_pixels": MAX_PIXELS,  # as the VLA node's cameras.max_pixels
+    "max_pixels": 2_304_000,  # 1920 x 1200, as the VLA node's cameras.max_pixels
     "narrate_every": 10,
     "max_new_tokens": 32,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
