@@ -7,13 +7,16 @@ Node processes as in test_vla_node_ros (tiny preset, the ALOHA file)."""
 import time
 
 import numpy as np
+import torch
 import yaml
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rcl_interfaces.msg import ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from safetensors.torch import load_file, save_file
 from std_msgs.msg import String
+from test_vla_node_checkpoint_startup import LM_HEAD, checkpoint
 from test_vla_node_controllers import Trajectories, points
 from test_vla_node_ros import (
     STARTUP_TIMEOUT_S,
@@ -30,7 +33,9 @@ from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
 from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import Observation
+from oxygen_ros.model.tokenizer import train_tokenizer
 from oxygen_ros.nodes.model_setup import load_policy
 from oxygen_ros.nodes.parameters import read_parameters
 
@@ -238,13 +243,25 @@ def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(ros
     assert "configure failed, still unconfigured: model.checkpoint" in output
 
 
-def peak_threshold(joint: int, chunks: int = 40) -> float:
+def overflowing_text_head(folder) -> tuple[str, str]:
+    """A tiny LeRobot checkpoint whose own lm_head (the text head `auto` picks) overflows every logit, its action
+    path healthy; and a tokenizer. Returns (checkpoint, tokenizer)."""
+    model_dir = checkpoint(folder / "ckpt")
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    tensors[LM_HEAD] = torch.full_like(tensors[LM_HEAD], 3e38)  # finite weights, infinite products
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    return str(model_dir), str(train_tokenizer(folder / "tok.model", get_preset("tiny").vocab_size))
+
+
+def peak_threshold(joint: int, model: tuple[str, str], chunks: int = 40) -> float:
     """The median over `chunks` chunks of joint `joint`'s largest value in a chunk's first 6 points, from the node's
-    model and seed in this process on inputs like the test's: a plan past it is refused, so about half the node's
-    plans are (which ones is the noise's choice; the inputs barely matter to a random-weight model)."""
+    model (checkpoint, tokenizer) and seed in this process on inputs like the test's: a plan past it is refused,
+    so about half the node's plans are (which ones is the noise's choice: a random-weight model barely depends on
+    its inputs)."""
     values = parameter_values(**{"cameras.keys": ["base_0_rgb", "left_wrist_0_rgb"],
                                  "joints.state_names": list(ALOHA_JOINT_NAMES),
-                                 "joints.action_names": list(ALOHA_JOINT_NAMES), "model.cpu_threads": 1})
+                                 "joints.action_names": list(ALOHA_JOINT_NAMES), "model.cpu_threads": 1,
+                                 "model.checkpoint": model[0], "model.tokenizer": model[1]})
     policy = load_policy(read_parameters(values))
     runtime = Runtime(Served(policy.model, policy.tokenizer, policy.norm_stats),
                       RuntimeConfig(SchedulerConfig(num_steps=10), pool_slots=2))  # aloha.yaml's denoise_steps
@@ -260,7 +277,8 @@ def peak_threshold(joint: int, chunks: int = 40) -> float:
 
 
 def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env, model_cache, tmp_path):  # noqa: F811
-    upper = peak_threshold(ALOHA_JOINT_NAMES.index(WAIST))
+    model = overflowing_text_head(tmp_path)
+    upper = peak_threshold(ALOHA_JOINT_NAMES.index(WAIST), model)
     params = safety_file(tmp_path / "reject.yaml", waist={"upper": upper}, limits={"policy": "reject"})
     robot = Robot(ros_context, compressed_second_camera=True)
     heard = Trajectories(robot.node, ["action_chunk", *TOPICS.values()])
@@ -271,7 +289,9 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
     # backlog during the bombs stays within
     child = start_node(ros_env, model_cache, "--params-file", params, "-p", f"control.rate_hz:={rate}",
                        "-p", "cameras.compressed:=[false,true]", "-p", f"cameras.max_pixels:={4096 * 4096}",
-                       "-p", "control.max_image_age_s:=2.0", "-p", "language.policy:=off")
+                       "-p", "control.max_image_age_s:=2.0", "-p", f"model.checkpoint:={model[0]}",
+                       "-p", f"model.tokenizer:={model[1]}", "-p", "language.every_n_frames:=10",
+                       "-p", "language.max_new_tokens:=4")
     bomb = jpeg_claiming(4096, 4096)
     counter = robot.counter
 
@@ -342,3 +362,9 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
     waist = np.concatenate([points(m)[1][:, 0] for m in heard.get(TOPICS["waist"]) if not is_hold(m)])
     assert waist.max() <= upper
     assert "refused (range limit, reject)" in output
+
+    # The text head overflows (the actions are healthy): every narration ends as a model error of the language
+    # path, ERROR on /diagnostics, instead of empty text under an OK status.
+    assert int(values["language_errors"]) > 0 and robot.narrations and all(n.num_tokens == 0 for n in robot.narrations)
+    assert any(d.message.startswith("language model error: narration") for d in robot.diagnostics)
+    assert "the text head gave non-finite logits" in output

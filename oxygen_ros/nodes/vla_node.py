@@ -66,7 +66,7 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.control.handover import Handover, Plan
 from oxygen_ros.control.limits import Limited, apply_limits, first_ahead
 from oxygen_ros.data.stamps import stamp_to_ns
-from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, RuntimeStats, Served, TextUpdate
+from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.model.preprocess import Observation
@@ -74,7 +74,7 @@ from oxygen_ros.msg import EngineStatus, Narration
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
-from .diagnostics import CONFIGURE_FAILED, Health, diagnostic_array, engine_status
+from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
 from .frame_inputs import (
     JOINT_STATES,
     MODEL_ERROR,
@@ -97,7 +97,6 @@ NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
 LIMIT_REJECTED = "limit_rejected"  # engine_status.state: the last plan was refused by the joint limits
 WARM_UP_PIXELS = 224  # the warm-up frame's images (any size: they are resized to the model's input)
-NO_STATS = RuntimeStats(0.0, 0.0, 0.0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)  # before configure: no engine yet
 
 
 class VlaNode(LifecycleNode):
@@ -121,6 +120,8 @@ class VlaNode(LifecycleNode):
         self.detail = ""
         self.model_errors = 0
         self.nonfinite_chunks = 0
+        self.language_errors = 0  # narrations ended by non-finite logits
+        self.language_error: str | None = None  # the last one's, until a narration ends well
         self._log = LogThrottle(LOG_THROTTLE_S)
         self.actions_published = 0
         self.narrations_published = 0
@@ -495,10 +496,24 @@ class VlaNode(LifecycleNode):
                         final=update.final)
         msg.header.stamp = ns_to_stamp(update.stamp_ns)
         msg.header.frame_id = update.context or ""
+        if update.final:
+            self._narration_ended(update)
         if self.lifecycle != "active":  # a narration still decoding when the node was deactivated
             return
         self.narration_pub.publish(msg)
         self.narrations_published += 1
+
+    def _narration_ended(self, update: TextUpdate) -> None:
+        """A narration the text head ended with non-finite logits is a model error of the language path (ERROR on
+        /diagnostics until a narration ends well); its text so far still goes out, final."""
+        if update.finish_reason != "nonfinite":
+            self.language_error = None
+            return
+        self.language_errors += 1
+        self.language_error = (f"narration {update.request_id} ended after {update.num_tokens} tokens: the text head "
+                               f"gave non-finite logits ({self.language_errors} such narrations so far)")
+        if (suffix := self._throttled("language")) is not None:
+            self.get_logger().error(f"{self.language_error}{suffix}")
 
     # ---- monitoring ---------------------------------------------------------------------------------------------
 
@@ -525,8 +540,10 @@ class VlaNode(LifecycleNode):
             state=self.state, detail=self.detail, stats=self.runtime.stats(), target_rate_hz=self.params.rate_hz,
             actions_published=self.actions_published, dropped_frames=sum(drops.values()),
             worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
+            language_error=self.language_error,
             values={
                 **safety,
+                "language_errors": self.language_errors,
                 "frame_age_ms_p50": f"{percentile_ms(self._frame_ages, 0.5):.2f}",
                 "frame_age_ms_p99": f"{percentile_ms(self._frame_ages, 0.99):.2f}",
                 "tick_ms_p50": f"{percentile_ms(self._tick_times, 0.5):.2f}",
