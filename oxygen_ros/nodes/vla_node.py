@@ -432,7 +432,9 @@ class VlaNode(LifecycleNode):
     def _limited(self, values: np.ndarray, first: int) -> Limited | None:
         """The groups' plan [n, joints] within the limits, or None (state and log say why) if they refuse it."""
         p = self.params
-        measured = self.inputs.state[[p.state_names.index(j) if j in p.state_names else 0 for j in p.limits.joints]]
+        # a joint without a measured position has no jump limit (`parameters.read_limits`): NaN never exceeds one
+        measured = np.array([self.inputs.state[p.state_names.index(j)] if j in p.state_names else np.nan
+                             for j in p.limits.joints])
         result = apply_limits(values, p.limits, measured, p.time_step_s, first, p.limit_policy)
         if isinstance(result, Limited):
             self.limits_clamped += bool(result.clamped)
