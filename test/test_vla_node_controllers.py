@@ -177,7 +177,10 @@ def test_bad_groups_are_one_clear_start_up_line(capfd, tmp_path, monkeypatch):
             ("output.right_arm.topic:=left_arm_controller/joint_trajectory",
              "output.right_arm.topic 'left_arm_controller/joint_trajectory' is also group left_arm's"),
             ("output.right_arm.scale:=[1.0,2.0]", "output.right_arm.scale must be a finite number or a list of 6"),
-            ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc")):
+            ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc"),
+            ("output.left_arm.max_jump:=-1.0", "output.*.{lower, upper, max_velocity, max_jump}: max_jump must be "
+                                               "> 0, not for ['left_waist', "),
+            ("robot_description:=<robot", "robot_description is not a URDF that parses")):
         assert vla_node_main([*files, "-p", override]) == 1
         err = capfd.readouterr().err
         assert f"cannot start: {message}" in err and err.count("cannot start") == 1, err
