@@ -9,17 +9,21 @@ import time
 import numpy as np
 import torch
 import yaml
+from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rcl_interfaces.msg import ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from rclpy.lifecycle import TransitionCallbackReturn
 from safetensors.torch import load_file, save_file
 from std_msgs.msg import String
 from test_vla_node_checkpoint_startup import LM_HEAD, checkpoint
 from test_vla_node_controllers import Trajectories, points
 from test_vla_node_ros import (
+    ALOHA,
     STARTUP_TIMEOUT_S,
+    TINY,
     Robot,
     Spinner,
     diagnostic_values,
@@ -36,6 +40,7 @@ from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.model.tokenizer import train_tokenizer
+from oxygen_ros.nodes.diagnostics import level_and_message
 from oxygen_ros.nodes.model_setup import load_policy
 from oxygen_ros.nodes.parameters import read_parameters
 
@@ -219,28 +224,30 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
     assert "limits clamp (14 joints)" in output and "waist -> /waist_controller/joint_trajectory" in output
 
 
-def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(ros_context, ros_env, model_cache,  # noqa: F811
-                                                                              tmp_path):
-    robot = Robot(ros_context)
-    lifecycle = Lifecycle(robot.node)
-    spinner = Spinner(ros_context, [robot.node])
-    child = start_node(ros_env, model_cache, "-p", "autostart:=false", "-p", f"model.checkpoint:={tmp_path}",
-                       "-p", "model.tokenizer:=tok.model")
+def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(tmp_path, ros_domain_id, capfd):
+    """In this process (the services themselves are driven over DDS above): a checkpoint that does not load."""
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(ALOHA), *TINY, "-p", "autostart:=false",
+                     "-p", f"model.checkpoint:={tmp_path}", "-p", "model.tokenizer:=tok.model"],
+               context=context, domain_id=ros_domain_id)
+    node = VlaNode(context=context)
     try:
-        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
-        assert not lifecycle.transition(Transition.TRANSITION_CONFIGURE)
-        assert lifecycle.state() == "unconfigured"
-        assert wait_until(lambda: robot.last_status().state == "configure_failed", 10, child)
-        message = robot.diagnostics[-1].message
-        assert "configure failed, unconfigured: model.checkpoint" in message and "cannot be loaded" in message
-        assert not lifecycle.transition(Transition.TRANSITION_ACTIVATE)  # never half-active
-        assert lifecycle.state() == "unconfigured"
-        rc, output = child.stop()
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.trigger_activate() != TransitionCallbackReturn.SUCCESS  # never half-active
+        assert node.lifecycle == "unconfigured" and node.runtime is None and node.control_timer is None
+        level, message = level_and_message(node.health())
+        assert level == DiagnosticStatus.ERROR and message.startswith(
+            "configure failed, unconfigured: model.checkpoint") and "cannot be loaded" in message, message
+        assert node.health().values["configure_error"].startswith("model.checkpoint")
     finally:
-        child.stop()
-        spinner.close([robot.node])
-    assert rc == 0, output
-    assert "configure failed, still unconfigured: model.checkpoint" in output
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+    assert "configure failed, still unconfigured: model.checkpoint" in capfd.readouterr().err
 
 
 def overflowing_text_head(folder) -> tuple[str, str]:
