@@ -1,6 +1,11 @@
 """Start the VLA node for one robot: `ros2 launch oxygen_ros oxygen.launch.py [namespace:=robot3]
 [params_file:=a.yaml,b.yaml] [preset:=tiny|small|pi05] [checkpoint:=DIR|ORG/NAME tokenizer:=FILE|ORG/NAME]
-[use_sim_time:=true] [diagnostics_aggregator:=true] [viewer:=true]`.
+[use_sim_time:=true] [autostart:=true] [diagnostics_aggregator:=true] [viewer:=true]`.
+
+This is the robot path, so the managed node starts unconfigured (`autostart:=false`): nothing commands the arm
+until an operator or a lifecycle manager configures and activates it (`ros2 lifecycle set /vla_node configure`,
+then `activate`; `deactivate` stops it and holds the arm). `autostart:=true` walks it to active at start, as the
+demos and the simulator do (docs/safety.md).
 
 The parameter files (default: the installed config/aloha.yaml; several separated by commas, later ones overriding
 earlier ones, e.g. config/aloha.yaml,config/demo_tiny.yaml) describe the robot; preset, checkpoint and tokenizer
@@ -28,6 +33,8 @@ ARGUMENTS = (
     ("params_file", PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "aloha.yaml"]),
      "VLA node parameter file(s), comma separated, later ones override earlier ones"),
     ("use_sim_time", "false", "use /clock (e.g. from `oxygen-ros replay --clock`) as the node's time"),
+    ("autostart", "false", "configure and activate the node at start; false (a real robot): wait for the lifecycle "
+                           "services"),
     ("preset", "", "model.preset override: tiny, small or pi05 (empty: as in params_file)"),
     ("checkpoint", "", "model.checkpoint override: a pi05 checkpoint folder or hub id (empty: as in params_file)"),
     ("tokenizer", "", "model.tokenizer override: a tokenizer file, folder or hub id (empty: as in params_file)"),
@@ -43,7 +50,7 @@ def truthy(context, name: str) -> bool:
 
 
 def vla_node(context):
-    overrides = {"use_sim_time": truthy(context, "use_sim_time")}
+    overrides = {"use_sim_time": truthy(context, "use_sim_time"), "autostart": truthy(context, "autostart")}
     if truthy(context, "viewer"):
         overrides["visualization.markers"] = True
     for argument, parameter in OVERRIDES.items():

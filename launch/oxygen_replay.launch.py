@@ -55,6 +55,7 @@ def generate_launch_description():
     node = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(PathJoinSubstitution([FindPackageShare("oxygen_ros"), "launch",
                                                             "oxygen.launch.py"])),
-        launch_arguments=[(name, LaunchConfiguration(name)) for name in FORWARDED] + [("use_sim_time", "true")],
+        launch_arguments=[(name, LaunchConfiguration(name)) for name in FORWARDED]
+        + [("use_sim_time", "true"), ("autostart", "true")],  # a bag, not a robot: act at once
     )
     return LaunchDescription(declared + [node, OpaqueFunction(function=replay)])

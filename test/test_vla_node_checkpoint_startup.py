@@ -144,6 +144,7 @@ def test_the_node_decodes_with_the_chosen_text_head_and_says_why(tmp_path, token
                    context=context, domain_id=ros_domain_id)
         node = VlaNode(context=context)
         try:
+            assert node.autostart(), node.failure  # configure loads the model
             backbone = node.policy.model.backbone
             expected = head.to(backbone.text_head.dtype) if choice == "lm_head" else backbone.embed_tokens.weight
             assert torch.equal(backbone.text_head, expected)  # in the dtype `auto` chose

@@ -100,8 +100,11 @@ def test_vla_node_is_started_by_its_installed_name(launch_file):
 def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     tree = parse("launch/oxygen.launch.py")
     declared = declared_arguments(tree)
-    assert declared == {"namespace", "params_file", "use_sim_time", "preset", "checkpoint", "tokenizer",
+    assert declared == {"namespace", "params_file", "use_sim_time", "autostart", "preset", "checkpoint", "tokenizer",
                         "diagnostics_aggregator", "viewer"}
+    # the robot path: the managed node waits for an operator or a lifecycle manager unless told otherwise
+    assert next(e.elts[1].value for e in assigned(tree, "ARGUMENTS").elts if e.elts[0].value == "autostart") == "false"
+    assert "autostart" in constant_strings(tree) and "autostart" in NODE_PARAMETERS
     overrides = ast.literal_eval(assigned(tree, "OVERRIDES"))
     assert launch_configurations(tree) | set(overrides) <= declared
     assert set(overrides.values()) <= NODE_PARAMETERS and "use_sim_time" in constant_strings(tree)
@@ -152,7 +155,7 @@ def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
     assert share_path(included) == REPO / "launch" / "oxygen.launch.py"
     pairs = [tuple(constant_strings(t)) for t in ast.walk(keyword(include, "launch_arguments"))
              if isinstance(t, ast.Tuple)]
-    assert ("use_sim_time", "true") in pairs
+    assert ("use_sim_time", "true") in pairs and ("autostart", "true") in pairs
     (process,) = calls(tree, "ExecuteProcess")
     cmd = keyword(process, "cmd")
     words = [e.value for e in cmd.elts if isinstance(e, ast.Constant)]

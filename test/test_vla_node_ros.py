@@ -353,15 +353,20 @@ def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, r
         bad(lambda: camera0.publish(image(encoding="yuv422")), "dropped_encoding")
         bad(lambda: camera0.publish(image(data=bytes(100))), "dropped_size")  # truncated data
         bad(lambda: camera0.publish(image(width=200)), "dropped_size")  # size does not match the data
-        now = robot.node.get_clock().now().nanoseconds
+        def now() -> int:  # each bad message newer than the good ones before it (older ones are out of order)
+            return robot.node.get_clock().now().nanoseconds
+
         jpeg = encode_jpeg(robot.sensors.images[0], 90)
-        bad(lambda: robot.publish_compressed(jpeg[: len(jpeg) // 2], now), "dropped_corrupt")
+        bad(lambda: robot.publish_compressed(jpeg[: len(jpeg) // 2], now()), "dropped_corrupt")
         joints = robot.sensors.joint_pub
-        nan = robot.sensors.joint_msg(now, [float("nan")] + [0.0] * 13)
-        bad(lambda: joints.publish(nan), "dropped_nan_joint")
-        missing = robot.sensors.joint_msg(now)
-        missing.name, missing.position = missing.name[1:], missing.position[1:]
-        bad(lambda: joints.publish(missing), "dropped_missing_joint")
+        bad(lambda: joints.publish(robot.sensors.joint_msg(now(), [float("nan")] + [0.0] * 13)), "dropped_nan_joint")
+
+        def missing():
+            msg = robot.sensors.joint_msg(now())
+            msg.name, msg.position = msg.name[1:], msg.position[1:]
+            return msg
+
+        bad(lambda: joints.publish(missing()), "dropped_missing_joint")
 
         def stale() -> None:
             for _ in range(3):
@@ -387,10 +392,12 @@ def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, r
     assert rc == 0, output
     values = diagnostic_values(robot.diagnostics[-1])
     assert values["model_errors"] == "0", output
+    # The stale frames came after newer ones: out of order, so the kept ones aged into stale ticks.
     assert {k: int(values[k]) for k in values if k.startswith("dropped_") and k != "dropped_frames"} == {
         "dropped_encoding": 1, "dropped_size": 2, "dropped_corrupt": 1, "dropped_nan_joint": 1,
-        "dropped_missing_joint": 1, "dropped_stale_frame": int(values["dropped_stale_frame"])}
-    assert int(values["dropped_stale_frame"]) >= 1
+        "dropped_missing_joint": 1, "dropped_stale_frame": int(values["dropped_stale_frame"]),
+        "dropped_out_of_order": int(values["dropped_out_of_order"])}
+    assert int(values["dropped_stale_frame"]) >= 1 and int(values["dropped_out_of_order"]) >= 3
     assert robot.statuses[-1].dropped_frames == sum(
         int(values[k]) for k in values if k.startswith("dropped_") and k != "dropped_frames")
     assert robot.statuses[-1].state == "running"

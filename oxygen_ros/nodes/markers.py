@@ -44,11 +44,12 @@ def marker_array(specs: list[MarkerSpec], frame_id: str, stamp_ns: int) -> Marke
 
 
 class MarkerOutput:
-    """Publishes `chunk_markers` when enabled; every call is a no-op otherwise."""
+    """Publishes `chunk_markers` on `publisher` (a MarkerArray publisher on TOPIC, made by the node so that it goes
+    with the node's other outputs); with None, every call is a no-op."""
 
-    def __init__(self, node, enabled: bool, frame_id: str):
+    def __init__(self, publisher, frame_id: str):
         self.frame_id = frame_id
-        self._publisher = node.create_publisher(MarkerArray, TOPIC, 10) if enabled else None
+        self._publisher = publisher
 
     def plan(self, values: np.ndarray, step_s: float, stamp_ns: int) -> None:
         """The plan just published on action_chunk (its values and header stamp)."""
