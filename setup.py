@@ -11,7 +11,8 @@ NODE_EXECUTABLES = ["vla_node", "replay_node", "record_node", "sim_node", "fleet
 
 setup(
     packages=find_packages(include=["oxygen_ros", "oxygen_ros.*"]),
-    package_data={"oxygen_ros.model": ["cpu_kernel.cpp"]},  # compiled on first use (model/cpu_kernel.py)
+    package_data={"oxygen_ros.model": ["cpu_kernel.cpp"],  # compiled on first use (model/cpu_kernel.py)
+                  "oxygen_ros.control": ["embodiments/*.yaml"]},  # the shipped embodiment profiles
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/oxygen_ros"]),
         ("share/oxygen_ros", ["package.xml"]),

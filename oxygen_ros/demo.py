@@ -2,8 +2,9 @@
 
 1. writes a synthetic ALOHA episode (a scripted bimanual hand-over seen by two cameras) as the ALOHA tools write
    it (HDF5, JPEG-compressed images), and converts it to a rosbag2 with `oxygen-ros convert`;
-2. trains the `tiny` pi0.5 on that episode (`oxygen-ros train-tiny`: its actions and per-frame captions) into a
-   checkpoint folder, cached by the episode's content and the training settings, so a rerun skips it;
+2. trains the `tiny` pi0.5 on that episode (`oxygen-ros train-tiny`: its actions, in the `aloha` embodiment's space
+   (deltas from each frame's state, pi's signs and gripper units), and per-frame captions) into a checkpoint folder,
+   cached by the episode's content and the training settings, so a rerun skips it;
 3. starts the recorder, the VLA node (`config/aloha.yaml` + `config/demo_tiny.yaml`, on simulated time) loading
    that checkpoint and its tokenizer as it would a real one (`model.checkpoint`, `model.tokenizer`, greedy
    narration), and the replay of the episode bag with its /clock, as `launch/oxygen_demo.launch.py` does on a
@@ -160,7 +161,8 @@ def summary_lines(report: dict, status: dict, seconds: float, training: dict | N
         contrast = (f"; random weights {training['before']['action_error']:.3f} (offline, every "
                     f"{training['train_config']['eval_every']}th frame)" if training else "")
         worst = max(error["per_joint"].items(), key=lambda item: item[1])
-        lines.append(f"  action error       {error['mean_abs']:.3f} mean abs vs recorded actions (robot units; worst "
+        space = f"robot units, embodiment {training['train_config']['embodiment']}" if training else "robot units"
+        lines.append(f"  action error       {error['mean_abs']:.3f} mean abs vs recorded actions ({space}; worst "
                      f"{worst[0]} {worst[1]:.3f}){contrast}")
     if latency["available"]:
         lines.append(f"  action latency     p50 {latency['p50_ms']:.1f} ms, p99 {latency['p99_ms']:.1f} ms "

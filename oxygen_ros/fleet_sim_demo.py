@@ -3,8 +3,9 @@
 Starts one `fleet_node` serving robot1..robotN and N `sim_node` processes (gym-aloha), each in its own namespace
 (`/robotK`), its cameras remapped to the model's image keys (`camera/top/image_raw` -> `camera/base_0_rgb/...`).
 The sims stamp frames with the system clock (`stamps: wall`; no /clock, so N sims can share the fleet node's
-clock) and map each chunk's stamp back to the sim step of its frame; each sim waits for the fleet node, runs one
-episode of `--seconds` sim seconds with the chunks it gets, and exits. Prints per robot: chunks received and
+clock) and map each chunk's stamp back to the sim step of its frame; the fleet node drives every robot in the
+`--embodiment` profile (default `aloha`, as `sim-demo`'s `config/aloha.yaml`); each sim waits for the fleet node,
+runs one episode of `--seconds` sim seconds with the chunks it gets, and exits. Prints per robot: chunks received and
 their wall rate, chunk latency (wall, frame stamp -> chunk received at the sim; and in sim steps), the control
 rate the sim achieved and the best reward stage; writes every process's log and summary.json into `--out`.
 Random weights do not solve the task; the demo shows the plumbing and the timing.
@@ -40,7 +41,7 @@ def fleet_command(args: argparse.Namespace) -> list[str]:
               "robots": f"[{','.join(robot_name(i) for i in range(args.robots))}]",
               "robot_models": f"[{','.join(model_ids[i % len(model_ids)] for i in range(args.robots))}]",
               "slo_ms": float(args.slo_ms), "rate_hz": float(args.policy_rate), "narrate_every": 0,
-              "queue": args.queue, "device": args.device}
+              "queue": args.queue, "device": args.device, "embodiments": f"[{args.embodiment}]"}
     return [*python_command("oxygen_ros.nodes.fleet_node"), "--ros-args", *ros_params(params)]
 
 
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--queue", choices=("esf", "rr", "lqf", "fifo"), default="esf",
                         help="the fleet node's queue policy")
     parser.add_argument("--device", default="cpu", help="the fleet node's device")
+    parser.add_argument("--embodiment", default="aloha",
+                        help="every robot's embodiment profile (docs/embodiments.md): a shipped name or a YAML file")
     parser.add_argument("--seed", type=int, default=0, help="robot K's episode seed is seed + K - 1")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many wall seconds")
     parser.add_argument("--out", default="out/fleet_sim_demo", help="output folder (an earlier run's is replaced)")

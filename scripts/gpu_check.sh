@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The GPU checks and figures in one run: the CUDA test suite, the OxyGen benchmark on `small` and `pi05` (bf16), and
-# a green-context fleet profile (with and without CUDA graphs). About 10-15 minutes on one recent GPU by estimate
-# (none of it has run on a GPU yet); the limits below add up to 30.5. Needs a python whose torch is a CUDA build (chosen by
+# a green-context fleet profile (with and without CUDA graphs). Needs a python whose torch is a CUDA build (chosen by
 # scripts/gpu_python.sh: $GPU_PY, else .venv/bin/python, else python3) with this package's dependencies and the
 # `gpu` extra (cuda-bindings for the SM partitions, nvidia-ml-py for the energy figures); no ROS.
-# Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step: test_gpu bench_small
-# bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05). Each step has its own time limit,
-# sized at 3-5x its estimate, and the run goes on after a failed step, so one slow step does not lose the others'
-# results; a step past its limit gets SIGINT first, so its log ends with where it was (pytest's summary, Python's
-# traceback). The exit status is the number of failed steps; without a usable GPU it stops at once with one line.
+# Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step, most telling first:
+# test_gpu bench_small fleet_profile bench_goals bench_small_graphs fleet_profile_graphs bench_pi05).
+# The whole run keeps within GPU_CHECK_BUDGET_S (default 480 s: a machine lent for a short while must have time left
+# to start and to rerun): each step gets its own limit (3-5x its estimate; none of it has run on a GPU yet) or what
+# is left of the budget, whichever is less, and a step that would get under 30 s is skipped, said in one line. The
+# run goes on after a failed step, so one slow step does not lose the others' results; a step past its limit gets
+# SIGINT first, so its log ends with where it was (pytest's summary, Python's traceback). The exit status is the
+# number of failed steps; without a usable GPU it stops at once with one line.
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-out/gpu}
 shift || true
-steps=" ${*:-test_gpu bench_small bench_small_graphs bench_goals fleet_profile fleet_profile_graphs bench_pi05} "
+steps=" ${*:-test_gpu bench_small fleet_profile bench_goals bench_small_graphs fleet_profile_graphs bench_pi05} "
+budget=${GPU_CHECK_BUDGET_S:-480}
 py=$(bash scripts/gpu_python.sh) || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -27,6 +30,12 @@ step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2
     shift 2
     [[ $steps == *" $name "* ]] || return 0
+    local left=$((budget - SECONDS))
+    if [ "$left" -lt 30 ]; then
+        echo "=== $name: skipped, ${left} s of the ${budget} s budget left (GPU_CHECK_BUDGET_S)"
+        return 0
+    fi
+    [ "$seconds" -le "$left" ] || seconds=$left
     echo "=== $name (limit ${seconds} s)"
     local start=$SECONDS status=0
     timeout -s INT -k 30 "$seconds" "$@" >"$out/$name.log" 2>&1 || status=$?
@@ -44,15 +53,15 @@ step() {  # step NAME SECONDS COMMAND...
 # -v: one line per test as it passes, so a stopped run shows which test it was in
 step test_gpu 300 "$py" -m pytest -v -p no:cacheprovider test_gpu
 step bench_small 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --out "$out/bench_small"
-step bench_small_graphs 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
-    --out "$out/bench_small_graphs"
-# the real vocabulary at the goal point, float32 and bfloat16 side by side, with energy where NVML is installed
-step bench_goals 300 "$py" -m oxygen_ros.bench.oxygen_bench --preset fullvocab --device cuda --goals \
-    --dtype float32 bfloat16 --cuda-graphs --out "$out/bench_goals"
 # every share the driver makes, buckets 1-4: 2 models x 2 stages x 3 buckets x ~10 shares x 4 runs, then the
 # co-run rounds (about 30 s by estimate); fails rather than profile plain streams if there are no SM partitions
 step fleet_profile 150 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
     --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --out "$out/fleet_lut_small.json"
+# the real vocabulary at the goal point, float32 and bfloat16 side by side, with energy where NVML is installed
+step bench_goals 300 "$py" -m oxygen_ros.bench.oxygen_bench --preset fullvocab --device cuda --goals \
+    --dtype float32 bfloat16 --cuda-graphs --out "$out/bench_goals"
+step bench_small_graphs 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
+    --out "$out/bench_small_graphs"
 # the same table with the action stage replayed from CUDA graphs per SM partition (a capture per stream and bucket)
 step fleet_profile_graphs 180 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
     --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --cuda-graphs \

@@ -48,9 +48,11 @@ def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_
     assert status["kv_slots_total"] > 0 and status["language_tokens_per_s"] > 0
     assert Path(summary["checkpoint"]).parent == cache and training["train_config"]["steps"] == TRAINING_STEPS
 
-    # The chunks the node published follow the recorded actions; the same model untrained does not come close.
+    # The chunks the node published (the model's deltas made absolute by the aloha embodiment) follow the recorded
+    # actions; the same model untrained (its deltas around the frame's state) does not come close.
     error = report["action_error"]
-    assert error["available"] and error["mean_abs"] < TOLERANCE < training["before"]["action_error"]
+    assert error["available"] and error["mean_abs"] < min(TOLERANCE, training["before"]["action_error"] / 3), (
+        error["mean_abs"], training["before"]["action_error"])
     assert list(error["per_joint"]) == list(ALOHA_JOINT_NAMES)
 
     # Joint order and time alignment: matching by the published joint names and pairing the chunk from frame t

@@ -1,14 +1,17 @@
 """The fleet server node over real DDS: 4 namespaced robots on one node, each gets only its own chunks, its own
 narration and its own engine_status; the node serves only its GPU's robots and loads only their models, each robot
-with its SLO from the assignment file; a frame whose stamp is already past its deadline is never served and is
-counted, in the robot's engine_status and on /diagnostics."""
+with its SLO from the assignment file and its own embodiment (one is a DROID arm: its velocities integrated from its
+frame's state); a frame whose stamp is already past its deadline is never served and is counted, in the robot's
+engine_status and on /diagnostics."""
 
 import json
 import subprocess
 import sys
 
+import numpy as np
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.srv import GetState
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -46,6 +49,8 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         "-p", "max_batch:=4",
         "-p", "narrate_every:=2",
         "-p", "max_new_tokens:=4",
+        "-p", f"robots:={robots}", "-p", f"robot_models:={[model_of[r] for r in robots]}",
+        "-p", "embodiments:=[absolute, absolute, droid, absolute, absolute]",  # robot3: a DROID arm (8 joints)
     ]
     server = subprocess.Popen(
         [sys.executable, "-m", "oxygen_ros.nodes.fleet_node", "--ros-args", *args],
@@ -74,8 +79,14 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         spin_until(node, lambda: matched() or server.poll() is not None, timeout=90)
         assert matched(), server.poll() is None or server.stdout.read()
         assert all(p.get_subscription_count() == 0 for p in cams["robot5"])  # not this node's robot
+        get_state = node.create_client(GetState, "/fleet_server/get_state")  # a managed node, autostarted
+        assert get_state.wait_for_service(timeout_sec=30)
+        state = get_state.call_async(GetState.Request())
+        spin_until(node, state.done, timeout=30)
+        assert state.result().current_state.label == "active"
         def joint_state(r, i, stamp):
-            state = JointState(name=[f"{r}_j{j}" for j in range(14)], position=[0.1 * i] * 14)
+            count = 8 if r == "robot3" else 14
+            state = JointState(name=[f"{r}_j{j}" for j in range(count)], position=[0.1 * i] * count)
             state.header.stamp = stamp
             return state
 
@@ -128,9 +139,18 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         for r in served:
             stamps = {(m.header.stamp.sec, m.header.stamp.nanosec) for m in received[r]}
             assert stamps <= sent[r], (r, stamps - sent[r])  # only its own fresh frames, never another robot's
+            count = 8 if r == "robot3" else 14
             for msg in received[r]:
-                assert msg.joint_names == [f"{r}_j{j}" for j in range(14)]
-                assert len(msg.points) == 8 and len(msg.points[0].positions) == 14  # tiny: horizon 8
+                assert msg.joint_names == [f"{r}_j{j}" for j in range(count)]
+                assert len(msg.points) == 8 and len(msg.points[0].positions) == count  # tiny: horizon 8
+                if r == "robot3":  # droid: velocities integrated from the frame's state (0.3) on its 1/15 s grid
+                    positions = np.array([p.positions for p in msg.points])
+                    velocities = np.array([p.velocities for p in msg.points])
+                    np.testing.assert_allclose(positions[:, :7] - 0.3, np.cumsum(velocities[:, :7], axis=0) / 15,
+                                               atol=1e-9)
+                    assert msg.points[0].time_from_start.nanosec == round(1e9 / 15)
+                else:
+                    assert not msg.points[0].velocities
         assert received["robot5"] == []
     finally:
         node.destroy_node()

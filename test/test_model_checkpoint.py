@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from oxygen_ros.model.checkpoint import (
     CheckpointError,
+    TrainedOn,
     config_from_lerobot,
     config_from_openpi,
     load_checkpoint,
@@ -135,6 +136,15 @@ def test_save_writes_lerobot_names_and_round_trips(model, batch, tmp_path):
         assert torch.equal(a, b)
     np.testing.assert_array_equal(loaded.norm_stats["observation.state"]["q99"], np.ones(3))
     np.testing.assert_array_equal(loaded.norm_stats["action"]["q01"], -np.ones(8))
+    # what it says about its action space: LeRobot's default, absolute; with our mark, the profile trained in
+    assert loaded.trained_on == TrainedOn(lerobot_relative=False, lerobot_exclude=("gripper",))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "use_relative_actions": True,
+                                                      "action_feature_names": ["a", "gripper"]}))
+    assert load_checkpoint(tmp_path).trained_on == TrainedOn(lerobot_relative=True, lerobot_exclude=("gripper",),
+                                                             lerobot_action_names=("a", "gripper"))
+    save_checkpoint(model, tmp_path, stats, embodiment="aloha")
+    assert load_checkpoint(tmp_path).trained_on == TrainedOn(embodiment="aloha")
 
 
 def test_loads_older_names_without_embed_tokens(model, batch, tmp_path):
@@ -252,6 +262,7 @@ def test_openpi_layout_gives_the_same_actions_and_tokens(model, batch, tmp_path)
     folder = write_openpi(model, tmp_path)
     openpi, lerobot = load_checkpoint(folder), load_checkpoint(tmp_path / "lerobot")
     assert openpi.layout == "openpi" and lerobot.layout == "lerobot"
+    assert openpi.trained_on == TrainedOn(openpi_asset_id="physical-intelligence/aloha")
     assert openpi.model.backbone.lm_head is None
     actions_a, tokens_a = actions_and_tokens(openpi.model, batch)
     actions_b, tokens_b = actions_and_tokens(lerobot.model, batch)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from oxygen_ros.control.embodiment import load_embodiment
 from oxygen_ros.data.aloha import write_aloha
 from oxygen_ros.data.captions import STILL, frame_captions
 from oxygen_ros.data.synthetic import synthetic_episode
@@ -29,6 +30,7 @@ from oxygen_ros.train_tiny import (
 from oxygen_ros.train_tiny import main as train_main
 
 TINY = get_preset("tiny")
+ALOHA = load_embodiment("aloha")
 TASK = "pick up the red cube and place it in the bowl"
 
 
@@ -40,7 +42,7 @@ def episode():
 
 @pytest.fixture(scope="module")
 def data(episode, tokenizer):
-    return training_set(episode, TINY, tokenizer, norm_stats_from_episode(episode))
+    return training_set(episode, TINY, tokenizer, norm_stats_from_episode(episode, ALOHA, TINY.action_horizon), ALOHA)
 
 
 def test_captions_name_the_moving_arm_and_phase(episode):
@@ -102,8 +104,8 @@ def test_train_tiny_writes_a_checkpoint_folder_that_loads_like_a_real_one(tmp_pa
                        "--threads", str(threads + 1)]) == 0
     assert f"wrote {tmp_path / 'ckpt'}: 3 steps" in capsys.readouterr().out
     loaded = load_checkpoint(tmp_path / "ckpt")
-    assert loaded.model.config == TINY
-    stats = norm_stats_from_episode(episode)
+    assert loaded.model.config == TINY and loaded.trained_on.embodiment == "aloha"
+    stats = norm_stats_from_episode(episode, ALOHA, TINY.action_horizon)
     for key in (STATE_KEY, ACTION_KEY):
         for stat in ("q01", "q99", "mean", "std"):
             np.testing.assert_allclose(loaded.norm_stats[key][stat], stats[key][stat], rtol=1e-6, atol=1e-6)

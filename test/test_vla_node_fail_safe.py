@@ -131,7 +131,7 @@ def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error
     assert all(torch.isfinite(p).all() for p in model.parameters())
     stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},  # the 14 ALOHA joints
              "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
-    checkpoint = save_checkpoint(model, tmp_path / "checkpoint", stats)
+    checkpoint = save_checkpoint(model, tmp_path / "checkpoint", stats, embodiment="aloha")
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
     robot = Robot(ros_context)
     spinner = Spinner(ros_context, [robot.node])

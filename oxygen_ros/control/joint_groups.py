@@ -1,14 +1,14 @@
-"""One controller's share of the action vector: its joints picked by name, mapped linearly to robot units.
+"""One controller's share of the command: its joints picked by name, mapped linearly to the controller's units.
 
 A bimanual robot runs one trajectory controller per arm (grippers often apart), and each refuses a trajectory
-that names joints it does not own. A group selects its joints' columns from the model's actions, in the group's
-order, and maps each to the robot's units:
+that names joints it does not own. A group selects its joints' columns from the robot's absolute command (what
+the embodiment profile made of the model's chunk, as `action_chunk` carries it), in the group's order, and maps
+each to the controller's units:
 
-    robot = offset + scale * model
+    controller = offset + scale * command        (velocities: scale * command velocity)
 
-applied only to what is published (the model's own action space is untouched). For a gripper the model gives
-normalized (0 = closed .. 1 = open, ALOHA's convention), offset = the robot's closed position and
-scale = open - closed.
+applied only to what the group publishes. For an ALOHA gripper the command is normalized (0 = closed .. 1 = open,
+ALOHA's convention), so offset = the controller's closed position and scale = open - closed.
 """
 
 from __future__ import annotations
@@ -28,5 +28,9 @@ class JointGroup:
     offset: tuple[float, ...]  # one per joint
 
     def to_robot(self, values: np.ndarray) -> np.ndarray:
-        """[n, action dims] in model units -> [n, len(joints)] in robot units."""
+        """[n, action dims] positions of the command -> [n, len(joints)] in the controller's units."""
         return np.asarray(self.offset) + np.asarray(self.scale) * np.asarray(values)[:, list(self.columns)]
+
+    def velocities_to_robot(self, values: np.ndarray) -> np.ndarray:
+        """[n, action dims] velocities of the command -> [n, len(joints)] in the controller's units per second."""
+        return np.asarray(self.scale) * np.asarray(values)[:, list(self.columns)]

@@ -243,6 +243,10 @@ class Outcomes:
 
     # ---- monitoring -----------------------------------------------------------------------------------------------
 
+    def forget_counts(self) -> None:
+        """Start every count again (after a warm-up frame)."""
+        self._counters, self._robot_counters = _Counters(), {}
+
     @property
     def idle(self) -> bool:
         """Every request reported to its end."""

@@ -18,6 +18,7 @@ replay may drive a simulated one).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -41,7 +42,7 @@ from .planners import StagePlanner
 from .scheduler import Scheduler, SchedulerConfig
 from .stage_control import StagedControl
 from .stage_workers import StageWorkers
-from .step_cost import CostModel
+from .step_cost import CostModel, LearnedCost
 
 __all__ = ["ActionChunk", "Runtime", "RuntimeConfig", "RuntimeStats", "Served", "TextUpdate"]
 
@@ -222,6 +223,20 @@ class Runtime:
         if mine[0].error is not None:
             raise mine[0].error
         return mine[0]
+
+    def warm_up(self, inputs: ModelInputs, model_id: str = DEFAULT_MODEL) -> None:
+        """Act once on `inputs` and forget it. A process's first frame pays one-time costs (allocations, compiled
+        kernels' first calls, CUDA graph captures); a node pays them here, before it may act, not on its first
+        real chunk. The frame is in no counter, teaches the cost model nothing and takes no draw from the noise
+        stream (so the chunks that follow are those a run without it gives)."""
+        config = self.served[model_id].model.config
+        noise = torch.zeros(1, config.action_horizon, config.action_dim)
+        cost, self.scheduler.cost = self.scheduler.cost, LearnedCost()
+        try:
+            self.act(self.frame(inputs, False, model_id=model_id, budget_s=math.inf, noise=noise))
+        finally:
+            self.scheduler.cost = cost
+        self.outcomes.forget_counts()
 
     def run_control(self, emit: Callable[[ActionChunk], None] | None = None) -> bool:
         """Run the scheduler's jobs until none can start, each chunk to `emit` (default `on_chunk`) as it is

@@ -9,7 +9,7 @@ decode step and, on CUDA, CUDA graphs per (bucket, stream) if asked.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -57,22 +57,30 @@ def models_to_load(specs: Sequence[ModelSpec], robots: Sequence[UsesModel]) -> l
     return [s for s in specs if s.model_id in needed]
 
 
+@dataclass
+class LoadedModels:
+    served: dict[str, Served] = field(default_factory=dict)  # model id -> as the runtime serves it
+    cpu_kernel: dict[str, str] = field(default_factory=dict)  # model id -> what its decode step got, and why
+    trained_on: dict = field(default_factory=dict)  # model id -> what its checkpoint says of its action space
+
+
 def load_served(specs: Sequence[ModelSpec], device: str | torch.device, dtype: torch.dtype,
                 tokenizer_of: Callable[[object], object] | None = None, cpu_kernel: str = "off",
-                graph_buckets: int = 0) -> tuple[dict[str, Served], dict[str, str]]:
-    """Every spec's model as the runtime serves it, and what each model's decode step got from `cpu_kernel`.
-    `tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models);
-    `graph_buckets` > 0: CUDA graphs of every bucket up to it (`use_stage_graphs`)."""
-    served: dict[str, Served] = {}
-    kernels: dict[str, str] = {}
+                graph_buckets: int = 0) -> LoadedModels:
+    """Every spec's model as the runtime serves it, what each model's decode step got from `cpu_kernel`, and what
+    each checkpoint says it was trained on (None: random weights). `tokenizer_of(model)` gives a model's tokenizer
+    (default: the cached stand-in, for random-init models); `graph_buckets` > 0: CUDA graphs of every bucket up to
+    it (`use_stage_graphs`)."""
+    models = LoadedModels()
     for spec in specs:
         loaded = load_model_source(spec.source, device, dtype, spec.seed)
-        kernels[spec.model_id] = apply_cpu_kernel(loaded.model, cpu_kernel)
+        models.trained_on[spec.model_id] = loaded.trained_on
+        models.cpu_kernel[spec.model_id] = apply_cpu_kernel(loaded.model, cpu_kernel)
         tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)
         if graph_buckets:
             use_stage_graphs(loaded.model, graph_buckets)
-        served[spec.model_id] = Served(loaded.model, tokenizer, loaded.norm_stats)
-    return served, kernels
+        models.served[spec.model_id] = Served(loaded.model, tokenizer, loaded.norm_stats)
+    return models
 
 
 def check_graph_device(device: torch.device | str) -> None:

@@ -122,8 +122,10 @@ class FleetServer:
         if missing:
             raise ValueError(f"the profile table has no entries for models {missing}")
         max_batch = config.scheduler.max_batch
-        served, self.cpu_kernel = load_served(models_to_load(specs, robots), device, dtype or default_dtype(device),
-                                              tokenizer_of, cpu_kernel, max_batch if cuda_graphs else 0)
+        loaded = load_served(models_to_load(specs, robots), device, dtype or default_dtype(device), tokenizer_of,
+                             cpu_kernel, max_batch if cuda_graphs else 0)
+        served, self.cpu_kernel = loaded.served, loaded.cpu_kernel
+        self.trained_on = loaded.trained_on  # model id -> what its checkpoint says of its action space (None: random)
         if not served:
             raise ValueError("no robots to serve")
         self.robots: Mapping[str, ServedRobot] = {r.robot_id: r for r in robots}

@@ -40,6 +40,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 STATS_FILE = "policy_preprocessor_step_0_normalizer_processor.safetensors"  # what save_checkpoint writes
 TEXT_HEADS = ("auto", "lm_head", "embedding")
+EMBODIMENT_KEY = "oxygen_ros_embodiment"  # config.json: the embodiment profile save_checkpoint was told
 LEROBOT, OPENPI = "lerobot", "openpi"
 LEROBOT_PREFIX = "model."  # LeRobot's names are openpi's under the policy's `model` attribute
 
@@ -73,12 +74,32 @@ class TextHead:
     reason: str
 
 
+@dataclass(frozen=True)
+class TrainedOn:
+    """What a checkpoint folder says about the action space it was trained in, for checking the robot's embodiment
+    profile against it (`control.embodiment`); None fields say nothing.
+
+    - `embodiment`: the profile this package trained it in (`save_checkpoint`'s `embodiment`, config.json key
+      `oxygen_ros_embodiment`);
+    - `openpi_asset_id`: openpi's norm-stats folder `assets/<asset_id>` (`trossen`: ALOHA, `droid`: DROID);
+    - `lerobot_relative`: a LeRobot folder's `use_relative_actions` (its default false: absolute actions), with
+      `lerobot_exclude` (`relative_exclude_joints`) and `lerobot_action_names` (`action_feature_names`).
+    """
+
+    embodiment: str | None = None
+    openpi_asset_id: str | None = None
+    lerobot_relative: bool | None = None
+    lerobot_exclude: tuple[str, ...] = ()
+    lerobot_action_names: tuple[str, ...] | None = None
+
+
 @dataclass
 class LoadedCheckpoint:
     model: Pi05Model
     norm_stats: NormStats
     layout: str  # LEROBOT or OPENPI
     text_head: TextHead
+    trained_on: TrainedOn = TrainedOn()
 
 
 def to_lerobot_name(name: str) -> str:
@@ -169,15 +190,20 @@ def _lerobot_config(config: Pi05Config) -> dict:
     }
 
 
-def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | None = None) -> Path:
+def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | None = None,
+                    embodiment: str | None = None) -> Path:
     """Write `model` (and norm stats) as a LeRobot pi05 folder; returns the folder.
 
     `lm_head` is the matrix the model decodes with: its own head when untied, else a copy of the embedding (LeRobot
-    keeps the two as separate tensors), so the folder loads back decoding the same way.
+    keeps the two as separate tensors), so the folder loads back decoding the same way. `embodiment` names the
+    profile the model was trained in (`TrainedOn`), so a node with another one refuses to start.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / CONFIG_FILE).write_text(json.dumps(_lerobot_config(model.config), indent=2) + "\n")
+    config = _lerobot_config(model.config)
+    if embodiment is not None:
+        config[EMBODIMENT_KEY] = embodiment
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {to_lerobot_name(k): v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if model.backbone.lm_head is None:
         tensors[LEROBOT_PREFIX + LM_HEAD_NAME] = tensors[LEROBOT_PREFIX + EMBED_NAME].clone()
@@ -190,6 +216,12 @@ def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | 
         }
         save_file(flat, str(path / STATS_FILE))
     return path
+
+
+def checkpoint_config(path: str | Path) -> Pi05Config:
+    """The model shape a checkpoint folder's `config.json` describes, read without its weights (to check what
+    depends on it, the tokenizer's vocabulary say, before the slow load)."""
+    return _config(_read_config(Path(path) / CONFIG_FILE))
 
 
 def load_checkpoint(
@@ -236,7 +268,30 @@ def load_checkpoint(
         model.backbone.set_text_head(head.to(device=device, dtype=dtype))
     model.vision.reset_buffers()
     log.info("%s: %s layout, text head %s (%s)", path, layout, chosen.choice, chosen.reason)
-    return LoadedCheckpoint(model=model.eval(), norm_stats=stats, layout=layout, text_head=chosen)
+    return LoadedCheckpoint(model=model.eval(), norm_stats=stats, layout=layout, text_head=chosen,
+                            trained_on=_trained_on(data, layout, where))
+
+
+def _trained_on(data: dict, layout: str, stats_file: str) -> TrainedOn:
+    """`TrainedOn` from config.json and, for openpi, the norm stats' folder `assets/<asset_id>/`."""
+    ours = data.get(EMBODIMENT_KEY)
+    if ours is not None:
+        if not isinstance(ours, str) or not ours:
+            raise CheckpointError(f"{CONFIG_FILE}: {EMBODIMENT_KEY} must be a profile name, got {ours!r}")
+        return TrainedOn(embodiment=ours)
+    if layout == OPENPI:
+        return TrainedOn(openpi_asset_id=Path(stats_file).parent.relative_to("assets").as_posix())
+    relative, exclude = data.get("use_relative_actions", False), data.get("relative_exclude_joints", ["gripper"])
+    names = data.get("action_feature_names")
+    if not isinstance(relative, bool) or not _strings(exclude) or not (names is None or _strings(names)):
+        raise CheckpointError(f"{CONFIG_FILE}: use_relative_actions must be a bool, relative_exclude_joints and "
+                              f"action_feature_names lists of names, got {relative!r}, {exclude!r}, {names!r}")
+    return TrainedOn(lerobot_relative=relative, lerobot_exclude=tuple(exclude),
+                     lerobot_action_names=None if names is None else tuple(names))
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _choose_text_head(layout: str, wanted: str, embed: torch.Tensor, head: torch.Tensor | None,

@@ -159,6 +159,9 @@ def joint_positions(msg: JointState, names: list[str] | tuple[str, ...]) -> np.n
         raise ConversionError("joint_state", f"JointState has {len(msg.name)} names but "
                                              f"{len(msg.position)} positions")
     index = {name: i for i, name in enumerate(msg.name)}
+    if len(index) != len(msg.name):  # which of two values is the joint's? neither can be trusted
+        twice = sorted({n for n in msg.name if msg.name.count(n) > 1})
+        raise ConversionError("duplicate_joint", f"JointState names {twice} more than once")
     missing = [name for name in names if name not in index]
     if missing:
         raise ConversionError("missing_joint", f"JointState lacks joints {missing}")
@@ -170,8 +173,9 @@ def joint_positions(msg: JointState, names: list[str] | tuple[str, ...]) -> np.n
 
 
 def chunk_to_trajectory(actions: np.ndarray, joint_names: list[str] | tuple[str, ...], stamp_ns: int,
-                        time_step_s: float, horizon: int) -> JointTrajectory:
-    """The first `horizon` steps of an action chunk [H, D] -> JointTrajectory, point i at (i + 1) * time_step.
+                        time_step_s: float, horizon: int, velocities: np.ndarray | None = None) -> JointTrajectory:
+    """The first `horizon` steps of an action chunk [H, D] -> JointTrajectory, point i at (i + 1) * time_step, with
+    each point's `velocities` when given (same shape), else none.
 
     header.stamp is the camera frame the chunk was computed from: a joint_trajectory_controller starts the
     trajectory at that time, so the chunk stays aligned with the observation that produced it.
@@ -179,6 +183,8 @@ def chunk_to_trajectory(actions: np.ndarray, joint_names: list[str] | tuple[str,
     actions = np.asarray(actions, dtype=np.float64)
     if actions.ndim != 2 or actions.shape[1] != len(joint_names):
         raise ValueError(f"actions of shape {actions.shape} do not match {len(joint_names)} joint names")
+    if velocities is not None and np.shape(velocities) != actions.shape:
+        raise ValueError(f"velocities of shape {np.shape(velocities)} do not match the positions' {actions.shape}")
     if not 1 <= horizon <= actions.shape[0]:
         raise ValueError(f"horizon must lie in [1, {actions.shape[0]}], got {horizon}")
     msg = JointTrajectory()
@@ -187,6 +193,7 @@ def chunk_to_trajectory(actions: np.ndarray, joint_names: list[str] | tuple[str,
     step_ns = round(time_step_s * 1e9)
     for i in range(horizon):
         sec, nanosec = split_ns((i + 1) * step_ns)
-        msg.points.append(JointTrajectoryPoint(positions=actions[i].tolist(),
-                                               time_from_start=Duration(sec=sec, nanosec=nanosec)))
+        msg.points.append(JointTrajectoryPoint(
+            positions=actions[i].tolist(), velocities=[] if velocities is None else np.asarray(velocities[i]).tolist(),
+            time_from_start=Duration(sec=sec, nanosec=nanosec)))
     return msg

@@ -9,6 +9,14 @@ robot on ``/diagnostics``. The inputs go through the same checks as the VLA node
 stale frames, joints picked by name, bad messages counted), the prompt is fitted before the frame is queued,
 chunks and diagnostics are built by the same helpers.
 
+Each robot has an embodiment profile (``embodiments``: one for all, or one per entry of ``robots``;
+`control.embodiment`, as the VLA node's ``embodiment``): its state goes to the model through it, and each chunk
+leaves as the robot's absolute command made from the state of the frame the model saw (deltas added, velocities
+integrated and filled in, signs and units), with the profile's time step between points (``action_dt`` for a
+profile that names no rate). A profile that does not fit what a robot's checkpoint says it was trained on stops
+start-up unless ``embodiment_override``; one whose widths do not fit the robot's joints is checked at start-up when
+``joint_names`` is given, else at the robot's first joint state (its frames are then refused, counted, logged).
+
 Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
 narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
@@ -41,7 +49,8 @@ VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: ne
 ``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
 model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
 the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
-control rate, for the rate warning), ``status_rate_hz``.
+control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``, ``autostart``
+(configure and activate at start; false: wait for the lifecycle services).
 """
 
 from __future__ import annotations
@@ -60,11 +69,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
+from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.fleet.device import serving_device
@@ -77,7 +89,7 @@ from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
-from .diagnostics import Health, diagnostic_array, engine_status
+from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
 from .qos import LATCHED_QOS, SENSOR_QOS
@@ -103,7 +115,7 @@ DEFAULTS = {
     "max_image_age_s": 0.0,
     "max_state_age_s": 0.0,
     "future_tolerance_s": 0.1,
-    "max_pixels": 16_777_216,  # 4096 x 4096
+    "max_pixels": 2_304_000,  # 1920 x 1200, as the VLA node's cameras.max_pixels
     "narrate_every": 10,
     "max_new_tokens": 32,
     "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)
@@ -117,7 +129,9 @@ DEFAULTS = {
     "guard": 1.1,
     "cuda_graphs": False,
     "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
-    "action_dt": 0.02,
+    "action_dt": 0.02,  # seconds between chunk points, for robots whose embodiment names no rate
+    "embodiments": ["absolute"],  # one for every robot, or one per entry of robots
+    "embodiment_override": False,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
 }
@@ -127,9 +141,10 @@ class RobotPort:
     """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
     def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
-                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str):
+                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str, embodiment: Embodiment):
         self.namespace = namespace
         self.robot = robot
+        self.embodiment = embodiment
         self.cameras = tuple(cameras)
         self.compressed = compressed
         self.limits = limits
@@ -151,15 +166,91 @@ class RobotPort:
         return f"{self.namespace}/camera/{camera}/image_raw"
 
     def frame_inputs(self, joint_names: tuple[str, ...]) -> FrameInputs:
-        """The VLA node's input rules for this robot, its state picked by `joint_names`."""
+        """The VLA node's input rules for this robot, its state picked by `joint_names` (checked against its
+        embodiment: EmbodimentError)."""
+        self.embodiment.check_joints(joint_names, joint_names)
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
                            (self.compressed,) * len(self.cameras), joint_names, self.limits)
 
 
-class FleetNode(Node):
+class FleetNode(LifecycleNode):
+    """A managed node like the VLA node: `configure` loads the models, starts the server and subscribes;
+    `activate` starts serving (frames taken, chunks published); `deactivate` stops it; `cleanup` and `shutdown`
+    release the server. `autostart` (default true) walks it to active at start."""
+
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
-        p = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
+        self.params = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
+        self.autostart_param = bool(self.declare_parameter("autostart", True).value)
+        self.lifecycle = "unconfigured"
+        self.failure = ""
+        self.server: FleetServer | None = None
+        self.worker_error: BaseException | None = None
+        self.ports: dict[str, RobotPort] = {}
+        self._entities: list = []
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        before = set(self.subscriptions) | set(self.publishers)
+        try:
+            self._configure()
+        except Exception as err:  # a model that does not load, a bad assignment file, ...
+            self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
+            self._release()
+            self.failure = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError | OSError) else str(err)
+            self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
+            return TransitionCallbackReturn.FAILURE
+        self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
+        self.failure, self.lifecycle = "", "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.lifecycle = "active"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.lifecycle = "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle = "finalized"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def autostart(self) -> bool:
+        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
+        failed."""
+        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            return False
+        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        if self.server is not None:
+            self.worker_error = self.server.runtime.worker_error  # kept for the exit status
+            self.server.close()
+            published = sum(p.actions_published for p in self.ports.values())
+            self.get_logger().info(f"published {published} action chunks")
+            self.server = None
+        for entity in self._entities:
+            if isinstance(entity, Subscription):
+                self.destroy_subscription(entity)
+            else:
+                self.destroy_publisher(entity)
+        self._entities, self.ports = [], {}
+
+    def _configure(self) -> None:
+        p = self.params
         if p["cpu_threads"]:
             torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
@@ -196,13 +287,18 @@ class FleetNode(Node):
         else:
             self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "
                              f"{p['queue']}, buckets up to {p['max_batch']}")
-        self.params = p
         joint_names = tuple(n for n in p["joint_names"] if n)
-        self.ports: dict[str, RobotPort] = {}
+        embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
         for robot in served:
-            self._add_robot(robot, joint_names)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.create_timer(1.0 / p["status_rate_hz"], self._publish_status)
+            reason = embodiments[robot.robot_id].mismatch(self.server.trained_on[robot.model_id], joint_names)
+            if reason and not p["embodiment_override"]:
+                raise ValueError(f"embodiment {embodiments[robot.robot_id].name} of robot {robot.robot_id} does not "
+                                 f"fit model {robot.model_id}: {reason} (or set embodiment_override)")
+            if reason:
+                self.get_logger().warning(f"{robot.robot_id}: embodiment does not fit model {robot.model_id}: "
+                                          f"{reason} (starting: embodiment_override is true)")
+        for robot in served:
+            self._add_robot(robot, joint_names, embodiments[robot.robot_id])
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
         self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
@@ -210,7 +306,7 @@ class FleetNode(Node):
                                f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
-    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...]) -> None:
+    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...], embodiment: Embodiment) -> None:
         p = self.params
         namespace = "/" + robot.robot_id
         cameras = self.server.model_config(robot.robot_id).camera_names
@@ -218,7 +314,11 @@ class FleetNode(Node):
         limits = InputLimits(max_image_age_s=p["max_image_age_s"], max_state_age_s=p["max_state_age_s"],
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
-        port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"])
+        try:
+            port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
+                             embodiment)
+        except EmbodimentError as err:
+            raise ValueError(f"robot {robot.robot_id}: {err}") from None
         self.ports[robot.robot_id] = port
         for index, camera in enumerate(cameras):
             topic = port.camera_topic(camera)
@@ -237,24 +337,34 @@ class FleetNode(Node):
 
     def _on_joints(self, port: RobotPort, msg: JointState) -> None:
         if port.inputs is None:  # no joint_names given: this robot's joints are those of its first message
+            try:
+                port.inputs = port.frame_inputs(tuple(msg.name))
+            except EmbodimentError as err:
+                with port.lock:
+                    port.model_errors += 1
+                    port.state, port.detail = MODEL_ERROR, f"its joints do not fit: {err}"
+                self._warn_drop(port, f"joint_states: {port.detail}")
+                return
             port.joint_names = tuple(msg.name)
-            port.inputs = port.frame_inputs(port.joint_names)
         try:
-            port.inputs.on_joint_state(msg)
+            port.inputs.on_joint_state(msg, self.get_clock().now().nanoseconds)
         except ConversionError as err:
             self._warn_drop(port, f"joint_states: {err}")
 
     def _on_image(self, port: RobotPort, index: int, msg) -> None:
+        if self.lifecycle != "active":
+            return  # configured, not serving: no frame is queued
         if port.inputs is None:
             return  # no joint names known yet: nothing to pick the state by
+        now_ns = self.get_clock().now().nanoseconds
         try:
-            port.inputs.on_image(index, msg)
+            port.inputs.on_image(index, msg, now_ns)
         except ConversionError as err:
             self._warn_drop(port, f"{port.cameras[index]}: {err}")
             return
         if index != 0:
             return
-        now_ns = self.get_clock().now().nanoseconds
+        port.inputs.decode_pending()  # here, not on a thread: a frame is queued with its deadline, not acted on
         decision = port.inputs.next_frame(now_ns)
         port.state, frame = decision.state, decision.frame
         for dropped in decision.dropped:
@@ -265,7 +375,8 @@ class FleetNode(Node):
         port.detail = ""
         model = self.server.model_config(port.robot.robot_id)
         served = self.server.runtime.served[port.robot.model_id]
-        if port.instruction.fit_prompt(served.tokenizer, frame.state, model, served.norm_stats) is not None:
+        state = port.embodiment.state_to_model(frame.state)
+        if port.instruction.fit_prompt(served.tokenizer, state, model, served.norm_stats) is not None:
             self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
                                       f"{port.instruction.text!r}")
         every = self.params["narrate_every"]
@@ -273,8 +384,8 @@ class FleetNode(Node):
         age_s = (now_ns - frame.stamp_ns) / 1e9
         try:
             queued = self.server.submit(port.robot.robot_id,
-                                        Observation(frame.images, frame.state, port.instruction.text), narrate,
-                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names))
+                                        Observation(frame.images, state, port.instruction.text), narrate,
+                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state))
         except ValueError as err:
             with port.lock:
                 port.model_errors += 1
@@ -291,22 +402,26 @@ class FleetNode(Node):
 
     def _publish_chunk(self, chunk: ActionChunk) -> None:
         port = self.ports[chunk.robot_id]
+        if self.lifecycle != "active":
+            return  # a chunk still computing when the node was deactivated
         if chunk.error is not None:
             with port.lock:
                 port.model_errors += 1
                 port.state, port.detail = MODEL_ERROR, f"{type(chunk.error).__name__}: {chunk.error}"
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             return
-        _, joint_names = chunk.context
-        actions = self.server.robot_actions(chunk, len(joint_names))
-        if not np.isfinite(actions).all():  # never sent to a robot
+        _, joint_names, state = chunk.context
+        embodiment = port.embodiment
+        command = embodiment.actions_to_robot(self.server.robot_actions(chunk, len(joint_names)), state)
+        if not np.isfinite(command.stacked()).all():  # never sent to a robot
             with port.lock:
                 port.model_errors += 1
                 port.state, port.detail = MODEL_ERROR, "action chunk has non-finite values; not published"
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             return
-        port.chunk_pub.publish(chunk_to_trajectory(actions, joint_names, chunk.stamp_ns, self.params["action_dt"],
-                                                   len(actions)))
+        port.chunk_pub.publish(chunk_to_trajectory(command.positions, joint_names, chunk.stamp_ns,
+                                                   embodiment.time_step or self.params["action_dt"],
+                                                   len(command.positions), command.velocities))
         with port.lock:
             port.actions_published += 1
 
@@ -322,6 +437,14 @@ class FleetNode(Node):
 
     def _publish_status(self) -> None:
         stamp = self.get_clock().now().to_msg()
+        if self.server is None:  # not configured: one status for the node, saying so
+            detail = f"configure failed: {self.failure}" if self.failure else "configure to serve"
+            health = Health(state=self.lifecycle, detail=detail, stats=NO_STATS,
+                            target_rate_hz=self.params["rate_hz"], actions_published=0, dropped_frames=0,
+                            values={"lifecycle": self.lifecycle})
+            self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{self.get_fully_qualified_name()}: "
+                                                          "fleet engine", self.params["device"]))
+            return
         worker_error = self.server.runtime.worker_error
         for robot_id, port in self.ports.items():
             counts = self.server.robot_counts(robot_id)
@@ -341,29 +464,47 @@ class FleetNode(Node):
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
                             "expired_in_queue": counts.expired_in_queue,
                             "late_chunks_published": self.params["publish_late"],
-                            "batching": self.batching})
+                            "batching": self.batching, "lifecycle": self.lifecycle})
             port.status_pub.publish(engine_status(health, stamp))
             self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
                                                           self.device))
 
     def close(self) -> None:
-        self.server.close()
-        published = sum(p.actions_published for p in self.ports.values())
-        self.get_logger().info(f"published {published} action chunks")
+        """At process exit (after the executor stopped): the server's threads joined."""
+        self._release()
+
+
+def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Sequence[ServedRobot]
+                      ) -> dict[str, Embodiment]:
+    """Each served robot's profile: `names` has one for all, or one per entry of `robots`; ValueError otherwise."""
+    try:
+        profiles = [load_embodiment(name) for name in names]
+    except EmbodimentError as err:
+        raise ValueError(f"embodiments: {err}") from None
+    if len(profiles) == 1:
+        return {r.robot_id: profiles[0] for r in served}
+    if len(profiles) != len(robots):
+        raise ValueError(f"embodiments has {len(profiles)} entries for {len(robots)} robots: give one for all or "
+                         "one per robot")
+    by_name = {r.strip("/"): p for r, p in zip(robots, profiles, strict=True)}
+    missing = [r.robot_id for r in served if r.robot_id not in by_name]
+    if missing:
+        raise ValueError(f"no embodiment for robots {missing} (embodiments follows robots)")
+    return {r.robot_id: by_name[r.robot_id] for r in served}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     with ros_process(NODE_NAME, argv) as (context, stop):
-        try:
-            node = FleetNode(context=context)
-        except (ValueError, OSError) as err:
-            print(f"error: {err}", file=sys.stderr)
+        node = FleetNode(context=context)
+        if node.autostart_param and not node.autostart():
+            print(f"error: {node.failure}", file=sys.stderr)
+            node.destroy_node()
             return 1
         with spinning(node, stop, before_destroy=node.close) as spinner:
             stop.wait()
-        if spinner.failure is not None or node.server.runtime.worker_error is not None:
-            print(f"error: fleet node failed: {spinner.failure or node.server.runtime.worker_error!r}",
+        if spinner.failure is not None or node.worker_error is not None:
+            print(f"error: fleet node failed: {spinner.failure or node.worker_error!r}",
                   file=sys.stderr)
             return 1
         return 0

@@ -1,0 +1,93 @@
+"""The VLA node with `config/droid.yaml` (embodiment droid) on a tiny checkpoint, over real DDS: what it publishes is
+the model's raw output (joint velocities) integrated from the frame's state on the 1/15 s grid, the velocities
+themselves in `velocities`. The raw output is recomputed here with the engine's own runtime, the same checkpoint,
+inputs and noise seed."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import rclpy
+import torch
+from test_replay_node import Child
+from test_vla_node_ros import STARTUP_TIMEOUT_S, Spinner, wait_until
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.data.stamps import stamp_to_ns
+from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
+from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.model.checkpoint import save_checkpoint
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.loading import load_model_source
+from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.preprocess import Observation
+from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+from oxygen_ros.nodes.latency_probe import SensorPublisher
+
+DROID = Path(__file__).resolve().parents[1] / "config" / "droid.yaml"
+CAMERAS = ["camera/exterior_image_1_left/image_raw", "camera/wrist_image_left/image_raw"]
+JOINTS = [f"panda_joint{i}" for i in range(1, 8)] + ["gripper"]
+STEP = 1 / 15  # pi05_droid's control period
+
+
+def raw_chunks(folder: Path, tokenizer: Path, images: list[np.ndarray], state: np.ndarray, count: int) -> list:
+    """The node's first `count` model outputs (unnormalized, 8 dims) for this observation: noise draws in order."""
+    loaded = load_model_source(str(folder), "cpu", dtype=torch.float32)
+    runtime = Runtime(Served(loaded.model, load_tokenizer(tokenizer), loaded.norm_stats),
+                      RuntimeConfig(scheduler=SchedulerConfig(num_steps=10), seed=0))
+    observation = Observation(images={"base_0_rgb": images[0], "left_wrist_0_rgb": images[1]}, state=state, task="")
+    chunks = []
+    for _ in range(count):
+        chunk = runtime.act(runtime.frame(runtime.prepare(observation), False))
+        chunks.append(runtime.robot_actions(chunk, len(JOINTS)))
+    runtime.close()
+    return chunks
+
+
+def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_env, tmp_path):
+    config = get_preset("tiny")
+    stats = {"observation.state": {"q01": -np.ones(8), "q99": np.ones(8)},
+             "action": {"q01": -0.5 * np.ones(8), "q99": 0.5 * np.ones(8)}}
+    folder = save_checkpoint(build_model(config, seed=3), tmp_path / "droid_tiny", stats, embodiment="droid")
+    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
+    robot = rclpy.create_node("droid_side", context=ros_context)
+    sensors = SensorPublisher(robot, CAMERAS, JOINTS)
+    heard: list[JointTrajectory] = []
+    robot.create_subscription(JointTrajectory, "action_chunk", heard.append, 100)
+    spinner = Spinner(ros_context, [robot])
+    child = Child(["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(DROID),
+                   "-p", f"model.checkpoint:={folder}", "-p", f"model.tokenizer:={tokenizer}",
+                   "-p", "model.dtype:=float32", "-p", "model.cpu_kernel:=off", "-p", "model.cpu_threads:=1",
+                   "-p", "control.rate_hz:=5.0", "-p", "control.horizon:=8", "-p", "language.policy:=off"],
+                  dict(ros_env, XDG_CACHE_HOME=str(tmp_path)))
+    try:
+        def enough() -> bool:
+            sensors.publish_frame()
+            time.sleep(1 / 20)
+            return len(heard) >= 3
+
+        assert wait_until(enough, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        rc, output = child.stop()
+    finally:
+        child.stop()
+        spinner.close([robot])
+    assert rc == 0, output
+    assert "embodiment droid" in output and "horizon 8 x 0.0666667 s" in output
+
+    state = np.linspace(-0.5, 0.5, len(JOINTS))  # what SensorPublisher sends, every frame
+    chunks = [(np.array([p.positions for p in m.points]), np.array([p.velocities for p in m.points])) for m in heard]
+    raws = raw_chunks(folder, tokenizer, sensors.images, state, len(chunks) + 10)
+    draw = 0
+    for msg, (positions, velocities) in zip(heard, chunks, strict=True):
+        assert list(msg.joint_names) == JOINTS and positions.shape == velocities.shape == (8, 8)
+        offsets = [stamp_to_ns(p.time_from_start) for p in msg.points]
+        assert offsets == [round(STEP * 1e9) * (i + 1) for i in range(8)]
+        # each chunk is one of the node's model outputs, in order (the first may go out before DDS matched)
+        while not np.allclose(velocities[:, :7], raws[draw][:, :7], atol=1e-4):
+            draw += 1
+            assert draw < len(raws), (velocities, raws[0])
+        raw = raws[draw]
+        np.testing.assert_allclose(positions[:, :7], state[:7] + STEP * np.cumsum(raw[:, :7], axis=0), atol=1e-4)
+        np.testing.assert_allclose(positions[:, 7], raw[:, 7], atol=1e-4)  # the gripper: a position, as it is
+        assert np.abs(raw[:, :7]).max() > 0.05 and not np.allclose(positions[:, :7], raw[:, :7], atol=1e-2)
+        draw += 1
