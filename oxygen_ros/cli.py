@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet-bench": ("oxygen_ros.fleet.real_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
     "fleet-ipc": ("oxygen_ros.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
     "fleet-dds-bench": ("oxygen_ros.fleet.dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
+    "serve": ("oxygen_ros.serving.serve_cli", "openpi's websocket protocol (openpi-client) in front of the engine"),
 }
 
 

@@ -28,6 +28,9 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" -r scripts/requirements-ros.txt
 "${PIP[@]}" --config-settings editable_mode=compat -e ".[test,sim]"
+# openpi's client for `oxygen-ros serve`'s tests and serve-bench, without its dependencies: its metadata pins numpy<2
+# (which would downgrade numpy here); it needs websockets, msgpack and pillow, installed above (setup.cfg).
+"${PIP[@]}" --no-deps openpi-client==0.1.2
 
 # Interfaces: rosidl via CMake into the venv prefix (OXYGEN_ROS_INSTALL_PYTHON=OFF: the Python code comes from the
 # editable install above). The wheels need the include-directory fix-up described in cmake/.

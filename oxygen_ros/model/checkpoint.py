@@ -218,6 +218,12 @@ def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | 
     return path
 
 
+def checkpoint_config(path: str | Path) -> Pi05Config:
+    """The model shape a checkpoint folder describes, without reading its weights (for a caller that sizes its
+    engine, e.g. the denoising steps, before the fleet server loads the model)."""
+    return _config(_read_config(Path(path) / CONFIG_FILE))
+
+
 def load_checkpoint(
     path: str | Path,
     device: torch.device | str = "cpu",
