@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface to listen on; 0.0.0.0 serves every interface (set an API key then)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
-                        help=f"refuse connections without `Authorization: Api-Key <key>` (openpi-client's "
-                             f"api_key=); default: ${API_KEY_ENV}")
+    parser.add_argument("--api-key", help=f"refuse connections without `Authorization: Api-Key <key>` "
+                                          f"(openpi-client's api_key=); unset: ${API_KEY_ENV}, if set")
     parser.add_argument("--max-clients", type=int, default=Capacity.max_clients,
                         help="connections served at once; more are refused (HTTP 503)")
     parser.add_argument("--max-batch", type=int, default=Capacity.max_batch,
@@ -144,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-message-mb", type=float, default=32.0,
                         help="larger messages close their connection (code 1009)")
     args = parser.parse_args(argv)
+    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     shorthands = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer",
                   "embodiment": "embodiment", "seed": "model.seed", "device": "model.device"}
     overrides = args.param + [f"{name}={getattr(args, flag)}" for flag, name in shorthands.items()
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
     p = engine_parameters(args.params_file, overrides)
-    server = build_server(p, ServeConfig(args.host, args.port, args.api_key or None,
+    server = build_server(p, ServeConfig(args.host, args.port, args.api_key,
                                          int(args.max_message_mb * 2**20)),
                           Capacity(args.max_clients, args.max_batch, args.slo_ms / 1e3))
     stop = threading.Event()
