@@ -137,7 +137,7 @@ class RequestReader:
             if not np.isfinite(image).all() or image.min() < 0.0 or image.max() > 1.0:
                 raise RequestError("image_values", f"float image {key} must hold values in [0, 1]")
             image = (255 * image).astype(np.uint8)
-        return np.ascontiguousarray(image)
+        return np.array(image, order="C")  # a copy: a received array is a read-only view of the message
 
     def _prompt(self, obs: dict) -> str:
         value = obs.get(PROMPT_KEY, _MISSING)

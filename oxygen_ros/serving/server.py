@@ -103,10 +103,10 @@ class OpenpiServer:
         self.embodiment: Embodiment = reader.embodiment
         self.config = config
         self.metadata = metadata
-        self.refused: Counter = Counter()  # all clients: reason -> requests
+        self.refused: Counter = Counter()  # all clients: reason -> requests (or connections: server_full)
         self.served = 0
         self._free = list(fleet.robots)
-        self._slots_lock = threading.Lock()
+        self._slots_lock = threading.Lock()  # the free slots and the counts above: every connection's thread
         self._stopping = threading.Event()
         self._unauthorized_peers: Counter = Counter()
         self._ws = None
@@ -167,8 +167,10 @@ class OpenpiServer:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Api-Key {key}".encode()):
                 peer = _peer(connection)
-                self._unauthorized_peers[peer.rsplit(":", 1)[0]] += 1
-                if self._unauthorized_peers[peer.rsplit(":", 1)[0]] == 1:
+                with self._slots_lock:
+                    self._unauthorized_peers[peer.rsplit(":", 1)[0]] += 1
+                    first = self._unauthorized_peers[peer.rsplit(":", 1)[0]] == 1
+                if first:
                     log.warning(f"refused {peer}: {'wrong' if given else 'no'} API key (further refusals from this "
                                 "host are counted, not logged)")
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED,
@@ -182,8 +184,10 @@ class OpenpiServer:
         return None
 
     def _count_full(self, connection: ServerConnection) -> None:
-        self.refused["server_full"] += 1
-        if self.refused["server_full"] == 1:
+        with self._slots_lock:
+            self.refused["server_full"] += 1
+            first = self.refused["server_full"] == 1
+        if first:
             log.warning(f"refused {_peer(connection)}: {self.max_clients} clients already connected (--max-clients; "
                         "further refusals are counted, not logged)")
 
@@ -232,12 +236,14 @@ class OpenpiServer:
                 timing["prev_total_ms"] = 1e3 * previous_total_s
             reply["server_timing"] = timing
             ws.send(pack(reply))
-            self.served += 1
+            with self._slots_lock:
+                self.served += 1
             previous_total_s = time.perf_counter() - start
 
     def _refuse(self, client: _Client, err: RequestError) -> None:
         client.refused[err.reason] += 1
-        self.refused[err.reason] += 1
+        with self._slots_lock:
+            self.refused[err.reason] += 1
         if client.refused[err.reason] == 1:
             log.warning(f"client {client.peer}: refused a request ({err.reason}): {err} (further ones of this kind "
                         "are counted and summarized when the client leaves)")
