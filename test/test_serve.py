@@ -4,6 +4,7 @@ on a tiny checkpoint in the aloha embodiment (config/aloha.yaml), with an API ke
 The DROID profile's proof (the node's positions are the frame's state plus the integrated velocities the server
 returns) runs beside the DROID node over DDS in test_vla_node_embodiment.py."""
 
+import json
 import threading
 import time
 from contextlib import contextmanager
@@ -255,3 +256,16 @@ def test_an_api_key_is_required_and_the_right_one_is_served(served):
     with clients(server, 1) as (policy,):
         assert policy.infer(request(np.zeros(14)))["actions"].shape == (HORIZON, 14)
     assert server.output.count("API key (further refusals from this host") == 1
+
+
+def test_serve_bench_runs_its_settings_side_by_side(tmp_path, capsys):
+    """`oxygen-ros serve-bench`, shortened: a server in this process, client processes, the sequential baseline."""
+    from oxygen_ros.serving import serve_bench
+
+    assert serve_bench.main(["--presets", "tiny", "--clients", "2", "--seconds", "0.5", "--rounds", "1",
+                             "--out", str(tmp_path / "bench")]) == 0
+    records = {r["setting"]: r for r in json.loads((tmp_path / "bench" / "serve_bench.json").read_text())}
+    assert sorted(records) == ["probe", "sequential", "serve 2"]
+    assert all(r["requests_per_s"] > 0 for r in records.values())
+    assert records["serve 2"]["requests"] >= 2 and records["serve 2"]["overhead_p50_ms"] > 0
+    assert "| tiny | serve 2 |" in capsys.readouterr().out
