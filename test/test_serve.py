@@ -269,3 +269,40 @@ def test_serve_bench_runs_its_settings_side_by_side(tmp_path, capsys):
     assert all(r["requests_per_s"] > 0 for r in records.values())
     assert records["serve 2"]["requests"] >= 2 and records["serve 2"]["overhead_p50_ms"] > 0
     assert "| tiny | serve 2 |" in capsys.readouterr().out
+
+
+def test_a_request_past_its_deadline_in_the_queue_is_an_error_to_its_client():
+    """A server whose requests may wait 1 ms (in this process, batches of one): four clients at once, so most wait
+    behind another's batch; those dropped unserved are told, a late chunk is sent marked, and the server goes on."""
+    from oxygen_ros.serving.bench_client import droid_request
+    from oxygen_ros.serving.params import engine_parameters
+    from oxygen_ros.serving.serve_cli import Capacity, build_server
+    from oxygen_ros.serving.server import ServeConfig
+
+    p = engine_parameters([], ["embodiment=droid", "model.dtype=float32", "model.cpu_kernel=off"])
+    server = build_server(p, ServeConfig(port=0), Capacity(max_clients=4, max_batch=1, slo_s=0.001)).start()
+    outcomes: list[str] = []
+    start = threading.Barrier(4)
+
+    def run(seed: int) -> None:
+        policy = WebsocketClientPolicy("127.0.0.1", server.port)
+        start.wait()
+        try:
+            reply = policy.infer(droid_request(seed, size=32))
+            outcomes.append("late" if reply["deadline_missed"] else "on time")
+        except RuntimeError as err:
+            outcomes.append("expired" if "refused the request (expired): not computed within its 1 ms deadline"
+                            in str(err) else str(err))
+        policy._ws.close()
+
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT_S)
+        assert len(outcomes) == 4 and set(outcomes) <= {"expired", "late", "on time"}, outcomes
+        assert "expired" in outcomes
+        assert server.refused["expired"] == outcomes.count("expired")
+    finally:
+        server.close()

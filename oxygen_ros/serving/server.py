@@ -48,7 +48,8 @@ from .requests import RequestError, RequestReader
 
 log = logging.getLogger("oxygen_ros.serve")
 HEALTH_PATH = "/healthz"  # openpi's server answers it with 200 OK, key or not
-EXPIRY_POLL_S = 0.01
+EXPIRY_POLL_S = 0.01  # past its deadline a request is either computing or dropped: the robot's counts say which
+WAIT_SLICE_S = 0.25  # before it, a waiting connection looks at the server's stop this often
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,8 @@ class _Pending:
 class OpenpiServer:
     def __init__(self, fleet: FleetServer, reader: RequestReader, config: ServeConfig,
                  metadata: dict[str, Any]):
-        """`fleet` must be built with this server's `on_chunk` / `on_text` (see `callbacks`) and one robot per
-        client slot, one model; it is started and closed with this server."""
+        """`fleet` hands its chunks and text to this server's `on_chunk` / `on_text` and holds one robot per client
+        slot, all on one model; it is started and closed with this server."""
         self.fleet = fleet
         self.reader = reader
         self.embodiment: Embodiment = reader.embodiment
@@ -167,9 +168,10 @@ class OpenpiServer:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Api-Key {key}".encode()):
                 peer = _peer(connection)
+                host = peer.rsplit(":", 1)[0]
                 with self._slots_lock:
-                    self._unauthorized_peers[peer.rsplit(":", 1)[0]] += 1
-                    first = self._unauthorized_peers[peer.rsplit(":", 1)[0]] == 1
+                    self._unauthorized_peers[host] += 1
+                    first = self._unauthorized_peers[host] == 1
                 if first:
                     log.warning(f"refused {peer}: {'wrong' if given else 'no'} API key (further refusals from this "
                                 "host are counted, not logged)")
@@ -293,14 +295,14 @@ class OpenpiServer:
         """The request's chunk; RequestError when its deadline passed in the queue (the runtime dropped it unserved,
         which only the robot's counts say) or the server is closing."""
         slo_s = self.fleet.robots[client.robot_id].slo_s
-        if pending.done.wait(slo_s):
-            return pending.chunk
-        while not pending.done.wait(EXPIRY_POLL_S):
-            if self.fleet.robot_counts(client.robot_id).expired_in_queue > expired_before:
-                raise RequestError("expired", f"not computed within its {1e3 * slo_s:g} ms deadline (--slo-ms): "
-                                              "the server is busy")
+        deadline = time.perf_counter() + slo_s
+        while not pending.done.wait(max(EXPIRY_POLL_S, min(WAIT_SLICE_S, deadline - time.perf_counter()))):
             if self._stopping.is_set():
                 raise RequestError("closing", "the server is shutting down")
+            if time.perf_counter() >= deadline and \
+                    self.fleet.robot_counts(client.robot_id).expired_in_queue > expired_before:
+                raise RequestError("expired", f"not computed within its {1e3 * slo_s:g} ms deadline (--slo-ms): "
+                                              "the server is busy")
         return pending.chunk
 
 
