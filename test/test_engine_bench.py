@@ -80,6 +80,9 @@ def test_model_bench_times_a_preset_in_the_dtype_asked_for(capsys):
     timings = out.split("CPU bfloat16", 1)[1]  # after the parameter counts
     (row,) = [line.split() for line in timings.splitlines() if line.startswith("tiny ")]
     assert row[:2] == ["tiny", "1"] and all(float(x) > 0 for x in row[3:])
+    # the memory line: bfloat16 weights (2 bytes per parameter) and one KV slot of the prefix + 32 tokens
+    assert "tiny: memory 0.21 M parameters, weights 0.00 GiB, resident " in timings
+    assert "KV pool slot 0.02 MiB (96 + 32 tokens)" in timings
 
 
 def test_decode_bench_times_the_compiled_step_beside_the_eager_one_and_its_floors(capsys):

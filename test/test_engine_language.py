@@ -196,3 +196,25 @@ def test_a_request_starts_from_its_logits_or_its_last_layer_output():
         with pytest.raises(ValueError, match="one of them"):
             start_request(1, 0, 0, 0, CFG.prefix_len, 3, first[0], 4, eos_id=-1, first_hidden=first[1])
     assert start_request(1, 0, 0, 0, CFG.prefix_len, 3, None, 0, eos_id=-1, first_hidden=torch.zeros(4)).done
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_a_text_head_that_overflows_ends_its_requests_as_model_errors(kernel):
+    """Non-finite logits are no token: requests decoding, starting from their last-layer output or from the
+    prefill's logits all end with finish_reason "nonfinite" (eager step, and the CPU kernel's fused head)."""
+    model = build_model(CFG, seed=7)
+    if kernel:
+        model.use_cpu_kernel()
+    world = World(model, decode_batch)
+    world.start("a", 1, MAX_NEW)
+    start_from_hidden(world, "b", 2, MAX_NEW)
+    world.decode("a", "b")
+    assert len(world.requests["a"].tokens) == 2 and len(world.requests["b"].tokens) == 1  # a healthy head
+    with torch.no_grad():
+        model.backbone.text_head.fill_(3e38)  # finite weights whose products overflow
+    world.decode("a", "b")
+    start_from_hidden(world, "c", 3, MAX_NEW)
+    world.decode("c")
+    world.start("d", 4, MAX_NEW)
+    assert {n: (r.finish_reason, len(r.tokens)) for n, r in world.requests.items()} == {
+        "a": ("nonfinite", 2), "b": ("nonfinite", 1), "c": ("nonfinite", 0), "d": ("nonfinite", 0)}

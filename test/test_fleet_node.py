@@ -11,6 +11,7 @@ import sys
 import numpy as np
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.srv import GetState
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -78,6 +79,11 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
         spin_until(node, lambda: matched() or server.poll() is not None, timeout=90)
         assert matched(), server.poll() is None or server.stdout.read()
         assert all(p.get_subscription_count() == 0 for p in cams["robot5"])  # not this node's robot
+        get_state = node.create_client(GetState, "/fleet_server/get_state")  # a managed node, autostarted
+        assert get_state.wait_for_service(timeout_sec=30)
+        state = get_state.call_async(GetState.Request())
+        spin_until(node, state.done, timeout=30)
+        assert state.result().current_state.label == "active"
         def joint_state(r, i, stamp):
             count = 8 if r == "robot3" else 14
             state = JointState(name=[f"{r}_j{j}" for j in range(count)], position=[0.1 * i] * count)

@@ -1,11 +1,13 @@
-"""The VLA node started on a checkpoint folder: corrupt files end start-up with exit code 1 and one clear line, a
-good one starts decoding with the text head its writer used, named in the start-up log."""
+"""The VLA node started on a checkpoint folder or hub id: corrupt files, ids that cannot be resolved and a tokenizer
+of another vocabulary end start-up with exit code 1 and one clear line, a good one starts decoding with the text
+head its writer used, named in the start-up log."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hub_fixtures import cache_repo, checkpoint_files, hub_cache  # noqa: F401 - fixture
 from safetensors.torch import load_file, save_file
 from test_replay_node import Child
 
@@ -34,8 +36,9 @@ def checkpoint(path, state_width=14):
 
 
 def node_args(folder, tokenizer, *extra):
-    return ["--ros-args", "--params-file", str(ALOHA), "-p", f"model.checkpoint:={folder}",
-            "-p", f"model.tokenizer:={tokenizer}", *OVERRIDES, *extra]
+    tokenizer = ["-p", f"model.tokenizer:={tokenizer}"] if tokenizer else []
+    return ["--ros-args", "--params-file", str(ALOHA), "-p", f"model.checkpoint:={folder}", *tokenizer, *OVERRIDES,
+            *extra]
 
 
 def test_truncated_weights_end_the_node_process_with_one_line(tmp_path, tokenizer, ros_env):
@@ -88,6 +91,32 @@ def test_each_corrupt_file_is_one_clear_start_up_error(case, tmp_path, tokenizer
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+HUB_CASES = {  # model.checkpoint (and model.tokenizer) -> the line
+    "uncached id": ("org/other", "", "model.checkpoint 'org/other' cannot be loaded: 'org/other' is not a folder; as a "
+                                     "hub id: org/other is not in the hub cache at "),
+    "not an id": ("no/such/folder", "", "'no/such/folder' is neither a checkpoint folder nor a hub repo id"),
+    "revision not cached": ("org/tiny@v2", "", "org/tiny@v2 is not in the hub cache at {cache}/models--org--tiny "
+                                               "(cached revisions: main)"),
+    "no weights": ("org/config-only", "", "org/config-only has no model.safetensors"),
+    "vocabulary": ("org/tiny", "small", "cannot start: model.tokenizer '{small}' cannot be used: the tokenizer {small} "
+                                        "has 512 tokens, the checkpoint's vocabulary 1024"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HUB_CASES))
+def test_hub_ids_that_cannot_be_used_are_one_start_up_line(case, tmp_path, hub_cache, capfd, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = checkpoint(tmp_path / "ckpt")
+    cache_repo(hub_cache, "org/tiny", checkpoint_files(folder), "c" * 40)
+    cache_repo(hub_cache, "org/config-only", {"config.json": (folder / "config.json")}, "c" * 40)
+    small = train_tokenizer(tmp_path / "small.model", 512)
+    source, tokenizer, expected = HUB_CASES[case]
+    assert vla_node_main(node_args(source, small if tokenizer else "", "-p", "model.dtype:=float32")) == 1
+    err = capfd.readouterr().err
+    assert expected.format(cache=hub_cache, small=small) in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_stats_narrower_than_the_robot_stop_start_up(tmp_path, tokenizer, capfd, monkeypatch):
     # Loadable on its own (4 state dims), but the ALOHA file lists 14 state joints: every tick would fail.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -115,6 +144,7 @@ def test_the_node_decodes_with_the_chosen_text_head_and_says_why(tmp_path, token
                    context=context, domain_id=ros_domain_id)
         node = VlaNode(context=context)
         try:
+            assert node.autostart(), node.failure  # configure loads the model
             backbone = node.policy.model.backbone
             expected = head.to(backbone.text_head.dtype) if choice == "lm_head" else backbone.embed_tokens.weight
             assert torch.equal(backbone.text_head, expected)  # in the dtype `auto` chose

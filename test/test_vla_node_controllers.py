@@ -95,8 +95,13 @@ def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_
     for group, topic in GROUP_TOPICS.items():
         columns = [ALOHA_JOINT_NAMES.index(j) for j in expected_joints[group]]
         gripper = group.endswith("gripper")
-        for msg in heard.get(topic):
+        messages = heard.get(topic)
+        # The node's exit holds every group once (at the measured positions), after its last plan.
+        assert stamp_to_ns(messages[-1].header.stamp) == 0 and len(messages[-1].points) == 1
+        for msg in messages:
             assert list(msg.joint_names) == list(expected_joints[group])
+            if stamp_to_ns(msg.header.stamp) == 0:
+                continue  # a hold, not a plan
             values = points(msg)[1]
             # The same plan as action_chunk's (same stamp), these joints only, grippers scaled to the robot's range.
             whole = [c[:, columns] for c in by_stamp.get(stamp_to_ns(msg.header.stamp), []) if len(c) == len(values)]
@@ -172,7 +177,10 @@ def test_bad_groups_are_one_clear_start_up_line(capfd, tmp_path, monkeypatch):
             ("output.right_arm.topic:=left_arm_controller/joint_trajectory",
              "output.right_arm.topic 'left_arm_controller/joint_trajectory' is also group left_arm's"),
             ("output.right_arm.scale:=[1.0,2.0]", "output.right_arm.scale must be a finite number or a list of 6"),
-            ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc")):
+            ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc"),
+            ("output.left_arm.max_jump:=-1.0", "output.*.{lower, upper, max_velocity, max_jump}: max_jump must be "
+                                               "> 0, not for ['left_waist', "),
+            ("robot_description:=<robot", "robot_description is not a URDF that parses")):
         assert vla_node_main([*files, "-p", override]) == 1
         err = capfd.readouterr().err
         assert f"cannot start: {message}" in err and err.count("cannot start") == 1, err

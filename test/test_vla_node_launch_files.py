@@ -100,8 +100,11 @@ def test_vla_node_is_started_by_its_installed_name(launch_file):
 def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     tree = parse("launch/oxygen.launch.py")
     declared = declared_arguments(tree)
-    assert declared == {"namespace", "params_file", "use_sim_time", "preset", "checkpoint", "tokenizer",
-                        "diagnostics_aggregator"}
+    assert declared == {"namespace", "params_file", "use_sim_time", "autostart", "preset", "checkpoint", "tokenizer",
+                        "diagnostics_aggregator", "viewer"}
+    # the robot path: the managed node waits for an operator or a lifecycle manager unless told otherwise
+    assert next(e.elts[1].value for e in assigned(tree, "ARGUMENTS").elts if e.elts[0].value == "autostart") == "false"
+    assert "autostart" in constant_strings(tree) and "autostart" in NODE_PARAMETERS
     overrides = ast.literal_eval(assigned(tree, "OVERRIDES"))
     assert launch_configurations(tree) | set(overrides) <= declared
     assert set(overrides.values()) <= NODE_PARAMETERS and "use_sim_time" in constant_strings(tree)
@@ -130,6 +133,16 @@ def test_oxygen_launch_starts_the_diagnostics_aggregator_with_the_shipped_analyz
     assert 'name = f"{self.get_fully_qualified_name()}: vla engine"' in source and pattern == ": vla engine"
 
 
+def test_oxygen_launch_viewer_opens_the_shipped_rviz_and_rqt_files_with_the_markers_on():
+    tree = parse("launch/oxygen.launch.py")
+    packages = {keyword(n, "package").value for n in calls(tree, "Node")}
+    assert packages - {"oxygen_ros", "diagnostic_aggregator"} == {"rviz2", "rqt_gui"}
+    named = {s for s in constant_strings(tree) if s.startswith("oxygen.")}  # shipped files, read from config/
+    assert named == {"oxygen.perspective", "oxygen.rviz"}
+    assert all((REPO / "config" / name).is_file() for name in named) and "config" in installed_share_folders()
+    assert "visualization.markers" in constant_strings(tree) and "visualization.markers" in NODE_PARAMETERS
+
+
 def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
     tree = parse("launch/oxygen_replay.launch.py")
     declared = declared_arguments(tree)
@@ -142,7 +155,7 @@ def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
     assert share_path(included) == REPO / "launch" / "oxygen.launch.py"
     pairs = [tuple(constant_strings(t)) for t in ast.walk(keyword(include, "launch_arguments"))
              if isinstance(t, ast.Tuple)]
-    assert ("use_sim_time", "true") in pairs
+    assert ("use_sim_time", "true") in pairs and ("autostart", "true") in pairs
     (process,) = calls(tree, "ExecuteProcess")
     cmd = keyword(process, "cmd")
     words = [e.value for e in cmd.elts if isinstance(e, ast.Constant)]

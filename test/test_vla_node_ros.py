@@ -20,7 +20,9 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 from test_replay_node import Child
 from trajectory_msgs.msg import JointTrajectory
+from visualization_msgs.msg import Marker, MarkerArray
 
+from oxygen_ros.control.plan_markers import TIME_SCALE, VALUE_SCALE
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.jpeg import encode_jpeg
 from oxygen_ros.data.stamps import stamp_to_ns
@@ -80,6 +82,8 @@ class Robot:
         self.node.create_subscription(Narration, "narration", self._keep(self.narrations), 100)
         self.node.create_subscription(EngineStatus, "engine_status", self._keep(self.statuses), 50)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 50)
+        self.markers: list[MarkerArray] = []
+        self.node.create_subscription(MarkerArray, "chunk_markers", self._keep(self.markers), 100)
 
     def _keep(self, store: list, timed: bool = False):
         def callback(msg):
@@ -179,7 +183,8 @@ def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_contex
     children = {
         "/robot1": start_node(ros_env, model_cache, "-p", f"control.rate_hz:={rate}", "-p", "control.time_step:=0.04",
                               "-p", "language.every_n_frames:=5", "-p", "language.max_new_tokens:=8",
-                              "-p", "language.stream_every:=4", namespace="/robot1"),
+                              "-p", "language.stream_every:=4", "-p", "visualization.markers:=true",
+                              "-p", "visualization.frame_id:=world", namespace="/robot1"),
         "/robot2": start_node(ros_env, model_cache, "-p", "control.rate_hz:=10.0", "-p", "language.policy:=off",
                               namespace="/robot2"),
     }
@@ -252,6 +257,9 @@ def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_contex
         assert len({stamp_to_ns(m.header.stamp) for m in messages}) == 1
     assert all(0 < m.num_tokens <= 8 for m in finals if m.text)
 
+    check_markers(robot1, finals)
+    assert not robot2.markers  # visualization.markers is off by default
+
     running = [s for s in robot1.statuses if s.state == "running"]
     assert running, [s.state for s in robot1.statuses]
     for status in running:
@@ -273,6 +281,35 @@ def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_contex
     assert all(s.dropped_frames <= stale for s in running), (stale, [s.dropped_frames for s in running])
     assert int(values["actions_published"]) >= len(measured) and float(values["node_overhead_ms_p50"]) >= 0
     assert values["instructions_ignored"] == "0" and values["model_errors"] == "0"
+
+
+def check_markers(robot: Robot, finals: list[Narration]) -> None:
+    """chunk_markers carries each published plan as a chart (a lane per joint: x the time ahead, z the value; a
+    sphere at each lane's end) stamped like its action_chunk, and each final narration's text."""
+    chunks: dict[int, list[JointTrajectory]] = {}  # a reused frame's chunks share its stamp
+    for _, chunk in robot.chunks:
+        chunks.setdefault(stamp_to_ns(chunk.header.stamp), []).append(chunk)
+
+    def chart(chunk: JointTrajectory) -> list[tuple[int, list[float], list[float]]]:
+        lanes = [(j, [0.04 * (i + 1) * TIME_SCALE for i in range(6)],
+                  [p.positions[j] * VALUE_SCALE for p in chunk.points]) for j in range(14)]
+        return lanes + [(-1, [0.04 * 6 * TIME_SCALE] * 14, [v * VALUE_SCALE for v in chunk.points[-1].positions])]
+
+    plans = [a for a in robot.markers if a.markers[0].ns == "plan_path"]
+    texts = [m for a in robot.markers for m in a.markers if m.ns == "narration"]
+    assert plans and texts and len(plans) + len(texts) == len(robot.markers)
+    for array in plans:
+        lanes = [("plan_path", j, Marker.LINE_STRIP) for j in range(14)]
+        assert [(m.ns, m.id, m.type) for m in array.markers] == [*lanes, ("plan_end", 0, Marker.SPHERE_LIST)]
+        assert all(m.header.frame_id == "world" and m.action == Marker.ADD for m in array.markers)
+        drawn = [(m.id if m.ns == "plan_path" else -1, [p.x for p in m.points], [p.z for p in m.points])
+                 for m in array.markers]
+        assert any(all(j == k and x == pytest.approx(ex) and z == pytest.approx(ez, rel=1e-6, abs=1e-9)
+                       for (j, x, z), (k, ex, ez) in zip(drawn, chart(chunk), strict=True))
+                   for chunk in chunks[stamp_to_ns(array.markers[0].header.stamp)])
+    assert all(m.type == Marker.TEXT_VIEW_FACING and m.header.frame_id == "world" for m in texts)
+    assert {(stamp_to_ns(m.header.stamp), m.text) for m in texts} <= {(stamp_to_ns(n.header.stamp), n.text)
+                                                                      for n in finals}
 
 
 def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, ros_env, model_cache):
@@ -316,15 +353,20 @@ def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, r
         bad(lambda: camera0.publish(image(encoding="yuv422")), "dropped_encoding")
         bad(lambda: camera0.publish(image(data=bytes(100))), "dropped_size")  # truncated data
         bad(lambda: camera0.publish(image(width=200)), "dropped_size")  # size does not match the data
-        now = robot.node.get_clock().now().nanoseconds
+        def now() -> int:  # each bad message newer than the good ones before it (older ones are out of order)
+            return robot.node.get_clock().now().nanoseconds
+
         jpeg = encode_jpeg(robot.sensors.images[0], 90)
-        bad(lambda: robot.publish_compressed(jpeg[: len(jpeg) // 2], now), "dropped_corrupt")
+        bad(lambda: robot.publish_compressed(jpeg[: len(jpeg) // 2], now()), "dropped_corrupt")
         joints = robot.sensors.joint_pub
-        nan = robot.sensors.joint_msg(now, [float("nan")] + [0.0] * 13)
-        bad(lambda: joints.publish(nan), "dropped_nan_joint")
-        missing = robot.sensors.joint_msg(now)
-        missing.name, missing.position = missing.name[1:], missing.position[1:]
-        bad(lambda: joints.publish(missing), "dropped_missing_joint")
+        bad(lambda: joints.publish(robot.sensors.joint_msg(now(), [float("nan")] + [0.0] * 13)), "dropped_nan_joint")
+
+        def missing():
+            msg = robot.sensors.joint_msg(now())
+            msg.name, msg.position = msg.name[1:], msg.position[1:]
+            return msg
+
+        bad(lambda: joints.publish(missing()), "dropped_missing_joint")
 
         def stale() -> None:
             for _ in range(3):
@@ -350,10 +392,12 @@ def test_bad_inputs_are_dropped_counted_and_the_node_keeps_acting(ros_context, r
     assert rc == 0, output
     values = diagnostic_values(robot.diagnostics[-1])
     assert values["model_errors"] == "0", output
+    # The stale frames came after newer ones: out of order, so the kept ones aged into stale ticks.
     assert {k: int(values[k]) for k in values if k.startswith("dropped_") and k != "dropped_frames"} == {
         "dropped_encoding": 1, "dropped_size": 2, "dropped_corrupt": 1, "dropped_nan_joint": 1,
-        "dropped_missing_joint": 1, "dropped_stale_frame": int(values["dropped_stale_frame"])}
-    assert int(values["dropped_stale_frame"]) >= 1
+        "dropped_missing_joint": 1, "dropped_stale_frame": int(values["dropped_stale_frame"]),
+        "dropped_out_of_order": int(values["dropped_out_of_order"])}
+    assert int(values["dropped_stale_frame"]) >= 1 and int(values["dropped_out_of_order"]) >= 3
     assert robot.statuses[-1].dropped_frames == sum(
         int(values[k]) for k in values if k.startswith("dropped_") and k != "dropped_frames")
     assert robot.statuses[-1].state == "running"
@@ -370,7 +414,8 @@ def test_unknown_camera_key_is_a_clear_start_up_error(capfd, tmp_path, monkeypat
     output = capfd.readouterr().err
     assert "cannot start: cameras.keys ['right_wrist_0_rgb'] are not image keys of this model" in output, output
     assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), "-p", "model.checkpoint:=/nonexistent"]) == 1
-    assert "model.checkpoint needs model.tokenizer" in capfd.readouterr().err
+    assert "model.checkpoint '/nonexistent' cannot be loaded: '/nonexistent' is neither a checkpoint folder nor a " \
+        "hub repo id" in capfd.readouterr().err
     threads = torch.get_num_threads()  # TINY sets one torch thread, in this process here
     try:
         assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), *TINY,

@@ -1,6 +1,7 @@
 """The VLA node's parts without DDS: message conversions, the per-tick frame rules, instructions, parameters."""
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status
 from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction
 from oxygen_ros.nodes.log_throttle import LogThrottle
 from oxygen_ros.nodes.parameters import (
+    GROUP_SPECS,
     OPTIONAL,
     REQUIRED,
     SPECS,
@@ -225,6 +227,16 @@ def joint_state(*values) -> JointState:
     return JointState(name=["a", "b"], position=[float(v) for v in values])
 
 
+NOW = 0  # the node clock at arrival: every kept stamp is ahead of it, so the out-of-order rule (tested on its
+# own) stays out of these tests
+
+
+def frame_of(inputs: FrameInputs, now_ns: int):
+    """A tick's decision after the decoder (the node's own thread) has caught up."""
+    inputs.decode_pending()
+    return inputs.next_frame(now_ns)
+
+
 def frame_inputs(**limits) -> FrameInputs:
     return FrameInputs(("cam/a", "cam/b"), ("base_0_rgb", "left_wrist_0_rgb"), (False, True), ("a", "b"),
                        InputLimits(**limits))
@@ -233,43 +245,43 @@ def frame_inputs(**limits) -> FrameInputs:
 def test_frame_rules_waiting_stale_reuse_and_bad_messages():
     inputs = frame_inputs(max_image_age_s=0.1)
     second = 1_000_000_000
-    assert inputs.next_frame(0).state == "waiting_for_camera"
-    inputs.on_image(0, image("rgb8", RGB, stamp_ns=10 * second))
-    decision = inputs.next_frame(10 * second)
+    assert frame_of(inputs, 0).state == "waiting_for_camera"
+    inputs.on_image(0, image("rgb8", RGB, stamp_ns=10 * second), NOW)
+    decision = frame_of(inputs, 10 * second)
     assert (decision.state, decision.detail) == ("waiting_for_camera", "no image yet from cam/b")
     jpeg = CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95))
     jpeg.header.stamp, jpeg.header.frame_id = ns_to_stamp(10 * second), "wrist"
-    inputs.on_image(1, jpeg)
-    assert inputs.next_frame(10 * second).state == "waiting_for_state"
-    inputs.on_joint_state(joint_state(1, 2))
-    decision = inputs.next_frame(10 * second + 50_000_000)
+    inputs.on_image(1, jpeg, NOW)
+    assert frame_of(inputs, 10 * second).state == "waiting_for_state"
+    inputs.on_joint_state(joint_state(1, 2), NOW)
+    decision = frame_of(inputs, 10 * second + 50_000_000)
     frame = decision.frame
     assert decision.state == "running" and not decision.dropped and not frame.reused
     assert frame.stamp_ns == 10 * second and sorted(frame.images) == ["base_0_rgb", "left_wrist_0_rgb"]
     assert frame.state.tolist() == [1.0, 2.0]
     # Nothing new: the same images are used again (counted), until they are too old.
-    again = inputs.next_frame(10 * second + 90_000_000)
+    again = frame_of(inputs, 10 * second + 90_000_000)
     assert again.state == "running" and again.frame.reused and inputs.reused_frames == 1
-    stale = inputs.next_frame(10 * second + 150_000_000)
+    stale = frame_of(inputs, 10 * second + 150_000_000)
     assert (stale.state, stale.detail) == ("stale_frame", "newest image from cam/a is 0.150 s old")
     assert inputs.drops == {"stale_frame": 1} and inputs.image_age_ns == 150_000_000
     # A bad message is counted and dropped; the last good value stays.
     with pytest.raises(ConversionError):
-        inputs.on_image(0, image("yuv422", RGB, stamp_ns=11 * second))
+        inputs.on_image(0, image("yuv422", RGB, stamp_ns=11 * second), NOW)
     with pytest.raises(ConversionError):
-        inputs.on_joint_state(JointState(name=["a"], position=[5.0]))
+        inputs.on_joint_state(JointState(name=["a"], position=[5.0]), NOW)
     corrupt = CompressedImage(format="jpeg", data=jpeg.data[: len(jpeg.data) // 2])
     corrupt.header.stamp = ns_to_stamp(11 * second)
-    inputs.on_image(1, corrupt)  # passes the cheap checks; fails when decoded
-    decision = inputs.next_frame(10 * second + 160_000_000)
+    inputs.on_image(1, corrupt, NOW)  # passes the cheap checks; fails when decoded
+    decision = frame_of(inputs, 10 * second + 160_000_000)
     assert [(d.source, d.reason) for d in decision.dropped] == [("cam/b", "corrupt")]
     assert decision.state == "stale_frame"
     assert inputs.drops == {"stale_frame": 2, "encoding": 1, "missing_joint": 1, "corrupt": 1}
     assert inputs.dropped_frames == 5
-    inputs.on_image(0, image("bgr8", RGB[:, :, ::-1], stamp_ns=11 * second))
-    inputs.on_image(1, jpeg)
+    inputs.on_image(0, image("bgr8", RGB[:, :, ::-1], stamp_ns=11 * second), NOW)
+    inputs.on_image(1, jpeg, NOW)
     jpeg.header.stamp = ns_to_stamp(11 * second)
-    decision = inputs.next_frame(11 * second)
+    decision = frame_of(inputs, 11 * second)
     assert decision.state == "running" and decision.frame.state.tolist() == [1.0, 2.0]
     np.testing.assert_array_equal(decision.frame.images["base_0_rgb"], RGB)
 
@@ -279,46 +291,73 @@ def test_frames_from_the_future_and_old_or_rejected_joint_states_are_not_acted_o
     inputs = frame_inputs(max_image_age_s=0.5, max_state_age_s=0.2, future_tolerance_s=0.1)
 
     def sensors(image_ns: int, state_ns: int | None = None) -> None:
-        inputs.on_image(0, image("rgb8", RGB, stamp_ns=image_ns))
+        inputs.on_image(0, image("rgb8", RGB, stamp_ns=image_ns), NOW)
         jpeg = CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95))
         jpeg.header.stamp = ns_to_stamp(image_ns)
-        inputs.on_image(1, jpeg)
+        inputs.on_image(1, jpeg, NOW)
         if state_ns is not None:
             state = joint_state(1, 2)
             state.header.stamp = ns_to_stamp(state_ns)
-            inputs.on_joint_state(state)
+            inputs.on_joint_state(state, NOW)
 
     sensors(10 * second, 10 * second)
-    assert inputs.next_frame(10 * second).state == "running"
+    assert frame_of(inputs, 10 * second).state == "running"
     # Stamped 5 s ahead: such a frame would pass the age check for 5 s after the cameras went silent.
     sensors(15 * second)
-    decision = inputs.next_frame(10 * second + 10_000_000)
+    decision = frame_of(inputs, 10 * second + 10_000_000)
     assert decision.state == "future_frame" and decision.frame is None
     assert decision.detail == "image from cam/a is stamped 4.990 s ahead of the node clock"
     sensors(10 * second + 50_000_000)  # within the tolerance: acted on
-    assert inputs.next_frame(10 * second).state == "running"
+    assert frame_of(inputs, 10 * second).state == "running"
     sensors(10 * second, 12 * second)
-    assert inputs.next_frame(10 * second).state == "future_frame"
+    assert frame_of(inputs, 10 * second).state == "future_frame"
     assert inputs.drops == {"future_frame": 1, "future_state": 1}
     # The joint state stops: past max_state_age_s nothing is acted on, even with fresh images.
     sensors(11 * second, 11 * second)
-    assert inputs.next_frame(11 * second + 150_000_000).state == "running"
+    assert frame_of(inputs, 11 * second + 150_000_000).state == "running"
     sensors(11 * second + 250_000_000)
-    decision = inputs.next_frame(11 * second + 250_000_000)
+    decision = frame_of(inputs, 11 * second + 250_000_000)
     assert decision.state == "stale_state" and inputs.state_age_ns == 250_000_000
     assert decision.detail == "newest good joint state is 0.250 s old"
     # Every state message rejected: the last good one ages out the same way, and the detail says why.
     for _ in range(3):
         with pytest.raises(ConversionError):
-            inputs.on_joint_state(joint_state(1, math.nan))
-    decision = inputs.next_frame(11 * second + 260_000_000)
+            inputs.on_joint_state(joint_state(1, math.nan), NOW)
+    decision = frame_of(inputs, 11 * second + 260_000_000)
     assert decision.state == "stale_state" and "the last 3 joint-state messages were rejected" in decision.detail
     assert inputs.drops["stale_state"] == 2 and inputs.drops["nan_joint"] == 3
     zero = frame_inputs()  # every check off
-    zero.on_image(0, image("rgb8", RGB, stamp_ns=0))
-    zero.on_image(1, CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95)))
-    zero.on_joint_state(joint_state(1, 2))
-    assert zero.next_frame(100 * second).state == "running"
+    zero.on_image(0, image("rgb8", RGB, stamp_ns=0), NOW)
+    zero.on_image(1, CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95)), NOW)
+    zero.on_joint_state(joint_state(1, 2), NOW)
+    assert frame_of(zero, 100 * second).state == "running"
+
+
+def test_messages_older_than_the_newest_kept_and_joints_named_twice_are_dropped():
+    second = 1_000_000_000
+    inputs = frame_inputs(future_tolerance_s=0.1)
+    now = 20 * second
+    inputs.on_image(0, image("rgb8", RGB, stamp_ns=now), now)
+    with pytest.raises(ConversionError, match="stamped 0.100 s before the newest message kept") as err:
+        inputs.on_image(0, image("rgb8", RGB * 0, stamp_ns=now - second // 10), now)
+    assert err.value.reason == "out_of_order"
+    state = joint_state(1, 2)
+    state.header.stamp = ns_to_stamp(now)
+    inputs.on_joint_state(state, now)
+    older = joint_state(3, 4)
+    older.header.stamp = ns_to_stamp(now - 1)
+    with pytest.raises(ConversionError, match="before the newest"):
+        inputs.on_joint_state(older, now)
+    twice = JointState(name=["a", "b", "a"], position=[1.0, 2.0, 9.0])
+    twice.header.stamp = ns_to_stamp(now + 1)
+    with pytest.raises(ConversionError, match=r"JointState names \['a'\] more than once") as err:
+        inputs.on_joint_state(twice, now)
+    assert err.value.reason == "duplicate_joint" and inputs.state.tolist() == [1.0, 2.0]
+    assert inputs.drop_counts() == {"out_of_order": 2, "duplicate_joint": 1}
+    # The clock went back (a bag looping): the kept stamp is ahead of it, so the older timeline is taken.
+    inputs.on_image(0, image("rgb8", RGB, stamp_ns=5 * second), 5 * second)
+    inputs.on_joint_state(older, 5 * second)
+    assert inputs.state.tolist() == [3.0, 4.0]
 
 
 def test_instruction_ignores_empty_cuts_long_and_fits_the_prompt(tmp_path):
@@ -387,7 +426,7 @@ def test_parameters_are_validated_with_clear_errors():
     params = read_parameters(parameter_values(control__rate_hz=20))  # an integer where a float is expected
     assert params.rate_hz == 20.0 and params.time_step_s == 0.05 and params.camera_compressed == (False, False)
     assert (params.max_pixels, params.max_state_age_s, params.future_tolerance_s, params.max_preempted) == (
-        4096 * 4096, 0.5, 0.1, 16)
+        1920 * 1200, 0.5, 0.1, 16)
     assert read_parameters(parameter_values(cameras__compressed=[True, False])).camera_compressed == (True, False)
     assert read_parameters(parameter_values(language__policy=False)).language_policy == "off"  # YAML's `off`
     bad = {
@@ -441,10 +480,11 @@ def test_decode_policy_parameters_choose_adaptive_k_with_its_floor_or_a_fixed_k(
 
 def group_values(groups: dict, **changes) -> dict:
     """Parameters with output groups {name: {field: value}} over the action joints a, b, c."""
-    values = parameter_values(joints__action_names=["a", "b", "c"], output__groups=list(groups), **changes)
+    values = parameter_values(**{"joints__action_names": ["a", "b", "c"], "joints__state_names": ["a", "b", "c"],
+                                 "output__groups": list(groups), **changes})
     for name, fields in groups.items():
-        values.update({f"output.{name}.{field}": fields.get(field, "" if field == "topic" else None)
-                       for field in ("joints", "topic", "scale", "offset")})
+        values.update({f"output.{name}.{field}": fields.get(field, None if default is REQUIRED else default)
+                       for field, (default, _) in GROUP_SPECS.items()})
     return values
 
 
@@ -573,7 +613,17 @@ def aloha_node(tmp_path, ros_domain_id, *parameters: str):
     rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
                      *[arg for value in overrides for arg in ("-p", value)]],
                context=context, domain_id=ros_domain_id)
-    return VlaNode(context=context), context
+    node = VlaNode(context=context)
+    assert node.autostart(), node.failure  # configured and active, as its process would be
+    return node, context
+
+
+def decoded(node) -> None:
+    """Wait for the node's decoder thread to have decoded the images just given to it."""
+    deadline = time.monotonic() + 30
+    while not all(camera.fresh for camera in node.inputs.cameras):
+        assert time.monotonic() < deadline, "the decoder thread decoded nothing"
+        time.sleep(0.005)
 
 
 def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_id):
@@ -588,6 +638,7 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
         state = JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist())
         state.header.stamp = ns_to_stamp(now)
         node._on_joint_state(state)
+        decoded(node)
         for ticks in (1, 2):
             node._control_tick()
             assert node.state == "model_error" and node.model_errors == ticks
@@ -668,6 +719,7 @@ def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with
             state = JointState(name=names, position=np.linspace(-1, 1, len(names)).tolist())
             state.header.stamp = ns_to_stamp(now)
             node._on_joint_state(state)
+            decoded(node)
             node._control_tick()
             assert node.actions_published == tick + 1, node.detail
         assert node.runtime.drain(30)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..model.kv_cache import DecodeIndex, KVCache
-from ..model.sampling import Sampler, sample_token
+from ..model.sampling import NONFINITE_TOKEN, Sampler, sample_token
 
 
 @dataclass
@@ -44,7 +44,7 @@ class LanguageRequest:
     seed: int = 0  # the request's own sampling stream, so batching never changes what it samples
     arrival_time: float = field(default_factory=time.perf_counter)
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "eos", "length" or "evicted"
+    finish_reason: str | None = None  # "eos", "length", "evicted" or "nonfinite" (a model error)
     first_token_time: float | None = None
     finish_time: float | None = None
     # until the first token is chosen: its prefix's last-layer output [W] (`PrefillResult.hidden`), on the device
@@ -64,16 +64,23 @@ class LanguageRequest:
         return Sampler(self.temperature, self._generator)
 
     def choose(self, logits: Tensor) -> int:
-        """The next token from one row of logits: argmax, or a sample from this request's own generator."""
+        """The next token from one row of logits: argmax, or a sample from this request's own generator;
+        NONFINITE_TOKEN when a logit is not finite."""
+        if not bool(torch.isfinite(logits).all()):
+            return NONFINITE_TOKEN
         sampler = self.sampler()
         return int(logits.argmax()) if sampler is None else sample_token(logits, sampler)
 
     def accept(self, token: int, now: float) -> None:
-        """Record the model's next token; finishes the request on EOS or when the budget is spent."""
+        """Record the model's next token; finishes the request on EOS, when the budget is spent, or as a model error
+        ("nonfinite") on NONFINITE_TOKEN (the text head overflowed: no token can be trusted)."""
         if self.done:
             raise RuntimeError(f"request {self.request_id} is already finished")
         if self.first_token_time is None:
             self.first_token_time = now
+        if token == NONFINITE_TOKEN:
+            self.finish("nonfinite", now)
+            return
         if token == self.eos_id:
             self.finish("eos", now)
             return

@@ -48,6 +48,7 @@ from .model_runner import ModelRunner, PriorityStreams
 from .scheduler import (
     ActionFrame,
     ActionPlan,
+    LearnedCost,
     Scheduler,
     SchedulerConfig,
     StagePlanner,
@@ -290,6 +291,20 @@ class Runtime:
                 if mine[0].error is not None:
                     raise mine[0].error
                 return mine[0]
+
+    def warm_up(self, inputs: ModelInputs, model_id: str = DEFAULT_MODEL) -> None:
+        """Act once on `inputs` and forget it. A process's first frame pays one-time costs (allocations, compiled
+        kernels' first calls, CUDA graph captures); a node pays them here, before it may act, not on its first
+        real chunk. The frame is in no counter, teaches the cost model nothing and takes no draw from the noise
+        stream (so the chunks that follow are those a run without it gives)."""
+        config = self.served[model_id].model.config
+        noise = torch.zeros(1, config.action_horizon, config.action_dim)
+        cost, self.scheduler.cost = self.scheduler.cost, LearnedCost()
+        try:
+            self.act(self.frame(inputs, False, model_id=model_id, budget_s=math.inf, noise=noise))
+        finally:
+            self.scheduler.cost = cost
+        self._counters, self._robot_counters = _Counters(), {}
 
     def frame_room(self, model_id: str) -> int:
         """With a stage split: frames of a model that may still start their VLM stage (its frame slots not held

@@ -219,8 +219,8 @@ def save_checkpoint(model: Pi05Model, path: str | Path, norm_stats: NormStats | 
 
 
 def checkpoint_config(path: str | Path) -> Pi05Config:
-    """The model shape a checkpoint folder describes, without reading its weights (for a caller that sizes its
-    engine, e.g. the denoising steps, before the fleet server loads the model)."""
+    """The model shape a checkpoint folder's `config.json` describes, read without its weights (to check what
+    depends on it, the tokenizer's vocabulary say, before the slow load)."""
     return _config(_read_config(Path(path) / CONFIG_FILE))
 
 

@@ -131,17 +131,23 @@ def check_norm_stats(stats: NormStats, config: Pi05Config, where: str) -> None:
                 raise NormStatsError(f"normalization stat {feature}.{s} in {where} contains NaN or infinite values")
 
 
+def pipeline_steps(folder: Path, pipeline: str) -> list[dict]:
+    """The steps of one LeRobot processor pipeline file in `folder` (none when the file is absent); also where a
+    checkpoint names its tokenizer (`loading.py`)."""
+    path = folder / pipeline
+    if not path.is_file():
+        return []
+    data = _read_json(path, pipeline)
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise NormStatsError(f"{pipeline} has no list of processor steps")
+    return steps
+
+
 def _processor_state_files(folder: Path) -> list[Path]:
     files = set(folder.glob(STATS_GLOB))
     for pipeline in PIPELINE_FILES:
-        path = folder / pipeline
-        if not path.is_file():
-            continue
-        data = _read_json(path, pipeline)
-        steps = data.get("steps") if isinstance(data, dict) else None
-        if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
-            raise NormStatsError(f"{pipeline} has no list of processor steps")
-        for step in steps:
+        for step in pipeline_steps(folder, pipeline):
             kind = str(step.get("registry_name") or step.get("class") or "").lower()
             state_file = step.get("state_file")
             if "normalizer" not in kind or not state_file:

@@ -31,7 +31,7 @@ from .gemma import (
 )
 from .inputs import ModelInputs
 from .kv_cache import DecodeIndex, KVCache, read_slots, slot_index
-from .sampling import Sampler, greedy_tokens, sample_token
+from .sampling import NONFINITE_TOKEN, Sampler, greedy_tokens, sample_token
 from .vision import VisionEncoder
 
 
@@ -78,6 +78,7 @@ class Pi05Model(nn.Module):
         # `_head_copy`: (the head it was made of, that head's storage, version and shape, the copy), one attribute
         # so that a reader on another thread sees a copy only with the head it belongs to
         self._head_copy_made: tuple[Tensor, tuple, cpu_kernel.HeadCopy] | None = None
+        self._head_norm: tuple[tuple, float] | None = None  # (the head's identity, its largest row norm)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -323,7 +324,8 @@ class Pi05Model(nn.Module):
         if logits is not None:
             if first is not None:
                 logits = torch.cat([logits, self.backbone.logits(first.to(logits.dtype))])
-            return self._choose(logits, samplers)
+            bad = ~torch.isfinite(logits).all(dim=-1)  # on the device, one pass
+            return self._unless_nonfinite(self._choose(logits, samplers, skip=bad), bad)
         if self._cpu_kernel:  # the kernel's step ends with the final norm: the prefixes' rows are normed apart
             h = self._kernel_normed(cache, index, tokens)
             if first is not None:
@@ -350,18 +352,62 @@ class Pi05Model(nn.Module):
 
     def _tokens_of_normed(self, h: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
         """`_next_tokens` of the final norm's outputs h [B, W]."""
+        if h.device.type != "cpu":  # the logits are made anyway: checked on the device, nothing read back
+            logits = self.backbone.head_logits(h, self._logits_out(len(h)))
+            bad = ~torch.isfinite(logits).all(dim=-1)
+            return self._unless_nonfinite(self._choose(logits, samplers, skip=bad), bad)
+        bad = self._nonfinite_rows(h)
         if self._cpu_kernel and not any(s is not None for s in samplers or ()) \
                 and cpu_kernel.head_greedy_pays(self.dtype, len(h), self.config.backbone.width):
             head = self.backbone.text_head
-            return cpu_kernel.head_greedy(h.contiguous(), head, torch.get_num_threads(), copy=self._head_copy(head))
-        return self._choose(self.backbone.head_logits(h, self._logits_out(len(h))), samplers)
+            chosen = cpu_kernel.head_greedy(h.contiguous(), head, torch.get_num_threads(), copy=self._head_copy(head))
+            return self._unless_nonfinite(chosen, bad)
+        logits = self.backbone.head_logits(h, self._logits_out(len(h)))
+        return self._unless_nonfinite(self._choose(logits, samplers, skip=bad), bad)
 
-    def _choose(self, logits: Tensor, samplers: Sequence[Sampler | None] | None) -> Tensor:
+    def _choose(self, logits: Tensor, samplers: Sequence[Sampler | None] | None, skip: Tensor | None = None) -> Tensor:
+        """The chosen tokens; rows in `skip` (non-finite logits) are not sampled (softmax of NaN refuses)."""
         chosen = cpu_kernel.greedy_tokens(logits) if self._cpu_kernel else greedy_tokens(logits)
         for row, sampler in enumerate(samplers or ()):
-            if sampler is not None:
+            if sampler is not None and (skip is None or not bool(skip[row])):
                 chosen[row] = sample_token(logits[row], sampler)
         return chosen
+
+    @staticmethod
+    def _unless_nonfinite(chosen: Tensor, bad: Tensor | None) -> Tensor:
+        """`chosen` with NONFINITE_TOKEN in each row whose logits were not all finite: a token picked from an
+        overflowing text head is garbage, and the request it belongs to ends as a model error
+        (`LanguageRequest.accept`). Nothing is read back to the host."""
+        return chosen if bad is None else chosen.masked_fill(bad.to(chosen.device), NONFINITE_TOKEN)
+
+    def _nonfinite_rows(self, h: Tensor) -> Tensor | None:
+        """Which rows of h [B, W] (on the CPU: the bound is read back) give a non-finite logit (bool [B]; None: none),
+        without the logits for the rest.
+
+        Each logit and every partial sum of it is at most ||h_b|| max_v ||head_v|| in size (Cauchy-Schwarz): a row
+        whose bound stays below half the dtype's range cannot overflow, which is every row of a healthy model and
+        costs one norm per row. Only rows past it (or with a non-finite h) get their logits computed and checked."""
+        limit = 0.5 * torch.finfo(self.dtype).max
+        bound = torch.linalg.vector_norm(h.float(), dim=-1) * self._head_row_norm()
+        risky = ~(bound < limit)  # NaN compares False: risky
+        if not bool(risky.any()):
+            return None
+        rows = risky.nonzero()[:, 0]
+        bad = torch.zeros(len(h), dtype=torch.bool, device=h.device)
+        bad[rows] = ~torch.isfinite(self.backbone.head_logits(h[rows])).all(dim=-1)
+        return bad
+
+    def _head_row_norm(self) -> float:
+        """The text head's largest row norm (float32, in blocks of rows: no float32 copy of a bfloat16 head), made
+        again whenever the head's storage or contents change (as `_head_copy`)."""
+        head = self.backbone.text_head
+        state = (head.data_ptr(), None if head.is_inference() else head._version, tuple(head.shape), head.dtype)
+        if self._head_norm is None or self._head_norm[0] != state:
+            with torch.no_grad():
+                best = max(float(torch.linalg.vector_norm(head[i:i + 8192].float(), dim=-1).max())
+                           for i in range(0, len(head), 8192))
+            self._head_norm = (state, best)
+        return self._head_norm[1]
 
     def _decode_logits(self, cache: KVCache, index: DecodeIndex, tokens: Tensor) -> tuple[Tensor, bool]:
         """Next-token logits [B, vocab] in the model's dtype (a CUDA graph's replay when one serves the batch), and

@@ -41,8 +41,15 @@ def resized_shape(height: int, width: int, size: int) -> tuple[int, int]:
     return int(height / ratio), int(width / ratio)
 
 
-def resize_with_pad(image: np.ndarray, size: int) -> torch.Tensor:
-    """HxWx3 image -> [3, size, size] float32 in [-1, 1], aspect ratio kept, centred on a black background."""
+def resize_with_pad(image: np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+    """HxWx3 image -> [3, size, size] float32 in [-1, 1], aspect ratio kept, centred on a black background.
+
+    A tensor is taken as this function's own output and returned as is (its shape checked): a node resizes each
+    image as it arrives, off its control path, and the frame then carries the model's input."""
+    if isinstance(image, torch.Tensor):
+        if tuple(image.shape) != (3, size, size):
+            raise ValueError(f"expected a resized [3, {size}, {size}] image, got shape {tuple(image.shape)}")
+        return image
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected an HxWx3 RGB image, got shape {image.shape}")

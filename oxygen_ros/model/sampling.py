@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 GREEDY_BLOCK = 1024  # logits per block; the block maxima are one vectorised pass
+NONFINITE_TOKEN = -1  # what a decode step returns for a row whose logits are not all finite (no token id is < 0)
 _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32}  # float width -> the integers its bits are compared as
 
 

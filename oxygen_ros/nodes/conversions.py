@@ -159,6 +159,9 @@ def joint_positions(msg: JointState, names: list[str] | tuple[str, ...]) -> np.n
         raise ConversionError("joint_state", f"JointState has {len(msg.name)} names but "
                                              f"{len(msg.position)} positions")
     index = {name: i for i, name in enumerate(msg.name)}
+    if len(index) != len(msg.name):  # which of two values is the joint's? neither can be trusted
+        twice = sorted({n for n in msg.name if msg.name.count(n) > 1})
+        raise ConversionError("duplicate_joint", f"JointState names {twice} more than once")
     missing = [name for name in names if name not in index]
     if missing:
         raise ConversionError("missing_joint", f"JointState lacks joints {missing}")

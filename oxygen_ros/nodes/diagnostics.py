@@ -1,7 +1,9 @@
 """EngineStatus (numbers for rqt_plot) and DiagnosticArray (OK/WARN/ERROR for rqt_robot_monitor) from one snapshot.
 
-Levels: ERROR when the model raised on the last tick or the language worker died; WARN while the node cannot act
-(waiting for a camera or the joint state, stale frames) or acts below 90 % of its control rate; OK otherwise.
+Levels: ERROR when the model raised on the last tick, its text head ended the last narration with non-finite
+logits, the language worker died or configuring the node failed;
+WARN while the node does not act (not active, waiting for a camera or the joint state, stale frames, a plan refused
+by the joint limits) or acts below 90 % of its control rate; OK otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from oxygen_ros.msg import EngineStatus
 from .frame_inputs import MODEL_ERROR, RUNNING
 
 RATE_WARN_FRACTION = 0.9
+CONFIGURE_FAILED = "configure_failed"  # a managed node's configure failed: it stays unconfigured
+NO_STATS = RuntimeStats(0.0, 0.0, 0.0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)  # a node not configured: no engine yet
 
 
 @dataclass
@@ -30,6 +34,7 @@ class Health:
     actions_published: int
     dropped_frames: int
     worker_error: str | None = None
+    language_error: str | None = None  # the text head's last failure (non-finite logits), until a narration ends well
     values: dict[str, object] = field(default_factory=dict)  # extra key-values (counters, latencies)
 
 
@@ -59,6 +64,10 @@ def level_and_message(health: Health) -> tuple[bytes, str]:
         return DiagnosticStatus.ERROR, f"language worker stopped: {health.worker_error}"
     if health.state == MODEL_ERROR:
         return DiagnosticStatus.ERROR, f"model error: {health.detail}"
+    if health.language_error:
+        return DiagnosticStatus.ERROR, f"language model error: {health.language_error}"
+    if health.state == CONFIGURE_FAILED:
+        return DiagnosticStatus.ERROR, f"configure failed, unconfigured: {health.detail}"
     if health.state != RUNNING:
         return DiagnosticStatus.WARN, f"{health.state}: {health.detail}" if health.detail else health.state
     rate = health.stats.action_rate_hz

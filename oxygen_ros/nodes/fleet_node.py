@@ -48,7 +48,8 @@ VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: ne
 ``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
 model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
 the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
-control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``.
+control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``, ``autostart``
+(configure and activate at start; false: wait for the lifecycle services).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
+from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -84,7 +87,7 @@ from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
-from .diagnostics import Health, diagnostic_array, engine_status
+from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
 from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
 from .lifecycle import ros_process, spinning
 from .qos import LATCHED_QOS, SENSOR_QOS
@@ -110,7 +113,7 @@ DEFAULTS = {
     "max_image_age_s": 0.0,
     "max_state_age_s": 0.0,
     "future_tolerance_s": 0.1,
-    "max_pixels": 16_777_216,  # 4096 x 4096
+    "max_pixels": 2_304_000,  # 1920 x 1200, as the VLA node's cameras.max_pixels
     "narrate_every": 10,
     "max_new_tokens": 32,
     "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)
@@ -168,10 +171,84 @@ class RobotPort:
                            (self.compressed,) * len(self.cameras), joint_names, self.limits)
 
 
-class FleetNode(Node):
+class FleetNode(LifecycleNode):
+    """A managed node like the VLA node: `configure` loads the models, starts the server and subscribes;
+    `activate` starts serving (frames taken, chunks published); `deactivate` stops it; `cleanup` and `shutdown`
+    release the server. `autostart` (default true) walks it to active at start."""
+
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
-        p = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
+        self.params = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
+        self.autostart_param = bool(self.declare_parameter("autostart", True).value)
+        self.lifecycle = "unconfigured"
+        self.failure = ""
+        self.server: FleetServer | None = None
+        self.worker_error: BaseException | None = None
+        self.ports: dict[str, RobotPort] = {}
+        self._entities: list = []
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        before = set(self.subscriptions) | set(self.publishers)
+        try:
+            self._configure()
+        except Exception as err:  # a model that does not load, a bad assignment file, ...
+            self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
+            self._release()
+            self.failure = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError | OSError) else str(err)
+            self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
+            return TransitionCallbackReturn.FAILURE
+        self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
+        self.failure, self.lifecycle = "", "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.lifecycle = "active"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.lifecycle = "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle = "finalized"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def autostart(self) -> bool:
+        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
+        failed."""
+        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            return False
+        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        if self.server is not None:
+            self.worker_error = self.server.runtime.worker_error  # kept for the exit status
+            self.server.close()
+            published = sum(p.actions_published for p in self.ports.values())
+            self.get_logger().info(f"published {published} action chunks")
+            self.server = None
+        for entity in self._entities:
+            if isinstance(entity, Subscription):
+                self.destroy_subscription(entity)
+            else:
+                self.destroy_publisher(entity)
+        self._entities, self.ports = [], {}
+
+    def _configure(self) -> None:
+        p = self.params
         if p["cpu_threads"]:
             torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
@@ -208,7 +285,6 @@ class FleetNode(Node):
         else:
             self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "
                              f"{p['queue']}, buckets up to {p['max_batch']}")
-        self.params = p
         joint_names = tuple(n for n in p["joint_names"] if n)
         embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
         for robot in served:
@@ -219,11 +295,8 @@ class FleetNode(Node):
             if reason:
                 self.get_logger().warning(f"{robot.robot_id}: embodiment does not fit model {robot.model_id}: "
                                           f"{reason} (starting: embodiment_override is true)")
-        self.ports: dict[str, RobotPort] = {}
         for robot in served:
             self._add_robot(robot, joint_names, embodiments[robot.robot_id])
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.create_timer(1.0 / p["status_rate_hz"], self._publish_status)
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
         self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
@@ -272,21 +345,24 @@ class FleetNode(Node):
                 return
             port.joint_names = tuple(msg.name)
         try:
-            port.inputs.on_joint_state(msg)
+            port.inputs.on_joint_state(msg, self.get_clock().now().nanoseconds)
         except ConversionError as err:
             self._warn_drop(port, f"joint_states: {err}")
 
     def _on_image(self, port: RobotPort, index: int, msg) -> None:
+        if self.lifecycle != "active":
+            return  # configured, not serving: no frame is queued
         if port.inputs is None:
             return  # no joint names known yet: nothing to pick the state by
+        now_ns = self.get_clock().now().nanoseconds
         try:
-            port.inputs.on_image(index, msg)
+            port.inputs.on_image(index, msg, now_ns)
         except ConversionError as err:
             self._warn_drop(port, f"{port.cameras[index]}: {err}")
             return
         if index != 0:
             return
-        now_ns = self.get_clock().now().nanoseconds
+        port.inputs.decode_pending()  # here, not on a thread: a frame is queued with its deadline, not acted on
         decision = port.inputs.next_frame(now_ns)
         port.state, frame = decision.state, decision.frame
         for dropped in decision.dropped:
@@ -324,6 +400,8 @@ class FleetNode(Node):
 
     def _publish_chunk(self, chunk: ActionChunk) -> None:
         port = self.ports[chunk.robot_id]
+        if self.lifecycle != "active":
+            return  # a chunk still computing when the node was deactivated
         if chunk.error is not None:
             with port.lock:
                 port.model_errors += 1
@@ -357,6 +435,14 @@ class FleetNode(Node):
 
     def _publish_status(self) -> None:
         stamp = self.get_clock().now().to_msg()
+        if self.server is None:  # not configured: one status for the node, saying so
+            detail = f"configure failed: {self.failure}" if self.failure else "configure to serve"
+            health = Health(state=self.lifecycle, detail=detail, stats=NO_STATS,
+                            target_rate_hz=self.params["rate_hz"], actions_published=0, dropped_frames=0,
+                            values={"lifecycle": self.lifecycle})
+            self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{self.get_fully_qualified_name()}: "
+                                                          "fleet engine", self.params["device"]))
+            return
         worker_error = self.server.runtime.worker_error
         for robot_id, port in self.ports.items():
             counts = self.server.robot_counts(robot_id)
@@ -376,15 +462,14 @@ class FleetNode(Node):
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
                             "expired_in_queue": counts.expired_in_queue,
                             "late_chunks_published": self.params["publish_late"],
-                            "batching": self.batching})
+                            "batching": self.batching, "lifecycle": self.lifecycle})
             port.status_pub.publish(engine_status(health, stamp))
             self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
                                                           self.device))
 
     def close(self) -> None:
-        self.server.close()
-        published = sum(p.actions_published for p in self.ports.values())
-        self.get_logger().info(f"published {published} action chunks")
+        """At process exit (after the executor stopped): the server's threads joined."""
+        self._release()
 
 
 def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Sequence[ServedRobot]
@@ -409,15 +494,15 @@ def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Seque
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     with ros_process(NODE_NAME, argv) as (context, stop):
-        try:
-            node = FleetNode(context=context)
-        except (ValueError, OSError) as err:
-            print(f"error: {err}", file=sys.stderr)
+        node = FleetNode(context=context)
+        if node.autostart_param and not node.autostart():
+            print(f"error: {node.failure}", file=sys.stderr)
+            node.destroy_node()
             return 1
         with spinning(node, stop, before_destroy=node.close) as spinner:
             stop.wait()
-        if spinner.failure is not None or node.server.runtime.worker_error is not None:
-            print(f"error: fleet node failed: {spinner.failure or node.server.runtime.worker_error!r}",
+        if spinner.failure is not None or node.worker_error is not None:
+            print(f"error: fleet node failed: {spinner.failure or node.worker_error!r}",
                   file=sys.stderr)
             return 1
         return 0

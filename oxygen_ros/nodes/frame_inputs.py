@@ -1,15 +1,21 @@
 """The newest input of each kind, and the decision a control tick takes on them: act on a frame, or say why not.
 
 Subscriptions call `on_image` / `on_joint_state` / `Instruction.set`, which only run cheap checks (an image's size
-comes from its message fields or its JPEG/PNG header) and keep the newest message; images are decoded at the tick
-that first uses them (a camera faster than the control rate costs no conversions it does not need). Rules, in the
-order a tick applies them:
+comes from its message fields or its JPEG/PNG header) and keep the newest message. Images are decoded by
+`decode_pending`, which the VLA node runs on a thread of its own (`DecodeThread`), so a tick only ever uses images
+already decoded and a costly one (a large JPEG within the pixel budget) delays the next image of its camera, never
+the control path; one message per camera waits at most, so a camera faster than the decoder costs no conversions
+it does not need. Rules, in the order a tick applies them:
 
 - a message that fails its checks or its decoding (encoding, size, over the pixel budget, too thin for the model's
-  input, corrupt compressed data, missing or non-finite joint) is dropped and counted by reason; whatever the
-  decoder raises is such a drop, never an error of the tick. The camera (or the state) keeps its last good
-  value, so one bad message among good ones does not stop the robot; the age checks below bound how old a kept
-  value can be;
+  input, corrupt compressed data, missing, duplicated or non-finite joint) is dropped and counted by reason;
+  whatever the decoder raises is such a drop, never an error of the tick. The camera (or the state) keeps its last
+  good value, so one bad message among good ones does not stop the robot; the age checks below bound how old a
+  kept value can be;
+- a message stamped before the newest one kept from its source arrived out of order: dropped and counted
+  (`out_of_order`), so the frames a tick acts on never go back in time. (Unless the kept one is stamped more than
+  `future_tolerance_s` ahead of the node clock: then the clock went back, a bag looping or a simulator reset, and
+  the older stamp belongs to the timeline now in force.)
 - a camera that has never delivered a good image: no action, state `waiting_for_camera`;
 - no good joint state yet: no action, `waiting_for_state`;
 - an image or the joint state stamped more than `future_tolerance_s` ahead of the node clock: the tick is skipped
@@ -27,14 +33,17 @@ The frame's stamp and frame_id are those of the first camera's image.
 
 from __future__ import annotations
 
+import os
+import threading
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from torch import Tensor
 
 from oxygen_ros.data.stamps import stamp_to_ns
-from oxygen_ros.model.preprocess import normalized_state
+from oxygen_ros.model.preprocess import normalized_state, resize_with_pad
 from oxygen_ros.model.prompt import tokenize_prompt
 
 from .conversions import (
@@ -56,6 +65,7 @@ STALE_STATE = "stale_state"
 MODEL_ERROR = "model_error"
 SKIPPED_TICK_STATES = (FUTURE_FRAME, STALE_FRAME, STALE_STATE)  # ticks counted as drops (logged), not waits
 JOINT_STATES = "joint_states"  # the source name of joint-state drops
+DECODER_NICE = 10  # added to the decoder thread's niceness: the control path comes first
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,8 @@ class InputLimits:
 
 @dataclass
 class Frame:
-    images: dict[str, np.ndarray]  # model image key -> HxWx3 uint8 RGB
+    images: dict[str, np.ndarray | Tensor]  # model image key -> HxWx3 uint8 RGB, or the model's input made of it
+    # (`resize_with_pad`'s [3, size, size], when the limits give the model's size)
     state: np.ndarray
     stamp_ns: int
     frame_id: str
@@ -100,6 +111,7 @@ class _Camera:
     key: str
     compressed: bool
     pending: object = None  # newest message, not decoded yet
+    newest_ns: int | None = None  # stamp of the newest message kept (pending or decoded)
     image: np.ndarray | None = None  # newest good image
     stamp_ns: int = 0
     frame_id: str = ""
@@ -126,35 +138,89 @@ class FrameInputs:
         self.reused_frames = 0
         self.image_age_ns: int | None = None  # at the last tick: node clock - oldest of the newest image stamps
         self.state_age_ns: int | None = None  # at the last tick: node clock - newest good joint state stamp
+        self._lock = threading.RLock()  # the cameras and drops: the decoder's thread and the tick's
+        self._decode_drops: dict[tuple[str, str], Dropped] = {}  # the last per (topic, reason) since the last tick
 
     @property
     def dropped_frames(self) -> int:
-        return sum(self.drops.values())
+        return sum(self.drop_counts().values())
+
+    def drop_counts(self) -> dict[str, int]:
+        """reason -> messages or ticks dropped, a copy (the decoder's thread adds to them)."""
+        with self._lock:
+            return dict(self.drops)
 
     def _count(self, err: ConversionError) -> ConversionError:
-        self.drops[err.reason] += 1
+        with self._lock:
+            self.drops[err.reason] += 1
         return err
 
-    def on_image(self, index: int, msg) -> None:
-        """Keep `msg` as camera `index`'s newest image; raises ConversionError (counted) if it fails the checks."""
+    def _out_of_order(self, newest_ns: int | None, stamp_ns: int, now_ns: int) -> ConversionError | None:
+        if newest_ns is None or stamp_ns >= newest_ns or newest_ns - now_ns > round(
+                self.limits.future_tolerance_s * 1e9):
+            return None
+        return self._count(ConversionError("out_of_order", f"stamped {(newest_ns - stamp_ns) / 1e9:.3f} s before "
+                                                           "the newest message kept from this source"))
+
+    def on_image(self, index: int, msg, now_ns: int) -> None:
+        """Keep `msg` as camera `index`'s newest image, to be decoded; raises ConversionError (counted) if it fails
+        the checks or is older than the newest kept (`now_ns`: the node clock)."""
         camera = self.cameras[index]
         try:
             check_compressed(msg, self.limits.images) if camera.compressed else check_image(msg, self.limits.images)
         except ConversionError as err:
             raise self._count(err) from None
-        camera.pending = msg
+        stamp_ns = stamp_to_ns(msg.header.stamp)
+        with self._lock:
+            if (err := self._out_of_order(camera.newest_ns, stamp_ns, now_ns)) is not None:
+                raise err
+            camera.pending, camera.newest_ns = msg, stamp_ns
 
-    def on_joint_state(self, msg) -> None:
-        """Keep the state picked from `msg` by name; raises ConversionError (counted) if a joint is bad."""
+    def on_joint_state(self, msg, now_ns: int) -> None:
+        """Keep the state picked from `msg` by name; raises ConversionError (counted) if a joint is bad or the
+        message is older than the newest good one."""
+        stamp_ns = stamp_to_ns(msg.header.stamp)
+        newest = self.state_stamp_ns if self.state is not None else None
         try:
+            if (err := self._out_of_order(newest, stamp_ns, now_ns)) is not None:
+                raise err
             self.state = joint_positions(msg, self.state_names)
         except ConversionError as err:
-            self.states_rejected += 1
-            raise self._count(err) from None
-        self.state_stamp_ns, self.states_rejected = stamp_to_ns(msg.header.stamp), 0
+            if err.reason != "out_of_order":
+                self.states_rejected += 1
+                self._count(err)
+            raise err from None
+        self.state_stamp_ns, self.states_rejected = stamp_ns, 0
+
+    def decode_pending(self) -> None:
+        """Decode every camera's pending message (off the control path: `DecodeThread`); a failure is counted and
+        reported by the next `next_frame`."""
+        for camera in self.cameras:
+            with self._lock:
+                msg, camera.pending = camera.pending, None
+            if msg is None:
+                continue
+            try:
+                image = compressed_to_rgb(msg, self.limits.images) if camera.compressed else \
+                    image_to_rgb(msg, self.limits.images)
+                if self.limits.images.model_size:  # the model's input, made here rather than in the tick
+                    image = resize_with_pad(image, self.limits.images.model_size)
+            except ConversionError as err:
+                with self._lock:
+                    self._count(err)
+                    self._decode_drops[(camera.topic, err.reason)] = Dropped(camera.topic, err.reason, str(err))
+                continue
+            with self._lock:
+                camera.image = image
+                camera.stamp_ns, camera.frame_id, camera.fresh = stamp_to_ns(msg.header.stamp), \
+                    msg.header.frame_id, True
 
     def next_frame(self, now_ns: int) -> Decision:
-        dropped = self._decode_pending()
+        with self._lock:
+            return self._next_frame(now_ns)
+
+    def _next_frame(self, now_ns: int) -> Decision:
+        dropped, self._decode_drops = list(self._decode_drops.values()), {}
         waiting = [c.topic for c in self.cameras if c.image is None]
         if waiting:
             self.image_age_ns = None
@@ -199,22 +265,43 @@ class FrameInputs:
             return f"{what}; the last {self.states_rejected} joint-state messages were rejected"
         return what
 
-    def _decode_pending(self) -> list[Dropped]:
-        dropped = []
-        for camera in self.cameras:
-            msg, camera.pending = camera.pending, None
-            if msg is None:
-                continue
-            try:
-                image = compressed_to_rgb(msg, self.limits.images) if camera.compressed else \
-                    image_to_rgb(msg, self.limits.images)
-            except ConversionError as err:
-                self._count(err)
-                dropped.append(Dropped(camera.topic, err.reason, str(err)))
-                continue
-            camera.image = image
-            camera.stamp_ns, camera.frame_id, camera.fresh = stamp_to_ns(msg.header.stamp), msg.header.frame_id, True
-        return dropped
+
+
+class DecodeThread:
+    """Runs `FrameInputs.decode_pending` on a thread of its own whenever `wake` is called (after `on_image` kept a
+    message): the control tick never decodes. Pillow releases the interpreter lock while it decodes, and the thread
+    runs at a lower scheduling priority (Linux nice 10, per thread; the threads it starts inherit it), so a costly
+    image (a JPEG claiming the whole pixel budget) takes the cores the control path leaves, not the control
+    path's. With the model's size in the limits it also resizes each image to the model's input here, so the tick
+    never pays for a large one. (Its torch thread count is left alone: setting it would also set the process's
+    default, which the control path's thread reads when it starts.)"""
+
+    def __init__(self, inputs: FrameInputs):
+        self.inputs = inputs
+        self._wake = threading.Event()
+        self._stop = False
+        self.thread = threading.Thread(target=self._run, name="oxygen-decode", daemon=True)
+        self.thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:  # a Linux thread is a task of its own: this lowers only the decoder's priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DECODER_NICE)
+        except (AttributeError, OSError):  # no per-thread priorities here: the decoder runs at the node's
+            pass
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            self.inputs.decode_pending()
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self.thread.join(timeout=10)
 
 
 _ZWJ = "\u200d"

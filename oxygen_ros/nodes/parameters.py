@@ -7,7 +7,9 @@ two steps: `read_parameters` checks each value on its own, `check_against_model`
 model (camera keys, state/action widths, horizon). Every error names the parameter and what would be accepted.
 
 Output groups are named by `output.groups`; each group's own parameters (`output.<group>.joints`, `.topic`,
-`.scale`, `.offset`) are declared once those names are known (`declare_parameters`).
+`.scale`, `.offset`, its hold and its joints' limits) are declared once those names are known
+(`declare_parameters`). Limits not given for a group's joints come from `robot_description` when it is set (the
+URDF text, as robot_state_publisher takes it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import (
     InvalidParameterTypeException,
@@ -28,6 +32,8 @@ from rclpy.parameter import Parameter
 from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
 from oxygen_ros.control.joint_groups import JointGroup
+from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
+from oxygen_ros.control.limits import JointLimits, urdf_limits
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
@@ -35,11 +41,18 @@ from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 
 PRESET_NAMES = ("tiny", "small", "pi05")
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
 OPTIONAL = object()  # marks a string array that may stay unset
-GROUP_FIELDS = ("joints", "topic", "scale", "offset")  # output.<group>.<field>
+GROUP_FIELDS = ("joints", "topic", "scale", "offset", "hold", "lower", "upper", "max_velocity", "max_jump")
+HOLD_POSITION = "position"  # a one-point trajectory at the measured position
+HOLD_EMPTY = "empty"  # a trajectory without points
+HOLD_MODES = (HOLD_POSITION, HOLD_EMPTY)
+LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
+# 1920 x 1200: a 1080p or WUXGA colour stream, the largest that robot cameras commonly send (ALOHA's are
+# 640 x 480); larger cameras raise it. Decoding happens off the control path, but a bomb still costs a decoder.
+MAX_PIXELS = 1920 * 1200
 GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
@@ -56,16 +69,28 @@ class Spec:
 
 
 SPECS = (
+    Spec("autostart", True, "walk the managed node through configure and activate at start; false: wait for the "
+                            "lifecycle services (a real robot: an operator or a lifecycle manager activates it)"),
+    Spec("robot_description", "", "URDF text (as robot_state_publisher takes it): limits of the output groups' "
+                                  "joints not given in output.<group>.*; empty: none from a URDF"),
+    Spec("limits.policy", "clamp", "a plan past a position or velocity limit: clamp (positions into the range, "
+                                   "a too fast plan slowed by stretching its time grid) or reject (nothing "
+                                   "published, a hold); past max_jump it is rejected either way",
+         " | ".join(LIMIT_POLICIES)),
     Spec("model.preset", "tiny", "random-init model shape, used when model.checkpoint is empty",
          " | ".join(PRESET_NAMES)),
-    Spec("model.checkpoint", "", "pi05 checkpoint folder (LeRobot's or openpi's PyTorch layout); overrides "
-                                 "model.preset"),
+    Spec("model.checkpoint", "", "pi05 checkpoint (LeRobot's or openpi's PyTorch layout): a folder, or a hub repo "
+                                 "id org/name[@revision] resolved into the hub cache (HF_HUB_OFFLINE=1: cached "
+                                 "snapshots only); overrides model.preset"),
     Spec("model.text_head", "auto", "matrix a checkpoint decodes narration with; auto: as the stack that wrote it "
                                     "(LeRobot: its lm_head when it differs from the embedding; openpi: the "
                                     "embedding)", " | ".join(TEXT_HEADS)),
-    Spec("model.tokenizer", "", "SentencePiece model file; empty: a stand-in trained once into the user cache "
-                                "(random-init presets only)"),
-    Spec("model.device", "cpu", "torch device", " | ".join(DEVICES)),
+    Spec("model.tokenizer", "", "tokenizer (SentencePiece .model or tokenizer.json): a file, a folder holding one, or "
+                                "a hub repo id; empty: with a checkpoint, the one it carries or names, else "
+                                "PaliGemma's (google/paligemma-3b-pt-224, as LeRobot); with a preset, a stand-in "
+                                "trained once into the user cache"),
+    Spec("model.device", "auto", "torch device; auto: cuda when torch sees a CUDA device, else cpu",
+         " | ".join(DEVICES)),
     Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
                                 "bfloat16 where it measures faster, else float32",
          " | ".join(DTYPE_NAMES)),
@@ -79,9 +104,9 @@ SPECS = (
     Spec("cameras.compressed", False, "subscribe to <topic>/compressed (sensor_msgs/CompressedImage, jpeg or "
                                       "png) instead of sensor_msgs/Image: one bool for all cameras or one "
                                       "per camera"),
-    Spec("cameras.max_pixels", 4096 * 4096, "refuse images larger than this many pixels (width x height, read "
-                                            "from the message or the JPEG/PNG header before decoding); 0: no "
-                                            "budget", ">= 0"),
+    Spec("cameras.max_pixels", MAX_PIXELS, "refuse images larger than this many pixels (width x height, read "
+                                           "from the message or the JPEG/PNG header before decoding); 0: no "
+                                           "budget", ">= 0"),
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
     Spec("embodiment", "absolute", "what the checkpoint's state and action dims mean on this robot (deltas, "
@@ -137,6 +162,10 @@ SPECS = (
                                   "whole overlap with the published plan", ">= 0"),
     Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
                                     "controller); unset: action_chunk only"),
+    Spec("visualization.markers", False, "also publish chunk_markers (visualization_msgs/MarkerArray) for RViz: the "
+                                         "published plan as a chart (a lane per action joint over its time) and "
+                                         "each final narration as text"),
+    Spec("visualization.frame_id", "base_link", "frame the chunk_markers chart stands in"),
 )
 
 GROUP_SPECS = {  # output.<group>.<field>: default, description
@@ -145,6 +174,14 @@ GROUP_SPECS = {  # output.<group>.<field>: default, description
     "scale": (None, "robot = offset + scale * model, per joint: a number for every joint or a list, one per "
                     "joint; unset: 1"),
     "offset": (None, "see scale; unset: 0"),
+    "hold": (HOLD_POSITION, "what the group's controller gets when the node stops commanding it: position (one "
+                            "point at the measured position) or empty (a trajectory without points)"),
+    "lower": (None, "position lower limit per joint in robot units (a number for all or a list); unset: from "
+                    "robot_description, else none"),
+    "upper": (None, "position upper limit, as lower"),
+    "max_velocity": (None, "velocity limit between plan points per joint (robot units/s), as lower"),
+    "max_jump": (None, "largest distance from the measured position to the first point that executes, per joint; "
+                       "unset: none"),
 }
 
 
@@ -193,6 +230,12 @@ class VlaParams:
     ensemble_m: float
     rtc_overlap: int
     groups: tuple[JointGroup, ...]  # empty: action_chunk only
+    markers: bool
+    marker_frame: str
+    autostart: bool = True
+    holds: tuple[str, ...] = ()  # per group: HOLD_POSITION or HOLD_EMPTY
+    limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
+    limit_policy: str = "clamp"
 
     @property
     def period_s(self) -> float:
@@ -275,6 +318,42 @@ def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[
     return tuple(groups)
 
 
+def read_limits(values: dict[str, Any], groups: tuple[JointGroup, ...],
+                state_names: tuple[str, ...]) -> tuple[tuple[str, ...], JointLimits | None]:
+    """Each group's hold and its joints' limits (parameters first, then `robot_description`), as one JointLimits
+    over every group's joints in group order; None when no joint has a limit. The measured position a position
+    hold or a jump limit needs is the joint state's, so such joints must be in joints.state_names."""
+    p = _Reader(values)
+    description = p.text("robot_description")
+    joints = tuple(j for g in groups for j in g.joints)
+    try:
+        from_urdf = urdf_limits(description, joints) if description and joints else {}
+    except ValueError as err:
+        raise ParameterError(str(err)) from None
+    holds, columns = [], {field: [] for field in LIMIT_FIELDS}
+    for group in groups:
+        key = f"output.{group.name}"
+        holds.append(p.choice(f"{key}.hold", HOLD_MODES))
+        urdf = [from_urdf.get(j) for j in group.joints]
+        defaults = {"lower": [u.lower if u else -math.inf for u in urdf],
+                    "upper": [u.upper if u else math.inf for u in urdf],
+                    "max_velocity": [u.velocity if u else math.inf for u in urdf],
+                    "max_jump": [math.inf] * len(group.joints)}
+        for field in LIMIT_FIELDS:
+            given = p.per_joint(f"{key}.{field}", len(group.joints), math.nan, finite=False)
+            columns[field] += [d if math.isnan(v) else v for v, d in zip(given, defaults[field], strict=True)]
+        needs_state = holds[-1] == HOLD_POSITION or np.isfinite(columns["max_jump"][-len(group.joints):]).any()
+        unmeasured = [j for j in group.joints if j not in state_names]
+        if needs_state and unmeasured:
+            raise ParameterError(f"{key}.joints: {unmeasured} are not in joints.state_names, but a position hold "
+                                 f"and max_jump need each joint's measured position (or set {key}.hold: empty)")
+    try:
+        limits = JointLimits(joints, *(np.array(columns[f], dtype=np.float64) for f in LIMIT_FIELDS))
+    except ValueError as err:
+        raise ParameterError(f"output.*.{{{', '.join(LIMIT_FIELDS)}}}: {err}") from None
+    return tuple(holds), limits if limits.any else None
+
+
 def read_parameters(values: dict[str, Any]) -> VlaParams:
     """Check each value on its own and build VlaParams; raises ParameterError naming the parameter."""
     p = _Reader(values)
@@ -310,12 +389,14 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
     if embodiment.has_velocity and not math.isclose(time_step, embodiment.time_step, rel_tol=1e-5):
         raise ParameterError(f"control.time_step {time_step:g} s differs from the {embodiment.time_step:g} s step "
                              f"embodiment {embodiment.name} integrates its velocities over; leave it 0 or set that")
+    groups = read_groups(values, action_names)
+    holds, limits = read_limits(values, groups, state_names)
     return VlaParams(
         preset=p.choice("model.preset", PRESET_NAMES),
         checkpoint=p.text("model.checkpoint"),
         text_head=p.choice("model.text_head", TEXT_HEADS),
         tokenizer=p.text("model.tokenizer"),
-        device=p.choice("model.device", DEVICES),
+        device=_device(p.choice("model.device", DEVICES)),
         dtype=p.choice("model.dtype", DTYPE_NAMES),
         cpu_kernel=p.choice("model.cpu_kernel", CPU_KERNEL_CHOICES),
         seed=p.integer("model.seed"),
@@ -353,8 +434,21 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         handover=p.choice("output.handover", BLENDING_MODES),
         ensemble_m=p.number("output.temporal_ensemble_m"),
         rtc_overlap=p.integer("output.rtc_overlap"),
-        groups=read_groups(values, action_names),
+        groups=groups,
+        markers=p.flag("visualization.markers"),
+        marker_frame=p.text("visualization.frame_id") or "base_link",
+        autostart=p.flag("autostart"),
+        holds=holds,
+        limits=limits,
+        limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
     )
+
+
+def _device(choice: str) -> str:
+    """`auto` made concrete (the node, its logs and diagnostics see cpu or cuda)."""
+    if choice != "auto":
+        return choice
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def read_embodiment(spec: str, state_names: tuple[str, ...], action_names: tuple[str, ...]) -> Embodiment:
@@ -431,16 +525,18 @@ class _Reader:
             raise ParameterError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
         return float(value)
 
-    def per_joint(self, name: str, count: int, default: float) -> tuple[float, ...]:
-        """A number for all `count` joints, or a list with one per joint; unset: `default` for each."""
+    def per_joint(self, name: str, count: int, default: float, finite: bool = True) -> tuple[float, ...]:
+        """A number for all `count` joints, or a list with one per joint; unset: `default` for each. NaN is never
+        accepted; infinities only with `finite` False."""
         value = self._get(name)
         if value is None:
             return (default,) * count
         numbers = list(value) if isinstance(value, list | tuple) else [value] * count
         if len(numbers) != count or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                            and math.isfinite(v) for v in numbers):
-            raise ParameterError(f"{name} must be a finite number or a list of {count} (one per joint), got "
-                                 f"{value!r}")
+                                            and (math.isfinite(v) or not finite and not math.isnan(v))
+                                            for v in numbers):
+            kind = "finite number" if finite else "number (not NaN)"
+            raise ParameterError(f"{name} must be a {kind} or a list of {count} (one per joint), got {value!r}")
         return tuple(float(v) for v in numbers)
 
     def names(self, name: str) -> tuple[str, ...]:

@@ -1,12 +1,18 @@
 """The VLA node: camera images + joint state + instruction in, action chunks and narration out, one prefill per tick.
 
 `ros2 run oxygen_ros vla_node --ros-args --params-file config/aloha.yaml` (or `ros2 launch oxygen_ros
-oxygen.launch.py`). Threads:
+oxygen.launch.py`). A managed (lifecycle) node: constructing it reads and checks the parameters (a bad one is one
+start-up line, exit 1); `configure` loads the model, warms it up with one frame and subscribes; `activate` starts
+the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release everything `configure` made.
+With `autostart` (the default) the process walks itself to active; otherwise the standard lifecycle services
+(`<node>/change_state`, `<node>/get_state`) do. A failed `configure` leaves the node unconfigured, the reason in
+the log and on `/diagnostics`. `engine_status` and `/diagnostics` go out in every state. Threads:
 
 - the executor thread (a SingleThreadedExecutor) runs every callback: subscriptions only keep the newest message;
   the control timer at `control.rate_hz` builds the frame (`FrameInputs`), calls `Runtime.act` (one prefill,
   the action chunk, and - when this frame narrates - the hand-over of its KV slot to a language request) and
-  publishes the chunk; the status timer publishes `engine_status` and `/diagnostics`;
+  publishes the chunk; the status timer publishes `engine_status` and `/diagnostics`; lifecycle transitions;
+- a decoder thread (`DecodeThread`) decodes camera images as they arrive, so a tick only uses decoded ones;
 - the runtime's language worker decodes narrations in batches between control ticks and publishes `narration`
   from its own thread through `on_text` (rclpy publishers are safe to use from a plain thread). The control tick
   never waits for language beyond the one decode step that may be in flight: the runtime runs with adaptive k,
@@ -17,8 +23,10 @@ Output: every acted chunk is first made the robot's absolute command by the `emb
 saw, signs and units), then becomes one plan (`output.handover`: the chunk as computed, or the blend of the
 received chunks from the present control step on, `oxygen_ros.control.handover`), published whole on
 `action_chunk` and, per declared `output.groups`, as one JointTrajectory per controller with that group's joints in
-the controller's units (`oxygen_ros.control.joint_groups`). A chunk the hand-over cannot use (every point already past) is counted
-and logged, and nothing is published for it.
+the controller's units (`oxygen_ros.control.joint_groups`), within the joint limits (`oxygen_ros.control.limits`:
+clamped or refused). A chunk the hand-over cannot use (every point already past) is counted and logged, and nothing
+is published for it. When the node stops commanding the groups (inputs stale, a model error, a plan refused by the
+limits, deactivation, shutdown) each group's controller gets one hold (`holds`, `docs/safety.md`).
 
 Inputs stamped on another clock than the node's (a bag played without `--clock`, wall-clock stamps under
 `use_sim_time`) are named once per source and condition in the log, with the fix; ticks they make skip report
@@ -27,8 +35,9 @@ state `clock_mismatch` with the same hint (`clock_check`).
 A model error in a tick, or a chunk with a non-finite value (never published), is logged, counted and reported
 as state `model_error`; the node keeps running. Every drop is logged with its source and reason, throttled per
 (source, reason) so that one repeating fault never hides another.
-SIGINT/SIGTERM (caught from the process's first line, `entry`): the executor stops, the runtime's worker is
-joined, the node destroyed, exit code 0.
+SIGINT/SIGTERM (caught from the process's first line, `entry`): the executor stops, the groups get their holds,
+the runtime's worker is joined, the node destroyed, exit code 0. `use_sim_time` is read at start-up: a change at
+run time is refused (a node switched to sim time without `/clock` would stop its timers, status included).
 """
 
 from __future__ import annotations
@@ -48,13 +57,17 @@ import numpy as np
 import rclpy
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import InvalidTopicNameException
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
+from visualization_msgs.msg import MarkerArray
 
 from oxygen_ros.control.handover import Handover, Plan
+from oxygen_ros.control.limits import Limited, apply_limits, first_ahead
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
@@ -64,40 +77,145 @@ from oxygen_ros.msg import EngineStatus, Narration
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
-from .diagnostics import Health, diagnostic_array, engine_status
+from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
 from .frame_inputs import (
     JOINT_STATES,
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
     WAITING_FOR_CAMERA,
+    DecodeThread,
     Frame,
     FrameInputs,
     InputLimits,
     Instruction,
 )
+from .holds import Holds
 from .lifecycle import ros_process, spinning
 from .log_throttle import LogThrottle
+from .markers import TOPIC as MARKER_TOPIC
+from .markers import MarkerOutput
 from .model_setup import load_policy
 from .parameters import ParameterError, declare_parameters, read_parameters
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
+LIMIT_REJECTED = "limit_rejected"  # engine_status.state: the last plan was refused by the joint limits
+WARM_UP_PIXELS = 224  # the warm-up frame's images (any size: they are resized to the model's input)
 
 
-class VlaNode(Node):
+class VlaNode(LifecycleNode):
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
         try:
-            self._setup()
+            self.params = read_parameters(declare_parameters(self))
         except BaseException:
-            if hasattr(self, "runtime"):
-                self.runtime.close()
             self.destroy_node()
             raise
+        p = self.params
+        self.add_on_set_parameters_callback(self._refuse_clock_change)
+        self.lifecycle = "unconfigured"
+        self.failure = ""  # why the last configure failed, until one succeeds
+        self._autostarting = False
+        self.runtime: Runtime | None = None
+        self.decoder: DecodeThread | None = None
+        self.control_timer = None
+        self._entities: list = []  # subscriptions and publishers made by configure, destroyed by cleanup
+        self.state = "unconfigured"
+        self.detail = ""
+        self.model_errors = 0
+        self.nonfinite_chunks = 0
+        self.language_errors = 0  # narrations ended by non-finite logits
+        self.language_error: str | None = None  # the last one's, until a narration ends well
+        self._log = LogThrottle(LOG_THROTTLE_S)
+        self.actions_published = 0
+        self.narrations_published = 0
+        self.chunks_unused = 0  # acted chunks the hand-over could not use (nothing published for them)
+        self.limits_clamped = 0  # published plans with positions moved into range
+        self.limits_slowed = 0  # published plans whose time grid was stretched
+        self.limits_rejected: dict[str, int] = {}  # joint -> plans refused for it
+        self.holds = Holds([(g.joints, mode, [p.state_names.index(j) if j in p.state_names else -1
+                                              for j in g.joints]) for g, mode in zip(p.groups, p.holds, strict=True)],
+                           p.time_step_s)
+        self.clock_check = ClockCheck()
+        self.instruction = Instruction(p.default_instruction, p.max_chars)
+        self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
 
-    def _setup(self) -> None:
-        self.params = p = read_parameters(declare_parameters(self))
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Everything slow: the model, the runtime, one warm-up frame; then the inputs and outputs. On any failure
+        nothing stays half-made: the node is unconfigured again, the reason logged and on /diagnostics."""
+        try:
+            self._configure()
+        except Exception as err:  # a model that does not load, a topic name that is not valid, ...
+            self._release()
+            self.failure = str(err) if isinstance(err, ParameterError) else f"{type(err).__name__}: {err}"
+            self.state, self.detail = CONFIGURE_FAILED, self.failure
+            if not self._autostarting:  # autostart reports it as the process's one start-up line
+                self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
+            return TransitionCallbackReturn.FAILURE
+        self.failure = ""
+        self.lifecycle, self.state, self.detail = "inactive", "inactive", "configured; activate to act"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.lifecycle, self.state, self.detail = "active", WAITING_FOR_CAMERA, ""
+        p = self.params  # the plan's columns: positions, then velocities when the embodiment has them (blended alike)
+        columns = len(p.action_names) * (2 if p.embodiment.has_velocity else 1)
+        self.handover = Handover(p.handover, columns, p.time_step_s, p.ensemble_m, p.rtc_overlap)  # nothing before
+        self.control_timer = self.create_timer(self.params.period_s, self._control_tick)
+        self.get_logger().info("active: acting on the inputs")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_acting("deactivated")
+        self.lifecycle, self.state, self.detail = "inactive", "inactive", "deactivated; activate to act"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.lifecycle, self.state, self.detail = "unconfigured", "unconfigured", "cleaned up"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_acting("shut down")
+        self._release()
+        self.lifecycle, self.state, self.detail = "finalized", "finalized", "shut down"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_acting("lifecycle error")
+        self._release()
+        self.lifecycle, self.state = "unconfigured", "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def autostart(self) -> bool:
+        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
+        failed."""
+        self._autostarting = True
+        try:
+            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+                return False
+        finally:
+            self._autostarting = False
+        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
+
+    def close(self) -> None:
+        """At process exit (after the executor has stopped, before destroy_node): hold, then stop the threads."""
+        self._stop_acting("shut down")
+        self._release()
+
+    def _stop_acting(self, reason: str) -> None:
+        if self.control_timer is not None:
+            self.destroy_timer(self.control_timer)
+            self.control_timer = None
+            self._hold(reason)
+
+    def _configure(self) -> None:
+        p = self.params
         if p.cpu_threads:
             torch.set_num_threads(p.cpu_threads)
         self.policy = load_policy(p)
@@ -115,86 +233,106 @@ class VlaNode(Node):
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
         self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits)
-        self.instruction = Instruction(p.default_instruction, p.max_chars)
-        self.state = WAITING_FOR_CAMERA
-        self.detail = ""
-        self.model_errors = 0
-        self.nonfinite_chunks = 0
-        self._log = LogThrottle(LOG_THROTTLE_S)
-        self.actions_published = 0
-        self.narrations_published = 0
         self._acted = 0
         self._narrated_version = -1
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
-
-        # the plan's columns: positions, then velocities when the embodiment has them (blended alike)
-        columns = len(p.action_names) * (2 if p.embodiment.has_velocity else 1)
-        self.handover = Handover(p.handover, columns, p.time_step_s, p.ensemble_m, p.rtc_overlap)
-        self.chunks_unused = 0  # acted chunks the hand-over could not use (nothing published for them)
-        self.clock_check = ClockCheck()
-        self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
+        served = Served(self.policy.model, self.policy.tokenizer, self.policy.norm_stats)
+        self.runtime = Runtime(served, runtime_config, on_text=self._publish_text)
+        self.runtime.warm_up(self._model_inputs(
+            {key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8) for key in p.camera_keys},
+            p.embodiment.state_to_model(np.zeros(len(p.state_names)))))
+        self.runtime.start()
+        self.decoder = DecodeThread(self.inputs)
+        self.chunk_pub = self._made(self.create_publisher(JointTrajectory, "action_chunk", 10))
         self.group_pubs = []
         for group in p.groups:
             try:
-                self.group_pubs.append((group, self.create_publisher(JointTrajectory, group.topic, 10)))
+                self.group_pubs.append((group, self._made(self.create_publisher(JointTrajectory, group.topic, 10))))
             except InvalidTopicNameException as err:
                 raise ParameterError(f"output.{group.name}.topic: {err}") from None
-        self.narration_pub = self.create_publisher(Narration, "narration", 50)
-        self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        served = Served(self.policy.model, self.policy.tokenizer, self.policy.norm_stats)
-        self.runtime = Runtime(served, runtime_config, on_text=self._publish_text).start()
+        self.narration_pub = self._made(self.create_publisher(Narration, "narration", 50))
+        self.markers = MarkerOutput(self._made(self.create_publisher(MarkerArray, MARKER_TOPIC, 10))
+                                    if p.markers else None, p.marker_frame)
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
             try:
-                self.create_subscription(CompressedImage if compressed else Image,
-                                         f"{topic}/compressed" if compressed else topic,
-                                         lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS)
+                self._made(self.create_subscription(CompressedImage if compressed else Image,
+                                                    f"{topic}/compressed" if compressed else topic,
+                                                    lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS))
             except InvalidTopicNameException as err:
                 raise ParameterError(f"cameras.topics: {err}") from None
-        self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
-        self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS)
-        self.control_timer = self.create_timer(p.period_s, self._control_tick)
-        self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
+        self._made(self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS))
+        self._made(self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS))
+        limits_text = "none" if p.limits is None else f"{p.limit_policy} ({len(p.limits.joints)} joints)"
         self.get_logger().info(
             f"{self.policy.source} on {p.device}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
             f"{len(p.state_names)} state / {len(p.action_names)} action joints, embodiment {p.embodiment.name}, "
             f"{p.rate_hz:g} Hz, horizon {self.horizon} x {p.time_step_s:g} s, language {p.language_policy}, "
-            f"hand-over {p.handover}" + "".join(f", {g.name} -> {self.group_pubs[i][1].topic_name} {list(g.joints)}"
-                                                for i, g in enumerate(p.groups)))
+            f"hand-over {p.handover}, limits {limits_text}"
+            + "".join(f", {g.name} -> {self.group_pubs[i][1].topic_name} {list(g.joints)} (hold {p.holds[i]})"
+                      for i, g in enumerate(p.groups)))
         if self.policy.embodiment_warning:
             self.get_logger().warning(f"{self.policy.embodiment_warning} (starting: embodiment_override is true)")
 
-    def close(self) -> None:
-        """Stop the language worker (call after the executor has stopped, before destroy_node)."""
-        self.runtime.close()
+    def _made(self, entity):
+        self._entities.append(entity)
+        return entity
+
+    def _release(self) -> None:
+        """Undo `_configure` (whatever of it was done): threads joined, entities destroyed, the model dropped."""
+        if self.decoder is not None:
+            self.decoder.close()
+            self.decoder = None
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+        for entity in self._entities:
+            if isinstance(entity, Subscription):
+                self.destroy_subscription(entity)
+            else:
+                self.destroy_publisher(entity)
+        self._entities = []
+        self.policy = None
+
+    def _refuse_clock_change(self, parameters) -> SetParametersResult:
+        """use_sim_time is read at start-up; switched at run time without /clock, every timer would stop."""
+        if any(parameter.name == "use_sim_time" for parameter in parameters):
+            return SetParametersResult(successful=False, reason="use_sim_time is read at start-up: restart the node "
+                                                                "with use_sim_time:=true or false")
+        return SetParametersResult(successful=True)
 
     # ---- subscriptions: keep the newest message ------------------------------------------------------------------
 
     def _on_image(self, index: int, msg) -> None:
         self._check_clock(self.params.camera_topics[index], msg)
         try:
-            self.inputs.on_image(index, msg)
+            self.inputs.on_image(index, msg, self.get_clock().now().nanoseconds)
         except ConversionError as err:
             self._warn_drop(self.params.camera_topics[index], err.reason, str(err))
+            return
+        self.decoder.wake()
 
     def _on_joint_state(self, msg: JointState) -> None:
         self._check_clock(JOINT_STATES, msg)
         try:
-            self.inputs.on_joint_state(msg)
+            self.inputs.on_joint_state(msg, self.get_clock().now().nanoseconds)
         except ConversionError as err:
             self._warn_drop(JOINT_STATES, err.reason, str(err))
 
     def _on_instruction(self, msg: String) -> None:
+        """Logged at most once per LOG_THROTTLE_S per outcome (a publisher may change its text at any rate); the
+        counters keep every one."""
         outcome = self.instruction.set(msg.data)
+        if (suffix := self._throttled(("instruction", outcome))) is None:
+            return
         if outcome == "ignored":
-            self.get_logger().warning("ignoring an empty instruction; keeping the current task")
+            self.get_logger().warning(f"ignoring an empty instruction; keeping the current task{suffix}")
         elif outcome == "truncated":
             self.get_logger().warning(f"instruction longer than instruction.max_chars={self.params.max_chars}; "
-                                      f"cut to {self.instruction.text!r}")
+                                      f"cut to {_shown(self.instruction.text)}{suffix}")
         else:
-            self.get_logger().info(f"instruction: {self.instruction.text!r}")
+            self.get_logger().info(f"instruction: {_shown(self.instruction.text)}{suffix}")
 
     def _check_clock(self, source: str, msg) -> None:
         clock = self.get_clock()
@@ -227,6 +365,7 @@ class VlaNode(Node):
             if self.state in (*SKIPPED_TICK_STATES, CLOCK_MISMATCH) and (suffix := self._throttled(self.state)) \
                     is not None:
                 self.get_logger().warning(f"not acting ({self.state}): {self.detail}{suffix}")
+            self._hold(self.state)
             return
         narrate = self._should_narrate()
         try:
@@ -236,6 +375,7 @@ class VlaNode(Node):
             self.state, self.detail = MODEL_ERROR, f"{type(err).__name__}: {err}"
             if (suffix := self._throttled("act")) is not None:
                 self.get_logger().error(f"act failed ({self.model_errors} so far): {self.detail}{suffix}")
+            self._hold(MODEL_ERROR)
             return
         self._acted += 1  # narration cadence counts frames the model ran on, published or not
         if narrate:
@@ -250,6 +390,7 @@ class VlaNode(Node):
                 f"{', '.join(bad_joints)}); not published")
             if (suffix := self._throttled("nonfinite")) is not None:
                 self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
+            self._hold(MODEL_ERROR)
             return
         step_ns = self.handover.step_ns  # point i of the chunk is for its frame's time + (i + 1) steps
         plan = self.handover.add(actions[:self.horizon], frame.stamp_ns + step_ns, self.get_clock().now().nanoseconds)
@@ -259,36 +400,81 @@ class VlaNode(Node):
                 self.get_logger().warning(f"acted chunk not published ({self.params.handover}): {plan} "
                                           f"({self.chunks_unused} so far){suffix}")
             return
-        if not self._publish_plan(plan):
+        if not self._publish_plan(plan, now_ns):
+            self._hold(self.state)
             return
         self.actions_published += 1
         self._act_times.append(chunk.latency_s)
         self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
         self._tick_times.append(time.perf_counter() - start)
 
-    def _publish_plan(self, plan: Plan) -> bool:
+    def _publish_plan(self, plan: Plan, now_ns: int) -> bool:
         """`action_chunk` (every action joint, the robot's absolute command), then each group's joints in its
-        controller's units; header.stamp one step before the first point, point i at (i + 1) steps, as
-        `chunk_to_trajectory` lays them out. All or nothing: False (nothing published) if a value in a controller's
-        units is not finite."""
+        controller's units within the joint limits; header.stamp one step before the first point, point i at (i + 1)
+        steps (times the limits' stretch for the groups), as `chunk_to_trajectory` lays them out; velocities where
+        the embodiment has them. All or nothing: False (nothing published) if a value in a controller's units is
+        not finite or the limits refuse the plan."""
         stamp_ns, time_step, count = plan.first_ns - plan.step_ns, self.params.time_step_s, len(plan.values)
         joints = len(self.params.action_names)
-        positions, velocities = plan.values[:, :joints], plan.values[:, joints:] if plan.values.shape[1] > joints \
-            else None
-        outputs = [(self.chunk_pub, self.params.action_names, positions, velocities)]
-        outputs += [(pub, group.joints, group.to_robot(positions),
-                     None if velocities is None else group.velocities_to_robot(velocities))
-                    for group, pub in self.group_pubs]
-        if not all(np.isfinite(p).all() and (v is None or np.isfinite(v).all()) for _, _, p, v in outputs):
+        positions = plan.values[:, :joints]
+        velocities = plan.values[:, joints:] if plan.values.shape[1] > joints else None
+        groups = [(pub, group.joints, group.to_robot(positions),
+                   None if velocities is None else group.velocities_to_robot(velocities))
+                  for group, pub in self.group_pubs]
+        if not all(np.isfinite(p).all() and (v is None or np.isfinite(v).all()) for _, _, p, v in groups):
             self.nonfinite_chunks += 1  # a scale beyond float range
             self.state, self.detail = MODEL_ERROR, "a plan overflows in robot units (output.*.scale / offset); " \
                                                    "not published"
             if (suffix := self._throttled("overflow")) is not None:
                 self.get_logger().error(f"{self.detail}{suffix}")
             return False
-        for publisher, names, values, rates in outputs:
-            publisher.publish(chunk_to_trajectory(values, names, stamp_ns, time_step, count, rates))
+        group_step = time_step
+        if self.params.limits is not None:
+            planned = np.concatenate([values for _, _, values, _ in groups], axis=1)
+            limited = self._limited(planned, first_ahead(plan.first_ns, plan.step_ns, now_ns, count))
+            if limited is None:
+                return False
+            group_step = time_step * limited.time_scale
+            ends = np.cumsum([len(joints) for _, joints, _, _ in groups])[:-1]
+            moved = np.split(limited.values != planned, ends, axis=1)  # clamped into range: no velocity there
+            groups = [(pub, names, values, None if rates is None else np.where(held, 0.0, rates / limited.time_scale))
+                      for (pub, names, _, rates), values, held in
+                      zip(groups, np.split(limited.values, ends, axis=1), moved, strict=True)]
+        self.chunk_pub.publish(chunk_to_trajectory(positions, self.params.action_names, stamp_ns, time_step, count,
+                                                   velocities))
+        for publisher, names, values, rates in groups:
+            publisher.publish(chunk_to_trajectory(values, names, stamp_ns, group_step, count, rates))
+        self.markers.plan(positions, time_step, stamp_ns)
+        self.holds.commanded()
         return True
+
+    def _limited(self, values: np.ndarray, first: int) -> Limited | None:
+        """The groups' plan [n, joints] within the limits, or None (state and log say why) if they refuse it."""
+        p = self.params
+        # a joint without a measured position has no jump limit (`parameters.read_limits`): NaN never exceeds one
+        measured = np.array([self.inputs.state[p.state_names.index(j)] if j in p.state_names else np.nan
+                             for j in p.limits.joints])
+        result = apply_limits(values, p.limits, measured, p.time_step_s, first, p.limit_policy)
+        if isinstance(result, Limited):
+            self.limits_clamped += bool(result.clamped)
+            self.limits_slowed += result.time_scale > 1.0
+            return result
+        for joint in result.joints:
+            self.limits_rejected[joint] = self.limits_rejected.get(joint, 0) + 1
+        self.state, self.detail = LIMIT_REJECTED, f"plan refused ({result.limit} limit, {p.limit_policy}): " \
+                                                  f"{result.detail}"
+        if (suffix := self._throttled(("limits", result.limit))) is not None:
+            self.get_logger().warning(f"{self.detail} ({sum(self.limits_rejected.values())} refusals so far, "
+                                      f"by joint){suffix}")
+        return None
+
+    def _hold(self, reason: str) -> None:
+        """One hold to each group's controller that was being commanded (`holds`); nothing if none was."""
+        due = self.holds.stop(reason, self.inputs.state)
+        for index, msg in due:
+            self.group_pubs[index][1].publish(msg)
+        if due:
+            self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}")
 
     def _act(self, frame: Frame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
@@ -305,13 +491,16 @@ class VlaNode(Node):
             self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the previous task "
                                       f"{self.instruction.text!r}")
         start = time.perf_counter()  # the chunk's latency includes preprocessing
-        observation = Observation(images=frame.images, state=state, task=self.instruction.text)
-        inputs = self.runtime.prepare(observation)
+        inputs = self._model_inputs(frame.images, state)
         chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
                                                     context=frame.frame_id, arrival=start))
         command = embodiment.actions_to_robot(self.runtime.robot_actions(chunk, len(self.params.action_names)),
                                               frame.state)
         return chunk, command.stacked()
+
+    def _model_inputs(self, images: dict, state: np.ndarray):
+        """The model's inputs from camera images and a state already in the model's space (the embodiment's)."""
+        return self.runtime.prepare(Observation(images=images, state=state, task=self.instruction.text))
 
     def _throttled(self, key) -> str | None:
         """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.
@@ -335,21 +524,56 @@ class VlaNode(Node):
                         final=update.final)
         msg.header.stamp = ns_to_stamp(update.stamp_ns)
         msg.header.frame_id = update.context or ""
+        if update.final:
+            self._narration_ended(update)
+        if self.lifecycle != "active":  # a narration still decoding when the node was deactivated
+            return
         self.narration_pub.publish(msg)
         self.narrations_published += 1
+        if update.final:
+            self.markers.narration(update.text, update.stamp_ns)
+
+    def _narration_ended(self, update: TextUpdate) -> None:
+        """A narration the text head ended with non-finite logits is a model error of the language path (ERROR on
+        /diagnostics until a narration ends well); its text so far still goes out, final."""
+        if update.finish_reason != "nonfinite":
+            self.language_error = None
+            return
+        self.language_errors += 1
+        self.language_error = (f"narration {update.request_id} ended after {update.num_tokens} tokens: the text head "
+                               f"gave non-finite logits ({self.language_errors} such narrations so far)")
+        if (suffix := self._throttled("language")) is not None:
+            self.get_logger().error(f"{self.language_error}{suffix}")
 
     # ---- monitoring ---------------------------------------------------------------------------------------------
 
     def health(self) -> Health:
+        safety = {
+            "lifecycle": self.lifecycle,
+            "configure_error": self.failure or "none",
+            "holds_sent": self.holds.sent,
+            "last_hold_reason": self.holds.last_reason,
+            "limits": "none" if self.params.limits is None else self.params.limit_policy,
+            "limits_clamped": self.limits_clamped,
+            "limits_slowed": self.limits_slowed,
+            "limits_rejected": sum(self.limits_rejected.values()),
+            "limits_rejected_joints": ", ".join(f"{j}: {n}" for j, n in self.limits_rejected.items()) or "none",
+        }
+        if self.runtime is None:  # not configured: no engine to report on
+            return Health(state=self.state, detail=self.detail, stats=NO_STATS, target_rate_hz=self.params.rate_hz,
+                          actions_published=self.actions_published, dropped_frames=0, values=safety)
         worker_error = self.runtime.worker_error
         overhead = [t - a for t, a in zip(self._tick_times, self._act_times, strict=True)]
-        drops = self.inputs.drops
+        drops = self.inputs.drop_counts()
         image_age, state_age = self.inputs.image_age_ns, self.inputs.state_age_ns
         return Health(
             state=self.state, detail=self.detail, stats=self.runtime.stats(), target_rate_hz=self.params.rate_hz,
-            actions_published=self.actions_published, dropped_frames=self.inputs.dropped_frames,
+            actions_published=self.actions_published, dropped_frames=sum(drops.values()),
             worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
+            language_error=self.language_error,
             values={
+                **safety,
+                "language_errors": self.language_errors,
                 "frame_age_ms_p50": f"{percentile_ms(self._frame_ages, 0.5):.2f}",
                 "frame_age_ms_p99": f"{percentile_ms(self._frame_ages, 0.99):.2f}",
                 "tick_ms_p50": f"{percentile_ms(self._tick_times, 0.5):.2f}",
@@ -378,6 +602,11 @@ class VlaNode(Node):
         self.diagnostics_pub.publish(diagnostic_array(health, stamp, name, self.params.device))
 
 
+def _shown(text: str, limit: int = 200) -> str:
+    """A task for a log line: its first `limit` characters (an instruction may be a megabyte long)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     with ros_process(NODE_NAME, argv) as (context, stop):
@@ -385,6 +614,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             node = VlaNode(context=context)
         except ParameterError as err:
             rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {err}")
+            return 1
+        if node.params.autostart and not node.autostart():
+            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {node.failure}")
+            node.destroy_node()
             return 1
         with spinning(node, stop, before_destroy=node.close) as spinner:
             stop.wait()

@@ -1,0 +1,377 @@
+"""The VLA node as something safe to put on a robot, over real DDS: a managed lifecycle driven through its services,
+one hold per output group whenever it stops commanding, joint limits (from a URDF given as robot_description, and
+from parameters) clamped or refused, and the hostile inputs of a re-run (a pixel-budget JPEG among good frames, a
+joint named twice, frames out of order, use_sim_time switched at run time, instructions at 20 Hz).
+Node processes as in test_vla_node_ros (tiny preset, the ALOHA file)."""
+
+import time
+
+import numpy as np
+import torch
+import yaml
+from diagnostic_msgs.msg import DiagnosticStatus
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rcl_interfaces.msg import Parameter as ParameterMsg
+from rcl_interfaces.msg import ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from rclpy.lifecycle import TransitionCallbackReturn
+from safetensors.torch import load_file, save_file
+from std_msgs.msg import String
+from test_vla_node_checkpoint_startup import LM_HEAD, checkpoint
+from test_vla_node_controllers import Trajectories, points
+from test_vla_node_ros import (
+    ALOHA,
+    STARTUP_TIMEOUT_S,
+    TINY,
+    Robot,
+    Spinner,
+    diagnostic_values,
+    model_cache,  # noqa: F401 - the module's shared user cache
+    start_node,
+    wait_until,
+)
+from test_vla_node_units import jpeg_claiming, parameter_values
+
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.data.stamps import stamp_to_ns
+from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
+from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.preprocess import Observation
+from oxygen_ros.model.tokenizer import train_tokenizer
+from oxygen_ros.nodes.diagnostics import level_and_message
+from oxygen_ros.nodes.model_setup import load_policy
+from oxygen_ros.nodes.parameters import read_parameters
+
+WAIST = "left_waist"
+REST = [j for j in ALOHA_JOINT_NAMES if j != WAIST]
+TOPICS = {"waist": "waist_controller/joint_trajectory", "rest": "rest_controller/joint_trajectory"}
+SLOW = "right_waist"  # the URDF's slow joint: every plan is stretched for it
+
+
+def urdf(limits: dict[str, tuple[float, float, float]]) -> str:
+    """A chain of the ALOHA joints, each revolute with (lower, upper, velocity) from `limits` or wide ones."""
+    links = "".join(f'<link name="l{i}"/>' for i in range(len(ALOHA_JOINT_NAMES) + 1))
+    joints = "".join(
+        f'<joint name="{name}" type="revolute"><parent link="l{i}"/><child link="l{i + 1}"/>'
+        f'<limit lower="{lo}" upper="{hi}" velocity="{v}" effort="1"/></joint>'
+        for i, (name, (lo, hi, v)) in enumerate((n, limits.get(n, (-50.0, 50.0, 1e6))) for n in ALOHA_JOINT_NAMES))
+    return f'<robot name="aloha_test">{links}{joints}</robot>'
+
+
+def safety_file(path, waist: dict, **node_parameters) -> str:
+    """A parameter file with two groups: waist (left_waist, position hold, `waist`'s limits), rest (the other
+    joints, empty hold)."""
+    output = {"groups": ["waist", "rest"], "waist": {"joints": [WAIST], "topic": TOPICS["waist"], **waist},
+              "rest": {"joints": REST, "topic": TOPICS["rest"], "hold": "empty"}}
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"output": output, **node_parameters}}}))
+    return str(path)
+
+
+def is_hold(msg) -> bool:
+    return stamp_to_ns(msg.header.stamp) == 0
+
+
+class Lifecycle:
+    """The node's lifecycle services, called from the test's node (spun by the test's Spinner)."""
+
+    def __init__(self, node, name: str = "vla_node"):
+        self.change = node.create_client(ChangeState, f"{name}/change_state")
+        self.get = node.create_client(GetState, f"{name}/get_state")
+
+    def _call(self, client, request):
+        assert client.wait_for_service(timeout_sec=30)
+        future = client.call_async(request)
+        assert wait_until(future.done, 120), "no answer from the lifecycle service"
+        return future.result()
+
+    def state(self) -> str:
+        return self._call(self.get, GetState.Request()).current_state.label
+
+    def transition(self, transition_id: int) -> bool:
+        return self._call(self.change, ChangeState.Request(transition=Transition(id=transition_id))).success
+
+
+def holds_of(heard: Trajectories) -> dict[str, list]:
+    return {group: [m for m in heard.get(topic) if is_hold(m)] for group, topic in TOPICS.items()}
+
+
+def plans_of(heard: Trajectories, group: str) -> list:
+    return [m for m in heard.get(TOPICS[group]) if not is_hold(m)]
+
+
+def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cache, tmp_path):  # noqa: F811
+    # The URDF keeps left_waist within +-0.01 (the tiny model's values pass it) and right_waist at 0.001 rad/s
+    # (every plan is too fast for it: clamp stretches the time grid).
+    description = urdf({WAIST: (-0.01, 0.01, 1e6), SLOW: (-50.0, 50.0, 0.001)})
+    params = safety_file(tmp_path / "safety.yaml", {"max_jump": 0.5}, autostart=False, robot_description=description,
+                         limits={"policy": "clamp"})
+    robot = Robot(ros_context)
+    heard = Trajectories(robot.node, ["action_chunk", *TOPICS.values()])
+    lifecycle = Lifecycle(robot.node)
+    spinner = Spinner(ros_context, [robot.node])
+    rate, max_age = 10.0, 1.0
+    child = start_node(ros_env, model_cache, "--params-file", params, "-p", f"control.rate_hz:={rate}",
+                       "-p", f"control.time_step:={1 / rate}", "-p", f"control.max_image_age_s:={max_age}",
+                       "-p", "control.max_state_age_s:=1.0")
+    state = list(np.linspace(-0.5, 0.5, len(ALOHA_JOINT_NAMES)))
+    state[0] = 0.0  # left_waist measured at 0: within max_jump of the plans (clamped to +-0.01)
+
+    def frame(waist: float = 0.0, images: bool = True) -> int:
+        stamp = robot.node.get_clock().now().nanoseconds
+        if images:
+            for index, pub in enumerate(robot.sensors.image_pubs):
+                pub.publish(robot.sensors.image_msg(index, stamp))
+        robot.sensors.joint_pub.publish(robot.sensors.joint_msg(stamp, [waist, *state[1:]]))
+        return stamp
+
+    def feed(seconds: float, until=None, **kwargs) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            frame(**kwargs)
+            time.sleep(1 / 30)
+            if until is not None and until():
+                return True
+        return until is None or until()
+
+    def counts() -> dict[str, int]:
+        return {group: len(holds) for group, holds in holds_of(heard).items()}
+
+    try:
+        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        child.note_shm()
+        # autostart false: inputs flow, nothing is commanded; the status says why.
+        feed(1.5)
+        assert not any(heard.get(t) for t in heard.heard), "commanded before activation"
+        assert lifecycle.state() == "unconfigured"
+        assert robot.last_status().state == "unconfigured" and robot.last_values()["lifecycle"] == "unconfigured"
+        assert lifecycle.transition(Transition.TRANSITION_CONFIGURE) and lifecycle.state() == "inactive"
+        feed(1.0)
+        assert not any(heard.get(t) for t in heard.heard), "commanded while inactive"
+        assert wait_until(lambda: robot.last_values().get("lifecycle") == "inactive", 10, child)
+        assert lifecycle.transition(Transition.TRANSITION_ACTIVATE) and lifecycle.state() == "active"
+        assert feed(30, until=lambda: len(plans_of(heard, "rest")) >= 5), robot.last_values()
+        assert counts() == {"waist": 0, "rest": 0}
+        # A frame stamped before the newest one (out of order): dropped, so no plan goes back in time.
+        newest = frame()
+        late = newest - 100_000_000
+        for index, pub in enumerate(robot.sensors.image_pubs):
+            pub.publish(robot.sensors.image_msg(index, late))
+        robot.sensors.joint_pub.publish(robot.sensors.joint_msg(late, state))
+        time.sleep(3 / rate)  # ticks that would act on it
+        assert wait_until(lambda: robot.counter("dropped_out_of_order") >= 3, 10, child), robot.last_values()
+
+        # A first point far from the measured state (left_waist measured at 3.0, max_jump 0.5): refused, and one
+        # hold per group, however many plans are refused after it.
+        assert feed(20, until=lambda: counts() == {"waist": 1, "rest": 1}, waist=3.0), robot.last_values()
+        refused_at = len(plans_of(heard, "rest"))
+        feed(1.0, waist=3.0)
+        assert counts() == {"waist": 1, "rest": 1} and len(plans_of(heard, "rest")) == refused_at
+        values = robot.last_values()
+        assert values["state"] == "limit_rejected" and values["limits_rejected_joints"].startswith(f"{WAIST}: ")
+        assert "jump limit" in robot.diagnostics[-1].message, robot.diagnostics[-1].message
+        waist_hold, rest_hold = holds_of(heard)["waist"][0], holds_of(heard)["rest"][0]
+        assert list(waist_hold.joint_names) == [WAIST] and [p.positions[0] for p in waist_hold.points] == [3.0]
+        assert list(rest_hold.joint_names) == REST and not rest_hold.points  # `hold: empty`
+        assert feed(20, until=lambda: len(plans_of(heard, "rest")) > refused_at + 2)
+
+        # The cameras go silent (joint states go on): one hold per group once the frames are stale.
+        silent_from = time.monotonic()
+        assert feed(20, until=lambda: counts() == {"waist": 2, "rest": 2}, images=False), robot.last_values()
+        held_after = time.monotonic() - silent_from
+        feed(1.0, images=False)
+        assert counts() == {"waist": 2, "rest": 2} and robot.last_values()["last_hold_reason"] == "stale_frame"
+        # the stale tick sends it: after the image age limit plus a control period, with room for a busy machine
+        assert held_after < max_age + 1 / rate + 2.0, held_after
+        resumed_from = len(plans_of(heard, "rest"))  # (the node acted on the last images until they aged)
+        assert feed(20, until=lambda: len(plans_of(heard, "rest")) > resumed_from + 2)
+
+        # Deactivate: the plans stop, one hold per group; inputs keep flowing, nothing more is sent.
+        assert lifecycle.transition(Transition.TRANSITION_DEACTIVATE) and lifecycle.state() == "inactive"
+        assert wait_until(lambda: counts() == {"waist": 3, "rest": 3}, 10), counts()
+        sent = {t: len(heard.get(t)) for t in heard.heard}
+        feed(1.5)
+        assert {t: len(heard.get(t)) for t in heard.heard} == sent
+        # Active again, then the process is stopped: its exit holds once more.
+        assert lifecycle.transition(Transition.TRANSITION_ACTIVATE)
+        before = len(plans_of(heard, "rest"))
+        assert feed(30, until=lambda: len(plans_of(heard, "rest")) > before + 2)
+        rc, output = child.stop()
+        assert wait_until(lambda: counts() == {"waist": 4, "rest": 4}, 10), counts()
+    finally:
+        child.stop()
+        spinner.close([robot.node])
+    assert rc == 0, output
+
+    # Limits from the URDF, clamped: left_waist never leaves +-0.01 although the model's own values do
+    # (action_chunk carries them); every group plan is slowed for right_waist's 0.001 rad/s, all groups alike.
+    waist = np.concatenate([points(m)[1][:, 0] for m in plans_of(heard, "waist")])
+    model = np.concatenate([points(m)[1][:, 0] for m in heard.get("action_chunk")])
+    assert np.abs(waist).max() <= 0.01 + 1e-12 and np.abs(model).max() > 0.01
+    step_ns = round(1e9 / rate)
+    for group in TOPICS:
+        for msg in plans_of(heard, group):
+            offsets = [stamp_to_ns(p.time_from_start) for p in msg.points]
+            assert offsets[0] > step_ns and np.allclose(np.diff(offsets), offsets[0], rtol=1e-6), offsets
+    for msg in heard.get("action_chunk"):  # the model's plan on its own grid
+        assert stamp_to_ns(msg.points[0].time_from_start) == step_ns
+    stamps = [stamp_to_ns(m.header.stamp) for m in heard.get("action_chunk")]
+    assert late not in stamps and stamps == sorted(stamps)
+    values = diagnostic_values(robot.diagnostics[-1])
+    assert int(values["limits_clamped"]) > 0 and int(values["limits_slowed"]) > 0, values
+    assert int(values["holds_sent"]) == 6 and values["limits"] == "clamp", values  # the exit's two come after
+    assert "limits clamp (14 joints)" in output and "waist -> /waist_controller/joint_trajectory" in output
+
+
+def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(tmp_path, ros_domain_id, capfd):
+    """In this process (the services themselves are driven over DDS above): a checkpoint that does not load."""
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(ALOHA), *TINY, "-p", "autostart:=false",
+                     "-p", f"model.checkpoint:={tmp_path}", "-p", "model.tokenizer:=tok.model"],
+               context=context, domain_id=ros_domain_id)
+    node = VlaNode(context=context)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.trigger_activate() != TransitionCallbackReturn.SUCCESS  # never half-active
+        assert node.lifecycle == "unconfigured" and node.runtime is None and node.control_timer is None
+        level, message = level_and_message(node.health())
+        assert level == DiagnosticStatus.ERROR and message.startswith(
+            "configure failed, unconfigured: model.checkpoint") and "cannot be loaded" in message, message
+        assert node.health().values["configure_error"].startswith("model.checkpoint")
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+    assert "configure failed, still unconfigured: model.checkpoint" in capfd.readouterr().err
+
+
+def overflowing_text_head(folder) -> tuple[str, str]:
+    """A tiny LeRobot checkpoint whose own lm_head (the text head `auto` picks) overflows every logit, its action
+    path healthy; and a tokenizer. Returns (checkpoint, tokenizer)."""
+    model_dir = checkpoint(folder / "ckpt")
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    tensors[LM_HEAD] = torch.full_like(tensors[LM_HEAD], 3e38)  # finite weights, infinite products
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    return str(model_dir), str(train_tokenizer(folder / "tok.model", get_preset("tiny").vocab_size))
+
+
+def peak_threshold(joint: int, model: tuple[str, str], chunks: int = 40) -> float:
+    """The median over `chunks` chunks of joint `joint`'s largest value in a chunk's first 6 points, from the node's
+    model (checkpoint, tokenizer) and seed in this process on inputs like the test's: a plan past it is refused,
+    so about half the node's plans are (which ones is the noise's choice: a random-weight model barely depends on
+    its inputs)."""
+    values = parameter_values(**{"cameras.keys": ["base_0_rgb", "left_wrist_0_rgb"],
+                                 "joints.state_names": list(ALOHA_JOINT_NAMES),
+                                 "joints.action_names": list(ALOHA_JOINT_NAMES), "model.cpu_threads": 1,
+                                 "model.checkpoint": model[0], "model.tokenizer": model[1]})
+    policy = load_policy(read_parameters(values))
+    runtime = Runtime(Served(policy.model, policy.tokenizer, policy.norm_stats),
+                      RuntimeConfig(SchedulerConfig(num_steps=10), pool_slots=2))  # aloha.yaml's denoise_steps
+    rng = np.random.default_rng(0)  # SensorPublisher's images
+    images = {key: rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for key in ("base_0_rgb", "left_wrist_0_rgb")}
+    observation = Observation(images=images, state=np.linspace(-0.5, 0.5, 14), task="")
+    peaks = []
+    for _ in range(chunks):
+        chunk = runtime.act(runtime.frame(runtime.prepare(observation), False))
+        peaks.append(runtime.robot_actions(chunk, 14)[:6, joint].max())
+    runtime.close()
+    return float(np.median(peaks))
+
+
+def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env, model_cache, tmp_path):  # noqa: F811
+    model = overflowing_text_head(tmp_path)
+    upper = peak_threshold(ALOHA_JOINT_NAMES.index(WAIST), model)
+    params = safety_file(tmp_path / "reject.yaml", waist={"upper": upper}, limits={"policy": "reject"})
+    robot = Robot(ros_context, compressed_second_camera=True)
+    heard = Trajectories(robot.node, ["action_chunk", *TOPICS.values()])
+    set_parameters = robot.node.create_client(SetParameters, "vla_node/set_parameters")
+    spinner = Spinner(ros_context, [robot.node])
+    rate = 20.0
+    # the budget a 4096 x 4096 JPEG fits (the size the re-run used), and an image age limit the decoder's
+    # backlog during the bombs stays within
+    child = start_node(ros_env, model_cache, "--params-file", params, "-p", f"control.rate_hz:={rate}",
+                       "-p", "cameras.compressed:=[false,true]", "-p", f"cameras.max_pixels:={4096 * 4096}",
+                       "-p", "control.max_image_age_s:=2.0", "-p", f"model.checkpoint:={model[0]}",
+                       "-p", f"model.tokenizer:={model[1]}", "-p", "language.every_n_frames:=10",
+                       "-p", "language.max_new_tokens:=4")
+    bomb = jpeg_claiming(4096, 4096)
+    counter = robot.counter
+
+    def rate_over(seconds: float, bombs: bool) -> float:
+        """engine_status's action rate (acts per second, refused plans included) after `seconds` of frames."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            robot.publish_good()
+            if bombs:
+                time.sleep(1 / 60)
+                robot.publish_compressed(bomb, robot.node.get_clock().now().nanoseconds)
+            time.sleep(1 / 60 if bombs else 1 / 30)
+        return robot.last_status().action_rate_hz
+
+    try:
+        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        child.note_shm()
+        robot.recovers(60, child)
+        # A JPEG that claims exactly the pixel budget, mixed 1:1 with good frames: decoded off the control path,
+        # so the node keeps the rate it had on good frames alone (decoded in the tick, 0.2-0.3 s each here, it
+        # fell to a few Hz).
+        alone = rate_over(6.0, bombs=False)
+        mixed = rate_over(6.0, bombs=True)
+        assert mixed >= 0.5 * alone, (alone, mixed, {k: v for k, v in robot.last_values().items() if "ms" in k or "dropped" in k or "reused" in k or "miss" in k})
+        assert float(robot.last_values()["tick_ms_p99"]) < 1e3 / rate * 4, robot.last_values()
+
+        # A joint named twice with conflicting values: dropped and counted like other malformed states.
+        twice = robot.sensors.joint_msg(robot.node.get_clock().now().nanoseconds)
+        twice.name, twice.position = [*twice.name, WAIST], [*twice.position, 5.0]
+        robot.sensors.joint_pub.publish(twice)
+        assert wait_until(lambda: counter("dropped_duplicate_joint") == 1, 10, child), robot.last_values()
+
+        # use_sim_time switched on at run time (no /clock): refused with the reason; status and chunks go on.
+        assert set_parameters.wait_for_service(timeout_sec=30)
+        future = set_parameters.call_async(SetParameters.Request(parameters=[ParameterMsg(
+            name="use_sim_time", value=ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=True))]))
+        assert wait_until(future.done, 30)
+        result = future.result().results[0]
+        assert not result.successful and "use_sim_time is read at start-up" in result.reason
+        statuses, plans = len(robot.statuses), len(heard.get("action_chunk"))
+        robot.recovers(30, child)
+        assert len(robot.statuses) > statuses and len(heard.get("action_chunk")) > plans
+
+        # Instructions changing at 20 Hz: every one is taken, the log line is throttled.
+        for i in range(40):
+            robot.instruction_pub.publish(String(data=f"move block {i} " + "to the left " * 400))
+            robot.publish_good()
+            time.sleep(0.05)
+        assert wait_until(lambda: counter("instructions_truncated") >= 40, 10, child), robot.last_values()
+        time.sleep(0.5)
+        rc, output = child.stop()
+    finally:
+        child.stop()
+        spinner.close([robot.node])
+    assert rc == 0, output
+    assert sum("instruction longer than instruction.max_chars" in line for line in output.splitlines()) <= 3, output
+
+    # Refused plans (left_waist past the upper limit, policy reject): never published, counted with the joint
+    # named; the groups held once per change from commanding to not (never twice in a row).
+    values = diagnostic_values(robot.diagnostics[-1])
+    assert int(values["limits_rejected"]) > 0 and values["limits_rejected_joints"].startswith(f"{WAIST}: "), values
+    assert int(values["limits_clamped"]) == 0
+    for group, topic in TOPICS.items():
+        messages = heard.get(topic)
+        kinds = ["hold" if is_hold(m) else "plan" for m in messages]
+        assert "hold" in kinds and "hold hold" not in " ".join(kinds), (group, kinds)
+        assert kinds[0] == "plan", kinds  # nothing to hold before the first plan
+    waist = np.concatenate([points(m)[1][:, 0] for m in heard.get(TOPICS["waist"]) if not is_hold(m)])
+    assert waist.max() <= upper
+    assert "refused (range limit, reject)" in output
+
+    # The text head overflows (the actions are healthy): every narration ends as a model error of the language
+    # path, ERROR on /diagnostics, instead of empty text under an OK status.
+    assert int(values["language_errors"]) > 0 and robot.narrations and all(n.num_tokens == 0 for n in robot.narrations)
+    assert any(d.message.startswith("language model error: narration") for d in robot.diagnostics)
+    assert "the text head gave non-finite logits" in output
