@@ -17,7 +17,7 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from sensor_msgs.msg import JointState
 from serve_process import REPO, ServeProcess
-from test_vla_node_units import RGB, Published, aloha_checkpoint, aloha_node, image
+from test_vla_node_units import RGB, Published, aloha_checkpoint, aloha_node, decoded, image
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_ros.nodes.conversions import ns_to_stamp
@@ -100,6 +100,7 @@ def test_metadata_and_actions_are_what_vla_node_commands(served, ros_domain_id):
         joints = JointState(name=list(node.params.state_names), position=state.tolist())
         joints.header.stamp = ns_to_stamp(now)
         node._on_joint_state(joints)
+        decoded(node)
         node.chunk_pub = published = Published()
         node._control_tick()  # its first frame: noise draw 0
         assert node.actions_published == 1, node.detail

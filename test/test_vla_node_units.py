@@ -677,6 +677,7 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         for index in range(2):
             node._on_image(index, image("rgb8", RGB, stamp_ns=now))
         node._on_joint_state(joint_state(seen, now))
+        decoded(node)
         act = node.runtime.act
 
         def act_while_the_arm_moves(frame):

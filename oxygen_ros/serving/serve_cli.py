@@ -25,7 +25,7 @@ from ..fleet.server import FleetServer, ModelSpec, ServedRobot
 from ..model import cpu_kernel
 from ..model.checkpoint import checkpoint_config
 from ..model.config import get_preset
-from ..model.loading import is_checkpoint, tokenizer_for
+from ..model.loading import checkpoint_folder, checkpoint_tokenizer, tokenizer_for
 from ..model.precision import resolve_dtype
 from .params import ACTION_NAMES, engine_parameters
 from .requests import RequestReader
@@ -59,19 +59,19 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     if action_names is not None and embodiment.kinds is not None and len(action_names) != len(embodiment.kinds):
         raise ValueError(f"embodiment {embodiment.name} has {len(embodiment.kinds)} action dims, "
                          f"{ACTION_NAMES} has {len(action_names)}")
-    device, checkpoint, tokenizer = p["model.device"], p["model.checkpoint"], p["model.tokenizer"]
+    device = p["model.device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("model.device is cuda but torch sees no CUDA device (use cpu)")
-    if checkpoint:
-        if not tokenizer:
-            raise ValueError("model.checkpoint needs model.tokenizer: the SentencePiece file the checkpoint was "
-                             "trained with (paligemma_tokenizer.model for pi05 weights)")
-        if not is_checkpoint(checkpoint):
-            raise ValueError(f"model.checkpoint {checkpoint!r} is not a checkpoint folder")
-        shape = checkpoint_config(checkpoint)
+        raise ValueError("model.device is cuda but torch sees no CUDA device (use cpu or auto)")
+    if p["model.checkpoint"]:  # a folder or a hub id, and the tokenizer it was trained with, as the node finds them
+        folder = checkpoint_folder(p["model.checkpoint"])
+        shape = checkpoint_config(folder)
+        tokenizer, _ = checkpoint_tokenizer(folder, shape.vocab_size, p["model.tokenizer"])
+        source = str(folder)
     else:
-        shape = get_preset(p["model.preset"])
-    dtype = resolve_dtype(p["model.dtype"], device, get_preset("pi05") if checkpoint else shape).dtype
+        shape, source, tokenizer = get_preset(p["model.preset"]), p["model.preset"], None
+    dtype = resolve_dtype(p["model.dtype"], device, get_preset("pi05") if p["model.checkpoint"] else shape).dtype
     scheduler = SchedulerConfig(
         num_steps=p["control.denoise_steps"] or shape.num_steps, control_period_s=1.0 / p["control.rate_hz"],
         max_new_tokens=p["language.max_new_tokens"], admission=p["language.admission"],
@@ -84,8 +84,8 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     robots = [ServedRobot(f"client{i}", MODEL_ID, capacity.slo_s) for i in range(capacity.max_clients)]
     holder: dict[str, OpenpiServer] = {}
     try:
-        fleet = FleetServer([ModelSpec(MODEL_ID, checkpoint or p["model.preset"], p["model.seed"])], robots, runtime,
-                            lambda model: tokenizer_for(model, tokenizer or None), device, dtype,
+        fleet = FleetServer([ModelSpec(MODEL_ID, source, p["model.seed"])], robots, runtime,
+                            lambda model: tokenizer or tokenizer_for(model, p["model.tokenizer"] or None), device, dtype,
                             on_chunk=lambda chunk: holder["server"].on_chunk(chunk),
                             on_text=lambda update: holder["server"].on_text(update), publish_late=True,
                             cpu_kernel=p["model.cpu_kernel"])
@@ -122,12 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                         help="one engine option on top of the files, e.g. model.dtype=float32")
     parser.add_argument("--preset", help="random-init model shape (tiny | small | pi05): model.preset")
-    parser.add_argument("--checkpoint", help="pi05 checkpoint folder: model.checkpoint (needs --tokenizer)")
-    parser.add_argument("--tokenizer", help="SentencePiece file: model.tokenizer")
+    parser.add_argument("--checkpoint", help="pi05 checkpoint folder or hub id: model.checkpoint")
+    parser.add_argument("--tokenizer", help="the checkpoint's tokenizer, if it does not carry or name one (a file, a "
+                                            "folder or a hub id): model.tokenizer")
     parser.add_argument("--embodiment", help="absolute | aloha | droid | a profile YAML file (its openpi_keys name "
                                              "the observation keys): embodiment")
     parser.add_argument("--seed", type=int, help="random weights of a preset and the default noise: model.seed")
-    parser.add_argument("--device", help="cpu | cuda: model.device")
+    parser.add_argument("--device", help="auto | cpu | cuda: model.device")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface to listen on; 0.0.0.0 serves every interface (set an API key then)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
