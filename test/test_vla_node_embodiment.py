@@ -2,7 +2,9 @@
 the model's raw output (joint velocities) integrated from the frame's state on the 1/15 s grid, the velocities
 themselves in `velocities`. The raw output is recomputed here with the engine's own runtime, the same checkpoint,
 inputs and noise seed, and asked of `oxygen-ros serve` on the same checkpoint and parameter file through the real
-`openpi-client` with DROID's observation keys: its replies are the velocities the node integrated."""
+`openpi-client` with DROID's observation keys: its replies are the velocities the node integrated. The arm also
+goes to a velocity controller (std_msgs/Float64MultiArray, one velocity per joint each tick) and the gripper to a
+trajectory controller; at exit each gets its hold."""
 
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ import rclpy
 import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_process import ServeProcess
+from std_msgs.msg import Float64MultiArray
 from test_replay_node import Child
 from test_vla_node_ros import STARTUP_TIMEOUT_S, Spinner, wait_until
 from trajectory_msgs.msg import JointTrajectory
@@ -74,6 +77,10 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
     sensors = SensorPublisher(robot, CAMERAS, JOINTS)
     heard: list[JointTrajectory] = []
     robot.create_subscription(JointTrajectory, "action_chunk", heard.append, 100)
+    arm: list[Float64MultiArray] = []
+    hand: list[JointTrajectory] = []
+    robot.create_subscription(Float64MultiArray, "arm_controller/commands", arm.append, 100)
+    robot.create_subscription(JointTrajectory, "hand_controller/joint_trajectory", hand.append, 100)
     spinner = Spinner(ros_context, [robot])
     server = ServeProcess("--checkpoint", str(folder), "--tokenizer", str(tokenizer), "--params-file", str(DROID),
                           "-p", "model.dtype=float32", "-p", "model.cpu_kernel=off", "-p", "model.cpu_threads=1",
@@ -81,16 +88,20 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
     child = Child(["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(DROID),
                    "-p", f"model.checkpoint:={folder}", "-p", f"model.tokenizer:={tokenizer}",
                    "-p", "model.dtype:=float32", "-p", "model.cpu_kernel:=off", "-p", "model.cpu_threads:=1",
-                   "-p", "control.rate_hz:=5.0", "-p", "control.horizon:=8", "-p", "language.policy:=off"],
+                   "-p", "control.rate_hz:=5.0", "-p", "control.horizon:=8", "-p", "language.policy:=off",
+                   "-p", "output.groups:=[arm,hand]", "-p", f"output.arm.joints:={JOINTS[:7]}",
+                   "-p", "output.arm.interface:=velocity", "-p", "output.hand.joints:=[gripper]"],
                   dict(ros_env, XDG_CACHE_HOME=str(tmp_path)))
     try:
         def enough() -> bool:
             sensors.publish_frame()
             time.sleep(1 / 20)
-            return len(heard) >= 3
+            return len(heard) >= 3 and len(arm) >= 3
 
         assert wait_until(enough, STARTUP_TIMEOUT_S, child), child.stop()[1]
         rc, output = child.stop()
+        # the holds of the exit: zero velocities for the arm, the gripper held where it was measured
+        assert wait_until(lambda: arm and not any(arm[-1].data) and hand and len(hand[-1].points) == 1, 10), arm[-1:]
         metadata, replies = served_chunks(server.wait_ready(), sensors.images, np.linspace(-0.5, 0.5, 8),
                                           len(heard) + 10)
     finally:
@@ -100,6 +111,7 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
     assert rc == 0, output
     assert metadata["embodiment"] == "droid" and metadata["action_dim"] == 8
     assert "embodiment droid" in output and "horizon 8 x 0.0666667 s" in output
+    assert "arm -> /arm_controller/commands" in output and "(hold zero)" in output
 
     state = np.linspace(-0.5, 0.5, len(JOINTS))  # what SensorPublisher sends, every frame
     chunks = [(np.array([p.positions for p in m.points]), np.array([p.velocities for p in m.points])) for m in heard]
@@ -124,3 +136,9 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
         np.testing.assert_allclose(positions[:, :7], state[:7] + STEP * np.cumsum(served[:, :7], axis=0), atol=1e-4)
         np.testing.assert_allclose(positions[:, 7], served[:, 7], atol=1e-4)
         draw += 1
+    # each velocity command is a point of a published plan (the step executing when it went out), arm joints only
+    rows = np.concatenate([velocities[:, :7] for _, velocities in chunks])
+    for command in (c for c in arm if any(c.data)):  # (all zeros: a hold, at exit or when a frame went stale)
+        assert len(command.data) == 7 and np.abs(rows - np.array(command.data)).max(axis=1).min() < 1e-9, command
+    np.testing.assert_allclose(hand[-1].points[0].positions, [state[7]])  # the measured gripper position
+    assert all(list(m.joint_names) == ["gripper"] for m in hand)

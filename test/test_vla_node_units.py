@@ -488,6 +488,26 @@ def group_values(groups: dict, **changes) -> dict:
     return values
 
 
+def test_a_velocity_group_needs_velocities_and_holds_with_zero(tmp_path):
+    profile = tmp_path / "wheels.yaml"  # three joints commanded by velocity, as pi05_droid's arm
+    profile.write_text("name: wheels\nrate_hz: 10.0\nstate: {dims: 3}\n"
+                       "action: {dims: 3, kinds: [velocity, velocity, position]}\n")
+    groups = {"arm": {"joints": ["a", "b"], "interface": "velocity"}, "hand": {"joints": ["c"]}}
+    params = read_parameters(group_values(groups, embodiment=str(profile)))
+    arm, hand = params.groups
+    assert (arm.interface, arm.topic, hand.interface, hand.topic) == (
+        "velocity", "arm_controller/commands", "trajectory", "hand_controller/joint_trajectory")
+    assert params.holds == ("zero", "position")  # each interface's default hold
+    with pytest.raises(ParameterError, match="output.arm.interface velocity needs velocities, and embodiment "
+                                             "absolute makes positions only"):
+        read_parameters(group_values(groups))
+    with pytest.raises(ParameterError, match="output.arm.hold must be one of zero for a velocity group"):
+        read_parameters(group_values({**groups, "arm": {**groups["arm"], "hold": "position"}},
+                                     embodiment=str(profile)))
+    with pytest.raises(ParameterError, match="output.arm.interface must be one of trajectory | velocity"):
+        read_parameters(group_values({"arm": {"joints": ["a"], "interface": "effort"}}))
+
+
 def test_output_groups_pick_joints_by_name_with_their_units_and_topics():
     params = read_parameters(group_values({"arm": {"joints": ["b", "a"]},
                                            "gripper": {"joints": ["c"], "topic": "hand/command", "scale": 2,
