@@ -602,20 +602,30 @@ def test_status_levels_and_messages():
 
 # ---- the node's tick, in-process --------------------------------------------------------------------------------
 
-def aloha_node(tmp_path, ros_domain_id, *parameters: str):
-    """A vla_node in this process (its own rclpy context) on config/aloha.yaml with a tiny checkpoint and
-    tokenizer written to `tmp_path`, two cameras a and b, and `parameters` ("name:=value") on top."""
-    import rclpy
-
+def aloha_checkpoint(folder: Path) -> tuple[Path, Path]:
+    """A tiny checkpoint trained (by its config.json) in the aloha embodiment, and a tokenizer, in `folder` (written
+    once)."""
     from oxygen_ros.model.checkpoint import save_checkpoint
     from oxygen_ros.model.pi05 import build_model
-    from oxygen_ros.nodes.vla_node import VlaNode
 
     config = get_preset("tiny")
-    stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
-             "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
-    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats, embodiment="aloha")
-    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
+    checkpoint, tokenizer = folder / "checkpoint", folder / "tok.model"
+    if not checkpoint.is_dir():
+        stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
+                 "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
+        save_checkpoint(build_model(config), checkpoint, norm_stats=stats, embodiment="aloha")
+        train_tokenizer(tokenizer, config.vocab_size)
+    return checkpoint, tokenizer
+
+
+def aloha_node(tmp_path, ros_domain_id, *parameters: str):
+    """A vla_node in this process (its own rclpy context) on config/aloha.yaml with the tiny checkpoint and
+    tokenizer of `aloha_checkpoint(tmp_path)`, two cameras a and b, and `parameters` ("name:=value") on top."""
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    checkpoint, tokenizer = aloha_checkpoint(tmp_path)
     context = rclpy.Context()
     overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
                  "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "cameras.compressed:=false", "control.horizon:=4",

@@ -215,9 +215,11 @@ class FleetServer:
         return self
 
     def submit(self, robot_id: str, observation: Observation, narrate: bool, stamp_ns: int, age_s: float,
-               context=None) -> bool:
+               context=None, noise: torch.Tensor | None = None) -> bool:
         """Queue a robot's frame taken `age_s` ago (any thread); False (counted) when its deadline has already
-        passed; raises ValueError when the observation does not fit its model."""
+        passed; raises ValueError when the observation does not fit its model. `noise` [1, horizon, action_dim]:
+        the frame's flow-matching noise (default: the runtime's next draw), for a client that asks for a
+        repeatable answer."""
         robot = self.robots[robot_id]
         if age_s >= robot.slo_s:
             with self._counts_lock:
@@ -227,7 +229,7 @@ class FleetServer:
         inputs = self.runtime.prepare(observation, robot.model_id)
         self.runtime.submit(self.runtime.frame(inputs, narrate, model_id=robot.model_id, robot_id=robot_id,
                                                stamp_ns=stamp_ns, age_s=age_s, budget_s=robot.slo_s,
-                                               context=context, arrival=arrival))
+                                               noise=noise, context=context, arrival=arrival))
         return True
 
     def _chunk_ready(self, chunk: ActionChunk) -> None:
