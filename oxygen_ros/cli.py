@@ -13,7 +13,7 @@ from oxygen_ros import __version__
 from oxygen_ros.command_line import UsageError
 from oxygen_ros.openmp import prefer_passive_waits, prefer_short_spins
 
-PASSIVE_OPENMP_COMMANDS = {"fleet-profile", "fleet-bench"}  # stage workers run torch side by side
+PASSIVE_OPENMP_COMMANDS = {"fleet-profile", "fleet-bench", "serve", "serve-bench"}  # torch from several threads
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet-bench": ("oxygen_ros.fleet.real_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
     "fleet-ipc": ("oxygen_ros.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
     "fleet-dds-bench": ("oxygen_ros.fleet.dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
+    "serve": ("oxygen_ros.serving.serve_cli", "openpi's websocket protocol (openpi-client) in front of the engine"),
+    "serve-bench": ("oxygen_ros.serving.serve_bench", "openpi-client clients against serve vs the sequential baseline"),
 }
 
 

@@ -23,8 +23,11 @@ else
 fi
 ROS_WHEELS=(-r scripts/requirements-ros.txt)
 PACKAGE=(--config-settings editable_mode=compat -e ".[$EXTRAS]")
+# openpi's client, for `oxygen-ros serve`'s tests and serve-bench, without its dependencies: its metadata pins
+# numpy<2 (which would downgrade numpy here); it needs websockets, msgpack and pillow, which the package brings.
+OPENPI_CLIENT=(--no-deps openpi-client==0.1.2)
 if [ "${1:-}" = --print-pip ]; then
-  printf 'pip install %s\n' "${TORCH[*]}" "${ROS_WHEELS[*]}" "${PACKAGE[*]}"
+  printf 'pip install %s\n' "${TORCH[*]}" "${ROS_WHEELS[*]}" "${PACKAGE[*]}" "${OPENPI_CLIENT[*]}"
   exit 0
 fi
 
@@ -48,6 +51,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "${TORCH[@]}"
 "${PIP[@]}" "${ROS_WHEELS[@]}"
 "${PIP[@]}" "${PACKAGE[@]}"
+"${PIP[@]}" "${OPENPI_CLIENT[@]}"
 "$VENV/bin/python" -c "import sys, torch; sys.exit((torch.version.cuda is None) == ('${CUDA:-0}' == '1'))" || {
   echo "setup: .venv's torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') is not the" \
        "$([ "${CUDA:-0}" = 1 ] && echo CUDA || echo CPU) build that CUDA=${CUDA:-0} asks for" >&2

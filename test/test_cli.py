@@ -76,6 +76,7 @@ def test_version():
       "a.json"], 2, "no such file: no_such_fleet.json"),
     (["convert", "aloha", "no_such_episode.hdf5", "out_bag"], 1, "no_such_episode.hdf5"),
     (["sim-demo", "--policy-param", "horizon=4"], 2, "expected NAME:=VALUE"),
+    (["serve", "--embodiment", "libero"], 1, "embodiment 'libero' is neither a shipped profile"),
     (["no-such-command"], 2, "unknown command"),
 ])
 def test_user_mistakes_are_one_line_errors_not_tracebacks(tmp_path, args, status, words):

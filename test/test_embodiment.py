@@ -24,6 +24,23 @@ def test_shipped_profiles_load():
     assert (aloha.rate_hz, aloha.horizon, aloha.openpi_asset_ids) == (50.0, 50, ("trossen",))
     assert droid.openpi_keys.state == (("observation/joint_position", 7), ("observation/gripper_position", 1))
     assert dict(aloha.openpi_keys.images)["images/cam_high"] == "base_0_rgb"
+    assert aloha.openpi_keys.image_layout == "chw" and droid.openpi_keys.image_layout == "hwc"
+    assert aloha.openpi_keys.optional_images == ("images/cam_left_wrist", "images/cam_right_wrist")
+    assert aloha.openpi_keys.metadata == {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}
+    assert load_embodiment("absolute").openpi_keys.state == (("observation/state", None),)
+
+
+def test_openpi_actions_are_the_robot_command_with_velocities_left_as_velocities():
+    """What openpi's server returns: ALOHA's deltas made absolute and encoded (the node's command itself), DROID's
+    velocities as the model gave them (the node integrates them; openpi does not), the gripper as it is."""
+    droid, aloha = load_embodiment("droid"), load_embodiment("aloha")
+    state = np.array([0.3, -0.2, 0.1, -1.5, 0.0, 1.2, 0.7, 0.25])
+    model = np.random.default_rng(0).uniform(-1, 1, (15, 32))
+    np.testing.assert_array_equal(droid.openpi_actions(model, state), model[:, :8])
+    aloha_state = np.linspace(-0.5, 0.5, 14)
+    np.testing.assert_array_equal(aloha.openpi_actions(model[:, :14], aloha_state),
+                                  aloha.actions_to_robot(model[:, :14], aloha_state).positions)
+    np.testing.assert_array_equal(load_embodiment("absolute").openpi_actions(model[:, :5], state), model[:, :5])
 
 
 def test_droid_velocities_are_integrated_from_the_frame_state_on_the_chunk_grid():
@@ -130,6 +147,10 @@ BAD_PROFILES = {
                        r"conversions.g \(linear\) takes the numbers scale, offset; missing \['scale', 'offset'\]"),
     "unknown key": ("actions: {dims: 1}", r"the file has unknown keys \['actions'\]"),
     "openpi widths": ("state: {dims: 3}\nopenpi_keys: {state: [[s, 2]]}", "openpi_keys.state adds up to 2 dims"),
+    "openpi any width": ("openpi_keys: {state: [a, [b, 2]]}", "a key without a width .* must be the only state key"),
+    "openpi optional": ("openpi_keys: {images: {a: base_0_rgb}, optional_images: [b]}",
+                        "optional_images must list keys of openpi_keys.images"),
+    "openpi layout": ("openpi_keys: {image_layout: whc}", "image_layout must be one of hwc | chw, got 'whc'"),
 }
 
 

@@ -35,7 +35,7 @@ def test_model_spec_parsing():
     assert ModelSpec.parse("a=tiny:3") == ModelSpec("a", "tiny", 3)
     assert ModelSpec.parse("tiny") == ModelSpec("tiny", "tiny", 0)
     assert ModelSpec.parse("wide=cfg.json") == ModelSpec("wide", "cfg.json", 0)
-    with pytest.raises(ValueError, match="'no-such-preset' is neither"):
+    with pytest.raises(ValueError, match="is neither a checkpoint folder nor a hub repo id"):
         StageProfiler([ModelSpec("x", "no-such-preset")])
 
 

@@ -20,12 +20,13 @@ def pip_lines(cuda: str | None) -> list[str]:
 
 
 def test_cuda_setup_installs_the_cuda_torch_and_the_gpu_extra():
-    torch_line, ros_line, package_line = pip_lines("1")
+    torch_line, ros_line, package_line, client_line = pip_lines("1")
     # `===`: exactly 2.13.0, which a `+cpu` local build never matches; PyPI's Linux wheel is the CUDA build.
     assert torch_line == "pip install torch===2.13.0"
     assert "cpu" not in torch_line and "--index-url" not in torch_line and "--extra-index-url" not in torch_line
     assert ros_line == "pip install -r scripts/requirements-ros.txt"
     assert package_line.endswith("-e .[test,sim,gpu]")
+    assert client_line == "pip install --no-deps openpi-client==0.1.2"  # its numpy<2 pin must not apply
     extras = configparser.ConfigParser()
     extras.read(REPO / "setup.cfg")
     gpu = {re.split(r"[<>=!~;\[ ]", line)[0] for line in extras["options.extras_require"]["gpu"].split()}
@@ -35,6 +36,6 @@ def test_cuda_setup_installs_the_cuda_torch_and_the_gpu_extra():
 
 def test_default_setup_installs_the_cpu_build():
     for cuda in (None, "0", ""):
-        torch_line, _, package_line = pip_lines(cuda)
+        torch_line, _, package_line, _ = pip_lines(cuda)
         assert torch_line == "pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu"
         assert package_line.endswith("-e .[test,sim]")

@@ -177,6 +177,7 @@ def test_a_profile_the_checkpoint_was_not_trained_in_stops_start_up_unless_overr
                domain_id=ros_domain_id)
     node = VlaNode(context=context)
     try:
+        assert node.autostart(), node.failure  # configured (the model loaded) and active, as its process would be
         assert "trained in embodiment aloha" in node.policy.embodiment_warning
     finally:
         node.close()

@@ -1,7 +1,10 @@
 """The VLA node with `config/droid.yaml` (embodiment droid) on a tiny checkpoint, over real DDS: what it publishes is
 the model's raw output (joint velocities) integrated from the frame's state on the 1/15 s grid, the velocities
 themselves in `velocities`. The raw output is recomputed here with the engine's own runtime, the same checkpoint,
-inputs and noise seed."""
+inputs and noise seed, and asked of `oxygen-ros serve` on the same checkpoint and parameter file through the real
+`openpi-client` with DROID's observation keys: its replies are the velocities the node integrated. The arm also
+goes to a velocity controller (std_msgs/Float64MultiArray, one velocity per joint each tick) and the gripper to a
+trajectory controller; at exit each gets its hold."""
 
 import time
 from pathlib import Path
@@ -9,6 +12,9 @@ from pathlib import Path
 import numpy as np
 import rclpy
 import torch
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from serve_process import ServeProcess
+from std_msgs.msg import Float64MultiArray
 from test_replay_node import Child
 from test_vla_node_ros import STARTUP_TIMEOUT_S, Spinner, wait_until
 from trajectory_msgs.msg import JointTrajectory
@@ -44,6 +50,23 @@ def raw_chunks(folder: Path, tokenizer: Path, images: list[np.ndarray], state: n
     return chunks
 
 
+def served_chunks(port: int, images: list[np.ndarray], state: np.ndarray, count: int) -> tuple[dict, list]:
+    """The server's metadata and its replies for the same observation, sent as DROID's robot laptop sends it,
+    with the noise of the node's first `count` draws (a runtime seeded 0)."""
+    policy = WebsocketClientPolicy("127.0.0.1", port)
+    generator = torch.Generator().manual_seed(0)
+    replies = []
+    for _ in range(count):
+        noise = torch.randn(1, 8, 16, generator=generator)[0].numpy()  # the tiny preset's horizon x action dims
+        obs = {"observation/exterior_image_1_left": images[0], "observation/wrist_image_left": images[1],
+               "observation/joint_position": state[:7], "observation/gripper_position": state[7],  # a scalar
+               "prompt": "", "noise": noise}
+        replies.append(policy.infer(obs)["actions"])
+    metadata = policy.get_server_metadata()
+    policy._ws.close()
+    return metadata, replies
+
+
 def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_env, tmp_path):
     config = get_preset("tiny")
     stats = {"observation.state": {"q01": -np.ones(8), "q99": np.ones(8)},
@@ -54,25 +77,41 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
     sensors = SensorPublisher(robot, CAMERAS, JOINTS)
     heard: list[JointTrajectory] = []
     robot.create_subscription(JointTrajectory, "action_chunk", heard.append, 100)
+    arm: list[Float64MultiArray] = []
+    hand: list[JointTrajectory] = []
+    robot.create_subscription(Float64MultiArray, "arm_controller/commands", arm.append, 100)
+    robot.create_subscription(JointTrajectory, "hand_controller/joint_trajectory", hand.append, 100)
     spinner = Spinner(ros_context, [robot])
+    server = ServeProcess("--checkpoint", str(folder), "--tokenizer", str(tokenizer), "--params-file", str(DROID),
+                          "-p", "model.dtype=float32", "-p", "model.cpu_kernel=off", "-p", "model.cpu_threads=1",
+                          env=dict(ros_env, XDG_CACHE_HOME=str(tmp_path)))
     child = Child(["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(DROID),
                    "-p", f"model.checkpoint:={folder}", "-p", f"model.tokenizer:={tokenizer}",
                    "-p", "model.dtype:=float32", "-p", "model.cpu_kernel:=off", "-p", "model.cpu_threads:=1",
-                   "-p", "control.rate_hz:=5.0", "-p", "control.horizon:=8", "-p", "language.policy:=off"],
+                   "-p", "control.rate_hz:=5.0", "-p", "control.horizon:=8", "-p", "language.policy:=off",
+                   "-p", "output.groups:=[arm,hand]", "-p", f"output.arm.joints:={JOINTS[:7]}",
+                   "-p", "output.arm.interface:=velocity", "-p", "output.hand.joints:=[gripper]"],
                   dict(ros_env, XDG_CACHE_HOME=str(tmp_path)))
     try:
         def enough() -> bool:
             sensors.publish_frame()
             time.sleep(1 / 20)
-            return len(heard) >= 3
+            return len(heard) >= 3 and len(arm) >= 3
 
         assert wait_until(enough, STARTUP_TIMEOUT_S, child), child.stop()[1]
         rc, output = child.stop()
+        # the holds of the exit: zero velocities for the arm, the gripper held where it was measured
+        assert wait_until(lambda: arm and not any(arm[-1].data) and hand and len(hand[-1].points) == 1, 10), arm[-1:]
+        metadata, replies = served_chunks(server.wait_ready(), sensors.images, np.linspace(-0.5, 0.5, 8),
+                                          len(heard) + 10)
     finally:
         child.stop()
+        server.stop()
         spinner.close([robot])
     assert rc == 0, output
+    assert metadata["embodiment"] == "droid" and metadata["action_dim"] == 8
     assert "embodiment droid" in output and "horizon 8 x 0.0666667 s" in output
+    assert "arm -> /arm_controller/commands" in output and "(hold zero)" in output
 
     state = np.linspace(-0.5, 0.5, len(JOINTS))  # what SensorPublisher sends, every frame
     chunks = [(np.array([p.positions for p in m.points]), np.array([p.velocities for p in m.points])) for m in heard]
@@ -90,4 +129,16 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
         np.testing.assert_allclose(positions[:, :7], state[:7] + STEP * np.cumsum(raw[:, :7], axis=0), atol=1e-4)
         np.testing.assert_allclose(positions[:, 7], raw[:, 7], atol=1e-4)  # the gripper: a position, as it is
         assert np.abs(raw[:, :7]).max() > 0.05 and not np.allclose(positions[:, :7], raw[:, :7], atol=1e-2)
+        # the server returns what openpi's DroidOutputs does: the velocities (and the gripper), not integrated
+        served = replies[draw]
+        assert served.shape == (8, 8) and np.isfinite(served).all()
+        np.testing.assert_allclose(velocities[:, :7], served[:, :7], atol=1e-4)
+        np.testing.assert_allclose(positions[:, :7], state[:7] + STEP * np.cumsum(served[:, :7], axis=0), atol=1e-4)
+        np.testing.assert_allclose(positions[:, 7], served[:, 7], atol=1e-4)
         draw += 1
+    # each velocity command is a point of a published plan (the step executing when it went out), arm joints only
+    rows = np.concatenate([velocities[:, :7] for _, velocities in chunks])
+    for command in (c for c in arm if any(c.data)):  # (all zeros: a hold, at exit or when a frame went stale)
+        assert len(command.data) == 7 and np.abs(rows - np.array(command.data)).max(axis=1).min() < 1e-9, command
+    np.testing.assert_allclose(hand[-1].points[0].positions, [state[7]])  # the measured gripper position
+    assert all(list(m.joint_names) == ["gripper"] for m in hand)

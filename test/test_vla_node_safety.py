@@ -268,17 +268,21 @@ def peak_threshold(joint: int, model: tuple[str, str], chunks: int = 40) -> floa
     values = parameter_values(**{"cameras.keys": ["base_0_rgb", "left_wrist_0_rgb"],
                                  "joints.state_names": list(ALOHA_JOINT_NAMES),
                                  "joints.action_names": list(ALOHA_JOINT_NAMES), "model.cpu_threads": 1,
-                                 "model.checkpoint": model[0], "model.tokenizer": model[1]})
-    policy = load_policy(read_parameters(values))
+                                 "model.checkpoint": model[0], "model.tokenizer": model[1],
+                                 "embodiment": "aloha"})  # config/aloha.yaml's, as the node's
+    params = read_parameters(values)
+    policy = load_policy(params)
     runtime = Runtime(Served(policy.model, policy.tokenizer, policy.norm_stats),
                       RuntimeConfig(SchedulerConfig(num_steps=10), pool_slots=2))  # aloha.yaml's denoise_steps
     rng = np.random.default_rng(0)  # SensorPublisher's images
     images = {key: rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for key in ("base_0_rgb", "left_wrist_0_rgb")}
-    observation = Observation(images=images, state=np.linspace(-0.5, 0.5, 14), task="")
+    state = np.linspace(-0.5, 0.5, 14)
+    observation = Observation(images=images, state=params.embodiment.state_to_model(state), task="")
     peaks = []
     for _ in range(chunks):
         chunk = runtime.act(runtime.frame(runtime.prepare(observation), False))
-        peaks.append(runtime.robot_actions(chunk, 14)[:6, joint].max())
+        command = params.embodiment.actions_to_robot(runtime.robot_actions(chunk, 14), state)  # the robot's
+        peaks.append(command.positions[:6, joint].max())
     runtime.close()
     return float(np.median(peaks))
 

@@ -488,6 +488,26 @@ def group_values(groups: dict, **changes) -> dict:
     return values
 
 
+def test_a_velocity_group_needs_velocities_and_holds_with_zero(tmp_path):
+    profile = tmp_path / "wheels.yaml"  # three joints commanded by velocity, as pi05_droid's arm
+    profile.write_text("name: wheels\nrate_hz: 10.0\nstate: {dims: 3}\n"
+                       "action: {dims: 3, kinds: [velocity, velocity, position]}\n")
+    groups = {"arm": {"joints": ["a", "b"], "interface": "velocity"}, "hand": {"joints": ["c"]}}
+    params = read_parameters(group_values(groups, embodiment=str(profile)))
+    arm, hand = params.groups
+    assert (arm.interface, arm.topic, hand.interface, hand.topic) == (
+        "velocity", "arm_controller/commands", "trajectory", "hand_controller/joint_trajectory")
+    assert params.holds == ("zero", "position")  # each interface's default hold
+    with pytest.raises(ParameterError, match="output.arm.interface velocity needs velocities, and embodiment "
+                                             "absolute makes positions only"):
+        read_parameters(group_values(groups))
+    with pytest.raises(ParameterError, match="output.arm.hold must be one of zero for a velocity group"):
+        read_parameters(group_values({**groups, "arm": {**groups["arm"], "hold": "position"}},
+                                     embodiment=str(profile)))
+    with pytest.raises(ParameterError, match="output.arm.interface must be one of trajectory | velocity"):
+        read_parameters(group_values({"arm": {"joints": ["a"], "interface": "effort"}}))
+
+
 def test_output_groups_pick_joints_by_name_with_their_units_and_topics():
     params = read_parameters(group_values({"arm": {"joints": ["b", "a"]},
                                            "gripper": {"joints": ["c"], "topic": "hand/command", "scale": 2,
@@ -582,20 +602,30 @@ def test_status_levels_and_messages():
 
 # ---- the node's tick, in-process --------------------------------------------------------------------------------
 
-def aloha_node(tmp_path, ros_domain_id, *parameters: str):
-    """A vla_node in this process (its own rclpy context) on config/aloha.yaml with a tiny checkpoint and
-    tokenizer written to `tmp_path`, two cameras a and b, and `parameters` ("name:=value") on top."""
-    import rclpy
-
+def aloha_checkpoint(folder: Path) -> tuple[Path, Path]:
+    """A tiny checkpoint trained (by its config.json) in the aloha embodiment, and a tokenizer, in `folder` (written
+    once)."""
     from oxygen_ros.model.checkpoint import save_checkpoint
     from oxygen_ros.model.pi05 import build_model
-    from oxygen_ros.nodes.vla_node import VlaNode
 
     config = get_preset("tiny")
-    stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
-             "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
-    checkpoint = save_checkpoint(build_model(config), tmp_path / "checkpoint", norm_stats=stats, embodiment="aloha")
-    tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
+    checkpoint, tokenizer = folder / "checkpoint", folder / "tok.model"
+    if not checkpoint.is_dir():
+        stats = {"observation.state": {"q01": -np.ones(14), "q99": np.ones(14)},
+                 "action": {"q01": -np.ones(16), "q99": np.ones(16)}}
+        save_checkpoint(build_model(config), checkpoint, norm_stats=stats, embodiment="aloha")
+        train_tokenizer(tokenizer, config.vocab_size)
+    return checkpoint, tokenizer
+
+
+def aloha_node(tmp_path, ros_domain_id, *parameters: str):
+    """A vla_node in this process (its own rclpy context) on config/aloha.yaml with the tiny checkpoint and
+    tokenizer of `aloha_checkpoint(tmp_path)`, two cameras a and b, and `parameters` ("name:=value") on top."""
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    checkpoint, tokenizer = aloha_checkpoint(tmp_path)
     context = rclpy.Context()
     overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
                  "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "cameras.compressed:=false", "control.horizon:=4",
@@ -667,6 +697,7 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         for index in range(2):
             node._on_image(index, image("rgb8", RGB, stamp_ns=now))
         node._on_joint_state(joint_state(seen, now))
+        decoded(node)
         act = node.runtime.act
 
         def act_while_the_arm_moves(frame):

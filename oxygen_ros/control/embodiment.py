@@ -12,7 +12,10 @@ place that applies it:
   added to the state of the frame the model saw, `velocity` is integrated from that state on the chunk's time
   grid (point i at (i + 1) time steps, each velocity held for one step), then signs and units; the result is
   absolute positions in the robot's units, plus the velocities when the profile has velocity dims;
-- robot -> model actions (`actions_to_model`): the exact inverse, for training on recorded absolute actions.
+- robot -> model actions (`actions_to_model`): the exact inverse, for training on recorded absolute actions;
+- model -> what openpi's policy server returns for this robot (`openpi_actions`): the same command with velocity
+  dims left as velocities (openpi integrates nothing; the robot's own controller does), for the openpi-protocol
+  front end (`oxygen_ros/serving`), which also reads the observation keys of `openpi_keys`.
 
 The order of the steps is openpi's (`AbsoluteActions` before the robot's output transform, `DeltaActions` after
 its input transform): deltas are taken and added in the model's space, signs and unit conversions sit between that
@@ -167,13 +170,22 @@ class RobotChunk:
         return np.concatenate([self.positions, self.velocities], axis=-1)
 
 
+IMAGE_LAYOUTS = ("hwc", "chw")
+
+
 @dataclass(frozen=True)
 class OpenpiKeys:
-    """The observation keys openpi's policy for this robot reads: the state as keys concatenated in order (key,
-    width), and each image key's model image key."""
+    """The observation keys openpi's policy for this robot reads, as its input transform reads them: the state as
+    keys concatenated in order (key, width; width None: any, for a profile of any width), each image key's model
+    image key, the image keys whose absence the policy masks instead of refusing, how the policy lays out image
+    arrays (`hwc`: height, width, channel, or channel first when the first dim is 3, openpi's `_parse_image`;
+    `chw`: always channel first, openpi's ALOHA), and the metadata its server sends on connect."""
 
-    state: tuple[tuple[str, int], ...]
+    state: tuple[tuple[str, int | None], ...]
     images: tuple[tuple[str, str], ...]
+    optional_images: tuple[str, ...] = ()
+    image_layout: str = "hwc"
+    metadata: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -246,6 +258,19 @@ class Embodiment:
                 sign = 1.0 if self.action_map is None else self.action_map.sign[dim]
                 velocities[..., dim] = sign * actions[..., dim]
         return RobotChunk(positions, velocities)
+
+    def openpi_actions(self, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """Unnormalized model actions [..., H, >= A] and the robot state [..., S] of the frame the model saw -> what
+        openpi's policy returns for this robot [..., H, A]: `actions_to_robot`'s command, except that velocity
+        dims stay the model's velocities (signed), as openpi's output transforms leave them (DROID's
+        `DroidOutputs` cuts the width and converts nothing)."""
+        chunk = self.actions_to_robot(actions, state)
+        if not self.has_velocity:
+            return chunk.positions
+        velocity = [dim for dim, kind in enumerate(self.kinds) if kind == VELOCITY]
+        out = chunk.positions.copy()
+        out[..., velocity] = chunk.velocities[..., velocity]
+        return out
 
     def actions_to_model(self, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
         """Recorded absolute robot actions [..., H, A] from the frame whose robot state is [..., S] -> the model's
@@ -480,16 +505,28 @@ def _conversion(name: str, spec: Any) -> Conversion:
 
 
 def _openpi_keys(value: Any, state_dims: int | None) -> OpenpiKeys:
-    table = _table(value, "openpi_keys", ("state", "images"))
+    table = _table(value, "openpi_keys", ("state", "images", "optional_images", "image_layout", "metadata"))
     state = table.get("state", [])
-    if not isinstance(state, list) or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
-                                              and isinstance(e[1], int) and not isinstance(e[1], bool) and e[1] > 0
-                                              for e in state):
-        raise EmbodimentError(f"openpi_keys.state must list [key, width] pairs, got {state!r}")
-    width = sum(w for _, w in state)
-    if state_dims is not None and state and width != state_dims:
+    pairs = [(e, None) if isinstance(e, str) else tuple(e) if isinstance(e, list) and len(e) == 2 else None
+             for e in state] if isinstance(state, list) else [None]
+    if not all(p is not None and isinstance(p[0], str) and p[0]
+               and (p[1] is None or isinstance(p[1], int) and not isinstance(p[1], bool) and p[1] > 0)
+               for p in pairs):
+        raise EmbodimentError(f"openpi_keys.state must list [key, width] pairs (or one key alone: any width), got "
+                              f"{state!r}")
+    if any(w is None for _, w in pairs) and len(pairs) > 1:
+        raise EmbodimentError("openpi_keys.state: a key without a width (any width) must be the only state key")
+    width = sum(w or 0 for _, w in pairs)
+    if state_dims is not None and pairs and width != state_dims:
         raise EmbodimentError(f"openpi_keys.state adds up to {width} dims, state.dims is {state_dims}")
     images = _table(table.get("images", {}), "openpi_keys.images", None)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in images.items()):
         raise EmbodimentError("openpi_keys.images must map openpi image keys to model image keys")
-    return OpenpiKeys(tuple((k, w) for k, w in state), tuple(images.items()))
+    optional = table.get("optional_images", [])
+    if not isinstance(optional, list) or not all(k in images for k in optional):
+        raise EmbodimentError(f"openpi_keys.optional_images must list keys of openpi_keys.images, got {optional!r}")
+    layout = table.get("image_layout", "hwc")
+    if layout not in IMAGE_LAYOUTS:
+        raise EmbodimentError(f"openpi_keys.image_layout must be one of {' | '.join(IMAGE_LAYOUTS)}, got {layout!r}")
+    metadata = _table(table.get("metadata", {}), "openpi_keys.metadata", None)
+    return OpenpiKeys(tuple(pairs), tuple(images.items()), tuple(optional), layout, dict(metadata))

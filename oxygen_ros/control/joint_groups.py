@@ -9,6 +9,10 @@ each to the controller's units:
 
 applied only to what the group publishes. For an ALOHA gripper the command is normalized (0 = closed .. 1 = open,
 ALOHA's convention), so offset = the controller's closed position and scale = open - closed.
+
+A group's `interface` says what its controller takes: `trajectory` (a joint_trajectory_controller: the plan as a
+JointTrajectory) or `velocity` (a forward_command_controller such as a joint group velocity controller: one
+velocity per joint, the plan's velocity for the step that executes now, sent each control tick).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+TRAJECTORY, VELOCITY = "trajectory", "velocity"
+INTERFACES = (TRAJECTORY, VELOCITY)
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class JointGroup:
     columns: tuple[int, ...]  # each joint's index in the action vector
     scale: tuple[float, ...]  # one per joint
     offset: tuple[float, ...]  # one per joint
+    interface: str = TRAJECTORY  # TRAJECTORY or VELOCITY
 
     def to_robot(self, values: np.ndarray) -> np.ndarray:
         """[n, action dims] positions of the command -> [n, len(joints)] in the controller's units."""

@@ -166,16 +166,19 @@ class FleetServer:
         return self
 
     def submit(self, robot_id: str, observation: Observation, narrate: bool, stamp_ns: int, age_s: float,
-               context=None) -> bool:
+               context=None, noise: torch.Tensor | None = None) -> bool:
         """Queue a robot's frame taken `age_s` ago (any thread); False (counted) when its deadline has already
-        passed; raises ValueError when the observation does not fit its model."""
+        passed; raises ValueError when the observation does not fit its model. `noise` [1, horizon, action_dim]:
+        the frame's flow-matching noise (default: the runtime's next draw), for a client that asks for a
+        repeatable answer."""
         arrival = self.runtime.clock()  # latency counts preprocessing too
         robot = self.robots[robot_id]
         inputs = None if age_s >= robot.slo_s else self.runtime.prepare(observation, robot.model_id)
-        return self.submit_inputs(robot_id, inputs, narrate, stamp_ns, age_s, context, arrival) is not None
+        return self.submit_inputs(robot_id, inputs, narrate, stamp_ns, age_s, context, arrival, noise) is not None
 
     def submit_inputs(self, robot_id: str, inputs: ModelInputs | None, narrate: bool, stamp_ns: int, age_s: float,
-                      context=None, arrival: float | None = None) -> ActionFrame | None:
+                      context=None, arrival: float | None = None, noise: torch.Tensor | None = None
+                      ) -> ActionFrame | None:
         """`submit` of an observation already in model space (`arrival`: when it arrived, default now): the queued
         frame, or None (counted) when its deadline has already passed."""
         robot = self.robots[robot_id]
@@ -185,7 +188,7 @@ class FleetServer:
             return None
         return self.runtime.submit(self.runtime.frame(inputs, narrate, model_id=robot.model_id, robot_id=robot_id,
                                                       stamp_ns=stamp_ns, age_s=age_s, budget_s=robot.slo_s,
-                                                      context=context, arrival=arrival))
+                                                      noise=noise, context=context, arrival=arrival))
 
     def _chunk_ready(self, chunk: ActionChunk) -> None:
         with self._counts_lock:

@@ -10,7 +10,9 @@ group (not a stream: a controller that holds needs no more). Per group (`output.
   zero (start now) and reached one control time step later, from where the controller's command is. This is what
   joint_trajectory_controller does itself to hold (`set_hold_position`), and what stops it on Jazzy and Kilted;
 - `empty`: a trajectory without points, for controllers documented to stop on one. joint_trajectory_controller
-  on Jazzy and Kilted refuses it ("Empty trajectory received.") and keeps moving: `docs/safety.md`.
+  on Jazzy and Kilted refuses it ("Empty trajectory received.") and keeps moving: `docs/safety.md`;
+- `zero` (a `velocity` group's): every joint's velocity 0. A forward_command_controller keeps applying its last
+  command, so a velocity group that is simply no longer sent commands keeps moving at the last velocity.
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ from collections.abc import Sequence
 
 import numpy as np
 from builtin_interfaces.msg import Duration
+from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.data.stamps import split_ns
 
-from .parameters import HOLD_POSITION
+from .parameters import HOLD_POSITION, HOLD_ZERO
 
 
-def hold_trajectory(joints: Sequence[str], mode: str, positions: np.ndarray | None,
-                    time_step_s: float) -> JointTrajectory:
-    """The hold message for `joints`: at `positions` (robot units) for `position`, without points for `empty`."""
+def hold_message(joints: Sequence[str], mode: str, positions: np.ndarray | None,
+                 time_step_s: float) -> JointTrajectory | Float64MultiArray:
+    """The hold message for `joints`: at `positions` (robot units) for `position`, without points for `empty`,
+    zero velocities for `zero`."""
+    if mode == HOLD_ZERO:
+        return Float64MultiArray(data=[0.0] * len(joints))
     msg = JointTrajectory(joint_names=list(joints))  # header.stamp zero: the controller starts it at once
     if mode == HOLD_POSITION:
         sec, nanosec = split_ns(round(time_step_s * 1e9))
@@ -53,7 +59,7 @@ class Holds:
         """A plan went out to every group."""
         self.commanding = [True] * len(self.groups)
 
-    def stop(self, reason: str, measured: np.ndarray | None) -> list[tuple[int, JointTrajectory]]:
+    def stop(self, reason: str, measured: np.ndarray | None) -> list[tuple[int, JointTrajectory | Float64MultiArray]]:
         """(group index, hold) for every group being commanded; `measured`: the newest good joint state (robot
         units, joints.state_names order)."""
         due = []
@@ -63,7 +69,7 @@ class Holds:
             self.commanding[index] = False
             # a group is commanded only once a joint state has arrived, so a position hold always has one
             positions = np.asarray(measured)[columns] if mode == HOLD_POSITION else None
-            due.append((index, hold_trajectory(joints, mode, positions, self.time_step_s)))
+            due.append((index, hold_message(joints, mode, positions, self.time_step_s)))
         if due:
             self.sent += len(due)
             self.last_reason = reason

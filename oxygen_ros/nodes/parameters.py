@@ -31,7 +31,7 @@ from rclpy.parameter import Parameter
 
 from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
-from oxygen_ros.control.joint_groups import JointGroup
+from oxygen_ros.control.joint_groups import INTERFACES, TRAJECTORY, VELOCITY, JointGroup
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
 from oxygen_ros.control.limits import JointLimits, urdf_limits
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
@@ -45,10 +45,12 @@ DEVICES = ("auto", "cpu", "cuda")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
 OPTIONAL = object()  # marks a string array that may stay unset
-GROUP_FIELDS = ("joints", "topic", "scale", "offset", "hold", "lower", "upper", "max_velocity", "max_jump")
+GROUP_FIELDS = ("joints", "interface", "topic", "scale", "offset", "hold", "lower", "upper", "max_velocity",
+                "max_jump")
 HOLD_POSITION = "position"  # a one-point trajectory at the measured position
 HOLD_EMPTY = "empty"  # a trajectory without points
-HOLD_MODES = (HOLD_POSITION, HOLD_EMPTY)
+HOLD_ZERO = "zero"  # a velocity group's: every joint's velocity 0
+HOLD_MODES = {TRAJECTORY: (HOLD_POSITION, HOLD_EMPTY), VELOCITY: (HOLD_ZERO,)}  # by the group's interface
 LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
 # 1920 x 1200: a 1080p or WUXGA colour stream, the largest that robot cameras commonly send (ALOHA's are
 # 640 x 480); larger cameras raise it. Decoding happens off the control path, but a bomb still costs a decoder.
@@ -170,12 +172,18 @@ SPECS = (
 
 GROUP_SPECS = {  # output.<group>.<field>: default, description
     "joints": (REQUIRED, "the group's joints, picked by name from joints.action_names, in the controller's order"),
-    "topic": ("", "JointTrajectory topic; empty: <group>_controller/joint_trajectory"),
+    "interface": (TRAJECTORY, "what the group's controller takes: trajectory (trajectory_msgs/JointTrajectory, "
+                              "a joint_trajectory_controller) or velocity (std_msgs/Float64MultiArray, a "
+                              "forward_command_controller: each tick the plan's velocity for the step that executes "
+                              "now; needs an embodiment with velocities)"),
+    "topic": ("", "the group's topic; empty: <group>_controller/joint_trajectory (trajectory) or "
+                  "<group>_controller/commands (velocity)"),
     "scale": (None, "robot = offset + scale * model, per joint: a number for every joint or a list, one per "
                     "joint; unset: 1"),
     "offset": (None, "see scale; unset: 0"),
-    "hold": (HOLD_POSITION, "what the group's controller gets when the node stops commanding it: position (one "
-                            "point at the measured position) or empty (a trajectory without points)"),
+    "hold": ("", "what the group's controller gets when the node stops commanding it: position (one point at the "
+                 "measured position; a trajectory group's default) or empty (a trajectory without points); zero (every "
+                 "velocity 0: a velocity group's only hold)"),
     "lower": (None, "position lower limit per joint in robot units (a number for all or a list); unset: from "
                     "robot_description, else none"),
     "upper": (None, "position upper limit, as lower"),
@@ -233,7 +241,7 @@ class VlaParams:
     markers: bool
     marker_frame: str
     autostart: bool = True
-    holds: tuple[str, ...] = ()  # per group: HOLD_POSITION or HOLD_EMPTY
+    holds: tuple[str, ...] = ()  # per group: one of HOLD_MODES[its interface]
     limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
     limit_policy: str = "clamp"
 
@@ -306,7 +314,9 @@ def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[
         if shared:
             raise ParameterError(f"{key}.joints: {', '.join(shared)}: a joint belongs to one group only")
         owner.update(dict.fromkeys(joints, name))
-        topic = p.text(f"{key}.topic") or f"{name}_controller/joint_trajectory"
+        interface = p.choice(f"{key}.interface", INTERFACES)
+        default_topic = "joint_trajectory" if interface == TRAJECTORY else "commands"
+        topic = p.text(f"{key}.topic") or f"{name}_controller/{default_topic}"
         if topic in topics:
             raise ParameterError(f"{key}.topic {topic!r} is also group {topics[topic]}'s: one topic per group")
         topics[topic] = name
@@ -314,7 +324,7 @@ def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[
         if 0.0 in scale:
             raise ParameterError(f"{key}.scale must not be 0 (a joint that never moves), got {list(scale)}")
         groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale,
-                                 p.per_joint(f"{key}.offset", len(joints), 0.0)))
+                                 p.per_joint(f"{key}.offset", len(joints), 0.0), interface))
     return tuple(groups)
 
 
@@ -333,7 +343,11 @@ def read_limits(values: dict[str, Any], groups: tuple[JointGroup, ...],
     holds, columns = [], {field: [] for field in LIMIT_FIELDS}
     for group in groups:
         key = f"output.{group.name}"
-        holds.append(p.choice(f"{key}.hold", HOLD_MODES))
+        modes = HOLD_MODES[group.interface]
+        holds.append(p.text(f"{key}.hold") or modes[0])
+        if holds[-1] not in modes:
+            raise ParameterError(f"{key}.hold must be one of {' | '.join(modes)} for a {group.interface} group, got "
+                                 f"{holds[-1]!r}")
         urdf = [from_urdf.get(j) for j in group.joints]
         defaults = {"lower": [u.lower if u else -math.inf for u in urdf],
                     "upper": [u.upper if u else math.inf for u in urdf],
@@ -390,6 +404,10 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         raise ParameterError(f"control.time_step {time_step:g} s differs from the {embodiment.time_step:g} s step "
                              f"embodiment {embodiment.name} integrates its velocities over; leave it 0 or set that")
     groups = read_groups(values, action_names)
+    velocity_groups = [g.name for g in groups if g.interface == VELOCITY]
+    if velocity_groups and not embodiment.has_velocity:
+        raise ParameterError(f"output.{velocity_groups[0]}.interface velocity needs velocities, and embodiment "
+                             f"{embodiment.name} makes positions only (a velocity profile such as droid has them)")
     holds, limits = read_limits(values, groups, state_names)
     return VlaParams(
         preset=p.choice("model.preset", PRESET_NAMES),

@@ -62,11 +62,12 @@ from rclpy.exceptions import InvalidTopicNameException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 from visualization_msgs.msg import MarkerArray
 
 from oxygen_ros.control.handover import Handover, Plan
+from oxygen_ros.control.joint_groups import TRAJECTORY
 from oxygen_ros.control.limits import Limited, apply_limits, first_ahead
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
@@ -249,7 +250,8 @@ class VlaNode(LifecycleNode):
         self.group_pubs = []
         for group in p.groups:
             try:
-                self.group_pubs.append((group, self._made(self.create_publisher(JointTrajectory, group.topic, 10))))
+                kind = JointTrajectory if group.interface == TRAJECTORY else Float64MultiArray
+                self.group_pubs.append((group, self._made(self.create_publisher(kind, group.topic, 10))))
             except InvalidTopicNameException as err:
                 raise ParameterError(f"output.{group.name}.topic: {err}") from None
         self.narration_pub = self._made(self.create_publisher(Narration, "narration", 50))
@@ -428,10 +430,10 @@ class VlaNode(LifecycleNode):
             if (suffix := self._throttled("overflow")) is not None:
                 self.get_logger().error(f"{self.detail}{suffix}")
             return False
-        group_step = time_step
+        group_step, first = time_step, first_ahead(plan.first_ns, plan.step_ns, now_ns, count)
         if self.params.limits is not None:
             planned = np.concatenate([values for _, _, values, _ in groups], axis=1)
-            limited = self._limited(planned, first_ahead(plan.first_ns, plan.step_ns, now_ns, count))
+            limited = self._limited(planned, first)
             if limited is None:
                 return False
             group_step = time_step * limited.time_scale
@@ -442,8 +444,11 @@ class VlaNode(LifecycleNode):
                       zip(groups, np.split(limited.values, ends, axis=1), moved, strict=True)]
         self.chunk_pub.publish(chunk_to_trajectory(positions, self.params.action_names, stamp_ns, time_step, count,
                                                    velocities))
-        for publisher, names, values, rates in groups:
-            publisher.publish(chunk_to_trajectory(values, names, stamp_ns, group_step, count, rates))
+        for (group, _), (publisher, names, values, rates) in zip(self.group_pubs, groups, strict=True):
+            if group.interface == TRAJECTORY:
+                publisher.publish(chunk_to_trajectory(values, names, stamp_ns, group_step, count, rates))
+            else:  # a velocity controller: the velocities of the step that executes now, until the next tick
+                publisher.publish(Float64MultiArray(data=[float(v) for v in rates[first]]))
         self.markers.plan(positions, time_step, stamp_ns)
         self.holds.commanded()
         return True

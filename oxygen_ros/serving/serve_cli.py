@@ -1,0 +1,175 @@
+"""`oxygen-ros serve`: the engine behind openpi's remote-inference protocol (docs/serve.md).
+
+Robot code written for openpi's `serve_policy.py` (DROID's control laptop, ALOHA's real env, a LIBERO loop) keeps
+its `openpi-client` and its observation dicts and points them here: one prefill per request, requests of several
+robots batched on one device, and narration as an extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..command_line import CommandParser, existing_file
+from ..control.embodiment import load_embodiment
+from ..engine.runtime import RuntimeConfig
+from ..engine.scheduler import SchedulerConfig, node_decode_policy
+from ..fleet.models import ModelSpec
+from ..fleet.server import FleetServer, ServedRobot
+from ..model import cpu_kernel
+from ..model.checkpoint import checkpoint_config
+from ..model.config import get_preset
+from ..model.loading import checkpoint_folder, checkpoint_tokenizer, tokenizer_for
+from ..model.precision import resolve_dtype
+from .params import ACTION_NAMES, engine_parameters
+from .requests import RequestReader
+from .server import OpenpiServer, ServeConfig
+
+API_KEY_ENV = "OXYGEN_ROS_API_KEY"
+MODEL_ID = "policy"
+log = logging.getLogger("oxygen_ros.serve")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How many clients, how big a batch, how long a request may wait."""
+
+    max_clients: int = 16
+    max_batch: int = 8
+    slo_s: float = 1.0
+
+
+def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> OpenpiServer:
+    """The server the engine parameters `p` (`params.engine_parameters`) describe, not started; ValueError (or
+    OSError for an unreadable file) with the reason otherwise."""
+    if capacity.max_clients < 1 or capacity.slo_s <= 0 or p["control.rate_hz"] <= 0:
+        raise ValueError("--max-clients must be >= 1, --slo-ms and control.rate_hz > 0")
+    if p["model.text_head"] != "auto":
+        raise ValueError("model.text_head: serve loads a checkpoint's text head as the stack that wrote it (auto)")
+    if p["model.cpu_threads"]:
+        torch.set_num_threads(p["model.cpu_threads"])
+    embodiment = load_embodiment(p["embodiment"])
+    action_names = p[ACTION_NAMES]
+    if action_names is not None and embodiment.kinds is not None and len(action_names) != len(embodiment.kinds):
+        raise ValueError(f"embodiment {embodiment.name} has {len(embodiment.kinds)} action dims, "
+                         f"{ACTION_NAMES} has {len(action_names)}")
+    device = p["model.device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device is cuda but torch sees no CUDA device (use cpu or auto)")
+    if p["model.checkpoint"]:  # a folder or a hub id, and the tokenizer it was trained with, as the node finds them
+        folder = checkpoint_folder(p["model.checkpoint"])
+        shape = checkpoint_config(folder)
+        tokenizer, _ = checkpoint_tokenizer(folder, shape.vocab_size, p["model.tokenizer"])
+        source = str(folder)
+    else:
+        shape, source, tokenizer = get_preset(p["model.preset"]), p["model.preset"], None
+    dtype = resolve_dtype(p["model.dtype"], device, get_preset("pi05") if p["model.checkpoint"] else shape).dtype
+    scheduler = SchedulerConfig(
+        num_steps=p["control.denoise_steps"] or shape.num_steps, control_period_s=1.0 / p["control.rate_hz"],
+        max_new_tokens=p["language.max_new_tokens"], admission=p["language.admission"],
+        max_preempted=p["language.max_preempted"], temperature=p["language.temperature"], seed=p["model.seed"],
+        queue="esf", max_batch=capacity.max_batch,
+        **node_decode_policy(p["language.tokens_per_frame"], p["language.min_steps_per_frame"],
+                             p["language.max_new_tokens"]))
+    runtime = RuntimeConfig(scheduler, pool_slots=capacity.max_batch + max(1, p["language.pool_slots"] - 1),
+                            stream_every=0, seed=p["model.seed"], overlap_threads=p["language.overlap_threads"])
+    robots = [ServedRobot(f"client{i}", MODEL_ID, capacity.slo_s) for i in range(capacity.max_clients)]
+    holder: dict[str, OpenpiServer] = {}
+    try:
+        fleet = FleetServer([ModelSpec(MODEL_ID, source, p["model.seed"])], robots, runtime,
+                            lambda model: tokenizer or tokenizer_for(model, p["model.tokenizer"] or None), device, dtype,
+                            on_chunk=lambda chunk: holder["server"].on_chunk(chunk),
+                            on_text=lambda update: holder["server"].on_text(update), publish_late=True,
+                            cpu_kernel=p["model.cpu_kernel"])
+    except (cpu_kernel.CpuKernelUnavailable, RuntimeError) as err:  # RuntimeError: a checkpoint that does not load
+        raise ValueError(f"cannot load the model: {err}") from err
+    reason = embodiment.mismatch(fleet.trained_on[MODEL_ID], tuple(action_names or ()))
+    if reason is not None:
+        line = f"embodiment {embodiment.name} does not fit the model: {reason}"
+        if not p["embodiment_override"]:
+            fleet.close()
+            raise ValueError(f"{line} (choose the profile it was trained in, or set embodiment_override: true)")
+        log.warning(f"{line} (serving: embodiment_override is true)")
+    model = fleet.model_config(robots[0].robot_id)
+    reader = RequestReader(embodiment, (model.action_horizon, model.action_dim), p["cameras.max_pixels"],
+                           p["instruction.default"])
+    keys = embodiment.openpi_keys
+    metadata = {**keys.metadata, "server": "oxygen-ros serve", "version": __version__, "embodiment": embodiment.name,
+                "action_horizon": model.action_horizon, "state_keys": [k for k, _ in keys.state],
+                "image_keys": [k for k, _ in keys.images], "narration": True}
+    width = len(embodiment.kinds) if embodiment.kinds is not None else len(action_names or ()) or None
+    if width is not None:
+        metadata["action_dim"] = width
+    config = ServeConfig(config.host, config.port, config.api_key, config.max_message_bytes, width)
+    holder["server"] = server = OpenpiServer(fleet, reader, config, metadata)
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = CommandParser("serve", __doc__)
+    parser.add_argument("--params-file", action="append", type=existing_file, default=[],
+                        help="a VLA node parameter file (config/aloha.yaml, config/droid.yaml): the engine's options "
+                             "(model.*, embodiment, language.*, control.denoise_steps, instruction.default, "
+                             "cameras.max_pixels); repeat for several, later ones win")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="one engine option on top of the files, e.g. model.dtype=float32")
+    parser.add_argument("--preset", help="random-init model shape (tiny | small | pi05): model.preset")
+    parser.add_argument("--checkpoint", help="pi05 checkpoint folder or hub id: model.checkpoint")
+    parser.add_argument("--tokenizer", help="the checkpoint's tokenizer, if it does not carry or name one (a file, a "
+                                            "folder or a hub id): model.tokenizer")
+    parser.add_argument("--embodiment", help="absolute | aloha | droid | a profile YAML file (its openpi_keys name "
+                                             "the observation keys): embodiment")
+    parser.add_argument("--seed", type=int, help="random weights of a preset and the default noise: model.seed")
+    parser.add_argument("--device", help="auto | cpu | cuda: model.device")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface to listen on; 0.0.0.0 serves every interface (set an API key then)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
+    parser.add_argument("--api-key", help=f"refuse connections without `Authorization: Api-Key <key>` "
+                                          f"(openpi-client's api_key=); unset: ${API_KEY_ENV}, if set")
+    parser.add_argument("--max-clients", type=int, default=Capacity.max_clients,
+                        help="connections served at once; more are refused (HTTP 503)")
+    parser.add_argument("--max-batch", type=int, default=Capacity.max_batch,
+                        help="requests of different clients batched together (a power of two)")
+    parser.add_argument("--slo-ms", type=float, default=Capacity.slo_s * 1e3,
+                        help="a request waiting longer than this for the model is refused as expired; one computed "
+                             "later is sent, marked deadline_missed")
+    parser.add_argument("--max-message-mb", type=float, default=32.0,
+                        help="larger messages close their connection (code 1009)")
+    args = parser.parse_args(argv)
+    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    shorthands = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer",
+                  "embodiment": "embodiment", "seed": "model.seed", "device": "model.device"}
+    overrides = args.param + [f"{name}={getattr(args, flag)}" for flag, name in shorthands.items()
+                              if getattr(args, flag) is not None]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    p = engine_parameters(args.params_file, overrides)
+    server = build_server(p, ServeConfig(args.host, args.port, args.api_key,
+                                         int(args.max_message_mb * 2**20)),
+                          Capacity(args.max_clients, args.max_batch, args.slo_ms / 1e3))
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start()
+    try:
+        source = p["model.checkpoint"] or f"preset {p['model.preset']}"
+        print(f"oxygen-ros serve: {source}, embodiment {server.embodiment.name}, on ws://{args.host}:{server.port} "
+              f"({'API key required' if args.api_key else 'no API key'}; up to {args.max_clients} clients, batches "
+              f"of {args.max_batch}, cpu kernel {server.fleet.cpu_kernel[MODEL_ID]})", flush=True)
+        if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(f"serving {args.host} without an API key: anyone who reaches this port can drive the model "
+                        f"(--api-key or ${API_KEY_ENV})")
+        stop.wait()
+    finally:
+        server.close()
+    log.info(f"stopped after {server.served} replies; refused {dict(server.refused) or 'none'}")
+    return 0
