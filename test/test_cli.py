@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import oxygen_ros
-from oxygen_ros.cli import SUBCOMMANDS, main
+from oxygen_ros.commands.cli import SUBCOMMANDS, main
 
 
 def test_every_subcommand_has_a_main():
@@ -24,7 +24,7 @@ def test_help_and_unknown_command(capsys):
 
 
 def test_command_runs_as_a_module():
-    result = subprocess.run([sys.executable, "-m", "oxygen_ros.cli", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "oxygen_ros.commands.cli", "--help"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and "bench" in result.stdout
 
@@ -64,14 +64,14 @@ def test_every_subcommand_names_itself_describes_itself_and_every_option(monkeyp
 
 
 def test_version():
-    result = subprocess.run([sys.executable, "-m", "oxygen_ros.cli", "--version"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "oxygen_ros.commands.cli", "--version"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == f"oxygen-ros {oxygen_ros.__version__}"
 
 
 def exit_status(args: list[str]) -> int:
     """The exit status of `oxygen-ros ARGS` from the command's own main, in this process, as `python -m
-    oxygen_ros.cli` exits with it (above): an argparse error exits, any other exception escaping main would fail
+    oxygen_ros.commands.cli` exits with it (above): an argparse error exits, any other exception escaping main would fail
     the test, as it would print a traceback there."""
     try:
         return main(args)

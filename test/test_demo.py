@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from oxygen_ros.cli import main as cli_main
 from oxygen_ros.command_line import OUTPUT_MARKER, claim_output_dir
+from oxygen_ros.commands.cli import main as cli_main
+from oxygen_ros.commands.demo import TRAINING, main, trained_checkpoint
 from oxygen_ros.data.captions import frame_captions
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.report import RecordedActions, action_error, actions_from_episode_bag, load_recording
-from oxygen_ros.demo import TRAINING, main, trained_checkpoint
 
 from ros_test_utils import listen_while_running
 
@@ -33,7 +33,7 @@ def shifted(recorded: RecordedActions, frames: int) -> RecordedActions:
 
 def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_path, capsys, ros_env, monkeypatch):
     monkeypatch.setenv("ROS_DOMAIN_ID", ros_env["ROS_DOMAIN_ID"])
-    monkeypatch.setattr("oxygen_ros.demo.TRAINING", dataclasses.replace(TRAINING, steps=TRAINING_STEPS))
+    monkeypatch.setattr("oxygen_ros.commands.demo.TRAINING", dataclasses.replace(TRAINING, steps=TRAINING_STEPS))
     out, cache = tmp_path / "demo", tmp_path / "cache"
     assert main(["--out", str(out), "--seconds", "5", "--cache", str(cache)]) == 0
     printed = capsys.readouterr().out
@@ -86,12 +86,12 @@ def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_
     def no_training(*args, **kwargs):
         raise AssertionError("trained again")
 
-    monkeypatch.setattr("oxygen_ros.demo.train", no_training)
+    monkeypatch.setattr("oxygen_ros.commands.demo.train", no_training)
     assert trained_checkpoint(out / "episode_0.hdf5", cache) == Path(summary["checkpoint"])
 
 
 def test_demo_reports_a_failure_clearly(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("oxygen_ros.demo.find_config", lambda name: None)
+    monkeypatch.setattr("oxygen_ros.commands.demo.find_config", lambda name: None)
     assert main(["--out", str(tmp_path / "demo"), "--seconds", "1", "--untrained"]) == 1
     assert "demo failed: config/aloha.yaml not found" in capsys.readouterr().err
 
@@ -112,7 +112,7 @@ def test_demo_flags_reach_the_node_on_an_isolated_domain(tmp_path, ros_env, ros_
     from trajectory_msgs.msg import JointTrajectory
 
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "oxygen_ros.cli", "demo", "--out", str(out), "--seconds", "3", "--preset",
+    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "demo", "--out", str(out), "--seconds", "3", "--preset",
                "small", "--rate-hz", "5"]
     topics = {"action_chunk": JointTrajectory, "joint_states": JointState, "camera/cam_high/image_raw": Image}
     result, heard = listen_while_running(ros_context, command, ros_env, topics, timeout=300)

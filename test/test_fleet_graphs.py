@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from oxygen_ros.commands.fleet_bench import main as bench_main
+from oxygen_ros.commands.fleet_profile import main as profile_main
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.models import ModelSpec
-from oxygen_ros.fleet.profile_cli import main as profile_main
 from oxygen_ros.fleet.profiler import StageProfiler
-from oxygen_ros.fleet.real_bench import main as bench_main
 from oxygen_ros.fleet.server import FleetServer, ServedRobot
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.cuda_graphs import StreamGraphs, graph_bucket

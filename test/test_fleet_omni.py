@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from oxygen_ros.commands import fleet_sim
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.planners import Stage
-from oxygen_ros.fleet import fleet_sim_cli
 from oxygen_ros.fleet.ipc import HOPS, WAYS, hop_seconds, hop_tensors, kv_bytes_per_request, measure_hops
 from oxygen_ros.fleet.omni import InterGpuPlanner, Link, OmniPlanner, attach_hop_costs
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -58,8 +58,8 @@ def test_omni_frame_pays_the_stage_times_and_every_hop():
 def test_intergpu_frame_pays_the_kv_transfer_between_its_stages():
     expected = VLM_S[1] + KV_BYTES / 1e9 + 1e-4 + ACTION_S[1]
     assert single_frame_latency("intergpu") == pytest.approx(expected)
-    assert InterGpuPlanner.gpus == 2 and fleet_sim_cli.devices_of("intergpu", 4) == (2, 4)
-    assert fleet_sim_cli.devices_of("intergpu", 1) == (1, 2) and fleet_sim_cli.devices_of("omni", 4) == (4, 4)
+    assert InterGpuPlanner.gpus == 2 and fleet_sim.devices_of("intergpu", 4) == (2, 4)
+    assert fleet_sim.devices_of("intergpu", 1) == (1, 2) and fleet_sim.devices_of("omni", 4) == (4, 4)
 
 
 def test_omni_starts_the_next_batch_when_its_stage_frees_up_and_co_runs_the_stages():
@@ -168,7 +168,7 @@ def test_measured_hand_offs_on_real_tensors_feed_the_simulator(tmp_path):
     path = tmp_path / "ipc.json"
     path.write_text(json.dumps(report))
     out = tmp_path / "sim"
-    code = fleet_sim_cli.main(["--out", str(out), "--runs", "omni:esf,intergpu:rr", "--assign", "", "--gpus", "1",
+    code = fleet_sim.main(["--out", str(out), "--runs", "omni:esf,intergpu:rr", "--assign", "", "--gpus", "1",
                                "--models", "2", "--seeds", "1", "--max-robots", "8", "--duration", "1",
                                "--max-batch", "2", "--ipc", str(path), "--ipc-way", "pipe"])
     assert code == 0

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
+from oxygen_ros.commands.fleet_sim import main
 from oxygen_ros.engine.planners import Stage
-from oxygen_ros.fleet.fleet_sim_cli import main
 from oxygen_ros.fleet.profile_table import ProfileTable, find_inversions, synthetic_table
 from oxygen_ros.fleet.profiler import profile_stages
 

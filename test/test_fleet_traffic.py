@@ -132,7 +132,7 @@ def test_milp_scales_to_64_robots_8_models_4_gpus():
 
 
 def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys):
-    from oxygen_ros.fleet.assign_cli import main
+    from oxygen_ros.commands.fleet_assign import main
     from oxygen_ros.fleet.server import served_robots
 
     robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1 + 0.01 * i}

@@ -77,9 +77,9 @@ def _imports(module_path: Path) -> list[str]:
 SERVING = ["engine/*.py", "fleet/server.py", "fleet/stage_plan.py", "fleet/lockstep.py", "fleet/baselines.py",
            "fleet/device.py", "fleet/model_runner.py", "model/loading.py", "nodes/vla_node.py", "nodes/fleet_node.py",
            "serving/server.py", "serving/requests.py", "serving/protocol.py", "serving/serve_cli.py"]
-NOT_FOR_SERVING = ("oxygen_ros.cli", "oxygen_ros.bench", "oxygen_ros.fleet.simulator", "oxygen_ros.fleet.fleet_sim_cli",
-                   "oxygen_ros.fleet.real_bench", "oxygen_ros.fleet.profile_cli", "oxygen_ros.demo",
-                   "oxygen_ros.sim_demo")
+NOT_FOR_SERVING = ("oxygen_ros.commands.cli", "oxygen_ros.bench", "oxygen_ros.fleet.simulator", "oxygen_ros.commands.fleet_sim",
+                   "oxygen_ros.commands.fleet_bench", "oxygen_ros.commands.fleet_profile", "oxygen_ros.commands.demo",
+                   "oxygen_ros.commands.sim_demo")
 
 
 def test_the_engine_imports_neither_fleet_nor_bench():

@@ -5,10 +5,10 @@ import time
 
 import torch
 
+from oxygen_ros.commands.fleet_profile import main as profile_main
 from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.engine.planners import Stage
 from oxygen_ros.fleet.models import ModelSpec
-from oxygen_ros.fleet.profile_cli import main as profile_main
 from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.sm_partition import SmPartitions
 

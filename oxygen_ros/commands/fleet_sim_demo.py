@@ -21,8 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, claim_output_dir
-from oxygen_ros.processes import add_user_domain_argument, demo_env, python_command, stop, wait_for_exit
-from oxygen_ros.sim_demo import MODEL_CAMERA_KEYS, add_scene_arguments, scene_params, sim_summary
+from oxygen_ros.commands.processes import (
+    add_user_domain_argument,
+    demo_env,
+    python_command,
+    stop,
+    wait_for_exit,
+)
+from oxygen_ros.commands.sim_demo import MODEL_CAMERA_KEYS, add_scene_arguments, scene_params, sim_summary
 
 SIM_STEP_MS = 20.0  # gym-aloha's 50 Hz
 

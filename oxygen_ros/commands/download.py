@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from oxygen_ros.command_line import CommandParser, UsageError
 
-from .checkpoint import checkpoint_config
-from .hub import HubId, parse_hub_id
-from .loading import checkpoint_folder, checkpoint_tokenizer
+from ..model.checkpoint import checkpoint_config
+from ..model.hub import HubId, parse_hub_id
+from ..model.loading import checkpoint_folder, checkpoint_tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,19 +32,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .command_line import CommandParser
-from .control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
-from .data.aloha import read_aloha
-from .data.atomic import atomic_output
-from .data.captions import frame_captions
-from .data.episode import DataError, Episode
-from .model.checkpoint import save_checkpoint
-from .model.config import Pi05Config, get_preset
-from .model.generate import greedy_decode
-from .model.inputs import ModelInputs
-from .model.kv_cache import KVCache
-from .model.pi05 import Pi05Model, build_model
-from .model.preprocess import (
+from ..command_line import CommandParser
+from ..control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
+from ..data.aloha import read_aloha
+from ..data.atomic import atomic_output
+from ..data.captions import frame_captions
+from ..data.episode import DataError, Episode
+from ..model.checkpoint import save_checkpoint
+from ..model.config import Pi05Config, get_preset
+from ..model.generate import greedy_decode
+from ..model.inputs import ModelInputs
+from ..model.kv_cache import KVCache
+from ..model.pi05 import Pi05Model, build_model
+from ..model.preprocess import (
     ACTION_KEY,
     STATE_KEY,
     NormStats,
@@ -53,8 +53,8 @@ from .model.preprocess import (
     quantile_normalize,
     robot_actions,
 )
-from .model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-from .model.train import training_losses
+from ..model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from ..model.train import training_losses
 
 TOKENIZER_FILE = "tokenizer.model"
 INFO_FILE = "training.json"

@@ -22,11 +22,7 @@ import numpy as np
 import yaml
 
 from oxygen_ros.command_line import CommandParser
-from oxygen_ros.control.chunk_executor import BLENDING_MODES
-from oxygen_ros.data.aloha import read_aloha
-from oxygen_ros.data.video import encode_video
-from oxygen_ros.model.config import PRESETS
-from oxygen_ros.processes import (
+from oxygen_ros.commands.processes import (
     add_user_domain_argument,
     demo_env,
     find_config,
@@ -34,6 +30,10 @@ from oxygen_ros.processes import (
     stop,
     wait_for_exit,
 )
+from oxygen_ros.control.chunk_executor import BLENDING_MODES
+from oxygen_ros.data.aloha import read_aloha
+from oxygen_ros.data.video import encode_video
+from oxygen_ros.model.config import PRESETS
 
 # pi0.5's image keys for ALOHA-style cameras (openpi / LeRobot naming): base view and the two wrists.
 SCRIPTED = "scripted"

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import yaml
 
-from .command_line import CommandParser, UsageError, claim_output_dir
-from .data.aloha import read_aloha, write_aloha
-from .data.bag import read_messages
-from .data.convert import main as convert_main
-from .data.report import actions_from_episode_bag, write_report
-from .data.synthetic import synthetic_episode
-from .model.config import PRESETS
+from ..command_line import CommandParser, UsageError, claim_output_dir
+from ..data.aloha import read_aloha, write_aloha
+from ..data.bag import read_messages
+from ..data.convert import main as convert_main
+from ..data.report import actions_from_episode_bag, write_report
+from ..data.synthetic import synthetic_episode
+from ..model.config import PRESETS
 from .processes import add_user_domain_argument, demo_env, find_config, python_command, stop, wait_for_exit
 from .train_tiny import INFO_FILE, TOKENIZER_FILE, TrainConfig, episode_content_hash, train
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def find_config(name: str) -> Path | None:
