@@ -3,9 +3,9 @@
 import dataclasses
 import json
 
-from oxygen_ros.bench import oxygen_bench as bench
-from oxygen_ros.bench.modes import SETTINGS
-from oxygen_ros.bench.oxygen_bench import main
+from oxygen_ros.evaluation.bench import oxygen_bench as bench
+from oxygen_ros.evaluation.bench.modes import SETTINGS
+from oxygen_ros.evaluation.bench.oxygen_bench import main
 
 REQUIRED = {"setting", "preset", "device", "denoise_steps", "decode_len", "tokens_per_frame", "action_hz",
             "action_latency_p50_ms", "action_latency_p99_ms", "deadline_misses", "tokens_per_s", "peak_memory_mb"}
@@ -79,7 +79,7 @@ def test_goal_point_runs_both_dtypes_in_one_run_and_checks_the_goals(tmp_path, c
 
 
 def test_model_bench_times_a_preset_in_the_dtype_asked_for(capsys):
-    from oxygen_ros.bench.model_bench import main as model_bench
+    from oxygen_ros.evaluation.bench.model_bench import main as model_bench
 
     model_bench(["--presets", "tiny", "--batches", "1", "--repeats", "1", "--dtype", "bfloat16"])
     out = capsys.readouterr().out
@@ -92,7 +92,7 @@ def test_model_bench_times_a_preset_in_the_dtype_asked_for(capsys):
 
 
 def test_decode_bench_times_the_compiled_step_beside_the_eager_one_and_its_floors(capsys):
-    from oxygen_ros.bench.decode_bench import main as decode_bench
+    from oxygen_ros.evaluation.bench.decode_bench import main as decode_bench
 
     assert decode_bench(["--preset", "tiny", "--batches", "16", "--dtypes", "float32", "--rounds", "1", "--steps",
                          "1", "--cpu-kernel"]) == 0
@@ -105,7 +105,7 @@ def test_decode_bench_times_the_compiled_step_beside_the_eager_one_and_its_floor
 
 
 def test_decode_bench_times_a_denoising_beside_the_step_and_beside_its_head(capsys):
-    from oxygen_ros.bench.decode_bench import main as decode_bench
+    from oxygen_ros.evaluation.bench.decode_bench import main as decode_bench
 
     assert decode_bench(["--preset", "tiny", "--batches", "16", "--dtypes", "float32", "--rounds", "1", "--steps",
                          "2", "--cpu-kernel", "--beside"]) == 0

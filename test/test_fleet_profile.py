@@ -107,7 +107,7 @@ def test_inversions_are_flagged():
 
 
 def test_co_run_probe_times_every_way_with_one_thread_per_co_running_stage(capsys):
-    from oxygen_ros.fleet.co_run_probe import main as probe_main
+    from oxygen_ros.evaluation.fleet.co_run_probe import main as probe_main
 
     assert probe_main(["--repeats", "1", "--cycles", "1", "--num-steps", "2", "--bucket", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]

@@ -9,14 +9,14 @@ import statistics
 import pytest
 import torch
 
-from oxygen_ros.bench.workloads import synthetic_frames
 from oxygen_ros.commands.fleet_bench import fleet_server, serve, warm_up
 from oxygen_ros.commands.fleet_profile import main as profile_main
 from oxygen_ros.engine.planners import Stage
+from oxygen_ros.evaluation.bench.workloads import synthetic_frames
+from oxygen_ros.evaluation.fleet.simulator import SimConfig, cycle_factors, make_arrivals, simulate
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.profiler import StageProfiler
-from oxygen_ros.fleet.simulator import SimConfig, cycle_factors, make_arrivals, simulate
 from oxygen_ros.fleet.traffic import RobotSpec, robot_loads
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model

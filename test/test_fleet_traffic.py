@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from oxygen_ros.evaluation.fleet.fleets import make_fleet, model_scales
 from oxygen_ros.fleet.profile_table import synthetic_table
 from oxygen_ros.fleet.traffic import (
     InfeasibleAssignment,
@@ -18,7 +19,6 @@ from oxygen_ros.fleet.traffic import (
     per_frame_cost,
     robot_loads,
 )
-from oxygen_ros.fleet.workload import make_fleet, model_scales
 
 
 def brute_force(robots, loads, n_gpus, capacity=1.0, balance_slack=0.1):

@@ -77,14 +77,14 @@ def _imports(module_path: Path) -> list[str]:
 SERVING = ["engine/*.py", "fleet/server.py", "fleet/stage_plan.py", "fleet/lockstep.py", "fleet/baselines.py",
            "fleet/device.py", "fleet/model_runner.py", "model/loading.py", "nodes/vla_node.py", "nodes/fleet_node.py",
            "serving/server.py", "serving/requests.py", "serving/protocol.py", "serving/serve_cli.py"]
-NOT_FOR_SERVING = ("oxygen_ros.commands.cli", "oxygen_ros.bench", "oxygen_ros.fleet.simulator", "oxygen_ros.commands.fleet_sim",
+NOT_FOR_SERVING = ("oxygen_ros.commands.cli", "oxygen_ros.evaluation.bench", "oxygen_ros.evaluation.fleet.simulator", "oxygen_ros.commands.fleet_sim",
                    "oxygen_ros.commands.fleet_bench", "oxygen_ros.commands.fleet_profile", "oxygen_ros.commands.demo",
                    "oxygen_ros.commands.sim_demo")
 
 
 def test_the_engine_imports_neither_fleet_nor_bench():
     offenders = [f"{path.name}: {name}" for path in sorted((PACKAGE / "engine").glob("*.py"))
-                 for name in _imports(path) if name.startswith(("oxygen_ros.fleet", "oxygen_ros.bench"))]
+                 for name in _imports(path) if name.startswith(("oxygen_ros.fleet", "oxygen_ros.evaluation.bench"))]
     assert not offenders, offenders
 
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from oxygen_ros.bench.model_bench import random_inputs
+from oxygen_ros.evaluation.bench.model_bench import random_inputs
 from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.gemma import rope_cos_sin

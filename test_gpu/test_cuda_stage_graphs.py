@@ -4,11 +4,11 @@ by side on complementary partitions stay equal to eager, and the fleet server se
 
 import torch
 
-from oxygen_ros.bench.workloads import synthetic_frames
 from oxygen_ros.engine.frames import bucket_for
 from oxygen_ros.engine.planners import Stage
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.evaluation.bench.workloads import synthetic_frames
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.server import FleetServer, ServedRobot

@@ -16,8 +16,8 @@ from oxygen_ros.openmp import prefer_passive_waits, prefer_short_spins
 PASSIVE_OPENMP_COMMANDS = {"fleet-profile", "fleet-bench", "serve", "serve-bench"}  # torch from several threads
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("oxygen_ros.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
-    "model-bench": ("oxygen_ros.bench.model_bench", "parameter counts and per-call model timings"),
+    "bench": ("oxygen_ros.evaluation.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
+    "model-bench": ("oxygen_ros.evaluation.bench.model_bench", "parameter counts and per-call model timings"),
     "download": ("oxygen_ros.commands.download", "fetch a pi05 checkpoint by hub id and its tokenizer ahead of time"),
     "convert": ("oxygen_ros.data.convert", "ALOHA HDF5 / LeRobot v3 episode -> rosbag2"),
     "replay": ("oxygen_ros.nodes.replay_node", "publish a rosbag2 with its timing (raw CDR, optional /clock)"),
@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet-profile": ("oxygen_ros.commands.fleet_profile", "measure real stage latencies of served models -> LUT JSON"),
     "fleet-assign": ("oxygen_ros.commands.fleet_assign", "traffic controller: robots -> GPUs (assignment JSON)"),
     "fleet-bench": ("oxygen_ros.commands.fleet_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
-    "fleet-ipc": ("oxygen_ros.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
+    "fleet-ipc": ("oxygen_ros.evaluation.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
     "fleet-dds-bench": ("oxygen_ros.commands.fleet_dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
     "serve": ("oxygen_ros.serving.serve_cli", "openpi's websocket protocol (openpi-client) in front of the engine"),
     "serve-bench": ("oxygen_ros.serving.serve_bench", "openpi-client clients against serve vs the sequential baseline"),

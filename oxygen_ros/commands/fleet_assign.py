@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, existing_file
-from oxygen_ros.fleet.capacity import SloSafeLoads, place_slo_safe
+from oxygen_ros.evaluation.fleet.capacity import SloSafeLoads, place_slo_safe
+from oxygen_ros.evaluation.fleet.simulator import SimConfig
 from oxygen_ros.fleet.designs import DESIGNS
 from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.simulator import SimConfig
 from oxygen_ros.fleet.traffic import (
     Assignment,
     RobotSpec,

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..engine.kv_pool import KVPool
-from ..engine.language import LanguageRequest, decode_batch, start_request
-from ..engine.model_runner import PriorityStreams
-from ..engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
-from ..engine.scheduler import SchedulerConfig
-from ..model.inputs import ModelInputs
+from ...engine.kv_pool import KVPool
+from ...engine.language import LanguageRequest, decode_batch, start_request
+from ...engine.model_runner import PriorityStreams
+from ...engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
+from ...engine.scheduler import SchedulerConfig
+from ...model.inputs import ModelInputs
 
 SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")  # the full matrix's
 OVERLAP = "continuous_batching_overlap"  # also run where a sweep point names it

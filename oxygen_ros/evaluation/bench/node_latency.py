@@ -1,6 +1,6 @@
 """End-to-end latency of the VLA node: image stamp -> action chunk received, and the node's overhead on the engine.
 
-`python -m oxygen_ros.bench.node_latency [--presets tiny small] [--rate 10] [--seconds 10] [--image 480x640]`
+`python -m oxygen_ros.evaluation.bench.node_latency [--presets tiny small] [--rate 10] [--seconds 10] [--image 480x640]`
 
 For each preset the VLA node runs as its own process with the ALOHA parameter file (as `ros2 launch` starts it),
 and `oxygen_ros.nodes.latency_probe` runs as another: it publishes camera images and joint states at 30 Hz and
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ALOHA_CAMERAS = ("cam_high", "cam_left_wrist", "cam_right_wrist")
 PRESET_CAMERAS = {"tiny": 2, "small": 3, "pi05": 3}  # cameras the ALOHA file maps onto each preset's image keys
 IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -91,7 +91,7 @@ def image_size(text: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oxygen_ros.bench.node_latency",
+    parser = argparse.ArgumentParser(prog="python -m oxygen_ros.evaluation.bench.node_latency",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=sorted(PRESET_CAMERAS))
     parser.add_argument("--rate", type=float, default=10.0, help="the node's control.rate_hz")

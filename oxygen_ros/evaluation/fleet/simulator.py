@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.frames import ActionFrame
-from ..engine.planners import StageJob
-from ..engine.scheduler import Scheduler, SchedulerConfig
-from ..engine.stats import percentile
-from .designs import make_planner
-from .omni import InterGpuPlanner, OmniPlanner
-from .profile_table import ProfileCost, ProfileTable
-from .traffic import RobotSpec
+from ...engine.frames import ActionFrame
+from ...engine.planners import StageJob
+from ...engine.scheduler import Scheduler, SchedulerConfig
+from ...engine.stats import percentile
+from ...fleet.designs import make_planner
+from ...fleet.profile_table import ProfileCost, ProfileTable
+from ...fleet.traffic import RobotSpec
+from .baselines import InterGpuPlanner, OmniPlanner
 
 BASELINES = {"omni": OmniPlanner, "intergpu": InterGpuPlanner}
 DESIGNS = ("monolithic", "disaggregated", "robion", *BASELINES)

@@ -1,7 +1,7 @@
 """Decode-step benchmark: what one language decode step costs against its compute and memory floors, and where
 its time goes.
 
-    python -m oxygen_ros.bench.decode_bench [--preset fullvocab] [--batches 1 50] [--dtypes float32 bfloat16]
+    python -m oxygen_ros.evaluation.bench.decode_bench [--preset fullvocab] [--batches 1 50] [--dtypes float32 bfloat16]
                                             [--rounds 5] [--steps 10] [--profile] [--compile] [--cpu-kernel]
 
 For every dtype and batch it times `Pi05Model.decode_step` (logits, then the argmax a greedy request takes) and

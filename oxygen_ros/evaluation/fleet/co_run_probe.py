@@ -1,4 +1,4 @@
-"""``python -m oxygen_ros.fleet.co_run_probe``: why two co-running stages on a CPU are slower than each alone.
+"""``python -m oxygen_ros.evaluation.fleet.co_run_probe``: why two co-running stages on a CPU are slower than each alone.
 
 One tiny model's VLM stage and action stage (the engine's `prefill_stage` / `denoise_stage`, as the fleet serves
 them) are timed alone (on one thread, and on all ``--cores``) and side by side in four ways, each stage on one

@@ -1,7 +1,7 @@
 """Model benchmark: parameter counts per preset, the memory a loaded preset takes, and CPU latency of prefill,
 denoising and decoding.
 
-    python -m oxygen_ros.bench.model_bench [--presets tiny small] [--batches 1 4 16] [--repeats 5]
+    python -m oxygen_ros.evaluation.bench.model_bench [--presets tiny small] [--batches 1 4 16] [--repeats 5]
                                            [--dtype float32|bfloat16] [--threads N]
 
 The full pi05 model is counted on the `meta` device (no memory); timings run the random-init presets (`tiny` and

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .traffic import RobotSpec
+from ...fleet.traffic import RobotSpec
 
 
 def model_ids(n_models: int) -> list[str]:

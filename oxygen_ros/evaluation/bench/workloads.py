@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..model.config import Pi05Config
-from ..model.inputs import ModelInputs
+from ...model.config import Pi05Config
+from ...model.inputs import ModelInputs
 
 ARRIVAL_PATTERNS = ("every_frame", "every_4", "burst")
 

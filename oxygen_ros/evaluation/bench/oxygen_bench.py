@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from ..command_line import CommandParser, progress
-from ..engine.frames import deadline_missed
-from ..engine.stats import percentile, percentile_ms
-from ..model import cpu_kernel
-from ..model.config import PRESETS, Pi05Config, get_preset
-from ..model.pi05 import build_model
-from ..model.precision import DTYPE_NAMES, default_dtype, resolve_dtype
+from ...command_line import CommandParser, progress
+from ...engine.frames import deadline_missed
+from ...engine.stats import percentile, percentile_ms
+from ...model import cpu_kernel
+from ...model.config import PRESETS, Pi05Config, get_preset
+from ...model.pi05 import build_model
+from ...model.precision import DTYPE_NAMES, default_dtype, resolve_dtype
 from .energy import EnergyMeter, cuda_uuid, open_energy_meter, per_unit
 from .modes import OVERLAP, RUNNERS, SETTINGS, SettingRun, Workload
 from .workloads import arrivals, synthetic_frames
