@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from oxygen_ros.engine.cost_models import StepCostModel
 from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.language import decode_batch, start_request
 from oxygen_ros.engine.model_runner import PriorityStreams
-from oxygen_ros.engine.step_cost import StepCostModel
 from oxygen_ros.evaluation.bench import modes
 from oxygen_ros.evaluation.bench.modes import RUNNERS, SETTINGS, Workload
 from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames

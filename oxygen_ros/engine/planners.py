@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from .cost_models import CostModel
 from .frames import ActionFrame, bucket_for
 from .queues import frame_queues, make_policy
-from .step_cost import CostModel
 
 
 class Stage(StrEnum):

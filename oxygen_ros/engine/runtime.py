@@ -33,6 +33,7 @@ from ..model.inputs import ModelInputs
 from ..model.preprocess import Observation, prepare_inputs, robot_actions
 from .control_gate import ControlGate
 from .control_path import ControlPath
+from .cost_models import CostModel, LearnedCost
 from .frames import ActionFrame
 from .language_worker import LanguageWorker
 from .model_runner import ModelRunner, PriorityStreams
@@ -42,7 +43,6 @@ from .planners import StagePlanner
 from .scheduler import Scheduler, SchedulerConfig
 from .stage_control import StagedControl
 from .stage_workers import StageWorkers
-from .step_cost import CostModel, LearnedCost
 
 __all__ = ["ActionChunk", "Runtime", "RuntimeConfig", "RuntimeStats", "Served", "TextUpdate"]
 

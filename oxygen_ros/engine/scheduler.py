@@ -24,11 +24,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost_models import CostModel, LearnedCost
 from .frames import ActionFrame
 from .language import LanguageRequest
 from .planners import MonolithicPlanner, StageJob, StagePlanner
 from .queues import QUEUE_POLICIES
-from .step_cost import CostModel, LearnedCost
 
 ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..engine.cost_models import CostModel
 from ..engine.planners import MonolithicPlanner, StagePlanner
 from ..engine.scheduler import SchedulerConfig
-from ..engine.step_cost import CostModel
 from .lockstep import LockstepPlanner
 from .profile_table import ProfileTable
 from .static_split import StaticSplitPlanner

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine.cost_models import LearnedCost
 from ..engine.planners import Stage
-from ..engine.step_cost import LearnedCost
 
 
 def _share_key(share: float) -> float:
