@@ -18,7 +18,7 @@ setup(
         ("share/oxygen_ros", ["package.xml"]),
     ],
     entry_points={
-        "console_scripts": ["oxygen-ros = oxygen_ros.cli:main"]
+        "console_scripts": ["oxygen-ros = oxygen_ros.commands.cli:main"]
         + [f"{name} = oxygen_ros.nodes.entry:{name}" for name in NODE_EXECUTABLES],
     },
 )

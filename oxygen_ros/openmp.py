@@ -6,7 +6,7 @@ parallel region. Each Python thread that runs torch operators leads its own team
 by side (or one stage worker while other threads preprocess frames) the idle team's spinning threads take the
 cores the busy one needs. Measured on a 2-core CPU serving 8 robots at 10 Hz on two tiny models with the Robion
 lockstep: 25 chunks in 40 s with the default policy, every frame (80 chunks/s) with `OMP_WAIT_POLICY=PASSIVE`; the
-whole-device design served every frame either way (`docs/fleet.md`). libgomp reads the variable once, when it is
+whole-device design served every frame either way (`docs/results/2026-12-fleet.md`). libgomp reads the variable once, when it is
 loaded, so it must be set before torch is imported. Only the standard library is imported here.
 
 Elsewhere the team's threads may spin, but not for long: by default an idle libgomp thread spins for 300,000

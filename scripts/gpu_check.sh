@@ -52,22 +52,22 @@ step() {  # step NAME SECONDS COMMAND...
 
 # -v: one line per test as it passes, so a stopped run shows which test it was in
 step test_gpu 300 "$py" -m pytest -v -p no:cacheprovider test_gpu
-step bench_small 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --out "$out/bench_small"
+step bench_small 240 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset small --device cuda --quick --out "$out/bench_small"
 # every share the driver makes, buckets 1-4: 2 models x 2 stages x 3 buckets x ~10 shares x 4 runs, then the
 # co-run rounds (about 30 s by estimate); fails rather than profile plain streams if there are no SM partitions
-step fleet_profile 150 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
+step fleet_profile 150 "$py" -m oxygen_ros.commands.fleet_profile --models a=small:0,b=small:1 --device cuda \
     --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --out "$out/fleet_lut_small.json"
 # the real vocabulary at the goal point, float32 and bfloat16 side by side, with energy where NVML is installed
-step bench_goals 300 "$py" -m oxygen_ros.bench.oxygen_bench --preset fullvocab --device cuda --goals \
+step bench_goals 300 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset fullvocab --device cuda --goals \
     --dtype float32 bfloat16 --cuda-graphs --out "$out/bench_goals"
-step bench_small_graphs 240 "$py" -m oxygen_ros.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
+step bench_small_graphs 240 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
     --out "$out/bench_small_graphs"
 # the same table with the action stage replayed from CUDA graphs per SM partition (a capture per stream and bucket)
-step fleet_profile_graphs 180 "$py" -m oxygen_ros.fleet.profile_cli --models a=small:0,b=small:1 --device cuda \
+step fleet_profile_graphs 180 "$py" -m oxygen_ros.commands.fleet_profile --models a=small:0,b=small:1 --device cuda \
     --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --cuda-graphs \
     --out "$out/fleet_lut_small_graphs.json"
 # 3.35 B parameters initialised on the CPU, then the reduced matrix (about 200 s by estimate)
-step bench_pi05 420 "$py" -m oxygen_ros.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
+step bench_pi05 420 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
     --out "$out/bench_pi05"
 echo "=== $failed failed step(s); logs in $out"
 exit "$failed"

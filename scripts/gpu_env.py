@@ -27,7 +27,7 @@ def device() -> str:
 
 
 def driver() -> list[str]:
-    from oxygen_ros.bench.energy import cuda_uuid, open_energy_meter
+    from oxygen_ros.evaluation.bench.energy import cuda_uuid, open_energy_meter
     from oxygen_ros.fleet.sm_partition import SmPartitions
 
     try:

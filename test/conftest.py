@@ -4,6 +4,7 @@ test tiers (`system`: processes, DDS, the simulator, colcon; everything else is 
 import itertools
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 from domain_coordinator import domain_id
@@ -17,6 +18,11 @@ os.environ.setdefault("HOME", tempfile.gettempdir())
 # cores are busy, two spinning OpenMP workers per process made a 6 s test take over 4 minutes.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One user cache for the tests, apart from the user's own and kept between runs and tiers: the stand-in tokenizer is
+# trained and the CPU kernel compiled (about 10 s) once, by the first test or node process that needs them, and
+# reused by every other one (child processes inherit it; files are named by their inputs and written atomically, so
+# runs side by side share it safely). A test about the cache itself points XDG_CACHE_HOME elsewhere.
+os.environ["XDG_CACHE_HOME"] = os.path.join(tempfile.gettempdir(), f"oxygen_ros_test_cache_{os.getuid()}")
 
 from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for every test here
 
@@ -24,6 +30,12 @@ from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for eve
 # range). One counter for the whole run: consecutive tests get different domains, so nothing a finished test left
 # behind can be discovered by the next one.
 _domain_candidates = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """The tests' user cache (above), for node processes given their environment explicitly."""
+    return Path(os.environ["XDG_CACHE_HOME"])
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 
-from oxygen_ros.processes import stop
+from oxygen_ros.commands.processes import stop
 
 
 def start_python(code: str, env: dict) -> subprocess.Popen:

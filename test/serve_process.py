@@ -20,7 +20,7 @@ class ServeProcess:
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
-        self.process = subprocess.Popen([sys.executable, "-m", "oxygen_ros.cli", "serve", "--port", "0", *args],
+        self.process = subprocess.Popen([sys.executable, "-m", "oxygen_ros.commands.cli", "serve", "--port", "0", *args],
                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.port: int | None = None

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 def oxygen_ros(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "oxygen_ros.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "oxygen_ros.commands.cli", *args], env=env, capture_output=True,
                           text=True, timeout=120)
 
 

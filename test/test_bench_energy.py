@@ -3,10 +3,10 @@ one needs an NVIDIA driver): the reading code is the benchmark's own, the counte
 
 import pytest
 
-from oxygen_ros.bench.energy import open_energy_meter, per_unit
-from oxygen_ros.bench.modes import RUNNERS, Workload
-from oxygen_ros.bench.oxygen_bench import summarize
-from oxygen_ros.bench.workloads import arrivals, synthetic_frames
+from oxygen_ros.evaluation.bench.energy import open_energy_meter, per_unit
+from oxygen_ros.evaluation.bench.modes import RUNNERS, Workload
+from oxygen_ros.evaluation.bench.oxygen_bench import summarize
+from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
 

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from oxygen_ros.bench import modes
-from oxygen_ros.bench.modes import RUNNERS, SETTINGS, Workload
-from oxygen_ros.bench.workloads import arrivals, synthetic_frames
+from oxygen_ros.engine.cost_models import StepCostModel
 from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.language import decode_batch, start_request
 from oxygen_ros.engine.model_runner import PriorityStreams
-from oxygen_ros.engine.step_cost import StepCostModel
+from oxygen_ros.evaluation.bench import modes
+from oxygen_ros.evaluation.bench.modes import RUNNERS, SETTINGS, Workload
+from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
 

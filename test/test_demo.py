@@ -5,17 +5,17 @@ checkpoint folder on disk; only the episode and the training are shorter than th
 import dataclasses
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from oxygen_ros.command_line import OUTPUT_MARKER, claim_output_dir
+from oxygen_ros.commands.cli import main as cli_main
+from oxygen_ros.commands.demo import TRAINING, main, trained_checkpoint
 from oxygen_ros.data.captions import frame_captions
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.report import RecordedActions, action_error, actions_from_episode_bag, load_recording
-from oxygen_ros.demo import TRAINING, main, trained_checkpoint
 
 from ros_test_utils import listen_while_running
 
@@ -33,7 +33,7 @@ def shifted(recorded: RecordedActions, frames: int) -> RecordedActions:
 
 def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_path, capsys, ros_env, monkeypatch):
     monkeypatch.setenv("ROS_DOMAIN_ID", ros_env["ROS_DOMAIN_ID"])
-    monkeypatch.setattr("oxygen_ros.demo.TRAINING", dataclasses.replace(TRAINING, steps=TRAINING_STEPS))
+    monkeypatch.setattr("oxygen_ros.commands.demo.TRAINING", dataclasses.replace(TRAINING, steps=TRAINING_STEPS))
     out, cache = tmp_path / "demo", tmp_path / "cache"
     assert main(["--out", str(out), "--seconds", "5", "--cache", str(cache)]) == 0
     printed = capsys.readouterr().out
@@ -86,19 +86,23 @@ def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_
     def no_training(*args, **kwargs):
         raise AssertionError("trained again")
 
-    monkeypatch.setattr("oxygen_ros.demo.train", no_training)
+    monkeypatch.setattr("oxygen_ros.commands.demo.train", no_training)
     assert trained_checkpoint(out / "episode_0.hdf5", cache) == Path(summary["checkpoint"])
 
 
 def test_demo_reports_a_failure_clearly(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("oxygen_ros.demo.find_config", lambda name: None)
+    monkeypatch.setattr("oxygen_ros.commands.demo.find_config", lambda name: None)
     assert main(["--out", str(tmp_path / "demo"), "--seconds", "1", "--untrained"]) == 1
     assert "demo failed: config/aloha.yaml not found" in capsys.readouterr().err
 
 
-def run_demo(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "oxygen_ros.cli", "demo", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def demo_exit_status(args: list[str]) -> int:
+    """`oxygen-ros demo ARGS`'s exit status from the command's own main, in this process (an argparse error exits;
+    any other exception would fail the test, as it would print a traceback in the command's process)."""
+    try:
+        return cli_main(["demo", *args])
+    except SystemExit as exit:
+        return exit.code
 
 
 def test_demo_flags_reach_the_node_on_an_isolated_domain(tmp_path, ros_env, ros_context, ros_domain_id):
@@ -108,7 +112,7 @@ def test_demo_flags_reach_the_node_on_an_isolated_domain(tmp_path, ros_env, ros_
     from trajectory_msgs.msg import JointTrajectory
 
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "oxygen_ros.cli", "demo", "--out", str(out), "--seconds", "3", "--preset",
+    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "demo", "--out", str(out), "--seconds", "3", "--preset",
                "small", "--rate-hz", "5"]
     topics = {"action_chunk": JointTrajectory, "joint_states": JointState, "camera/cam_high/image_raw": Image}
     result, heard = listen_while_running(ros_context, command, ros_env, topics, timeout=300)
@@ -122,21 +126,20 @@ def test_demo_flags_reach_the_node_on_an_isolated_domain(tmp_path, ros_env, ros_
     assert heard == dict.fromkeys(topics, 0)
 
 
-def test_demo_refuses_a_bad_preset_in_one_line(tmp_path, ros_env):
+def test_demo_refuses_a_bad_preset_in_one_line(tmp_path, capfd):
     out = tmp_path / "demo"
-    result = run_demo(["--out", str(out), "--preset", "huge"], ros_env, timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "invalid choice: 'huge'" in result.stderr
-    assert "Traceback" not in result.stderr and not out.exists()
+    assert demo_exit_status(["--out", str(out), "--preset", "huge"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice: 'huge'" in err and not out.exists()
 
 
-def test_demo_refuses_a_non_empty_folder_it_did_not_make(tmp_path, ros_env):
+def test_demo_refuses_a_non_empty_folder_it_did_not_make(tmp_path, capfd):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "thesis.tex").write_text("precious")
-    result = run_demo(["--out", str(out), "--seconds", "1"], ros_env, timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "not empty and was not made by oxygen-ros" in result.stderr
+    assert demo_exit_status(["--out", str(out), "--seconds", "1"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "not empty and was not made by oxygen-ros" in err
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
 
 

@@ -7,9 +7,9 @@ import functools
 import pytest
 import torch
 
-from oxygen_ros.bench.model_bench import random_inputs
 from oxygen_ros.engine.language import decode_batch, start_request
 from oxygen_ros.engine.model_runner import ModelRunner
+from oxygen_ros.evaluation.bench.model_bench import random_inputs
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.kv_cache import DecodeIndex
 from oxygen_ros.model.pi05 import build_model

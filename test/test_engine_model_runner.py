@@ -6,9 +6,9 @@ import threading
 import pytest
 import torch
 
-from oxygen_ros.bench.workloads import synthetic_frames
 from oxygen_ros.engine.model_runner import ModelRunner
 from oxygen_ros.engine.stage_workers import Stage, StageWorkers
+from oxygen_ros.evaluation.bench.workloads import synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import Pi05Model, build_model
 

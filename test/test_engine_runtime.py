@@ -296,7 +296,7 @@ def test_overlap_threads_is_refused_with_a_stage_split_and_when_negative(model):
     with pytest.raises(ValueError, match="overlap_threads"):
         RuntimeConfig(SchedulerConfig(), overlap_threads=-1)
     with pytest.raises(ValueError, match="stage split"):
-        Runtime(Served(model), RuntimeConfig(SchedulerConfig(), overlap_threads=1), stages=(object(), object()))
+        Runtime(Served(model), RuntimeConfig(SchedulerConfig(), overlap_threads=1), stage_workers=object())
 
 
 def test_bad_observation_raises_and_leaves_the_runtime_usable(model, tokenizer):
@@ -356,7 +356,7 @@ def test_a_frame_slot_no_request_takes_is_freed_only_after_its_chunk_is_read_bac
     runner = runtime.runners["default"]
     events, act, free = [], runner.act, runner.free
 
-    class ReadBack:  # the chunk's tensor as `run_control` reads it: float(), then cpu()
+    class ReadBack:  # the chunk's tensor as the control path reads it: float(), then cpu()
         def __init__(self, actions):
             self.actions = actions
 
@@ -377,7 +377,8 @@ def test_a_frame_slot_no_request_takes_is_freed_only_after_its_chunk_is_read_bac
     inputs = prepared(runtime, 0)
     runtime.submit(runtime.frame(inputs, narrate=False, context=0))
     runtime.submit(runtime.frame(inputs, narrate=True, max_new_tokens=0, context=1))
-    chunks = runtime.run_control()
+    chunks = []
+    assert runtime.run_control(chunks.append)
     assert [c.context for c in chunks] == [0, 1] and all(c.error is None for c in chunks)
     assert events[0] == ("read back",) and sorted(events[1][1:]) == [0, 1] and len(events) == 2
     assert runtime.stats().slots_used == 0

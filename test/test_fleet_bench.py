@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from oxygen_ros.fleet import real_bench
+from oxygen_ros.commands import fleet_bench
+from oxygen_ros.engine.planners import Stage
 from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
-from oxygen_ros.fleet.requests import Stage
 
 
 def test_mean_table_averages_entries_and_co_run_slowdowns():
@@ -23,7 +23,7 @@ def test_mean_table_averages_entries_and_co_run_slowdowns():
 
 
 def test_bench_reprofiles_after_each_count_and_reports_the_prediction_band(tmp_path, capsys):
-    code = real_bench.main(["--robots", "2,4", "--designs", "monolithic,robion", "--duration", "0.5",
+    code = fleet_bench.main(["--robots", "2,4", "--designs", "monolithic,robion", "--duration", "0.5",
                             "--repeats", "2", "--max-batch", "2", "--slo", "1.0", "--reprofile",
                             "--out", str(tmp_path)])
     assert code == 0

@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxygen_ros.fleet.baselines import MonolithicScheduler
-from oxygen_ros.fleet.capacity import (
+from oxygen_ros.engine.frames import ActionFrame
+from oxygen_ros.engine.planners import Stage
+from oxygen_ros.evaluation.fleet.baselines import LINKS, attach_hop_costs
+from oxygen_ros.evaluation.fleet.capacity import (
     Point,
     SloSafeLoads,
     bisect_robots,
@@ -16,11 +18,9 @@ from oxygen_ros.fleet.capacity import (
     place_slo_safe,
     robots_at_target,
 )
-from oxygen_ros.fleet.omni import LINKS, attach_hop_costs
-from oxygen_ros.fleet.profile_table import ProfileTable, synthetic_table
-from oxygen_ros.fleet.requests import FleetRequest, RobotSpec, Stage
-from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, make_arrivals, make_device, simulate
-from oxygen_ros.fleet.traffic import InfeasibleAssignment
+from oxygen_ros.evaluation.fleet.simulator import DESIGNS, SimConfig, make_arrivals, make_scheduler, simulate
+from oxygen_ros.fleet.profile_table import ProfileCost, ProfileTable, synthetic_table
+from oxygen_ros.fleet.traffic import InfeasibleAssignment, RobotSpec
 
 MEASURED = ProfileTable.load(Path(__file__).parent / "data" / "fleet_cpu_lut.json")  # fleet-profile, 2 tiny models
 
@@ -59,24 +59,26 @@ def test_every_design_runs_the_queue_policy_it_is_given():
     hops = {hop: {b: 1e-4 for b in (1, 2, 4, 8)} for hop in ("input", "kv", "output")}
     lut = attach_hop_costs(synthetic_table({"m": 1.0}), hops, "test", 1000, LINKS["pcie4"], "pcie4")
     for design in DESIGNS:
-        assert make_device(SimConfig(design=design), lut).policies[Stage.VLM].name == "esf"
-        assert make_device(SimConfig(design=design, policy="rr"), lut).policies[Stage.ACTION].name == "rr"
+        for policy, kind in (("esf", "EarliestSloFirst"), ("rr", "RoundRobin")):
+            planner = make_scheduler(SimConfig(design=design, policy=policy), lut).planner
+            policies = [planner.policy] if design == "monolithic" else list(planner.policies.values())
+            assert [type(p).__name__ for p in policies] == [kind] * len(policies), (design, policy)
 
 
-def test_monolithic_runs_each_stage_on_its_fastest_measured_share():
-    fastest = {(m, s, b): MEASURED.fastest_share(m, s, b) for m in MEASURED.models() for s in Stage
-               for b in (1, 2, 4, 8)}
-    assert set(fastest.values()) <= set(MEASURED.shares("a", Stage.VLM))
+def test_monolithic_runs_a_batch_on_the_share_where_its_two_stages_are_fastest():
+    """A whole-device batch is its VLM stage then its action stage in one call, on the one share the table found
+    fastest for the two together (the whole GPU; on a loaded CPU fewer threads than all can win)."""
+    cost = ProfileCost(MEASURED)
+    shares = MEASURED.shares("a", Stage.VLM)
     for bucket in (1, 2, 4, 8):
-        device = MonolithicScheduler(MEASURED, max_batch=8)
+        scheduler = make_scheduler(SimConfig(design="monolithic"), MEASURED)
         for i in range(bucket):
-            device.submit(FleetRequest(i, f"r{i}", "a", 0.0, 1.0))
-        (job,) = device.start(0.0)
-        for run in job.stage_runs:
-            share = fastest[("a", run.batch.stage, bucket)]
-            assert run.share == share and run.lut_s == MEASURED.latency("a", run.batch.stage, bucket, share)
-            assert run.lut_s == min(MEASURED.latency("a", run.batch.stage, bucket, s)
-                                    for s in MEASURED.shares("a", run.batch.stage))
+            scheduler.submit(ActionFrame("a", None, False, 1.0, 0.0, f"r{i}"))
+        (job,) = scheduler.start(0.0)
+        (batch,) = job.batches
+        both = {s: sum(MEASURED.latency("a", stage, bucket, s) for stage in Stage) for s in shares}
+        assert batch.share == min(both, key=both.get) == cost.action_share("a", bucket)
+        assert batch.seconds == job.duration() == cost.action_s("a", bucket) == min(both.values())
 
 
 def test_monolithic_esf_vs_robion_on_the_measured_cpu_table():
@@ -94,7 +96,7 @@ def test_monolithic_esf_vs_robion_on_the_measured_cpu_table():
             robots = [RobotSpec(f"r{i}", "ab"[i % 2], 10.0, (0.05, 0.1)[i % 3 == 0]) for i in range(n)]
             result = simulate(robots, {r.robot_id: 0 for r in robots}, MEASURED,
                               SimConfig(**{**config.__dict__, "seed": seed}))
-            requests[(n, seed)] = [(r.robot_id, r.arrival) for r in result.requests]
+            requests[(n, seed)] = [(f.robot_id, f.arrival) for f in result.frames]
             return Point(n, result.attainment, min(result.per_robot.values()))
 
         cap = capacity(run, range(5), high=200)
@@ -135,7 +137,7 @@ def test_a_slo_safe_placement_meets_the_target_on_every_device():
     for seed in range(2):
         result = simulate(robots, placed.assignment.gpu_of, lut, SimConfig(**{**config.__dict__, "seed": seed}))
         for device in range(2):
-            flags = [r.met_slo for r in result.requests if placed.assignment.gpu_of[r.robot_id] == device]
+            flags = [f.met_deadline for f in result.frames if placed.assignment.gpu_of[f.robot_id] == device]
             assert sum(flags) / len(flags) >= 0.98
     with pytest.raises(InfeasibleAssignment):
         place_slo_safe(robots + [RobotSpec(f"more{i}", "x", 5.0, 0.1) for i in range(14)], 1, loads)  # > 1 device

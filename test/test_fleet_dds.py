@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from oxygen_ros.cli import SUBCOMMANDS
+from oxygen_ros.commands.cli import SUBCOMMANDS
 
 from ros_test_utils import stop_process
 
@@ -65,7 +65,7 @@ def test_robot_clients_measure_latency_from_the_frame_stamp(tmp_path, ros_env):
 
 def test_two_sims_in_closed_loop_on_one_fleet_node(tmp_path, ros_env):
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "oxygen_ros.cli", "fleet-sim-demo", "--robots", "2", "--seconds", "2",
+    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "fleet-sim-demo", "--robots", "2", "--seconds", "2",
                "--size", "64", "64", "--sim-rate", "25", "--timeout", "240", "--out", str(out), "--user-domain"]
     printed = subprocess.run(command, env=dict(ros_env, MUJOCO_GL="egl"), capture_output=True, text=True,
                              timeout=300)

@@ -1,4 +1,4 @@
-"""CUDA graphs in the fleet's stage runner, without a GPU: the option is refused on a CPU with a clear error, and
+"""CUDA graphs in the fleet's stage split, without a GPU: the option is refused on a CPU with a clear error, and
 each (model, stage, bucket, partition) finds its own graph: a graph belongs to the stream it was captured on and
 is replayed only there (`model.cuda_graphs.StreamGraphs`; replay against eager on a GPU: test_gpu)."""
 
@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from oxygen_ros.commands.fleet_bench import main as bench_main
+from oxygen_ros.commands.fleet_profile import main as profile_main
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_cli import main as profile_main
-from oxygen_ros.fleet.real_bench import main as bench_main
+from oxygen_ros.fleet.models import ModelSpec
+from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.server import FleetServer, ServedRobot
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.cuda_graphs import StreamGraphs, graph_bucket
@@ -22,7 +23,7 @@ from engine_fixtures import tokenizer  # noqa: F401 - pytest fixture
 
 def test_cuda_graphs_are_refused_on_a_cpu(tokenizer, capsys):  # noqa: F811
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device, not cpu"):
-        ModelRunner([ModelSpec("a", "tiny")], "cpu", max_batch=2, cuda_graphs=True)
+        StageProfiler([ModelSpec("a", "tiny")], "cpu", max_batch=2, cuda_graphs=True)
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=4, queue="esf", max_batch=2), pool_slots=6, frame_slots=4)
     for design in ("monolithic", "robion"):
         with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):

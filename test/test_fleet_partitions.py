@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.requests import Stage
+from oxygen_ros.fleet.models import ModelSpec
+from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.sm_partition import SmGranularity, SmPartitions, split_shares, vlm_group_size
 from oxygen_ros.model.precision import default_dtype
 
@@ -66,14 +66,14 @@ def test_shares_follow_the_groups_the_driver_makes_not_the_ones_asked_for():
     assert [made(s) for s in shares[:-1]] == [16, 24, 32, 48, 56]
 
 
-def test_a_cpu_runner_uses_thread_budgets_and_no_sm_partitions():
-    runner = ModelRunner([ModelSpec("a", "tiny")], "cpu", max_batch=2, max_inflight=4, cpu_threads=2)
+def test_a_cpu_device_offers_thread_budgets_and_no_sm_partitions():
+    profiler = StageProfiler([ModelSpec("a", "tiny")], "cpu", max_batch=2, cpu_threads=2)
     try:
-        assert runner.partitions is None and runner.partition_mode == "CPU thread budget"
-        assert runner.shares() == [0.5, 1.0] and runner.sm_count(Stage.VLM, 0.5) is None
-        assert runner.dtype == runner.models["a"].model.dtype == torch.float32
+        assert profiler.partitions is None and profiler.partition_mode == "CPU thread budget"
+        assert profiler.shares() == [0.5, 1.0] and profiler.workers.threads_for(0.5) == 1
+        assert profiler.dtype == profiler.runners["a"].model.dtype == torch.float32
     finally:
-        runner.close()
+        profiler.close()
     # the fleet's default precision: bfloat16 on CUDA (its profile table in what a GPU deployment serves)
     assert [default_dtype(d) for d in ("cuda", "cuda:1", "cpu")] == [torch.bfloat16, torch.bfloat16, torch.float32]
     with pytest.raises(ValueError, match="CUDA device"):

@@ -5,24 +5,25 @@ import json
 import pytest
 import torch
 
-from oxygen_ros.fleet.fleet_sim_cli import main
-from oxygen_ros.fleet.profile_table import ProfileTable, find_inversions, profile_stages, synthetic_table
-from oxygen_ros.fleet.requests import Stage
+from oxygen_ros.commands.fleet_sim import main
+from oxygen_ros.engine.planners import Stage
+from oxygen_ros.fleet.profile_table import ProfileTable, find_inversions, synthetic_table
+from oxygen_ros.fleet.profiler import profile_stages
 
 
 def matmul_stage_runner():
-    """A stand-in stage runner doing real work proportional to the batch (64 rows of activations per request
+    """A stand-in stage runner doing real work proportional to the batch (64 rows of activations per frame
     through a stack of matmuls); the action stage does half as many layers. It ignores the share: this test
     proves the profiler measures a callable, not how a CPU thread budget scales."""
     torch.manual_seed(0)
     weight = torch.randn(256, 256) / 16
     calls = []
 
-    def run(model_id, stage, requests, share):
-        x = torch.randn(64 * len(requests), 256)
+    def run(model_id, stage, bucket, share):
+        x = torch.randn(64 * bucket, 256)
         for _ in range(8 if stage is Stage.VLM else 4):
             x = torch.tanh(x @ weight)
-        calls.append((model_id, stage, len(requests), share))
+        calls.append((model_id, stage, bucket, share))
 
     return run, calls
 
@@ -106,7 +107,7 @@ def test_inversions_are_flagged():
 
 
 def test_co_run_probe_times_every_way_with_one_thread_per_co_running_stage(capsys):
-    from oxygen_ros.fleet.co_run_probe import main as probe_main
+    from oxygen_ros.evaluation.fleet.co_run_probe import main as probe_main
 
     assert probe_main(["--repeats", "1", "--cycles", "1", "--num-steps", "2", "--bucket", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]

@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from oxygen_ros.fleet.dds_bench import parse_run, robots_at_target
-from oxygen_ros.fleet.robot_load import FrameLedger, FrameSchedule, frames_from_rows, pool, score
+from oxygen_ros.commands.fleet_dds_bench import parse_run, robots_at_target
+from oxygen_ros.evaluation.fleet.robot_load import FrameLedger, FrameSchedule, frames_from_rows, pool, score
 
 MS = 1_000_000
 

@@ -8,17 +8,11 @@ import torch
 
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.lockstep import choose_partition
-from oxygen_ros.fleet.model_runner import ModelSpec
+from oxygen_ros.fleet.models import ModelSpec, models_to_load
 from oxygen_ros.fleet.profile_table import SyntheticLatencyModel, synthetic_table
-from oxygen_ros.fleet.server import (
-    FleetServer,
-    RobotCounts,
-    ServedRobot,
-    models_to_load,
-    served_robots,
-    serving_device,
-)
+from oxygen_ros.fleet.server import FleetServer, RobotCounts, ServedRobot, served_robots
 from oxygen_ros.model.cpu_kernel import auto_refusal
 
 from engine_fixtures import observation, tokenizer  # noqa: F401 - pytest fixture
@@ -158,7 +152,7 @@ def test_a_stage_split_serves_actions_and_narration_from_the_same_slots(tokenize
     assert server.lut.models() == ["a", "b"] and server.lut.meta["source"] == "measured"
     # the two stages were also timed side by side, and the guard is at least that slowdown
     slowdown = server.lut.meta["co_run_slowdown"]
-    assert slowdown >= 1.0 and server.guard == max(1.1, slowdown) == server.runtime.stage_planner.device.guard
+    assert slowdown >= 1.0 and server.guard == max(1.1, slowdown) == server.runtime.scheduler.planner.guard
     serve_three_narrating_frames_each(server, chunks, texts)
     assert server.robot_counts("r1").on_time == 3
 
@@ -192,7 +186,7 @@ def test_a_given_tables_co_run_slowdown_raises_the_guard(tokenizer):  # noqa: F8
         server = FleetServer([ModelSpec.parse("a=tiny:0")], [ServedRobot("r1", "a", 1.0)], config,
                              lambda model: tokenizer, design="robion", profile=table, guard=1.3, cpu_threads=2)
         try:
-            assert server.guard == guard == server.runtime.stage_planner.device.guard
+            assert server.guard == guard == server.runtime.scheduler.planner.guard
         finally:
             server.close()
 
@@ -207,8 +201,7 @@ def test_a_frame_whose_deadline_passes_in_the_queue_is_dropped_unserved_and_coun
     # the server is not started: the frame waits in the queue past its deadline, then the control path runs once
     assert server.submit("r1", observation(0), True, stamp_ns=1, age_s=0.0)
     time.sleep(0.35)
-    for chunk in server.runtime.run_control():
-        server.runtime.on_chunk(chunk)
+    assert server.runtime.run_control()  # the control path runs once: the frame expired in the queue
     server.close()
     counts = server.robot_counts("r1")
     assert (counts.expired_in_queue, counts.on_time, counts.late_done) == (1, 0, 0) and counts.attainment == 0.0
@@ -250,7 +243,7 @@ def test_the_control_thread_waits_while_a_lockstep_runs_its_two_stages_side_by_s
     server = FleetServer([ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")], robots, config,
                          lambda model: tokenizer, on_chunk=chunks.append, design="robion", profile=table,
                          cpu_threads=2)
-    device = server.runtime.stage_planner.device
+    device = server.runtime.scheduler.planner
     start, asked = device.start, {"jobs": 0, "side by side": 0, "while running": 0}
 
     def counted(now):

@@ -2,10 +2,10 @@
 
 import time
 
+from oxygen_ros.evaluation.fleet.fleets import make_fleet, model_scales
+from oxygen_ros.evaluation.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.profile_table import synthetic_table
-from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import assign_milp_relaxed, robot_loads
-from oxygen_ros.fleet.workload import make_fleet, model_scales
 
 LUT8 = synthetic_table(model_scales(8))
 
@@ -37,10 +37,10 @@ def test_per_robot_and_overall_metrics_are_consistent_and_deterministic():
     b = simulate(robots, gpu_of, lut, SimConfig(duration_s=2.0, seed=5))
     assert a.summary() == b.summary() and a.per_robot == b.per_robot
     assert len(a.per_robot) == 24 and 0 < a.attainment <= 1
-    met = sum(r.met_slo for r in a.requests)
-    assert a.attainment == met / len(a.requests) and a.miss_ratio == 1 - a.attainment
-    for r in a.requests:
-        assert r.dropped or (r.finish is not None and r.finish >= r.arrival)
+    met = sum(f.met_deadline for f in a.frames)
+    assert a.attainment == met / len(a.frames) and a.miss_ratio == 1 - a.attainment
+    for f in a.frames:
+        assert f.dropped or (f.finish is not None and f.finish >= f.arrival)
     assert a.latency_p50_s <= a.latency_p99_s
 
 
@@ -50,5 +50,5 @@ def test_64_robots_8_models_4_gpus_runs_in_seconds():
     assignment = assign_milp_relaxed(robots, robot_loads(robots, LUT8), 4)
     result = simulate(robots, assignment.gpu_of, LUT8, SimConfig(design="robion", duration_s=5.0))
     elapsed = time.perf_counter() - started
-    assert len(result.requests) > 1500 and len({r.model_id for r in robots}) == 8
+    assert len(result.frames) > 1500 and len({r.model_id for r in robots}) == 8
     assert elapsed < 10.0, elapsed

@@ -6,18 +6,19 @@ import json
 import numpy as np
 import pytest
 
+from oxygen_ros.evaluation.fleet.fleets import make_fleet, model_scales
 from oxygen_ros.fleet.profile_table import synthetic_table
-from oxygen_ros.fleet.requests import RobotSpec
 from oxygen_ros.fleet.traffic import (
     InfeasibleAssignment,
+    RobotSpec,
     assign_even_split,
     assign_milp,
     assign_milp_relaxed,
     assign_one_model_per_gpu,
-    per_request_cost,
+    load_assignment,
+    per_frame_cost,
     robot_loads,
 )
-from oxygen_ros.fleet.workload import make_fleet, model_scales
 
 
 def brute_force(robots, loads, n_gpus, capacity=1.0, balance_slack=0.1):
@@ -111,10 +112,10 @@ def test_loads_come_from_the_profile():
     lut = synthetic_table(model_scales(2))
     robots = make_fleet(20, 2, seed=1)
     loads = robot_loads(robots, lut, batch=4)
-    cost = per_request_cost(lut, "vla1", 4)
+    cost = per_frame_cost(lut, "vla1", 4)
     assert 0 < cost < lut.latency("vla1", "vlm", 4) + lut.latency("vla1", "action", 4)
     assert all(
-        load == pytest.approx(r.rate_hz * per_request_cost(lut, r.model_id, 4))
+        load == pytest.approx(r.rate_hz * per_frame_cost(lut, r.model_id, 4))
         for r, load in zip(robots, loads)
     )
     assignment = assign_milp(robots, loads, 2)
@@ -131,7 +132,7 @@ def test_milp_scales_to_64_robots_8_models_4_gpus():
 
 
 def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys):
-    from oxygen_ros.fleet.assign_cli import load_assignment, main
+    from oxygen_ros.commands.fleet_assign import main
     from oxygen_ros.fleet.server import served_robots
 
     robots = [{"robot_id": f"robot{i}", "model_id": f"vla{i % 3}", "rate_hz": 5.0, "slo_s": 0.1 + 0.01 * i}

@@ -14,6 +14,7 @@ from rclpy.qos import qos_profile_sensor_data
 from rosbags.rosbag2 import StoragePlugin, Writer
 from sensor_msgs.msg import JointState
 
+from oxygen_ros.commands.processes import stop, wait_for_exit
 from oxygen_ros.data.bag import bag_topics
 from oxygen_ros.data.msgtypes import bag_typestore
 from oxygen_ros.launch_helpers import (
@@ -23,7 +24,6 @@ from oxygen_ros.launch_helpers import (
     replay_ros_arguments,
     user_remappings,
 )
-from oxygen_ros.processes import stop, wait_for_exit
 
 from ros_test_utils import rclpy, spin_until
 
@@ -81,7 +81,7 @@ def test_replay_of_absolute_bag_topics_lands_in_the_node_namespace(tmp_path, ros
     bag = tmp_path / "bag"
     write_absolute_bag(bag)
     topics = [(info.name, info.msgtype) for info in bag_topics(bag)]
-    command = [sys.executable, "-m", "oxygen_ros.cli", "replay", str(bag), "--wait-for", joint_state_topic(topics),
+    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "replay", str(bag), "--wait-for", joint_state_topic(topics),
                "--delay", "0.5", *replay_ros_arguments(topics, "robot3", "")]
     node = rclpy.create_node("namespace_listener", context=ros_context)
     received = []

@@ -1,4 +1,6 @@
-"""Only the ROS layer (oxygen_ros.nodes) may depend on rclpy or generated ROS interfaces.
+"""The package's layers: only the ROS layer (oxygen_ros.nodes) depends on rclpy or generated ROS interfaces, no
+module imports a layer above its own, there is no import circle, and serving code imports no command, simulator or
+benchmark.
 
 The model, engine, fleet and data layers must be usable on a machine without ROS, so every one of their modules is
 imported in a child process where `import rclpy` fails.
@@ -60,7 +62,7 @@ def test_non_ros_layers_import_without_rclpy():
 
 
 def _imports(module_path: Path) -> list[str]:
-    """Absolute names of the oxygen_ros modules a file imports (relative imports resolved)."""
+    """Absolute names of the oxygen_ros modules a file imports anywhere in it (relative imports resolved)."""
     relative = module_path.relative_to(PACKAGE.parent).with_suffix("")
     package = list(relative.parts[:-1])
     names = []
@@ -74,23 +76,87 @@ def _imports(module_path: Path) -> list[str]:
     return [n for n in names if n.startswith("oxygen_ros")]
 
 
-SERVING = ["engine/*.py", "fleet/server.py", "fleet/stage_plan.py", "fleet/lockstep.py", "fleet/baselines.py",
-           "fleet/device.py", "fleet/model_runner.py", "model/loading.py", "nodes/vla_node.py", "nodes/fleet_node.py",
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the package -> the package's modules it imports (a package's import names its
+    `__init__`; `from x import name` names the module x.name where there is one)."""
+    paths = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {module: {name for name in _imports(path) if name in paths and name != module}
+            for module, path in paths.items()}
+
+
+# Each folder of the package at its level: a module imports its own folder and lower levels, nothing at its level
+# or above. The modules at the package's root (its version, the command-line conventions, OpenMP's waits, the
+# launch files' helpers) are level 0 and import nothing of the package.
+LEVELS = {
+    "model": 1, "control": 1,  # the network; from model actions to motion
+    "engine": 2,  # scheduler, model runner, runtime
+    "data": 3, "fleet": 3,  # episodes and bags (their reports use the engine's percentiles); serving many robots
+    "sim": 4, "evaluation": 4,  # the simulator (it records episodes); benchmarks and the fleet simulator
+    "nodes": 5, "serving": 5,  # ROS nodes (the robot client scores with evaluation's robot side); openpi's protocol
+    "commands": 6,  # the oxygen-ros command and the commands that are only that
+}
+
+
+def level(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    folder = parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else ""
+    assert not folder or folder in LEVELS, f"oxygen_ros/{folder}/ has no level in LEVELS: place it"
+    return folder, LEVELS.get(folder, 0)
+
+
+def test_no_import_circles():
+    """Tarjan's strongly connected components of the import graph: every one a single module."""
+    graph, index, low, stack, on_stack, circles = module_graph(), {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert len(graph) > 100 and not circles, circles
+
+
+def test_no_layer_imports_one_above_it():
+    offenders = []
+    for module, imported in sorted(module_graph().items()):
+        folder, at = level(module)
+        for other in sorted(imported):
+            other_folder, other_at = level(other)
+            if other_folder != folder and other_at >= at:
+                offenders.append(f"{module} (level {at}) imports {other} (level {other_at})")
+    assert not offenders, "\n".join(offenders)
+
+
+SERVING = ["engine/*.py", "fleet/*.py", "model/loading.py", "nodes/vla_node.py", "nodes/fleet_node.py",
            "serving/server.py", "serving/requests.py", "serving/protocol.py", "serving/serve_cli.py"]
-NOT_FOR_SERVING = ("oxygen_ros.cli", "oxygen_ros.bench", "oxygen_ros.fleet.simulator", "oxygen_ros.fleet.fleet_sim_cli",
-                   "oxygen_ros.fleet.real_bench", "oxygen_ros.fleet.profile_cli", "oxygen_ros.demo",
-                   "oxygen_ros.sim_demo")
+NOT_FOR_SERVING = ("oxygen_ros.commands", "oxygen_ros.evaluation")
 
 
-def test_the_engine_imports_neither_fleet_nor_bench():
-    offenders = [f"{path.name}: {name}" for path in sorted((PACKAGE / "engine").glob("*.py"))
-                 for name in _imports(path) if name.startswith(("oxygen_ros.fleet", "oxygen_ros.bench"))]
-    assert not offenders, offenders
-
-
-def test_serving_code_imports_no_cli_simulator_or_benchmark():
+def test_serving_code_imports_no_command_simulator_or_benchmark():
     paths = sorted({path for pattern in SERVING for path in PACKAGE.glob(pattern)})
-    assert len(paths) > 5
+    assert len(paths) > 30
     offenders = [f"{path.relative_to(PACKAGE)}: {name}" for path in paths for name in _imports(path)
                  if name.startswith(NOT_FOR_SERVING)]
     assert not offenders, offenders

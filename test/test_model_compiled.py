@@ -4,7 +4,7 @@ floating-point rounding) and its greedy tokens, in float32 and bfloat16. Compili
 import pytest
 import torch
 
-from oxygen_ros.bench.model_bench import random_inputs
+from oxygen_ros.evaluation.bench.model_bench import random_inputs
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model

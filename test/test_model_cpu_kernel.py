@@ -10,11 +10,12 @@ import os
 import platform
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from oxygen_ros.bench.model_bench import random_inputs
+from oxygen_ros.evaluation.bench.model_bench import random_inputs
 from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.gemma import rope_cos_sin
@@ -306,7 +307,20 @@ def test_fused_head_refuses_what_it_cannot_run(monkeypatch):
                 assert cpu_kernel.head_greedy_pays(torch.float32, few, 40)
 
 
-def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them():
+@pytest.fixture(scope="module")
+def narrower_builds():
+    """The kernel built for the x86-64 levels below this CPU's (AVX-512 where it has it, AVX2, SSE4.2), compiled
+    side by side: each compiler run is single-threaded and takes tens of seconds on a fresh machine's first run
+    (the builds are then in the user cache)."""
+    if platform.machine() != "x86_64":
+        return {}
+    marches = [m for m in ("x86-64-v4", "x86-64-v3", "x86-64-v2")
+               if m != "x86-64-v4" or "avx512f" in cpu_kernel.cpu_flags()]
+    with ThreadPoolExecutor(len(marches)) as pool:
+        return dict(zip(marches, pool.map(cpu_kernel.load, marches)))
+
+
+def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them(narrower_builds):
     """The bfloat16 head's pair dot products are in the kernel built for this machine exactly where its CPU has
     AVX-512 BF16, the row path for few requests where it has AVX-512 (float32, widths of whole 16s; bfloat16 with
     the pair dot products, whole 32s) or AVX2 with FMA (float32, whole 8s: the AVX2 head) and the AVX2 paths where
@@ -320,13 +334,13 @@ def test_the_pair_and_row_heads_are_built_where_the_cpu_has_them():
                                 (torch.float32, 36, False), (torch.bfloat16, 64, pairs), (torch.bfloat16, 48, False)):
         assert cpu_kernel.has_row_head(dtype, width) == built, (dtype, width)
     if platform.machine() == "x86_64":
-        v3 = cpu_kernel.load("x86-64-v3")  # AVX2 and FMA: the float32 head's 8-lane path, at any batch
+        v3 = narrower_builds["x86-64-v3"]  # AVX2 and FMA: the float32 head's 8-lane path, at any batch
         assert v3.oxy_has_avx2() and v3.oxy_has_row_head(0, 64) and v3.oxy_has_row_head(0, 40)
         assert not v3.oxy_has_pair_head() and not v3.oxy_has_row_head(1, 64) and not v3.oxy_has_row_head(0, 36)
-        v2 = cpu_kernel.load("x86-64-v2")
+        v2 = narrower_builds["x86-64-v2"]
         assert not v2.oxy_has_pair_head() and not v2.oxy_has_row_head(0, 64) and not v2.oxy_has_avx2()
         if "avx512f" in flags:  # AVX-512 without BF16: the float32 row path only
-            v4 = cpu_kernel.load("x86-64-v4")
+            v4 = narrower_builds["x86-64-v4"]
             assert not v4.oxy_has_pair_head() and v4.oxy_has_row_head(0, 64) and not v4.oxy_has_row_head(1, 64)
 
 
@@ -620,14 +634,14 @@ def test_logits_the_caller_keeps_are_not_overwritten_by_the_next_step():
 # without AVX-512); SSE4.2
 @pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3", "x86-64-v2"])
 @torch.inference_mode()
-def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkeypatch):
+def test_the_kernel_built_for_narrower_vectors_gives_the_same_step(march, monkeypatch, narrower_builds):
     """The kernel built for CPUs without AVX-512 BF16 (AVX-512 alone; or without AVX-512: on AVX2 its 8-lane
     paths for the layers, attention and the float32 head; on SSE4.2 its 16-lane vectors lowered): the same checks
     against the eager step as above, for every attention shape, in both dtypes, with the greedy choice too."""
     if march == "x86-64-v4" and "avx512f" not in cpu_kernel.cpu_flags():
         pytest.skip("an AVX-512 build runs only on a CPU with AVX-512 (the narrower builds run everywhere)")
-    narrow = cpu_kernel.load(march)
-    assert narrow is not cpu_kernel.load()
+    narrow = narrower_builds[march]
+    assert narrow is cpu_kernel.load(march) and narrow is not cpu_kernel.load()
     monkeypatch.setattr(cpu_kernel, "load", lambda: narrow)
     for config in CONFIGS.values():
         for dtype in DTYPES:

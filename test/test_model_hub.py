@@ -8,7 +8,7 @@ import torch
 from hub_fixtures import cache_repo, checkpoint_files, hub_cache, word_tokenizer_json  # noqa: F401 - fixture
 from test_vla_node_units import parameter_values
 
-from oxygen_ros.cli import main as cli_main
+from oxygen_ros.commands.cli import main as cli_main
 from oxygen_ros.model.checkpoint import save_checkpoint
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.corpus import sentences

@@ -9,7 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from test_vla_node_ros import ALOHA, TINY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,29 +54,38 @@ class NodeProcess:
         return rc, "".join(self.lines)
 
 
-@pytest.mark.parametrize("entry", sorted(ENTRIES))
-@pytest.mark.parametrize("ignore_sigint", [False, True])
-def test_a_stop_signal_while_importing_ends_the_process_cleanly(ros_env, tmp_path, entry, ignore_sigint):
-    node = NodeProcess([*ENTRIES[entry], *NODE_ARGS], dict(ros_env, XDG_CACHE_HOME=str(tmp_path)), ignore_sigint)
-    time.sleep(0.5)  # the interpreter is up; torch and rclpy take seconds to import
-    assert node.process.poll() is None
-    node.process.send_signal(signal.SIGINT)
-    rc, output = node.finish(timeout=60)
-    assert rc == 0, output
-    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
-    assert "cameras {" not in output, output  # told to stop before it was built: the node never started
+def test_a_stop_signal_while_importing_ends_the_process_cleanly(ros_env):
+    """Both ways a node process starts, `python -m` with SIGINT as the parent left it and the console script's
+    function with SIGINT ignored (a shell's background job), side by side, each told to stop while importing."""
+    variants = [("module", False), ("console_script", True)]
+    nodes = [NodeProcess([*ENTRIES[entry], *NODE_ARGS], ros_env, ignore) for entry, ignore in variants]
+    time.sleep(0.5)  # the interpreters are up; torch and rclpy take seconds to import
+    assert all(node.process.poll() is None for node in nodes)
+    for node in nodes:
+        node.process.send_signal(signal.SIGINT)
+    for variant, node in zip(variants, nodes):
+        rc, output = node.finish(timeout=120)
+        assert rc == 0, (variant, output)
+        assert "Traceback" not in output and "KeyboardInterrupt" not in output, (variant, output)
+        assert "cameras {" not in output, (variant, output)  # told to stop before it was built: it never started
 
 
-@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
-def test_more_signals_during_shutdown_still_exit_zero(ros_env, tmp_path, first):
-    node = NodeProcess([*ENTRIES["module"], *NODE_ARGS], dict(ros_env, XDG_CACHE_HOME=str(tmp_path)))
-    assert node.wait_for_line("cameras {", 120), node.finish(1)[1]  # the node is built and spinning
-    node.process.send_signal(first)
+def test_more_signals_during_shutdown_still_exit_zero(ros_env):
+    """A node told to stop by SIGINT, and one by SIGTERM, each sent SIGINT again and again while it shuts down (as
+    `ros2 launch` escalates, and more): both exit 0."""
+    firsts = (signal.SIGINT, signal.SIGTERM)
+    nodes = [NodeProcess([*ENTRIES["module"], *NODE_ARGS], ros_env) for _ in firsts]
+    for node in nodes:
+        assert node.wait_for_line("cameras {", 240), node.finish(1)[1]  # the node is built and spinning
+    for node, first in zip(nodes, firsts):
+        node.process.send_signal(first)
     deadline = time.monotonic() + 30
-    while node.process.poll() is None and time.monotonic() < deadline:  # as `ros2 launch` escalates, and more
+    while any(node.process.poll() is None for node in nodes) and time.monotonic() < deadline:
         time.sleep(0.02)
-        if node.process.poll() is None:
-            node.process.send_signal(signal.SIGINT)
-    rc, output = node.finish(timeout=5)
-    assert rc == 0, output
-    assert "Traceback" not in output and "terminate called" not in output, output
+        for node in nodes:
+            if node.process.poll() is None:
+                node.process.send_signal(signal.SIGINT)
+    for first, node in zip(firsts, nodes):
+        rc, output = node.finish(timeout=5)
+        assert rc == 0, (first, output)
+        assert "Traceback" not in output and "terminate called" not in output, (first, output)

@@ -4,7 +4,7 @@
 import os
 import threading
 
-from oxygen_ros import cli
+from oxygen_ros.commands import cli
 from oxygen_ros.nodes import entry
 from oxygen_ros.openmp import SHORT_SPINS, SPIN_VARIABLE, VARIABLE, prefer_passive_waits, prefer_short_spins
 
@@ -65,6 +65,6 @@ def test_each_node_and_command_sets_its_waits_before_its_imports(monkeypatch):
     assert entry.run("fleet_node") == 0 and seen[-1] == ("oxygen_ros.nodes.fleet_node", "PASSIVE", None)
     _clear(monkeypatch)
     seen = _seen_at_import(monkeypatch, cli)
-    assert cli.main(["bench"]) == 0 and seen[-1] == ("oxygen_ros.bench.oxygen_bench", None, SHORT_SPINS)
+    assert cli.main(["bench"]) == 0 and seen[-1] == ("oxygen_ros.evaluation.bench.oxygen_bench", None, SHORT_SPINS)
     _clear(monkeypatch)
-    assert cli.main(["fleet-bench"]) == 0 and seen[-1] == ("oxygen_ros.fleet.real_bench", "PASSIVE", None)
+    assert cli.main(["fleet-bench"]) == 0 and seen[-1] == ("oxygen_ros.commands.fleet_bench", "PASSIVE", None)

@@ -23,10 +23,10 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
+from oxygen_ros.commands.processes import stop
 from oxygen_ros.data import iter_raw, synthetic_episode, write_episode_bag
 from oxygen_ros.data.episode_bag import LATCHED_QOS, SENSOR_QOS, offered_qos
 from oxygen_ros.nodes.replay_node import main as replay_main
-from oxygen_ros.processes import stop
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from oxygen_ros.cli import SUBCOMMANDS
+from oxygen_ros.commands.cli import SUBCOMMANDS
+from oxygen_ros.commands.sim_demo import LABEL_LEFT, LABEL_TOP, main, policy_command
 from oxygen_ros.data.aloha import read_aloha
-from oxygen_ros.sim_demo import LABEL_LEFT, LABEL_TOP, main, policy_command
 
 from ros_test_utils import listen_while_running
 
@@ -29,7 +29,7 @@ def test_sim_demo_runs_the_closed_loop_and_writes_its_outputs(tmp_path, demo_env
     from sensor_msgs.msg import Image as ImageMsg
 
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "oxygen_ros.cli", "sim-demo", "--seconds", "2", "--cameras", "top",
+    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "sim-demo", "--seconds", "2", "--cameras", "top",
                "left_wrist", "--size", "64", "96", "--out", str(out), "--policy", RESPONDER, "--policy-param",
                "delay_steps:=3", "--timeout", "60", "--user-domain"]
     env = dict(ros_env, MUJOCO_GL="egl")
@@ -67,7 +67,7 @@ def test_sim_demo_reports_a_policy_that_fails_to_start(tmp_path, capsys, demo_en
 def test_policy_command_passes_the_vla_node_overrides(tmp_path):
     import yaml
 
-    from oxygen_ros.sim_demo import build_parser
+    from oxygen_ros.commands.sim_demo import build_parser
 
     params = tmp_path / "aloha.yaml"
     params.write_text("{}\n")

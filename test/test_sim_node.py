@@ -237,10 +237,10 @@ def test_chunk_from_msg_maps_joints_by_name_and_rejects_mismatches():
 
 
 def test_sim_node_is_installed_as_an_executable_and_the_demo_is_a_subcommand():
-    from oxygen_ros.cli import SUBCOMMANDS
+    from oxygen_ros.commands.cli import SUBCOMMANDS
 
     root = Path(__file__).resolve().parents[1]
     setup_py = re.search(r"NODE_EXECUTABLES = \[(.*)\]", (root / "setup.py").read_text()).group(1)
     cmake = re.search(r"set\(OXYGEN_ROS_NODE_EXECUTABLES ([^)]*)\)", (root / "CMakeLists.txt").read_text()).group(1)
     assert '"sim_node"' in setup_py and "sim_node" in cmake.split()
-    assert SUBCOMMANDS["sim-demo"][0] == "oxygen_ros.sim_demo"
+    assert SUBCOMMANDS["sim-demo"][0] == "oxygen_ros.commands.sim_demo"

@@ -7,6 +7,16 @@ import numpy as np
 import pytest
 import torch
 
+from oxygen_ros.commands.train_tiny import (
+    TOKENIZER_FILE,
+    TrainConfig,
+    action_chunks,
+    episode_content_hash,
+    fit,
+    norm_stats_from_episode,
+    training_set,
+)
+from oxygen_ros.commands.train_tiny import main as train_main
 from oxygen_ros.control.embodiment import load_embodiment
 from oxygen_ros.data.aloha import write_aloha
 from oxygen_ros.data.captions import STILL, frame_captions
@@ -18,16 +28,6 @@ from oxygen_ros.model.pi05 import build_model
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 from oxygen_ros.model.tokenizer import load_tokenizer
 from oxygen_ros.model.train import prefix_with_caption, sample_times
-from oxygen_ros.train_tiny import (
-    TOKENIZER_FILE,
-    TrainConfig,
-    action_chunks,
-    episode_content_hash,
-    fit,
-    norm_stats_from_episode,
-    training_set,
-)
-from oxygen_ros.train_tiny import main as train_main
 
 TINY = get_preset("tiny")
 ALOHA = load_embodiment("aloha")

@@ -13,7 +13,6 @@ from test_vla_node_ros import (
     Robot,
     Spinner,
     drive,
-    model_cache,  # noqa: F401 - the module's shared user cache
     start_node,
     wait_until,
 )
@@ -58,7 +57,7 @@ class Trajectories:
 
 
 def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_the_oldest_prediction(
-        ros_context, ros_env, model_cache):  # noqa: F811
+        ros_context, ros_env, model_cache):
     robot = Robot(ros_context)
     heard = Trajectories(robot.node, ["action_chunk", *GROUP_TOPICS.values()])
     spinner = Spinner(ros_context, [robot.node])
@@ -126,7 +125,7 @@ def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_
     assert len({v.tobytes() for v in planned.values()}) > 1  # the model does move
 
 
-def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_context, ros_env, model_cache):  # noqa: F811
+def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_context, ros_env, model_cache):
     robot = Robot(ros_context)
     spinner = Spinner(ros_context, [robot.node])
     child = start_node(ros_env, model_cache, "-p", "control.rate_hz:=10.0", "-p", "control.max_image_age_s:=0.5")

@@ -5,7 +5,6 @@ narration requests bounded. Node processes as in test_vla_node_ros (tiny preset,
 import time
 
 import numpy as np
-import pytest
 import torch
 from diagnostic_msgs.msg import DiagnosticStatus
 from sensor_msgs.msg import Image
@@ -18,12 +17,6 @@ from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
 from oxygen_ros.model.tokenizer import train_tokenizer
 from oxygen_ros.nodes.conversions import ns_to_stamp
-
-
-@pytest.fixture(scope="module")
-def model_cache(tmp_path_factory):
-    """One user cache for the module's nodes: the stand-in tokenizer is trained by the first and reused."""
-    return tmp_path_factory.mktemp("cache")
 
 
 def test_hostile_inputs_never_kill_the_node_nor_reach_the_robot(ros_context, ros_env, model_cache):

@@ -160,8 +160,8 @@ def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():
     cmd = keyword(process, "cmd")
     words = [e.value for e in cmd.elts if isinstance(e, ast.Constant)]
     assert words[:2] == ["oxygen-ros", "replay"]
-    assert "oxygen-ros = oxygen_ros.cli:main" in constant_strings(parse("setup.py"))
-    assert '"replay": ("oxygen_ros.nodes.replay_node"' in (REPO / "oxygen_ros" / "cli.py").read_text()
+    assert "oxygen-ros = oxygen_ros.commands.cli:main" in constant_strings(parse("setup.py"))
+    assert '"replay": ("oxygen_ros.nodes.replay_node"' in (REPO / "oxygen_ros" / "commands" / "cli.py").read_text()
     options = {o for action in replay_parser()._actions for o in action.option_strings}
     assert {w for w in words if w.startswith("--") and w != "--ros-args"} <= options
     assert {"--clock", "--wait-for"} <= set(words)
@@ -192,7 +192,7 @@ def flatten(tree: dict, prefix: str = "") -> set[str]:
 def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_parameters():
     import yaml
 
-    from oxygen_ros.demo import NODE_OUTPUTS, PARAMETER_FILES, RECORDED_TOPICS
+    from oxygen_ros.commands.demo import NODE_OUTPUTS, PARAMETER_FILES, RECORDED_TOPICS
     from oxygen_ros.nodes.record_node import build_parser as record_parser
 
     tree = parse("launch/oxygen_demo.launch.py")

@@ -41,12 +41,6 @@ TINY = ["-p", "model.preset:=tiny", "-p", f"cameras.topics:=[{','.join(CAMERAS)}
 STARTUP_TIMEOUT_S = 240.0  # importing torch and building the model; minutes on a busy machine
 
 
-@pytest.fixture(scope="module")
-def model_cache(tmp_path_factory):
-    """One user cache for the module's nodes: the stand-in tokenizer is trained by the first and reused."""
-    return tmp_path_factory.mktemp("cache")
-
-
 def start_node(env: dict, cache: Path, *overrides: str, namespace: str = "") -> Child:
     env = dict(env, XDG_CACHE_HOME=str(cache))
     args = ["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(ALOHA), *TINY, *overrides]

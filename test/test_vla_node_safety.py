@@ -27,7 +27,6 @@ from test_vla_node_ros import (
     Robot,
     Spinner,
     diagnostic_values,
-    model_cache,  # noqa: F401 - the module's shared user cache
     start_node,
     wait_until,
 )
@@ -101,7 +100,7 @@ def plans_of(heard: Trajectories, group: str) -> list:
     return [m for m in heard.get(TOPICS[group]) if not is_hold(m)]
 
 
-def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cache, tmp_path):  # noqa: F811
+def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cache, tmp_path):
     # The URDF keeps left_waist within +-0.01 (the tiny model's values pass it) and right_waist at 0.001 rad/s
     # (every plan is too fast for it: clamp stretches the time grid).
     description = urdf({WAIST: (-0.01, 0.01, 1e6), SLOW: (-50.0, 50.0, 0.001)})
@@ -287,7 +286,7 @@ def peak_threshold(joint: int, model: tuple[str, str], chunks: int = 40) -> floa
     return float(np.median(peaks))
 
 
-def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env, model_cache, tmp_path):  # noqa: F811
+def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env, model_cache, tmp_path):
     model = overflowing_text_head(tmp_path)
     upper = peak_threshold(ALOHA_JOINT_NAMES.index(WAIST), model)
     params = safety_file(tmp_path / "reject.yaml", waist={"upper": upper}, limits={"policy": "reject"})

@@ -4,12 +4,12 @@ import threading
 
 import torch
 
-from oxygen_ros.bench.modes import RUNNERS, SETTINGS, Workload
-from oxygen_ros.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.engine.kv_pool import KVPool
 from oxygen_ros.engine.language import decode_batch, start_request
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served
 from oxygen_ros.engine.scheduler import SchedulerConfig
+from oxygen_ros.evaluation.bench.modes import RUNNERS, SETTINGS, Workload
+from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.pi05 import build_model
 
 from engine_fixtures import TINY as CONFIG

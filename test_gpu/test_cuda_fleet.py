@@ -1,13 +1,15 @@
-"""Robion on a GPU: disjoint SM partitions through green contexts, used by the real stage runner and the profiler."""
+"""Robion on a GPU: disjoint SM partitions through green contexts, used by the stage workers and the profiler."""
 
 import json
 import time
 
 import torch
 
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.profile_cli import main as profile_main
-from oxygen_ros.fleet.requests import FleetRequest, Stage
+from oxygen_ros.commands.fleet_profile import main as profile_main
+from oxygen_ros.engine.model_runner import zero_inputs
+from oxygen_ros.engine.planners import Stage
+from oxygen_ros.fleet.models import ModelSpec
+from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.sm_partition import SmPartitions
 
 DEVICE = torch.device("cuda")
@@ -56,20 +58,21 @@ def test_green_context_groups_are_disjoint_and_limit_the_sms():
         assert float((result.float() - reference).abs().max()) <= 2**-6 * scale
 
 
-def test_model_runner_runs_both_stages_on_their_partitions():
-    runner = ModelRunner([ModelSpec("a", "tiny")], DEVICE, max_batch=4, max_inflight=8)
+def test_the_stage_workers_run_both_stages_on_their_partitions():
+    profiler = StageProfiler([ModelSpec("a", "tiny")], DEVICE, max_batch=4)
     try:
-        assert runner.partition_mode == "green-context SM partitions"
-        assert runner.shares()[-1] == 1.0 and 0.5 in runner.shares()
-        requests = [FleetRequest(i, f"robot{i}", "a", 0.0, 1.0) for i in range(3)]
-        for request in requests:
-            request.inputs = runner.models["a"].stock_frame
-        runner("a", Stage.VLM, requests, 0.5)
-        runner("a", Stage.ACTION, requests, 0.5)
-        for request in requests:
-            assert request.actions is not None and torch.isfinite(request.actions).all() and request.slot is None
+        assert profiler.partition_mode == "green-context SM partitions"
+        assert profiler.shares()[-1] == 1.0 and 0.5 in profiler.shares()
+        runner, workers = profiler.runners["a"], profiler.workers
+        config = runner.model.config
+        frames = [zero_inputs(config, 1, DEVICE, runner.model.dtype) for _ in range(3)]
+        done = workers.submit(Stage.VLM, 0.5, runner.prefill_stage, frames, 4).result()
+        noises = [torch.randn(1, config.action_horizon, config.action_dim) for _ in frames]
+        actions = workers.submit(Stage.ACTION, 0.5, runner.denoise_stage, done.slots, noises, 4).result()
+        runner.free(done.slots)
+        assert actions.shape[0] == 3 and torch.isfinite(actions).all() and runner.slots_in_use == 0
     finally:
-        runner.close()
+        profiler.close()
 
 
 def test_fleet_profile_on_cuda_records_the_sm_groups(tmp_path):

@@ -6,8 +6,8 @@ the threaded runtime with graphs on gives the same chunks and text as without.""
 import pytest
 import torch
 
-from oxygen_ros.bench.modes import RUNNERS, Workload
-from oxygen_ros.bench.workloads import arrivals, synthetic_frames
+from oxygen_ros.evaluation.bench.modes import RUNNERS, Workload
+from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.cuda_graphs import _padded
 from oxygen_ros.model.kv_cache import DecodeIndex, KVCache

@@ -1,14 +1,16 @@
-"""CUDA graphs in the fleet's stage runner: on every partition a stage uses, the action stage replayed from its
+"""CUDA graphs in the fleet's stage split: on every partition a stage uses, the action stage replayed from its
 graph gives the eager actions, the graph was captured on that partition's stream and replays there, stages side
 by side on complementary partitions stay equal to eager, and the fleet server serves with graphs on."""
 
 import torch
 
-from oxygen_ros.bench.workloads import synthetic_frames
+from oxygen_ros.engine.frames import bucket_for
+from oxygen_ros.engine.planners import Stage
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
-from oxygen_ros.fleet.model_runner import ModelRunner, ModelSpec
-from oxygen_ros.fleet.requests import FleetRequest, Stage
+from oxygen_ros.evaluation.bench.workloads import synthetic_frames
+from oxygen_ros.fleet.models import ModelSpec
+from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.server import FleetServer, ServedRobot
 from oxygen_ros.model.cuda_graphs import stream_key
 
@@ -17,34 +19,51 @@ from engine_fixtures import TINY, observation
 DEVICE = torch.device("cuda")
 
 
-def requests(count: int, first: int = 0) -> list[FleetRequest]:
-    frames, _ = synthetic_frames(TINY, 4, seed=21, device=DEVICE)  # made here: collecting needs no GPU
-    batch = [FleetRequest(first + i, f"robot{i}", "a", 0.0, 1.0) for i in range(count)]
-    for i, request in enumerate(batch):
-        request.inputs = frames[(first + i) % len(frames)]
-    return batch
+def frames(count: int, first: int = 0) -> list:
+    made, _ = synthetic_frames(TINY, 4, seed=21, device=DEVICE)  # made here: collecting needs no GPU
+    return [made[(first + i) % len(made)] for i in range(count)]
 
 
-def both_stages(runner: ModelRunner, batch: list[FleetRequest], vlm_share: float, action_share: float) -> torch.Tensor:
-    runner("a", Stage.VLM, batch, vlm_share)
-    runner("a", Stage.ACTION, batch, action_share)
-    return torch.stack([r.actions for r in batch])
+def noises(count: int, first: int = 0) -> list[torch.Tensor]:
+    """The same noise for the same frames in every run (eager and graphed)."""
+    generator = torch.Generator().manual_seed(first)
+    return [torch.randn(1, TINY.action_horizon, TINY.action_dim, generator=generator) for _ in range(count)]
+
+
+def vlm(profiler: StageProfiler, batch: list, share: float):
+    """Start a batch's VLM stage on its worker at `share`; the future holds its slots."""
+    return profiler.workers.submit(Stage.VLM, share, profiler.runners["a"].prefill_stage, batch,
+                                   bucket_for(len(batch), 4))
+
+
+def action(profiler: StageProfiler, slots: list[int], noise: list, share: float):
+    """Start the action stage of prefilled slots on its worker at `share`; the future holds the actions."""
+    runner = profiler.runners["a"]
+    return profiler.workers.submit(Stage.ACTION, share, lambda: runner.denoise_stage(slots, noise,
+                                                                                      bucket_for(len(slots), 4)).cpu())
+
+
+def both_stages(profiler: StageProfiler, batch: list, first: int, vlm_share: float, action_share: float):
+    slots = vlm(profiler, batch, vlm_share).result().slots
+    actions = action(profiler, slots, noises(len(batch), first), action_share).result()
+    profiler.runners["a"].free(slots)
+    return actions
 
 
 def test_stage_graphs_replay_the_eager_actions_on_every_partition():
     specs = [ModelSpec("a", "tiny", 3)]
-    eager = ModelRunner(specs, DEVICE, max_batch=4, max_inflight=8)
-    graphed = ModelRunner(specs, DEVICE, max_batch=4, max_inflight=8, cuda_graphs=True)
+    eager = StageProfiler(specs, DEVICE, max_batch=4)
+    graphed = StageProfiler(specs, DEVICE, max_batch=4, cuda_graphs=True)
     try:
         shares = graphed.shares()
         splits = sorted({shares[0], shares[len(shares) // 2 - 1]} - {1.0})
         used = splits + [1.0]
         for share in used:  # the action stage on share: its own SM partition (or the whole device)
             for count in (1, 3, 3):  # bucket 1, bucket 4 with a padding row, bucket 4 replayed
-                expected = both_stages(eager, requests(count), 1.0, share)
-                actions = both_stages(graphed, requests(count), 1.0, share)
+                expected = both_stages(eager, frames(count), 0, 1.0, share)
+                actions = both_stages(graphed, frames(count), 0, 1.0, share)
                 torch.testing.assert_close(actions, expected, rtol=1e-4, atol=1e-4, msg=f"share {share}")
-        graphs = graphed.models["a"].model._graphs
+        graphs = graphed.runners["a"].model._graphs
         worker = graphed.workers[Stage.ACTION]
         streams = {stream_key(worker._stream_for(s)) for s in used}
         assert set(graphs._by_stream) == streams  # one set of graphs per partition stream, captured there
@@ -53,19 +72,16 @@ def test_stage_graphs_replay_the_eager_actions_on_every_partition():
             assert stream_key(per_stream._streams["denoise"]) == key
         # a VLM batch and an action batch side by side on complementary partitions, graphs replayed
         share = splits[0]
-        eager_prev, graphed_prev = requests(2, first=1), requests(2, first=1)
-        eager("a", Stage.VLM, eager_prev, 1.0 - share)
-        graphed("a", Stage.VLM, graphed_prev, 1.0 - share)
         captures = graphs.captures
         results = []
-        for runner, prev in ((eager, eager_prev), (graphed, graphed_prev)):
-            new = requests(3)
-            futures = [runner.submit("a", Stage.VLM, new, share),
-                       runner.submit("a", Stage.ACTION, prev, round(1 - share, 6))]
-            for future in futures:
-                future.result()
-            runner("a", Stage.ACTION, new, round(1 - share, 6))
-            results.append((torch.stack([r.actions for r in prev]), torch.stack([r.actions for r in new])))
+        for profiler in (eager, graphed):
+            prev = vlm(profiler, frames(2, first=1), 1.0 - share).result().slots
+            new_vlm = vlm(profiler, frames(3), share)
+            prev_actions = action(profiler, prev, noises(2, 1), round(1 - share, 6)).result()
+            new = new_vlm.result().slots
+            new_actions = action(profiler, new, noises(3), round(1 - share, 6)).result()
+            profiler.runners["a"].free(prev + new)
+            results.append((prev_actions, new_actions))
         for got, want in zip(results[1], results[0]):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert stream_key(worker._stream_for(round(1 - share, 6))) in graphs._by_stream

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 
 class ControlGate:
-    def __init__(self):
+    """`clock` stamps the start of each control section (`last_control_start`, read by adaptive k's slack)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
         self._cond = threading.Condition()
         self._control_waiting = 0
         self._control_active = False
@@ -39,7 +43,7 @@ class ControlGate:
                 self._cond.wait()
             self._control_waiting -= 1
             self._control_active = True
-        self.last_control_start = time.perf_counter()
+        self.last_control_start = self.clock()
         try:
             yield
         finally:

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from ..model.inputs import ModelInputs
+from .frames import bucket_for
 from .kv_pool import KVPool
 from .language import LanguageRequest, decode_batch
-from .scheduler import bucket_for
 
 HIGHEST_PRIORITY = -100  # CUDA clamps stream priorities into its range; lower numbers run first
 LOWEST_PRIORITY = 0
@@ -99,7 +99,7 @@ class ModelRunner:
     such slots (any grouping, padded to a bucket). Its padding rows read slots of their own, prefilled once with
     zero-filled inputs, so a VLM batch and an action batch of the same model never touch each other's padding."""
 
-    def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int = 10,
+    def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int | None = None,
                  frame_slots: int | None = None, stage_split: bool = False):
         if language_slots < 0:
             raise ValueError("language_slots must be >= 0")

@@ -1,16 +1,19 @@
 """What runs next: pure policy over action frames and language requests, for one robot or a fleet.
 
-The scheduler never calls a model. It keeps the queues (pending action frames from 1..N robots, active and
-preempted language requests per model, counted against each model's KV capacity) and answers two questions:
+The scheduler never calls a model and never reads a clock (`now` is given). It is the one planner of the package:
+a robot's node, a fleet server and the fleet simulator all run it, on the wall clock or a simulated one.
 
-- `plan_actions(now)`: which frames are prefilled and denoised together now (one model, a power-of-two bucket),
-  and for each of them that narrates whether its slot becomes a language request, and whom that displaces
-  (admission plug-ins: `drop_new`, `drop_oldest`, `preempt`);
-- `plan_decode(now, ...)`: which requests decode for how many steps (preempted ones resume first when room allows);
-  with adaptive k only what the cost model says fits before the next control tick.
+- Frames: `submit` queues a frame with its stage planner (`planners.py`: the monolithic planner by default; the
+  fleet's lockstep or static split), `start(now)` hands out the jobs that run next (which frames are batched
+  together, on which shares of the device), `finish(job, now)` says one ended, `take_expired()` gives the frames
+  dropped because their deadline passed in a queue (`drop_expired`: fleets).
+- Admission (`plan_admission`): for each narrating frame of a batch whose action is done, whether its slot becomes
+  a language request, and whom that displaces (`drop_new`, `drop_oldest`, `preempt`).
+- The decode policy: how many decode steps a frame owes the language worker (`owe_for_frame`: fixed k, or
+  adaptive k's floor), and which requests decode for how many steps (`plan_language`: preempted ones resume
+  first; with adaptive k only what the cost model says fits before the next control tick).
 
-Which model's frames go first is a queue plug-in: FIFO (the one-robot case: arrival order), earliest-SLO-first,
-round-robin or largest-queue-first (fleets). The model runner executes a plan; the runtime loops.
+The model runner executes the plans and the runtime loops (`runtime.py`).
 """
 
 from __future__ import annotations
@@ -19,23 +22,20 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from .cost_models import CostModel, LearnedCost
+from .frames import ActionFrame
 from .language import LanguageRequest
-from .step_cost import StepCostModel
+from .planners import MonolithicPlanner, StageJob, StagePlanner
+from .queues import QUEUE_POLICIES
 
 ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")
-QUEUE_POLICIES = ("fifo", "esf", "rr", "lqf")
-
-
-def deadline_missed(ready_s: float, deadline_s: float) -> bool:
-    """The one definition of a miss: the chunk became usable after its deadline (same clock for both)."""
-    return ready_s > deadline_s + 1e-12
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    num_steps: int = 10  # Euler steps of the action expert
+    num_steps: int | None = None  # Euler steps of the action expert (None: the model's own, as profiled)
     tokens_per_frame: int = 4  # decode steps per frame (k); with adaptive k the cap per control period
     adaptive_k: bool = False  # decode only in the slack before the next control tick
     # adaptive k's floor: decode steps the worker gets after every frame that leaves language work, slack or not,
@@ -57,8 +57,9 @@ class SchedulerConfig:
         if self.admission not in ADMISSION_POLICIES:
             raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
         if self.queue not in QUEUE_POLICIES:
-            raise ValueError(f"queue must be one of {QUEUE_POLICIES}, got {self.queue!r}")
-        if self.tokens_per_frame < 0 or self.num_steps < 1 or self.max_preempted < 0 or self.min_steps_per_frame < 0:
+            raise ValueError(f"queue must be one of {tuple(QUEUE_POLICIES)}, got {self.queue!r}")
+        steps = 1 if self.num_steps is None else self.num_steps
+        if self.tokens_per_frame < 0 or steps < 1 or self.max_preempted < 0 or self.min_steps_per_frame < 0:
             raise ValueError("tokens_per_frame, min_steps_per_frame and max_preempted must be >= 0, num_steps >= 1")
         if self.max_batch < 1 or self.max_batch & (self.max_batch - 1):
             raise ValueError(f"max_batch must be a power of two >= 1, got {self.max_batch}")
@@ -79,113 +80,6 @@ def node_decode_policy(tokens_per_frame: int, min_steps_per_frame: int, max_new_
     return {"adaptive_k": True, "tokens_per_frame": max_new_tokens, "min_steps_per_frame": min_steps_per_frame}
 
 
-def bucket_for(count: int, max_batch: int) -> int:
-    """Smallest power of two holding `count` items, capped at `max_batch`."""
-    if count < 1:
-        raise ValueError("a batch needs at least one item")
-    bucket = 1
-    while bucket < count and bucket < max_batch:
-        bucket *= 2
-    return bucket
-
-
-@dataclass(eq=False)
-class ActionFrame:
-    """One camera frame waiting for its action chunk. `inputs` and `noise` are the runner's business (opaque
-    here); `context` is the caller's, handed back with the chunk and the frame's text."""
-
-    model_id: str
-    inputs: Any
-    narrate: bool
-    deadline: float  # seconds on the scheduler's clock
-    arrival: float
-    robot_id: str = ""
-    stamp_ns: int = 0
-    max_new_tokens: int | None = None  # None: the configured budget
-    noise: Any = None
-    context: Any = None
-    frame_id: int = -1  # set by the scheduler
-
-    def slack(self, now: float, service_s: float) -> float:
-        return self.deadline - now - service_s
-
-
-class CostModel(Protocol):
-    """Predicted seconds of work: the runner's measurements on a robot, a profile table in the simulator."""
-
-    def action_s(self, model_id: str, batch: int) -> float: ...
-
-    def decode_s(self, model_id: str, batch: int) -> float: ...
-
-
-class LearnedCost:
-    """Per model, per kind of work: a fixed + per-item fit of recent observations (`StepCostModel`)."""
-
-    def __init__(self):
-        self._fits: dict[tuple[str, str], StepCostModel] = {}
-
-    def _fit(self, model_id: str, kind: str) -> StepCostModel:
-        return self._fits.setdefault((model_id, kind), StepCostModel())
-
-    def observe(self, model_id: str, kind: str, batch: int, seconds: float) -> None:
-        self._fit(model_id, kind).observe(batch, seconds)
-
-    def action_s(self, model_id: str, batch: int) -> float:
-        return self._fit(model_id, "action").predict(batch)
-
-    def decode_s(self, model_id: str, batch: int) -> float:
-        return self._fit(model_id, "decode").predict(batch)
-
-
-# ---- queue plug-ins: which model's pending frames run next ----------------------------------------------------
-
-
-class QueuePolicy(Protocol):
-    def choose(self, queues: dict[str, list[ActionFrame]], now: float, cost: CostModel) -> str: ...
-
-
-class Fifo:
-    """The model of the oldest pending frame (one robot: simply the next frame)."""
-
-    def choose(self, queues, now, cost):
-        return min(queues, key=lambda m: (queues[m][0].arrival, m))
-
-
-class EarliestSloFirst:
-    """The model whose most urgent frame has the least slack (deadline - now - predicted service). A frame that
-    can no longer make it ranks after every frame that still can: serving it would only make others late too."""
-
-    def choose(self, queues, now, cost):
-        def rank(model_id):
-            slack = min(f.slack(now, cost.action_s(model_id, 1)) for f in queues[model_id])
-            return (slack < 0, slack, model_id)
-
-        return min(queues, key=rank)
-
-
-class RoundRobin:
-    """Models in turn, skipping those with nothing pending: fair in turns, blind to deadlines."""
-
-    def __init__(self):
-        self._last: str | None = None
-
-    def choose(self, queues, now, cost):
-        models = sorted(queues)
-        later = [m for m in models if self._last is None or m > self._last]
-        self._last = later[0] if later else models[0]
-        return self._last
-
-
-class LargestQueueFirst:
-    """The model with the most pending frames (ties: earliest deadline): biggest batches, ignores urgency."""
-
-    def choose(self, queues, now, cost):
-        return min(queues, key=lambda m: (-len(queues[m]), min(f.deadline for f in queues[m]), m))
-
-
-QUEUES = {"fifo": Fifo, "esf": EarliestSloFirst, "rr": RoundRobin, "lqf": LargestQueueFirst}
-
-
 # ---- plans ----------------------------------------------------------------------------------------------------
 
 
@@ -198,12 +92,14 @@ class Displaced:
 
 
 @dataclass
-class ActionPlan:
+class AdmissionPlan:
+    """A batch's narrating frames: whose slot becomes a language request, and what that costs others."""
+
     model_id: str
     frames: list[ActionFrame]
     bucket: int  # rows the runner computes: the frames, then zero-filled padding
     admit: list[bool]  # per frame: does its slot become a language request
-    displaced: list[Displaced] = field(default_factory=list)  # slots to give back before the frames run
+    displaced: list[Displaced] = field(default_factory=list)  # slots to give back
     refused: list[ActionFrame] = field(default_factory=list)  # narrating frames whose request is dropped
     dropped: list[LanguageRequest] = field(default_factory=list)  # preempted requests pushed past the cap
 
@@ -214,49 +110,8 @@ class DecodePlan:
     requests: list[LanguageRequest]  # oldest first; all of them decode each step
     steps: int
     resume: list[tuple[LanguageRequest, Any]] = field(default_factory=list)  # (request, its frame's inputs)
-
-
-@dataclass
-class StageBatch:
-    """One stage of a batch of one model's frames on `share` of the device (one of a `StageJob`'s batches)."""
-
-    model_id: str
-    stage: str  # "vlm" (prefill into slots) or "action" (denoise from them)
-    frames: list[ActionFrame]
-    bucket: int
-    share: float
-
-
-@dataclass
-class StageJob:
-    """What one lane of a stage plug-in runs from start to end: its batches side by side, or one after the other
-    (`sequential`).
-    `token` is the plug-in's own record, handed back to its `finish`."""
-
-    batches: list[StageBatch]
-    sequential: bool = False
-    token: Any = None
-
-
-class StagePlanner(Protocol):
-    """A device-scheduling plug-in for a stage split: it queues frames and decides which stage batches run and
-    on which shares (the fleet's lockstep or static split); the runtime executes them with its model runners.
-    `lanes`: how many jobs it may have running at once (its execution lanes: one for a lockstep, one per stage
-    for a static split)."""
-
-    lanes: int
-
-    def submit(self, frame: ActionFrame) -> None: ...
-
-    def pending(self) -> int: ...
-
-    def start(self, now: float) -> list[StageJob]: ...
-
-    def finish(self, job: StageJob, now: float) -> None: ...
-
-    def take_expired(self) -> list[ActionFrame]:
-        """Frames dropped from its queues since the last call because their deadline passed."""
-        ...
+    # adaptive k's floor steps: the control tick's due time past which they cost the arm (None: not floor steps)
+    floor_due: float | None = None
 
 
 @dataclass
@@ -267,79 +122,68 @@ class _ModelState:
     inputs: dict[int, Any] = field(default_factory=dict)  # request id -> frame inputs (for preemption only)
 
 
-class Scheduler:
-    """Policy for M models; `capacity[model]` is how many language requests that model's KV pool holds."""
 
-    def __init__(self, config: SchedulerConfig, capacity: dict[str, int], cost: CostModel | None = None):
+class Scheduler:
+    """Policy for M models; `capacity[model]` is how many language requests that model's KV pool holds.
+    `planner`: how frames use the device (default: the monolithic planner with this scheduler's cost model)."""
+
+    def __init__(self, config: SchedulerConfig, capacity: dict[str, int], cost: CostModel | None = None,
+                 planner: StagePlanner | None = None):
         self.config = config
         self.cost = cost if cost is not None else LearnedCost()
-        self.queue_policy: QueuePolicy = QUEUES[config.queue]()
+        self.planner: StagePlanner = planner if planner is not None else MonolithicPlanner(config.queue, config.max_batch, config.drop_expired, self.cost)
         self.models = {m: _ModelState(c) for m, c in capacity.items()}
-        self.pending: dict[str, list[ActionFrame]] = {m: [] for m in capacity}
+        self.log: list[StageJob] | None = None  # a list here keeps every finished job (benchmarks, replays)
         self._frame_ids = itertools.count()
         self._request_ids = itertools.count(1)
         self._decode_turn = itertools.count()
+        self._steps_since_frame = 0
         self.requests_dropped = 0
         self.requests_preempted = 0
         self.requests_resumed = 0
 
     # ---- action frames ------------------------------------------------------------------------------------------
 
-    def add_frame(self, frame: ActionFrame) -> ActionFrame:
-        self.register(frame)
-        self.pending[frame.model_id].append(frame)
-        return frame
-
-    def register(self, frame: ActionFrame) -> ActionFrame:
-        """Check a frame and give it its id (a stage plug-in queues it itself)."""
-        if frame.model_id not in self.pending:
-            raise KeyError(f"model {frame.model_id!r} is not served here (served: {sorted(self.pending)})")
+    def submit(self, frame: ActionFrame) -> ActionFrame:
+        """Check a frame, give it its id and queue it with the planner (it is planned from its arrival on)."""
+        if frame.model_id not in self.models:
+            raise KeyError(f"model {frame.model_id!r} is not served here (served: {sorted(self.models)})")
         budget = self.config.max_new_tokens if frame.max_new_tokens is None else frame.max_new_tokens
         if not 0 <= budget <= self.config.max_new_tokens:
             raise ValueError(f"max_new_tokens must lie in [0, {self.config.max_new_tokens}], got {budget}")
         frame.max_new_tokens = budget
         frame.frame_id = next(self._frame_ids)
+        self.planner.submit(frame)
         return frame
 
-    def take_expired(self, now: float) -> list[ActionFrame]:
-        """With `drop_expired`: the queued frames whose deadline has passed at `now`, removed before any compute
-        is spent on them (their chunk could only be late; serving them would make others late too)."""
-        if not self.config.drop_expired:
-            return []
-        expired = []
-        for model_id, queue in self.pending.items():
-            late = [f for f in queue if deadline_missed(now, f.deadline)]
-            if late:
-                expired.extend(late)
-                self.pending[model_id] = [f for f in queue if not deadline_missed(now, f.deadline)]
-        return sorted(expired, key=lambda f: f.frame_id)
+    def start(self, now: float) -> list[StageJob]:
+        """The jobs that start at `now` (frames whose deadline passed in a queue are dropped first)."""
+        return self.planner.start(now)
+
+    def finish(self, job: StageJob, now: float) -> list[ActionFrame]:
+        """`job` ended at `now`: the frames whose chunk it completed."""
+        job.end = now
+        if self.log is not None:
+            self.log.append(job)
+        return self.planner.finish(job, now)
+
+    def take_expired(self) -> list[ActionFrame]:
+        """With `drop_expired`: the frames dropped unserved because their deadline passed in a queue."""
+        return self.planner.take_expired()
 
     @property
     def frames_pending(self) -> int:
-        return sum(len(q) for q in self.pending.values())
+        return self.planner.pending()
 
-    def plan_actions(self, now: float) -> ActionPlan | None:
-        queues = {m: q for m, q in self.pending.items() if q}
-        if not queues:
-            return None
-        model_id = self.queue_policy.choose(queues, now, self.cost)
-        queue = queues[model_id]
-        order = sorted(queue, key=lambda f: f.arrival) if self.config.queue == "fifo" else \
-            sorted(queue, key=lambda f: (f.deadline, f.arrival))
-        frames = order[: self.config.max_batch]
-        taken = set(map(id, frames))
-        self.pending[model_id] = [f for f in queue if id(f) not in taken]
-        return self.plan_admission(model_id, frames, bucket_for(len(frames), self.config.max_batch))
-
-    def plan_admission(self, model_id: str, frames: list[ActionFrame], bucket: int) -> ActionPlan:
+    def plan_admission(self, model_id: str, frames: list[ActionFrame], bucket: int) -> AdmissionPlan:
         """For each narrating frame of a batch, whether its slot becomes a language request and whom that
-        displaces (a stage split asks when the batch's action stage is done)."""
-        plan = ActionPlan(model_id, frames, bucket, [])
+        displaces (before a whole-device batch runs; when a stage split's action stage is done)."""
+        plan = AdmissionPlan(model_id, frames, bucket, [])
         for frame in frames:
             plan.admit.append(self._admit(model_id, frame, plan))
         return plan
 
-    def _admit(self, model_id: str, frame: ActionFrame, plan: ActionPlan) -> bool:
+    def _admit(self, model_id: str, frame: ActionFrame, plan: AdmissionPlan) -> bool:
         if not frame.narrate:
             return False
         state = self.models[model_id]
@@ -376,13 +220,54 @@ class Scheduler:
             if self.config.admission == "preempt":
                 state.inputs[request.request_id] = inputs
 
-    # ---- language ---------------------------------------------------------------------------------------------
+    # ---- the decode policy ------------------------------------------------------------------------------------
 
     def has_language_requests(self) -> bool:
         return any(s.active or s.preempted for s in self.models.values())
 
     def language_requests(self) -> int:
         return sum(len(s.active) + len(s.preempted) for s in self.models.values())
+
+    def owe_for_frame(self) -> int | None:
+        """A frame's action ran: the decode steps it owes the language worker before the next frame (a fixed k,
+        or adaptive k's floor); None without language work (nothing to owe)."""
+        self._steps_since_frame = 0
+        if not self.has_language_requests():
+            return None
+        return self.config.min_steps_per_frame if self.config.adaptive_k else self.config.tokens_per_frame
+
+    def decoded(self, steps: int) -> None:
+        """The worker ran `steps` decode steps since the last frame (adaptive k caps them per period)."""
+        self._steps_since_frame += steps
+
+    def tick_due(self, last_control_start: float | None) -> float:
+        """When the control path needs the device next: one period after its last start, less the margin."""
+        cfg = self.config
+        return (math.inf if last_control_start is None else last_control_start + cfg.control_period_s) \
+            - cfg.deadline_margin_s
+
+    def plan_language(self, now: float, owed: int, last_control_start: float | None,
+                      draining: bool = False) -> DecodePlan | None:
+        """The decode policy: what the language worker runs next. Owed steps run whatever the slack; with a fixed
+        k nothing else does; with adaptive k requests decode in the slack before the next control tick (infinite
+        when the control path is idle or late, so text never starves), at most `tokens_per_frame` steps per
+        period. Draining (end of a run) decodes without waiting for frames."""
+        cfg = self.config
+        if draining:
+            slack, max_steps = math.inf, None
+        elif owed:
+            slack, max_steps = math.inf, owed
+        elif cfg.adaptive_k:
+            due = self.tick_due(last_control_start)
+            late_or_idle = now >= due + cfg.deadline_margin_s + 0.5 * cfg.control_period_s
+            slack = math.inf if late_or_idle else due - now
+            max_steps = cfg.tokens_per_frame - self._steps_since_frame if cfg.tokens_per_frame else None
+        else:
+            return None  # fixed k: this frame's steps are done; the next frame owes new ones
+        plan = self.plan_decode(now, slack, max_steps)
+        if plan is not None and cfg.adaptive_k and owed and not draining:
+            plan.floor_due = self.tick_due(last_control_start)
+        return plan
 
     def plan_decode(self, now: float, slack_s: float = math.inf, max_steps: int | None = None) -> DecodePlan | None:
         """The next decode plan: one model's requests (models with requests take turns) for up to `max_steps` steps.
@@ -428,4 +313,3 @@ class Scheduler:
         for request in done:
             state.inputs.pop(request.request_id, None)
         return done
-

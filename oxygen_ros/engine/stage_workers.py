@@ -20,17 +20,11 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from enum import StrEnum
 from typing import Any, Protocol
 
 import torch
 
-
-class Stage(StrEnum):
-    """The two stages of a pi0.5-shaped call: VLM prefill of the image+prompt prefix, then action denoising."""
-
-    VLM = "vlm"
-    ACTION = "action"
+from .planners import Stage
 
 
 class Partitions(Protocol):

@@ -1,4 +1,4 @@
-"""The per-device lockstep scheduler with guarded compute partitioning (the Robion device design).
+"""The lockstep planner with guarded compute partitioning (the Robion device design).
 
 Every lockstep runs one VLM batch and one action batch at the same time on complementary partitions of the
 device, and both end together: a lockstep lasts as long as the slower of the two. Outputs of a VLM batch feed the
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oxygen_ros.fleet.device import DeviceJob, QueuedDevice, StageRun
-from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.requests import FleetRequest, Stage
+from ..engine.frames import ActionFrame
+from ..engine.planners import Stage, StageJob
+from .profile_table import ProfileTable
+from .two_stage import TwoStagePlanner
 
 StageLoad = tuple[str, int]
 """(model id, batch bucket) of a batch waiting to be placed."""
@@ -69,52 +70,31 @@ def choose_partition(
     return best
 
 
-class LockstepScheduler(QueuedDevice):
+class LockstepPlanner(TwoStagePlanner):
     """One device, one lockstep at a time: VLM batch and action batch start together and finish together."""
-
-    lane = "lockstep"
 
     def __init__(self, lut: ProfileTable, **kwargs):
         super().__init__(lut, **kwargs)
         self.busy = False
 
-    def start(self, now: float) -> list[DeviceJob]:
+    def start(self, now: float) -> list[StageJob]:
         if self.busy:
             return []
-        vlm_batch = self.next_batch(Stage.VLM, now)
-        action_batch = self.next_batch(Stage.ACTION, now)
-        if vlm_batch is None and action_batch is None:
+        vlm = self.next_batch(Stage.VLM, now)
+        action = self.next_batch(Stage.ACTION, now)
+        if vlm is None and action is None:
             return []
-        choice = choose_partition(
-            self.lut,
-            (vlm_batch.model_id, vlm_batch.bucket) if vlm_batch else None,
-            (action_batch.model_id, action_batch.bucket) if action_batch else None,
-            self.guard,
-        )
-        runs = []
-        if vlm_batch:
-            lut_s = self.lut.latency(vlm_batch.model_id, Stage.VLM, vlm_batch.bucket, choice.vlm_share)
-            runs.append(StageRun(vlm_batch, choice.vlm_share, lut_s))
-        if action_batch:
-            lut_s = self.lut.latency(
-                action_batch.model_id, Stage.ACTION, action_batch.bucket, choice.action_share
-            )
-            runs.append(StageRun(action_batch, choice.action_share, lut_s))
+        choice = choose_partition(self.lut, (vlm.model_id, vlm.bucket) if vlm else None,
+                                  (action.model_id, action.bucket) if action else None, self.guard)
+        batches = []
+        if vlm:
+            batches.append(self.on_share(vlm, choice.vlm_share))
+        if action:
+            batches.append(self.on_share(action, choice.action_share))
         self.busy = True
-        return [
-            DeviceJob(
-                self.lane,
-                now,
-                runs,
-                choice.predicted_s,
-                sequential=choice.mode == "serial",
-                co_run=choice.mode == "split",
-            )
-        ]
+        return [StageJob("lockstep", now, batches, choice.predicted_s, sequential=choice.mode == "serial",
+                         co_run=choice.mode == "split")]
 
-    def finish(self, job: DeviceJob, now: float) -> list[FleetRequest]:
+    def finish(self, job: StageJob, now: float) -> list[ActionFrame]:
         self.busy = False
-        finished: list[FleetRequest] = []
-        for run in job.stage_runs:
-            finished.extend(self.complete_run(run, now))
-        return finished
+        return [frame for batch in job.batches for frame in self.complete(batch, now)]

@@ -1,32 +1,22 @@
-"""The offline profile table (LUT): stage latency per (model, stage, batch bucket, partition share).
+"""The profile table (LUT): stage latency per (model, stage, batch bucket, partition share), and the cost model
+the scheduler plans with from it.
 
-Schedulers never time anything at decision time; they look latencies up here. A *share* is the fraction of the
-device a stage gets (SM share on a GPU, thread budget on a CPU). The table comes from either
-``profile_stages`` timing a real stage runner, or ``synthetic_table`` (a documented latency model, used when no
-measured profile is available). Batch sizes between profiled buckets are linearly interpolated; shares are
-discrete partition choices and must be looked up exactly.
+Planners never time anything at decision time; they look latencies up here. A *share* is the fraction of the
+device a stage gets (SM share on a GPU, thread budget on a CPU). The table comes from either timing the served
+models' stages (`profiler.py`), or ``synthetic_table`` (a documented latency model, used when no measured profile
+is available). Batch sizes between profiled buckets are linearly interpolated; shares are discrete partition
+choices and must be looked up exactly.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oxygen_ros.command_line import progress
-from oxygen_ros.fleet.requests import FleetRequest, Stage
-
-StageRunner = Callable[[str, Stage, Sequence[FleetRequest], float], None]
-"""``run(model_id, stage, batch_of_requests, share) -> None``: executes one stage of one batch on ``share`` of the
-device and returns when the outputs are ready. The engine supplies the real one; tests and profiling use others."""
-
-StageSubmitter = Callable[[str, Stage, Sequence[FleetRequest], float], Future]
-"""``submit(model_id, stage, batch_of_requests, share) -> Future``: starts one stage of one batch on its stage
-worker and returns at once (two stages can then run side by side)."""
+from ..engine.cost_models import LearnedCost
+from ..engine.planners import Stage
 
 
 def _share_key(share: float) -> float:
@@ -39,10 +29,13 @@ class ProfileTable:
 
     entries: dict[tuple[str, str, int, float], float] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    # solo lookups, asked at every planning decision: cleared by `add`
+    _solo: dict[tuple[str, str, int], tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, model_id: str, stage: Stage, batch: int, share: float, seconds: float) -> None:
         if seconds <= 0:
             raise ValueError("a stage latency must be positive")
+        self._solo.clear()
         self.entries[(model_id, Stage(stage).value, int(batch), _share_key(share))] = float(seconds)
 
     def models(self) -> list[str]:
@@ -88,6 +81,14 @@ class ProfileTable:
             raise KeyError(f"no profile for model={model_id} stage={Stage(stage).value}")
         return min(shares, key=lambda share: (self.latency(model_id, stage, batch, share), -share))
 
+    def solo(self, model_id: str, stage: Stage, batch: int) -> tuple[float, float]:
+        """(share, seconds) of ``stage`` with the device to itself: on its fastest share."""
+        key = (model_id, Stage(stage).value, batch)
+        if key not in self._solo:
+            share = self.fastest_share(model_id, stage, batch)
+            self._solo[key] = share, self.latency(model_id, stage, batch, share)
+        return self._solo[key]
+
     def scaled(self, factor: float) -> ProfileTable:
         """Every latency times ``factor`` (e.g. the slowdown a loaded machine showed during a run)."""
         meta = {**self.meta, "scaled_by": factor * self.meta.get("scaled_by", 1.0)}
@@ -126,100 +127,40 @@ def mean_table(a: ProfileTable, b: ProfileTable) -> ProfileTable:
     return ProfileTable({key: (t + b.entries[key]) / 2 for key, t in a.entries.items()}, meta)
 
 
-def profile_stages(
-    run_stage: StageRunner,
-    models: Iterable[str],
-    buckets: Iterable[int],
-    partitions: Iterable[float],
-    repeats: int = 5,
-    warmup: int = 1,
-    stages: Iterable[Stage] = (Stage.VLM, Stage.ACTION),
-    clock: Callable[[], float] = time.perf_counter,
-) -> ProfileTable:
-    """Time ``run_stage`` for every (model, stage, bucket, share) and keep the median of ``repeats`` runs.
+class ProfileCost:
+    """A profile table as the scheduler's cost model. A batch's prefill + denoising in one call (the monolithic
+    planner) is its VLM stage then its action stage on one share of the device, the one where the two together are
+    fastest (the whole GPU; on a loaded CPU fewer threads than all can win). Decode steps are not in the table:
+    they are learned as the runtime runs them (`LearnedCost`)."""
 
-    The batches handed to the runner are placeholder requests of the right size: a stage's cost depends on the
-    batch shape, not on which robot sent it. Warm-up calls are discarded (first-call allocation and compilation
-    are not part of the steady state the scheduler plans with). Repeats are interleaved: each round times every
-    entry once, so a burst of load from other processes on a shared machine spreads over all entries instead of
-    spoiling the consecutive repeats of a few."""
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    table = ProfileTable(
-        meta={"source": "measured", "repeats": repeats, "statistic": "median", "interleaved": True}
-    )
-    stages, buckets, partitions = list(stages), list(buckets), list(partitions)
-    keys = [
-        (model_id, stage, bucket, share)
-        for model_id in models
-        for stage in stages
-        for bucket in buckets
-        for share in partitions
-    ]
-    batches = {
-        (m, b): [FleetRequest(i, "profile", m, 0.0, float("inf")) for i in range(b)]
-        for m, _, b, _ in keys
-    }
-    for model_id, stage, bucket, share in keys:
-        for _ in range(warmup):
-            run_stage(model_id, stage, batches[(model_id, bucket)], share)
-    samples: dict[tuple, list[float]] = {key: [] for key in keys}
-    for _ in progress(range(repeats), desc="profile rounds"):
-        for key in keys:
-            model_id, stage, bucket, share = key
-            start = clock()
-            run_stage(model_id, stage, batches[(model_id, bucket)], share)
-            samples[key].append(clock() - start)
-    spreads = []
-    for (model_id, stage, bucket, share), times in samples.items():
-        median = max(statistics.median(times), 1e-9)
-        table.add(model_id, stage, bucket, share, median)
-        if len(times) >= 4:
-            q1, _, q3 = statistics.quantiles(times, n=4)
-            spreads.append((q3 - q1) / median)
-    if spreads:  # noise of the repeats: interquartile range over median, per entry
-        table.meta["relative_iqr"] = {"median": statistics.median(spreads), "max": max(spreads)}
-    # Every timed call / its entry's median, in the order they ran (round by round): the service-time noise this
-    # profile saw, slow spells together, for a simulation to replay (``SimConfig.duration_factors``).
-    medians = {key: max(statistics.median(times), 1e-9) for key, times in samples.items()}
-    table.meta["noise_factors"] = [
-        round(samples[key][r] / medians[key], 4) for r in range(repeats) for key in keys
-    ]
-    table.meta["inversions"] = find_inversions(table)
-    return table
+    def __init__(self, table: ProfileTable):
+        self.table = table
+        self._decode = LearnedCost()
+        self._whole: dict[tuple[str, int], tuple[float, float]] = {}
 
+    def _fastest_whole(self, model_id: str, batch: int) -> tuple[float, float]:
+        """(share, seconds) of both stages back to back on the one share where that is fastest."""
+        key = (model_id, batch)
+        if key not in self._whole:
+            shares = set(self.table.shares(model_id, Stage.VLM)) & set(self.table.shares(model_id, Stage.ACTION))
+            if not shares:
+                raise KeyError(f"no share with both stages of model={model_id} profiled")
+            self._whole[key] = min(((s, sum(self.table.latency(model_id, stage, batch, s) for stage in Stage))
+                                    for s in shares), key=lambda item: (item[1], -item[0]))
+        return self._whole[key]
 
-def measure_co_run(
-    submit: StageSubmitter, lut: ProfileTable, buckets: Sequence[int], repeats: int = 5
-) -> dict[str, float]:
-    """How much slower one model's VLM batch and its action batch are side by side on complementary shares (as a
-    lockstep runs them) than the slower of the two alone: per (model, split share, bucket) the median over rounds
-    of (side-by-side wall time) / max(alone times), each round timing the two alone and then side by side, so
-    that the ratio compares times taken under the same load. Returns ``{"co_run_slowdown": median,
-    "co_run_max": max}`` over entries (1.0 when nothing splits). A lockstep scheduler whose guard is below the
-    slowdown splits the device where running the two stages back to back is faster."""
-    from oxygen_ros.fleet.lockstep import split_candidates  # lockstep reads this module's table
+    def action_s(self, model_id: str, batch: int) -> float:
+        return self._fastest_whole(model_id, batch)[1]
 
-    def wall(*calls) -> float:
-        start = time.perf_counter()
-        for future in [submit(*call) for call in calls]:
-            future.result()
-        return time.perf_counter() - start
+    def action_share(self, model_id: str, batch: int) -> float:
+        return self._fastest_whole(model_id, batch)[0]
 
-    ratios = []
-    for model_id in lut.models():
-        for share in split_candidates(lut, model_id, model_id):
-            for bucket in buckets:
-                vlm = (model_id, Stage.VLM, [FleetRequest(i, "profile", model_id, 0.0, float("inf"))
-                                             for i in range(bucket)], share)
-                action = (model_id, Stage.ACTION, [FleetRequest(i, "profile", model_id, 0.0, float("inf"))
-                                                   for i in range(bucket)], round(1 - share, 6))
-                wall(vlm, action)  # warm-up
-                rounds = [wall(vlm, action) / max(wall(vlm), wall(action)) for _ in range(repeats)]
-                ratios.append(statistics.median(rounds))
-    if not ratios:
-        return {"co_run_slowdown": 1.0, "co_run_max": 1.0}
-    return {"co_run_slowdown": max(1.0, statistics.median(ratios)), "co_run_max": max(ratios)}
+    def decode_s(self, model_id: str, batch: int) -> float:
+        return self._decode.decode_s(model_id, batch)
+
+    def observe(self, model_id: str, kind: str, batch: int, seconds: float) -> None:
+        if kind == "decode":
+            self._decode.observe(model_id, kind, batch, seconds)
 
 
 def find_inversions(table: ProfileTable, tolerance: float = 0.05) -> list[str]:

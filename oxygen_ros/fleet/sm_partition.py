@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oxygen_ros.fleet.requests import Stage
+from ..engine.planners import Stage
 
 
 @dataclass(frozen=True)

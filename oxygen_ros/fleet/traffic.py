@@ -1,6 +1,6 @@
 """Traffic controller: which GPU serves which robot.
 
-A robot's load on a GPU is its request rate times the per-request service time from the profile; a GPU's
+A robot's load on a GPU is its frame rate times the per-frame service time from the profile; a GPU's
 normalized load is the sum over its robots divided by its capacity and must stay <= 1. The MILP first spreads
 the load (a per-GPU load cap a little above the mean GPU load), then, among placements under that cap, keeps robots of the same model together (fewest (model, GPU) pairs), because a
 model's requests can only be batched with requests of the same model on the same GPU, and fewer resident models
@@ -11,15 +11,31 @@ comparison: an even split (every model spread over every GPU) and one model per 
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from oxygen_ros.fleet.lockstep import choose_partition
-from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.requests import RobotSpec
+from .lockstep import choose_partition
+from .profile_table import ProfileTable
+
+
+@dataclass(frozen=True)
+class RobotSpec:
+    """A robot as the fleet's placement sees it: which model it needs, how often it sends a frame, and its latency
+    budget (SLO)."""
+
+    robot_id: str
+    model_id: str
+    rate_hz: float
+    slo_s: float
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.rate_hz
 
 
 class InfeasibleAssignment(ValueError):
@@ -52,16 +68,25 @@ class Assignment:
         return max(self.loads, default=0.0)
 
 
-def per_request_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = 1.1) -> float:
-    """Device-seconds one request of ``model_id`` costs when served in lockstep batches of ``batch``: one
-    lockstep carries ``batch`` VLM and ``batch`` action requests, so a request costs lockstep time / batch."""
+def load_assignment(path: str | Path) -> dict:
+    """The assignment JSON; ``gpu_of`` maps robot id -> GPU index."""
+    data = json.loads(Path(path).read_text())
+    if "gpu_of" not in data:
+        raise ValueError(f"{path}: not an assignment file (no 'gpu_of')")
+    data["gpu_of"] = {robot: int(gpu) for robot, gpu in data["gpu_of"].items()}
+    return data
+
+
+def per_frame_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = 1.1) -> float:
+    """Device-seconds one frame of ``model_id`` costs when served in lockstep batches of ``batch``: one lockstep
+    carries ``batch`` VLM and ``batch`` action frames, so a frame costs lockstep time / batch."""
     choice = choose_partition(lut, (model_id, batch), (model_id, batch), guard)
     return choice.predicted_s / batch
 
 
 def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guard: float = 1.1) -> np.ndarray:
     """Fraction of one GPU each robot needs (rate x per-request cost at the reference ``batch``)."""
-    cost = {m: per_request_cost(lut, m, batch, guard) for m in {r.model_id for r in robots}}
+    cost = {m: per_frame_cost(lut, m, batch, guard) for m in {r.model_id for r in robots}}
     return np.array([r.rate_hz * cost[r.model_id] for r in robots])
 
 

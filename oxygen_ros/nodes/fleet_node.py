@@ -22,9 +22,10 @@ frames of robots on the same model are batched, and every ``narrate_every``-th f
 narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
 denoise in one call on the whole device, models by the ``queue`` policy), ``robion`` (lockstep stage split on
 shares chosen per lockstep from a profile table with ``guard``, raised to the slowdown of the two stages side by
-side measured with the table) or ``disaggregated`` (static stage split). A
-stage split reads its table from ``profile_file`` or profiles the served models at start-up (``profile_repeats``
-per entry). Narration works in every design. Chunks are published from the runtime's control thread, narration
+side measured with the table) or ``disaggregated`` (static stage split): planners of the engine's one scheduler,
+each with the ``queue`` policy. A stage split reads its table from ``profile_file`` or profiles the served models
+at start-up (``profile_repeats`` per entry); ``monolithic`` predicts its batches from ``profile_file`` when given,
+else from what it measures as it serves. Narration works in every design. Chunks are published from the runtime's control thread, narration
 from its language worker. A frame already past its deadline on arrival is not served, a queued frame whose
 deadline passes before it is computed is dropped unserved, and a chunk ready after its deadline is not published
 (``publish_late``: published all the same, with its stamp); all are counted in the robot's ``engine_status``
@@ -42,7 +43,7 @@ or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, 
 ``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
 VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
 ``tokens_per_frame``, ``min_steps_per_frame`` (as the VLA node's ``language.*`` of those names),
-``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo; fifo only with monolithic), ``design``,
+``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo), ``design``,
 ``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
 ``language.overlap_threads``),
 ``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
@@ -78,10 +79,11 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
-from oxygen_ros.fleet.assign_cli import load_assignment
-from oxygen_ros.fleet.model_runner import ModelSpec
+from oxygen_ros.fleet.device import serving_device
+from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots, serving_device
+from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots
+from oxygen_ros.fleet.traffic import load_assignment
 from oxygen_ros.model.loading import tokenizer_for
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
@@ -264,7 +266,7 @@ class FleetNode(LifecycleNode):
                                     **node_decode_policy(p["tokens_per_frame"], p["min_steps_per_frame"],
                                                          p["max_new_tokens"]),
                                     control_period_s=1.0 / p["rate_hz"])
-        profile = ProfileTable.load(p["profile_file"]) if staged and p["profile_file"] else None
+        profile = ProfileTable.load(p["profile_file"]) if p["profile_file"] else None
         self.server = FleetServer(specs, served,
                                   RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots,
                                                 overlap_threads=p["overlap_threads"]),

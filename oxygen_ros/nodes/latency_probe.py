@@ -5,7 +5,7 @@
 from a plain thread, receives `action_chunk`, and prints one JSON object: end-to-end latency (receipt on this
 node's clock minus the chunk's header stamp, i.e. the image stamp) percentiles, chunk rate, and the node's own
 split of a tick into engine time (`runtime.act`) and node overhead, read from its `/diagnostics`.
-`oxygen_ros.bench.node_latency` starts the node and this probe as processes and tabulates the results; the node
+`oxygen_ros.evaluation.bench.node_latency` starts the node and this probe as processes and tabulates the results; the node
 tests use `SensorPublisher` directly.
 """
 

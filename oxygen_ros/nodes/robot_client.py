@@ -42,7 +42,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
-from oxygen_ros.fleet.robot_load import FrameLedger, FrameSchedule, score
+from oxygen_ros.evaluation.fleet.robot_load import FrameLedger, FrameSchedule, score
 from oxygen_ros.msg import EngineStatus
 
 from .lifecycle import ros_process, spinning

@@ -21,7 +21,8 @@ from ..command_line import CommandParser, existing_file
 from ..control.embodiment import load_embodiment
 from ..engine.runtime import RuntimeConfig
 from ..engine.scheduler import SchedulerConfig, node_decode_policy
-from ..fleet.server import FleetServer, ModelSpec, ServedRobot
+from ..fleet.models import ModelSpec
+from ..fleet.server import FleetServer, ServedRobot
 from ..model import cpu_kernel
 from ..model.checkpoint import checkpoint_config
 from ..model.config import get_preset

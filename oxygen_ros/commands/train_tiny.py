@@ -1,0 +1,319 @@
+"""`oxygen-ros train-tiny EPISODE OUT_CKPT`: fit the `tiny` pi0.5 on one ALOHA episode and save it as a checkpoint.
+
+The policy learns what a real one would from that episode, through the same preprocessing the node applies:
+- state and actions in an embodiment profile's space (`control.embodiment`; `--embodiment`, default `aloha`:
+  openpi's ALOHA conventions, so each chunk holds the joints' deltas from its frame's state in pi's signs and the
+  grippers in pi's units), exactly what the node undoes on the way out;
+- actions: the flow-matching loss on the chunk of recorded actions that starts at each frame (`actions[t : t +
+  horizon]`, the last action repeated past the end), in the profile's space, quantile-normalised with stats
+  computed from those chunks (as openpi computes its norm stats after its transforms);
+- text: the caption of each frame (`data.captions`: which arm moves, in which phase) after the prompt, tokenized
+  with the same SentencePiece tokenizer the checkpoint ships with.
+OUT_CKPT is a LeRobot-layout folder (`model.checkpoint.save_checkpoint`: weights, config marked with the profile,
+the stats as `observation.state` / `action` q01/q99/mean/std/min/max) plus `tokenizer.model` and `training.json`
+(the settings, the episode's content hash, the loss curve, and the chunk error, in the robot's units through the
+profile, and caption accuracy of the weights before and after training on a fixed set of frames). The folder appears
+only when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..command_line import CommandParser
+from ..control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
+from ..data.aloha import read_aloha
+from ..data.atomic import atomic_output
+from ..data.captions import frame_captions
+from ..data.episode import DataError, Episode
+from ..model.checkpoint import save_checkpoint
+from ..model.config import Pi05Config, get_preset
+from ..model.generate import greedy_decode
+from ..model.inputs import ModelInputs
+from ..model.kv_cache import KVCache
+from ..model.pi05 import Pi05Model, build_model
+from ..model.preprocess import (
+    ACTION_KEY,
+    STATE_KEY,
+    NormStats,
+    Observation,
+    prepare_inputs,
+    quantile_normalize,
+    robot_actions,
+)
+from ..model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from ..model.train import training_losses
+
+TOKENIZER_FILE = "tokenizer.model"
+INFO_FILE = "training.json"
+# ALOHA camera -> pi0.5 image key, as config/aloha.yaml maps the camera topics.
+ALOHA_CAMERA_KEYS = {"cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_rgb",
+                     "cam_right_wrist": "right_wrist_0_rgb"}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "tiny"
+    steps: int = 600
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    text_weight: float = 0.5
+    seed: int = 0
+    eval_every: int = 10  # evaluation frames: every n-th frame of the episode
+    embodiment: str = "aloha"  # the profile the model acts in (a shipped name or a YAML file)
+
+
+@dataclass
+class TrainingSet:
+    """Every frame of the episode in model space, and what it is in the robot's."""
+
+    inputs: ModelInputs  # [N, ...] all frames, CPU float32
+    actions: torch.Tensor  # [N, horizon, action_dim] normalised chunks, zero-padded dims
+    caption: torch.Tensor  # [N, C] caption token ids, PAD after the caption
+    caption_mask: torch.Tensor  # [N, C] bool
+    captions: list[str]
+    embodiment: Embodiment
+    robot_state: np.ndarray  # [N, S] each frame's state, robot units
+    robot_chunks: np.ndarray  # [N, horizon, A] each frame's recorded absolute actions, robot units
+
+    def batch(self, index: torch.Tensor) -> tuple[ModelInputs, torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs = ModelInputs(self.inputs.images[index], self.inputs.image_masks[index], self.inputs.tokens[index],
+                             self.inputs.token_masks[index])
+        return inputs, self.actions[index], self.caption[index], self.caption_mask[index]
+
+
+def episode_embodiment(episode: Episode, spec: str) -> Embodiment:
+    """The profile `spec` names, checked against the episode's joints and frame rate; DataError otherwise."""
+    try:
+        embodiment = load_embodiment(spec)
+        embodiment.check_joints(episode.joint_names, episode.joint_names[: episode.actions.shape[1]])
+    except EmbodimentError as err:
+        raise DataError(str(err)) from None
+    if embodiment.rate_hz is not None and not math.isclose(episode.fps, embodiment.rate_hz, rel_tol=1e-3):
+        raise DataError(f"the episode runs at {episode.fps:g} Hz, embodiment {embodiment.name} at "
+                        f"{embodiment.rate_hz:g} Hz: its chunks would mean other times")
+    return embodiment
+
+
+def model_space(episode: Episode, embodiment: Embodiment, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """The episode as the model sees it in `embodiment`: each frame's state [T, S] and the chunk of recorded
+    actions starting at it [T, horizon, A], unnormalized (`Embodiment.state_to_model` / `actions_to_model`)."""
+    return (embodiment.state_to_model(episode.state),
+            embodiment.actions_to_model(action_chunks(episode.actions.astype(np.float64), horizon), episode.state))
+
+
+def norm_stats_from_episode(episode: Episode, embodiment: Embodiment, horizon: int) -> NormStats:
+    """LeRobot-style stats of the episode's state and action chunks in the model's space (what `preprocess`
+    normalises with)."""
+    states, chunks = model_space(episode, embodiment, horizon)
+    stats = {}
+    for key, values in ((STATE_KEY, states), (ACTION_KEY, chunks.reshape(-1, chunks.shape[-1]))):
+        stats[key] = {"q01": np.quantile(values, 0.01, axis=0), "q99": np.quantile(values, 0.99, axis=0),
+                      "mean": values.mean(axis=0), "std": values.std(axis=0), "min": values.min(axis=0),
+                      "max": values.max(axis=0)}
+    return stats
+
+
+def model_cameras(episode: Episode, config: Pi05Config) -> dict[str, str]:
+    """Episode camera -> model image key, for the ALOHA cameras the model takes."""
+    cameras = {cam: ALOHA_CAMERA_KEYS[cam] for cam in episode.cameras
+               if ALOHA_CAMERA_KEYS.get(cam) in config.camera_names}
+    if not cameras:
+        raise DataError(f"none of the episode's cameras {list(episode.cameras)} maps to the model's image keys "
+                        f"{list(config.camera_names)} ({ALOHA_CAMERA_KEYS})")
+    return cameras
+
+
+def action_chunks(actions: np.ndarray, horizon: int) -> np.ndarray:
+    """[T, A] -> [T, horizon, A]: chunk t is actions[t : t + horizon], the last action repeated past the end."""
+    index = np.minimum(np.arange(len(actions))[:, None] + np.arange(horizon), len(actions) - 1)
+    return actions[index]
+
+
+def training_set(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, stats: NormStats,
+                 embodiment: Embodiment) -> TrainingSet:
+    cameras = model_cameras(episode, config)
+    states, model_chunks = model_space(episode, embodiment, config.action_horizon)
+    observations = [Observation(images={key: episode.images[cam][t] for cam, key in cameras.items()},
+                                state=states[t], task=episode.task) for t in range(episode.length)]
+    inputs = prepare_inputs(observations, config, tokenizer, stats)
+    dim = episode.actions.shape[1]
+    if dim > config.action_dim:
+        raise DataError(f"the episode has {dim} action dims, the model only {config.action_dim}")
+    chunks = np.zeros((episode.length, config.action_horizon, config.action_dim), dtype=np.float32)
+    chunks[..., :dim] = quantile_normalize(model_chunks, stats[ACTION_KEY]["q01"], stats[ACTION_KEY]["q99"])
+    captions = frame_captions(episode.actions)
+    encoded = [tokenizer.encode(text) for text in captions]
+    width = max(map(len, encoded))
+    caption = torch.full((episode.length, width), config.pad_id, dtype=torch.long)
+    for t, ids in enumerate(encoded):
+        caption[t, : len(ids)] = torch.tensor(ids)
+    mask = torch.arange(width)[None, :] < torch.tensor([len(ids) for ids in encoded])[:, None]
+    return TrainingSet(inputs, torch.from_numpy(chunks), caption, mask, captions, embodiment,
+                       episode.state.astype(np.float64), action_chunks(episode.actions.astype(np.float64),
+                                                                       config.action_horizon))
+
+
+@torch.inference_mode()
+def evaluate(model: Pi05Model, data: TrainingSet, tokenizer: Tokenizer, stats: NormStats, frames: list[int],
+             robot_dim: int, seed: int = 0) -> dict:
+    """Chunks and greedy captions on `frames`: mean absolute chunk error per joint against the recorded actions,
+    in the robot's units (the prediction made absolute by the profile, as the node does), and the share of captions
+    decoded exactly."""
+    cfg = model.config
+    index = torch.tensor(frames)
+    inputs = data.batch(index)[0]
+    cache = KVCache(cfg, len(frames), cfg.prefix_len + 16, model.dtype)
+    slots = torch.arange(len(frames))
+    prefill = model.prefill(inputs, cache, slots, want_logits=True)
+    noise = torch.randn(len(frames), cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
+    predicted = data.embodiment.actions_to_robot(robot_actions(model.sample_actions(cache, slots, noise), robot_dim,
+                                                               stats), data.robot_state[frames]).positions
+    recorded = data.robot_chunks[frames]
+    texts = [tokenizer.decode(ids) for ids in greedy_decode(model, cache, slots, prefill, 16)]
+    per_joint = np.abs(predicted - recorded).mean(axis=(0, 1))
+    correct = sum(text == data.captions[t] for text, t in zip(texts, frames))
+    return {"action_error": float(per_joint.mean()), "action_error_per_joint": per_joint.tolist(),
+            "caption_accuracy": correct / len(frames), "sample_captions": texts[:: max(1, len(texts) // 8)]}
+
+
+def episode_content_hash(episode: Episode) -> str:
+    """SHA-256 of what training reads from the episode (pixels, state, actions, rate, task, joint names)."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps([float(episode.fps), episode.task, list(episode.joint_names), sorted(episode.cameras)]).encode())
+    for array in (episode.state, episode.actions, *(episode.images[c] for c in sorted(episode.cameras))):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print) -> list[dict]:
+    """Train `model` in place; returns the loss of every step ({"step", "action", "text"})."""
+    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=1e-4)
+    model.train()
+    history = []
+    started = time.monotonic()
+    count = data.actions.shape[0]
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config, step)
+        index = torch.randint(count, (min(config.batch_size, count),), generator=generator)
+        losses = training_losses(model, *data.batch(index), generator=generator)
+        total = losses.action + config.text_weight * losses.text
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        history.append({"step": step, "action": losses.action.item(), "text": losses.text.item()})
+        if step % 100 == 0 or step == config.steps - 1:
+            log(f"step {step:4d}  action loss {losses.action.item():.4f}  text loss {losses.text.item():.3f}  "
+                f"({time.monotonic() - started:.0f} s)")
+    model.eval()
+    return history
+
+
+def train(episode: Episode, out: str | Path, config: TrainConfig = TrainConfig(), tokenizer_path: str | None = None,
+          log=print, threads: int = 1) -> dict:
+    """Train on `episode` and write the checkpoint folder `out` (must not exist); returns training.json's data.
+
+    One thread by default: the tiny model's matrices are too small for a second thread to pay for its
+    synchronisation, and on a busy machine it costs several times over.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(episode, Path(out), config, tokenizer_path, log)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(episode: Episode, out: Path, config: TrainConfig, tokenizer_path: str | None, log) -> dict:
+    model_config = get_preset(config.preset)
+    torch.manual_seed(config.seed)
+    with atomic_output(out) as folder:
+        folder.mkdir()
+        if tokenizer_path:
+            shutil.copyfile(tokenizer_path, folder / TOKENIZER_FILE)
+        else:
+            train_tokenizer(folder / TOKENIZER_FILE, model_config.vocab_size)
+        tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
+        if tokenizer.vocab_size > model_config.vocab_size:
+            raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model only "
+                            f"{model_config.vocab_size}")
+        embodiment = episode_embodiment(episode, config.embodiment)
+        stats = norm_stats_from_episode(episode, embodiment, model_config.action_horizon)
+        data = training_set(episode, model_config, tokenizer, stats, embodiment)
+        model = build_model(model_config, seed=config.seed)
+        frames = list(range(0, episode.length, config.eval_every))
+        robot_dim = episode.actions.shape[1]
+        before = evaluate(model, data, tokenizer, stats, frames, robot_dim, config.seed)
+        started = time.monotonic()
+        history = fit(model, data, config, log)
+        seconds = time.monotonic() - started
+        after = evaluate(model, data, tokenizer, stats, frames, robot_dim, config.seed)
+        save_checkpoint(model, folder, stats, embodiment=embodiment.name)
+        info = {"train_config": dataclasses.asdict(config), "episode_sha256": episode_content_hash(episode),
+                "frames": episode.length, "train_seconds": seconds, "joint_names": list(episode.joint_names),
+                "evaluation_frames": frames, "before": before, "after": after,
+                "loss": [{k: round(v, 5) for k, v in h.items()} for h in history]}
+        (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser("train-tiny", __doc__)
+    parser.add_argument("episode", help="ALOHA episode (.hdf5)")
+    parser.add_argument("out", help="checkpoint folder to write (must not exist)")
+    parser.add_argument("--task", default="", help="the instruction the episode shows (the prompt's task)")
+    parser.add_argument("--tokenizer", help="SentencePiece file (default: the stand-in tokenizer, trained here)")
+    defaults = TrainConfig()
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="frames per step")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="weights, batches and flow-matching noise")
+    parser.add_argument("--embodiment", default=defaults.embodiment,
+                        help=f"the action space to train in: {' | '.join(shipped_names())} or a profile YAML file")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (one is fastest on a busy 2-core machine)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, embodiment=args.embodiment)
+    try:
+        episode = read_aloha(args.episode, task=args.task)
+        info = train(episode, args.out, config, args.tokenizer, threads=args.threads)
+    except (DataError, OSError, ValueError) as err:
+        print(f"train-tiny failed: {err}", file=sys.stderr)
+        return 1
+    before, after = info["before"], info["after"]
+    print(f"wrote {args.out}: {config.steps} steps in {info['train_seconds']:.0f} s; chunk error "
+          f"{before['action_error']:.3f} -> {after['action_error']:.3f} (mean abs, robot units, embodiment "
+          f"{config.embodiment}), caption accuracy "
+          f"{before['caption_accuracy']:.0%} -> {after['caption_accuracy']:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
