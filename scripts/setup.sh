@@ -18,7 +18,10 @@ if [ "${CUDA:-0}" = 1 ]; then
   TORCH=("torch===$TORCH_VERSION")
   EXTRAS=test,sim,gpu
 else
-  TORCH=("torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu)
+  # The CPU build (`+cpu`) from the indexes pip is already set up with (a wheel cache or a local mirror answers
+  # at once); else from PyTorch's CPU index. PyPI has no `+cpu` build, so the first try fails fast there.
+  TORCH=("torch==$TORCH_VERSION+cpu")
+  TORCH_ELSE=(--extra-index-url https://download.pytorch.org/whl/cpu)
   EXTRAS=test,sim
 fi
 ROS_WHEELS=(-r scripts/requirements-ros.txt)
@@ -27,7 +30,10 @@ PACKAGE=(--config-settings editable_mode=compat -e ".[$EXTRAS]")
 # numpy<2 (which would downgrade numpy here); it needs websockets, msgpack and pillow, which the package brings.
 OPENPI_CLIENT=(--no-deps openpi-client==0.1.2)
 if [ "${1:-}" = --print-pip ]; then
-  printf 'pip install %s\n' "${TORCH[*]}" "${ROS_WHEELS[*]}" "${PACKAGE[*]}" "${OPENPI_CLIENT[*]}"
+  torch_line="pip install ${TORCH[*]}"
+  [ -z "${TORCH_ELSE[*]:-}" ] || torch_line+=" || $torch_line ${TORCH_ELSE[*]}"
+  printf '%s\n' "$torch_line"
+  printf 'pip install %s\n' "${ROS_WHEELS[*]}" "${PACKAGE[*]}" "${OPENPI_CLIENT[*]}"
   exit 0
 fi
 
@@ -48,7 +54,11 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned, so that nothing below can resolve a different build.
-"${PIP[@]}" "${TORCH[@]}"
+if [ -n "${TORCH_ELSE[*]:-}" ]; then
+  "${PIP[@]}" "${TORCH[@]}" 2>/dev/null || "${PIP[@]}" "${TORCH[@]}" "${TORCH_ELSE[@]}"
+else
+  "${PIP[@]}" "${TORCH[@]}"
+fi
 "${PIP[@]}" "${ROS_WHEELS[@]}"
 "${PIP[@]}" "${PACKAGE[@]}"
 "${PIP[@]}" "${OPENPI_CLIENT[@]}"

@@ -1,6 +1,6 @@
 """`make setup CUDA=1` checked as far as a CPU machine can: the pip installs the setup script would run (its
 `--print-pip`) take the CUDA build of the pinned torch and the `gpu` extra, and never a CPU build; without CUDA=1,
-the CPU build from PyTorch's CPU index."""
+the CPU build (from the indexes pip has, else PyTorch's CPU index)."""
 
 import configparser
 import os
@@ -37,5 +37,7 @@ def test_cuda_setup_installs_the_cuda_torch_and_the_gpu_extra():
 def test_default_setup_installs_the_cpu_build():
     for cuda in (None, "0", ""):
         torch_line, _, package_line, _ = pip_lines(cuda)
-        assert torch_line == "pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu"
+        # the CPU build from the indexes pip is set up with, else from PyTorch's CPU index
+        assert torch_line == ("pip install torch==2.13.0+cpu || "
+                              "pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu")
         assert package_line.endswith("-e .[test,sim]")
