@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 import torch
 
 from oxygen_ros.commands.fleet_profile import main as profile_main
@@ -13,6 +14,7 @@ from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.sm_partition import SmPartitions
 
 DEVICE = torch.device("cuda")
+pytestmark = pytest.mark.sm_partitions  # every test here asserts green-context partitions
 
 
 def matmul_seconds(stream, a, b, repeats=20) -> float:
