@@ -1,10 +1,13 @@
-"""The GPU scripts as far as a CPU machine can check them: the run's steps (their order, the time kept for
-`bench_pi05`, what is left out where the driver makes no SM partitions) with a stand-in interpreter that reports a
-CUDA device and records what it is asked to run instead of running it."""
+"""The GPU scripts as far as a CPU machine can check them: `gpu_check.sh` without a GPU stops with one line, the
+CUDA suite collects without one, and the run's steps (their order, the time kept for `bench_pi05`, what is left
+out where the driver makes no SM partitions) with a stand-in interpreter that reports a CUDA device and records
+what it is asked to run instead of running it."""
 
+import ast
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,6 +18,43 @@ STEPS = ["test_gpu", "bench_pi05", "bench_small", "fleet_profile", "bench_goals"
 def gpu_check(out: Path, *steps: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "scripts/gpu_check.sh", str(out), *steps], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env=os.environ | env)
+
+
+def test_gpu_check_without_a_gpu_stops_with_one_line(tmp_path):
+    # this CPU interpreter, and no device visible even where the machine has one: a dry run everywhere
+    result = gpu_check(tmp_path / "gpu", GPU_PY=sys.executable, CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("no python with CUDA torch and a GPU here (") and sys.executable in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "gpu").exists()  # stopped before anything was written
+
+
+def defined_tests(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+
+
+def test_the_cuda_suite_collects_without_a_gpu(tmp_path):
+    defined = {f"test_gpu/{path.name}::{name}" for path in sorted((REPO / "test_gpu").glob("test_*.py"))
+               for name in defined_tests(path)}
+    assert len(defined) >= 10
+    # a plugin for this run only: which collected tests carry the marker gpu_check.sh leaves out without SM partitions
+    (tmp_path / "say_marks.py").write_text(
+        "def pytest_collection_finish(session):\n"
+        "    print('marked:', *[i.nodeid for i in session.items if i.get_closest_marker('sm_partitions')])\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-p", "say_marks", "test_gpu"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env=os.environ | {"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    collected = {re.sub(r"\[.*\]$", "", line) for line in lines if "::" in line and not line.startswith("marked:")}
+    assert collected == defined, result.stdout  # every test defined there
+    marked = {re.sub(r"\[.*\]$", "", t) for line in lines if line.startswith("marked:") for t in line.split()[1:]}
+    assert marked == {t for t in defined if t.startswith("test_gpu/test_cuda_fleet.py::")}  # the partition tests
 
 
 def stand_in_python(tmp_path: Path, partitions: bool) -> tuple[Path, Path]:
