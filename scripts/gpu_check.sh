@@ -67,10 +67,11 @@ step() {  # step NAME SECONDS COMMAND...
     tail -n 25 "$out/$name.log"
 }
 
-# -v: one line per test as it passes, so a stopped run shows which test it was in
+# -v: one line per test as it passes, so a stopped run shows which test it was in; -rA: what passed tests printed
+# (the figures they report rather than assert, e.g. a product's time on an SM partition)
 partition_tests=()
 [ "$partitions" = yes ] || partition_tests=(-m "not sm_partitions")
-step test_gpu 300 "$py" -m pytest -v -p no:cacheprovider "${partition_tests[@]}" test_gpu
+step test_gpu 300 "$py" -m pytest -v -rA -p no:cacheprovider "${partition_tests[@]}" test_gpu
 reserve=0
 # 3.35 B parameters initialised on the CPU, then the reduced matrix (about 200 s by estimate)
 step bench_pi05 420 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
