@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 .PHONY: setup test test-fast lint demo sim-demo bench test-gpu gpu-check
 
 # `make setup CUDA=1`: the CUDA build of the pinned torch and the `gpu` extra instead of the CPU build (make passes
-# command-line variables to the script's environment).
+# command-line variables to the script's environment). The targets below run setup without CUDA, which keeps the
+# build .venv has; `make setup CUDA=0` goes back to the CPU build.
 setup:
 	bash scripts/setup.sh
 

@@ -1,10 +1,11 @@
-"""Is this interpreter fit for the GPU checks? One line either way; status 0 or 1, never a traceback.
+"""Is this interpreter fit for the GPU checks? One line a check; status 0 or 1, never a traceback.
 
     python scripts/gpu_env.py            torch is a CUDA build and sees a device (what `gpu_python.sh` asks of
                                          each interpreter it tries)
-    python scripts/gpu_env.py --driver   that, and the `gpu` extra works on this driver: green-context SM
-                                         partitions through cuda-bindings (the project's own SmPartitions) and
-                                         NVML's energy counter (nvidia-ml-py; missing only costs the energy figures)
+    python scripts/gpu_env.py --driver   that, and the `gpu` extra works on this driver: NVML's energy counter
+                                         (nvidia-ml-py; missing only costs the energy figures) and green-context
+                                         SM partitions through cuda-bindings (the project's own SmPartitions);
+                                         status 1 without partitions, after the lines it could say
 
 Run from the repository root (the package is imported from the checkout).
 """
@@ -26,8 +27,13 @@ def device() -> str:
             f"{p.major}.{p.minor}, {p.multi_processor_count} SMs")
 
 
-def driver() -> list[str]:
+def energy() -> str:
     from oxygen_ros.evaluation.bench.energy import cuda_uuid, open_energy_meter
+
+    return open_energy_meter("cuda:0", uuid=cuda_uuid("cuda:0"))[1]
+
+
+def sm_partitions() -> str:
     from oxygen_ros.fleet.sm_partition import SmPartitions
 
     try:
@@ -40,16 +46,16 @@ def driver() -> list[str]:
     from importlib.metadata import version
 
     groups = {s: partitions.group_sizes(s)[0] for s in shares[:-1]}
-    return [f"green contexts: cuda-bindings {version('cuda-bindings')}, {partitions.total_sms} SMs, groups asked "
-            f"in {partitions.granularity}, shares and the SMs the driver makes for them: {groups}",
-            open_energy_meter("cuda:0", uuid=cuda_uuid("cuda:0"))[1]]
+    return (f"green contexts: cuda-bindings {version('cuda-bindings')}, {partitions.total_sms} SMs, groups asked "
+            f"in {partitions.granularity}, shares and the SMs the driver makes for them: {groups}")
 
 
 def main(argv: list[str]) -> int:
-    lines = [device()]
+    # each line as soon as it is known: a failed check below still leaves the device's line (and NVML's) said
+    print(device(), flush=True)
     if "--driver" in argv:
-        lines += driver()
-    print("\n".join(lines))
+        print(energy(), flush=True)
+        print(sm_partitions())
     return 0
 
 

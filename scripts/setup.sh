@@ -2,8 +2,10 @@
 # One-command, idempotent development setup: system build tools and EGL, .venv (Python 3.11), ROS 2 kilted wheels,
 # torch (pinned: the CPU build, or with CUDA=1 the CUDA build), the Python dependencies (with the gym-aloha `sim`
 # extra, and with CUDA=1 the `gpu` extra), the msg/ interfaces (built by CMake into .venv) and the package itself
-# (editable). Re-running it only does what is missing or changed; switching CUDA=1 on or off swaps the torch build.
-# `scripts/setup.sh --print-pip` prints the pip installs it would run (for this CUDA setting) and does nothing else.
+# (editable). Re-running it only does what is missing or changed. CUDA=1 or CUDA=0 chooses the torch build (and
+# swaps it if .venv has the other); without CUDA (what `make demo`, `make test` and the other targets run), the
+# build .venv already has is kept, and a fresh .venv gets the CPU build.
+# `scripts/setup.sh --print-pip` prints the pip installs it would run (for this decision) and does nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -11,7 +13,17 @@ VENV=$ROOT/.venv
 PY=${PYTHON:-python3.11}
 
 TORCH_VERSION=2.13.0
-if [ "${CUDA:-0}" = 1 ]; then
+if [ -z "${CUDA:-}" ]; then
+  # Not given: the build .venv's torch is (torch.version.cuda is None for the CPU build); none there is the CPU build.
+  if [ -x "$VENV/bin/python" ] \
+      && "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' >/dev/null 2>&1; then
+    CUDA=1
+    echo "setup: CUDA not given, keeping .venv's CUDA build of torch (CUDA=0 switches to the CPU build)" >&2
+  else
+    CUDA=0
+  fi
+fi
+if [ "$CUDA" = 1 ]; then
   # PyPI's Linux x86_64 torch wheel is the CUDA build (its CUDA libraries come as nvidia-* wheels). `===` asks for
   # exactly that version string, so a local `+cpu` build that a wheel cache or an earlier setup offers never
   # satisfies it.
@@ -62,9 +74,9 @@ fi
 "${PIP[@]}" "${ROS_WHEELS[@]}"
 "${PIP[@]}" "${PACKAGE[@]}"
 "${PIP[@]}" "${OPENPI_CLIENT[@]}"
-"$VENV/bin/python" -c "import sys, torch; sys.exit((torch.version.cuda is None) == ('${CUDA:-0}' == '1'))" || {
+"$VENV/bin/python" -c "import sys, torch; sys.exit((torch.version.cuda is None) == ('$CUDA' == '1'))" || {
   echo "setup: .venv's torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') is not the" \
-       "$([ "${CUDA:-0}" = 1 ] && echo CUDA || echo CPU) build that CUDA=${CUDA:-0} asks for" >&2
+       "$([ "$CUDA" = 1 ] && echo CUDA || echo CPU) build that CUDA=$CUDA asks for" >&2
   exit 1
 }
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from oxygen_ros.engine.model_runner import ModelRunner
+from oxygen_ros.engine.model_runner import HIGHEST_PRIORITY, LOWEST_PRIORITY, ModelRunner, PriorityStreams
 from oxygen_ros.engine.stage_workers import Stage, StageWorkers
 from oxygen_ros.evaluation.bench.workloads import synthetic_frames
 from oxygen_ros.model.config import get_preset
@@ -90,3 +90,27 @@ def test_padding_noise_is_made_on_the_models_device_and_an_empty_prefix_is_refus
     with pytest.raises(ValueError, match="at least one valid token"):
         runner.act([frame], [noise], 1, [False])
     assert runner.slots_in_use == 0
+
+
+def test_priority_streams_wait_for_the_device_once_both_are_made(monkeypatch):
+    """torch's streams do not wait for what the default stream queued (weights, zero-filled pools): making the
+    streams synchronizes the device after both exist, so nothing issued on them can read before that work is done.
+    torch's CUDA calls are stand-ins that record the order; on a CPU neither is called."""
+    calls = []
+
+    class Stream:
+        def __init__(self, device, priority):
+            calls.append(("stream", device, priority))
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("synchronize", device)))
+    cuda = torch.device("cuda", 0)
+    streams = PriorityStreams(cuda)
+    assert calls == [("stream", cuda, HIGHEST_PRIORITY), ("stream", cuda, LOWEST_PRIORITY), ("synchronize", cuda)]
+    assert isinstance(streams.control_stream, Stream) and isinstance(streams.language_stream, Stream)
+    calls.clear()
+    PriorityStreams("cuda:0", prioritized=False)  # two workers of equal priority: the same wait
+    assert calls == [("stream", cuda, LOWEST_PRIORITY), ("stream", cuda, LOWEST_PRIORITY), ("synchronize", cuda)]
+    calls.clear()
+    cpu = PriorityStreams("cpu")
+    assert calls == [] and cpu.control_stream is None and cpu.language_stream is None

@@ -14,5 +14,7 @@ from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for eve
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "sm_partitions: needs green-context SM partitions (gpu_check.sh leaves "
+                            "these out, said in its log, where the driver makes none)")
     if not torch.cuda.is_available() and not config.option.collectonly:
         raise pytest.UsageError("test_gpu needs a CUDA device; run it on a GPU machine (make test-gpu)")

@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 import torch
 
 from oxygen_ros.commands.fleet_profile import main as profile_main
@@ -13,6 +14,7 @@ from oxygen_ros.fleet.profiler import StageProfiler
 from oxygen_ros.fleet.sm_partition import SmPartitions
 
 DEVICE = torch.device("cuda")
+pytestmark = pytest.mark.sm_partitions  # every test here asserts green-context partitions
 
 
 def matmul_seconds(stream, a, b, repeats=20) -> float:
@@ -27,9 +29,10 @@ def matmul_seconds(stream, a, b, repeats=20) -> float:
 
 
 def test_green_context_groups_are_disjoint_and_limit_the_sms():
-    """Shares come from the groups the driver made (it rounds what it is asked for), a product on the smallest
-    group takes about as much longer as it has fewer SMs, and a partition computes what the whole device does
-    within bfloat16's rounding (cuBLAS may pick another kernel, another order of sums, for fewer SMs)."""
+    """Shares come from the groups the driver made (it rounds what it is asked for), and a partition computes what
+    the whole device does within bfloat16's rounding (cuBLAS may pick another kernel, another order of sums, for
+    fewer SMs). How much longer a product takes on the smallest group is printed (`gpu_check.sh` shows it), not
+    asserted: a test's verdict must not depend on the GPU's speed or what else it runs."""
     partitions = SmPartitions(DEVICE)
     total = partitions.total_sms
     assert total == torch.cuda.get_device_properties(DEVICE).multi_processor_count
@@ -44,14 +47,18 @@ def test_green_context_groups_are_disjoint_and_limit_the_sms():
     assert partitions.stream(Stage.VLM, 1.0) is None  # the whole device: any plain stream
     a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    torch.cuda.synchronize()  # made on the default stream; the streams below are non-blocking and do not wait for it
     whole = matmul_seconds(torch.cuda.Stream(DEVICE), a, b)
     small = matmul_seconds(partitions.stream(Stage.VLM, share), a, b)
-    # a compute-bound product on vlm/total of the SMs takes about total/vlm times as long
-    assert small / whole > 0.6 * total / vlm, (small, whole, vlm, total)
+    # a compute-bound product on vlm/total of the SMs should take about total/vlm times as long
+    print(f"bfloat16 8192^3 product on {vlm} of {total} SMs: {small / whole:.2f}x the whole device's time "
+          f"({total / vlm:.2f}x if it scaled with the SMs)")
     reference = a.float() @ b.float()
     on_whole = a @ b
-    with torch.cuda.stream(partitions.stream(Stage.ACTION, round(1 - share, 6))):
+    part = partitions.stream(Stage.ACTION, round(1 - share, 6))
+    with torch.cuda.stream(part):
         on_part = a @ b
+    part.synchronize()  # the partition's own stream, rather than rely on a device-wide wait reaching a green context
     torch.cuda.synchronize()
     scale = float(reference.abs().max())
     for result in (on_whole, on_part):  # a few bfloat16 rounding steps at the largest entry
@@ -66,6 +73,7 @@ def test_the_stage_workers_run_both_stages_on_their_partitions():
         runner, workers = profiler.runners["a"], profiler.workers
         config = runner.model.config
         frames = [zero_inputs(config, 1, DEVICE, runner.model.dtype) for _ in range(3)]
+        torch.cuda.synchronize()  # made on the default stream, read on the workers' non-blocking ones
         done = workers.submit(Stage.VLM, 0.5, runner.prefill_stage, frames, 4).result()
         noises = [torch.randn(1, config.action_horizon, config.action_dim) for _ in frames]
         actions = workers.submit(Stage.ACTION, 0.5, runner.denoise_stage, done.slots, noises, 4).result()
