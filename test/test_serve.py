@@ -261,7 +261,7 @@ def test_an_api_key_is_required_and_the_right_one_is_served(served):
 
 def test_serve_bench_runs_its_settings_side_by_side(tmp_path, capsys):
     """`oxygen-ros serve-bench`, shortened: a server in this process, client processes, the sequential baseline."""
-    from oxygen_ros.serving import serve_bench
+    from oxygen_ros.commands import serve_bench
 
     assert serve_bench.main(["--presets", "tiny", "--clients", "2", "--seconds", "0.5", "--rounds", "1",
                              "--out", str(tmp_path / "bench")]) == 0
@@ -275,9 +275,9 @@ def test_serve_bench_runs_its_settings_side_by_side(tmp_path, capsys):
 def test_a_request_past_its_deadline_in_the_queue_is_an_error_to_its_client():
     """A server whose requests may wait 1 ms (in this process, batches of one): four clients at once, so most wait
     behind another's batch; those dropped unserved are told, a late chunk is sent marked, and the server goes on."""
-    from oxygen_ros.serving.bench_client import droid_request
+    from oxygen_ros.commands.bench_client import droid_request
+    from oxygen_ros.commands.serve import Capacity, build_server
     from oxygen_ros.serving.params import engine_parameters
-    from oxygen_ros.serving.serve_cli import Capacity, build_server
     from oxygen_ros.serving.server import ServeConfig
 
     p = engine_parameters([], ["embodiment=droid", "model.dtype=float32", "model.cpu_kernel=off"])

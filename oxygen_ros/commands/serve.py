@@ -28,9 +28,9 @@ from ..model.checkpoint import checkpoint_config
 from ..model.config import get_preset
 from ..model.loading import checkpoint_folder, checkpoint_tokenizer, tokenizer_for
 from ..model.precision import resolve_dtype
-from .params import ACTION_NAMES, engine_parameters
-from .requests import RequestReader
-from .server import OpenpiServer, ServeConfig
+from ..serving.params import ACTION_NAMES, engine_parameters
+from ..serving.requests import RequestReader
+from ..serving.server import OpenpiServer, ServeConfig
 
 API_KEY_ENV = "OXYGEN_ROS_API_KEY"
 MODEL_ID = "policy"
