@@ -1,0 +1,107 @@
+"""`oxygen-ros serve`'s requests on the engine's path, in this process: a server built as the command builds it
+(`commands.serve.build_server`, the tiny preset in the droid profile) and the real `openpi-client` against it.
+
+What these tests need to happen at the same time is made to happen by holding the control path (the runtime's
+control step waits for an event), never by hoping that the machine is fast or slow: requests of two clients batched
+together."""
+
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from oxygen_ros.commands.bench_client import droid_request
+from oxygen_ros.commands.serve import Capacity, build_server
+from oxygen_ros.serving.params import engine_parameters
+from oxygen_ros.serving.server import ServeConfig
+
+pytestmark = pytest.mark.system  # serves websocket clients on the wall clock
+TIMEOUT_S = 120.0
+HORIZON, ACTION_DIM = 8, 16  # the tiny preset's
+
+
+@contextmanager
+def serving(max_clients: int, max_batch: int, slo_s: float):
+    """A started server on a free port, and its clients' connections: closed at the end."""
+    p = engine_parameters([], ["embodiment=droid", "model.dtype=float32", "model.cpu_kernel=off",
+                               "language.max_new_tokens=4"])
+    server = build_server(p, ServeConfig(port=0), Capacity(max_clients, max_batch, slo_s)).start()
+    policies: list[WebsocketClientPolicy] = []
+
+    def connect() -> WebsocketClientPolicy:
+        policies.append(WebsocketClientPolicy("127.0.0.1", server.port))
+        return policies[-1]
+
+    try:
+        yield server, connect
+    finally:
+        for policy in policies:
+            policy._ws.close()  # openpi-client has no close(); its connection does
+        server.close()
+
+
+def ask(seed: int, prompt: str, **extra) -> dict:
+    """DROID's request (32 x 32 images) with its own flow-matching noise, so its answer is repeatable."""
+    noise = np.random.default_rng(100 + seed).normal(size=(HORIZON, ACTION_DIM)).astype(np.float32)
+    return {**droid_request(seed, size=32), "prompt": prompt, "noise": noise, **extra}
+
+
+class Background:
+    """One call on its own thread: its result, or the exception it raised."""
+
+    def __init__(self, call):
+        self.result = self.error = None
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call) -> None:
+        try:
+            self.result = call()
+        except Exception as error:  # handed to the test, which asserts on it
+            self.error = error
+
+    def join(self):
+        self._thread.join(TIMEOUT_S)
+        assert not self._thread.is_alive(), "the call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_requests_of_two_clients_meet_in_one_batch_and_each_gets_its_own_answer(monkeypatch):
+    """The control step is held until both clients' requests are queued: the one batch that then runs holds both
+    (the scheduler's log of jobs says so), and each client gets the actions it gets when served alone."""
+    with serving(max_clients=2, max_batch=2, slo_s=60.0) as (server, connect):
+        runtime = server.fleet.runtime
+        first, second = connect(), connect()
+        asks = [ask(0, "put the marker in the cup"), ask(1, "open the drawer")]
+        alone = [first.infer(asks[0])["actions"], second.infer(asks[1])["actions"]]
+        assert np.abs(alone[0] - alone[1]).max() > 1e-3  # different questions, different answers
+
+        both_queued = threading.Event()
+        submit, step = runtime.submit, runtime.control.step
+
+        def counting_submit(frame):
+            queued = submit(frame)
+            if runtime.frames_pending() == 2:
+                both_queued.set()
+            return queued
+
+        def held_step():
+            both_queued.wait(TIMEOUT_S)
+            return step()
+
+        monkeypatch.setattr(runtime, "submit", counting_submit)
+        monkeypatch.setattr(runtime.control, "step", held_step)
+        runtime.scheduler.log = []  # from here on the scheduler keeps every finished job
+        calls = [Background(lambda: first.infer(asks[0])), Background(lambda: second.infer(asks[1]))]
+        together = [call.join()["actions"] for call in calls]
+
+        assert both_queued.is_set()
+        batches = [[frame.robot_id for frame in batch.frames] for job in runtime.scheduler.log
+                   for batch in job.batches]
+        assert len(batches) == 1 and sorted(batches[0]) == sorted(server.fleet.robots), batches
+        for own, answer in zip(alone, together):
+            np.testing.assert_allclose(answer, own, atol=1e-4)
