@@ -2,10 +2,11 @@
 (`commands.serve.build_server`, the tiny preset in the droid profile) and the real `openpi-client` against it.
 
 What these tests need to happen at the same time is made to happen by holding the control path (the runtime's
-control step waits for an event), never by hoping that the machine is fast or slow: requests of two clients batched
-together."""
+control step or the runner's act waits for an event), never by hoping that the machine is fast or slow: requests of
+two clients batched together, a request whose deadline passes while it is queued."""
 
 import threading
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from oxygen_ros.commands.bench_client import droid_request
-from oxygen_ros.commands.serve import Capacity, build_server
+from oxygen_ros.commands.serve import MODEL_ID, Capacity, build_server
 from oxygen_ros.serving.params import engine_parameters
 from oxygen_ros.serving.server import ServeConfig
 
@@ -105,3 +106,51 @@ def test_requests_of_two_clients_meet_in_one_batch_and_each_gets_its_own_answer(
         assert len(batches) == 1 and sorted(batches[0]) == sorted(server.fleet.robots), batches
         for own, answer in zip(alone, together):
             np.testing.assert_allclose(answer, own, atol=1e-4)
+
+
+SLO_S = 1.0
+
+
+def test_a_request_whose_deadline_passes_in_the_queue_is_an_error_to_its_client_and_serving_goes_on(monkeypatch):
+    """Batches of one. The first client's act is held until the second client's request is queued behind it and
+    that request's deadline has passed: the second client is told its request expired, the first gets its chunk
+    marked late, and both are served afterwards."""
+    with serving(max_clients=2, max_batch=1, slo_s=SLO_S) as (server, connect):
+        runtime = server.fleet.runtime
+        runner = runtime.runners[MODEL_ID]
+        first, second = connect(), connect()
+        queued, in_act, second_queued = [], threading.Event(), threading.Event()
+        submit, act = runtime.submit, runner.act
+
+        def recording_submit(frame):
+            submit(frame)
+            queued.append(frame)
+            if len(queued) == 2:
+                second_queued.set()
+            return frame
+
+        def held_act(*args, **kwargs):
+            if not in_act.is_set():  # the first act only
+                in_act.set()
+                second_queued.wait(TIMEOUT_S)
+                while queued[1:] and runtime.clock() <= queued[1].deadline:
+                    time.sleep(0.005)
+            return act(*args, **kwargs)
+
+        monkeypatch.setattr(runtime, "submit", recording_submit)
+        monkeypatch.setattr(runner, "act", held_act)
+        held = Background(lambda: first.infer(ask(0, "pick")))
+        assert in_act.wait(TIMEOUT_S)
+        with pytest.raises(RuntimeError, match=r"refused the request \(expired\): not computed within its 1000 ms "
+                                               r"deadline \(--slo-ms\): the server is busy"):
+            second.infer(ask(1, "place"))
+        late = held.join()
+        assert late["deadline_missed"] is True and np.isfinite(late["actions"]).all()
+
+        assert [frame.robot_id for frame in queued] == ["client0", "client1"]
+        assert server.fleet.robot_counts("client0").late_done == 1
+        assert server.fleet.robot_counts("client1").expired_in_queue == 1
+        assert server.refused["expired"] == 1
+        for policy, seed in ((first, 2), (second, 3)):  # nothing held now: both are served
+            assert np.isfinite(policy.infer(ask(seed, "again"))["actions"]).all()
+        assert server.fleet.robot_counts("client1").expired_in_queue == 1 and server.refused["expired"] == 1
