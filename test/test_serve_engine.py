@@ -3,7 +3,8 @@
 
 What these tests need to happen at the same time is made to happen by holding the control path (the runtime's
 control step or the runner's act waits for an event), never by hoping that the machine is fast or slow: requests of
-two clients batched together, a request whose deadline passes while it is queued."""
+two clients batched together, a request whose deadline passes while it is queued. And a client that never asks for
+text is watched for any language work it could cause."""
 
 import threading
 import time
@@ -154,3 +155,41 @@ def test_a_request_whose_deadline_passes_in_the_queue_is_an_error_to_its_client_
         for policy, seed in ((first, 2), (second, 3)):  # nothing held now: both are served
             assert np.isfinite(policy.infer(ask(seed, "again"))["actions"]).all()
         assert server.fleet.robot_counts("client1").expired_in_queue == 1 and server.refused["expired"] == 1
+
+
+def test_a_client_that_never_asks_for_text_pays_nothing_for_it(monkeypatch):
+    """Requests without `narrate`: no language request is made, no prefill computes the text head's input, no
+    decode step runs. Then one request asks, and the same spies see all three."""
+    with serving(max_clients=2, max_batch=2, slo_s=60.0) as (server, connect):
+        runtime = server.fleet.runtime
+        runner = runtime.runners[MODEL_ID]
+        requests, hidden, decodes = [], [], []
+        new_request_id, prefill, decode = runtime.scheduler.new_request_id, runner.model.prefill, runner.decode
+
+        def spied_new_request_id():
+            requests.append(new_request_id())
+            return requests[-1]
+
+        def spied_prefill(*args, want_hidden=False, **kwargs):
+            hidden.append(want_hidden)
+            return prefill(*args, want_hidden=want_hidden, **kwargs)
+
+        def spied_decode(batch):
+            decodes.append(len(batch))
+            return decode(batch)
+
+        monkeypatch.setattr(runtime.scheduler, "new_request_id", spied_new_request_id)
+        monkeypatch.setattr(runner.model, "prefill", spied_prefill)
+        monkeypatch.setattr(runner, "decode", spied_decode)
+        first, second = connect(), connect()
+        replies = [policy.infer(ask(seed, "pick", newest_narration=True))
+                   for seed in range(3) for policy in (first, second)]
+        assert runtime.drain(TIMEOUT_S)
+        assert len(hidden) == len(replies) and not any(hidden)  # one prefill per request, none for text
+        assert requests == [] and decodes == [] and runtime.tokens_generated == 0
+        assert runtime.stats().active_requests == 0 and runtime.scheduler.requests_dropped == 0
+        assert not any("narration" in r or "newest_narration" in r for r in replies)
+
+        first.infer(ask(5, "pick", narrate=True))  # the spies see text work when there is some
+        assert runtime.drain(TIMEOUT_S)
+        assert requests == [1] and hidden[-1] is True and decodes and runtime.tokens_generated > 0
