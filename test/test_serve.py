@@ -1,10 +1,12 @@
 """`oxygen-ros serve` with the real `openpi-client` (`WebsocketClientPolicy`): one server process for this module,
-on a tiny checkpoint in the aloha embodiment (config/aloha.yaml), with an API key and a cap of three clients.
+on a tiny checkpoint in the aloha embodiment (config/aloha.yaml), with an API key from the environment and a cap
+of three clients.
 
 The DROID profile's proof (the node's positions are the frame's state plus the integrated velocities the server
 returns) runs beside the DROID node over DDS in test_vla_node_embodiment.py."""
 
 import json
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -20,10 +22,11 @@ from serve_process import REPO, ServeProcess
 from test_vla_node_units import RGB, Published, aloha_checkpoint, aloha_node, decoded, image
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from oxygen_ros.commands.serve import API_KEY_ENV
 from oxygen_ros.nodes.conversions import ns_to_stamp
 
 pytestmark = pytest.mark.system
-KEY = "test-key"
+KEY = "key-from-the-environment-5f3a"  # in no other text the server prints
 MAX_CLIENTS = 3
 HORIZON, ACTION_DIM = 8, 16  # the tiny preset's
 TIMEOUT_S = 120.0
@@ -36,8 +39,9 @@ def served(tmp_path_factory):
     checkpoint, tokenizer = aloha_checkpoint(folder)
     server = ServeProcess("--checkpoint", str(checkpoint), "--tokenizer", str(tokenizer),
                           "--params-file", str(REPO / "config" / "aloha.yaml"), "-p", "model.dtype=float32",
-                          "-p", "model.cpu_kernel=off", "-p", "language.max_new_tokens=4", "--api-key", KEY,
-                          "--max-clients", str(MAX_CLIENTS), "--max-message-mb", "8", "--slo-ms", "60000")
+                          "-p", "model.cpu_kernel=off", "-p", "language.max_new_tokens=4",
+                          "--max-clients", str(MAX_CLIENTS), "--max-message-mb", "8", "--slo-ms", "60000",
+                          env={**os.environ, API_KEY_ENV: KEY})
     try:
         server.wait_ready()
         yield server, folder
@@ -249,7 +253,8 @@ def bad_inputs(server: ServeProcess, good: WebsocketClientPolicy) -> None:
     np.testing.assert_allclose(good.infer(ask)["actions"], expected, atol=1e-5)
 
 
-def test_an_api_key_is_required_and_the_right_one_is_served(served):
+def test_the_environments_api_key_is_required_the_right_one_served_and_the_key_never_printed(served):
+    """The server was given its key only through the environment (no --api-key)."""
     server, _ = served
     for key in (None, "wrong"):
         with pytest.raises(InvalidStatus, match="HTTP 401"):
@@ -257,6 +262,7 @@ def test_an_api_key_is_required_and_the_right_one_is_served(served):
     with clients(server, 1) as (policy,):
         assert policy.infer(request(np.zeros(14)))["actions"].shape == (HORIZON, 14)
     assert server.output.count("API key (further refusals from this host") == 1
+    assert "(API key required;" in server.output and KEY not in server.output
 
 
 def test_serve_bench_runs_its_settings_side_by_side(tmp_path, capsys):
