@@ -101,7 +101,7 @@ def test_continuous_batching_with_adaptive_k_paces_frames_and_still_finishes_the
     assert run.texts == {frame: isolated_tokens(model, frames[frame], 8) for frame in range(6)}
 
 
-def test_step_cost_model_fits_fixed_and_per_request_cost():
+def test_a_fixed_plus_per_item_cost_fit_predicts_batch_sizes_it_has_not_seen():
     cost = StepCostModel()
     assert cost.predict(4) == 0.0
     cost.observe(4, 0.003)

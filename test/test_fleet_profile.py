@@ -69,7 +69,7 @@ def test_synthetic_lut_is_labelled_and_shaped_like_the_latency_model():
         assert table.latency("big", stage, 4, 0.5) > table.latency("big", stage, 4, 1.0)
 
 
-def test_fleet_sim_cli_writes_results_and_plot(tmp_path, capsys):
+def test_the_fleet_sim_command_writes_its_results_per_run_and_assignment_and_its_plot(tmp_path, capsys):
     lut_path = tmp_path / "lut.json"
     synthetic_table({"x": 0.8, "y": 1.2}).save(lut_path)
     out = tmp_path / "out"

@@ -1,5 +1,6 @@
 """`oxygen-ros serve`'s parts without a server: the wire format against openpi-client's own packer, the reading of
-observation dicts per embodiment, the engine options read from the node's parameter files."""
+observation dicts per embodiment, the engine options read from the node's parameter files, where the API key
+comes from."""
 
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 from openpi_client import image_tools, msgpack_numpy
 
+from oxygen_ros.commands import serve
 from oxygen_ros.control.embodiment import load_embodiment
 from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.serving.params import ENGINE_DEFAULTS, engine_parameters, read_file
@@ -155,3 +157,20 @@ def test_engine_options_are_the_nodes_with_its_defaults():
         engine_parameters([], ["model.seed=x"])
     with pytest.raises(ValueError, match="has no ros__parameters under"):
         read_file(REPO / "oxygen_ros" / "control" / "embodiments" / "droid.yaml")
+
+
+# ---- the API key -------------------------------------------------------------------------------------------------
+
+def test_the_api_key_is_the_flags_else_the_environments_and_its_value_is_never_a_printed_default(monkeypatch, capsys):
+    monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
+    assert serve.api_key(None) is None and serve.api_key("") is None
+    monkeypatch.setenv(serve.API_KEY_ENV, "")
+    assert serve.api_key(None) is None  # set but empty: no key
+    monkeypatch.setenv(serve.API_KEY_ENV, "secret-from-the-env")
+    assert serve.api_key(None) == "secret-from-the-env"
+    assert serve.api_key("from-the-flag") == "from-the-flag"
+    with pytest.raises(SystemExit) as done:
+        serve.main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "$OXYGEN_ROS_API_KEY" in " ".join(text.split()) and "secret-from-the-env" not in text

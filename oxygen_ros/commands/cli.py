@@ -33,8 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet-bench": ("oxygen_ros.commands.fleet_bench", "real fleet serving on this machine: robots at 98% SLO per design"),
     "fleet-ipc": ("oxygen_ros.evaluation.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
     "fleet-dds-bench": ("oxygen_ros.commands.fleet_dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
-    "serve": ("oxygen_ros.serving.serve_cli", "openpi's websocket protocol (openpi-client) in front of the engine"),
-    "serve-bench": ("oxygen_ros.serving.serve_bench", "openpi-client clients against serve vs the sequential baseline"),
+    "serve": ("oxygen_ros.commands.serve", "openpi's websocket protocol (openpi-client) in front of the engine"),
+    "serve-bench": ("oxygen_ros.commands.serve_bench", "openpi-client clients against serve vs the sequential baseline"),
 }
 
 

@@ -4,7 +4,7 @@ frame's action chunk takes to come back.
 In its namespace (``-r __ns:=/robot1``) it publishes ``camera/<cam>/image_raw`` (rgb8, or
 ``.../image_raw/compressed`` JPEG with ``compressed``) for each of ``cameras``, ``joint_states`` (``joint_names``)
 with the same stamp, and ``instruction`` (latched), at ``rate_hz`` from ``phase_s`` with each frame up to ``jitter``
-of a period late (`fleet.robot_load.FrameSchedule`), and listens to ``action_chunk`` and ``engine_status``. A
+of a period late (`evaluation.fleet.robot_load.FrameSchedule`), and listens to ``action_chunk`` and ``engine_status``. A
 frame's stamp is the system clock when it is sent, minus ``backdate_s`` (a camera or link that delivers old frames);
 a chunk's latency is its receipt on the system clock minus its header stamp (the frame's), on time within
 ``slo_ms``; a frame with no chunk is a miss.

@@ -7,10 +7,10 @@
   balances the stages (``static_split.best_static_share``, as a per-process limit of the device's compute could
   give) inflated by the simulator's interference; a stage that starts alone runs on its fastest share. All three
   choices favour the baseline: the best split, the whole device when alone, and a running stage is not slowed
-  when the other starts later. Plain time-slicing of two processes would cost more. Every
-  batch pays the measured inter-process hand-offs (``fleet/ipc.py``): the client's inputs into the VLM process,
-  the prefix K/V from the VLM process to the action process, the action chunk back; the sending stage's process
-  is busy until its hand-off is done.
+  when the other starts later. Plain time-slicing of two processes would cost more. Every batch pays the
+  measured inter-process hand-offs (``evaluation/fleet/ipc.py``): the client's inputs into the VLM process, the
+  prefix K/V from the VLM process to the action process, the action chunk back; the sending stage's process is
+  busy until its hand-off is done.
 - ``InterGpuPlanner``: the VLM stage on one GPU and the action stage on another, each with the whole device and
   continuous batching; a VLM batch's prefix K/V then crosses the link between the GPUs (``Link``: bytes /
   bandwidth + latency, one transfer at a time, overlapping the next VLM batch) before it joins the action queue.

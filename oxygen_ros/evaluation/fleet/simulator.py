@@ -3,7 +3,7 @@
 Robots send frames periodically (seeded random phase, and each frame delayed by a random part of its robot's
 period: ``jitter``, on by default, since without it robots phase-lock to batch starts and one seed's result says
 little about another's). Each GPU runs one `engine.scheduler.Scheduler` with the design's planner (the same
-classes a fleet server runs: `designs.make_planner`, plus the simulator-only baselines of `omni.py`) and the
+classes a fleet server runs: `designs.make_planner`, plus the simulator-only baselines of `baselines.py`) and the
 profile table as its cost model (`profile_table.ProfileCost`); every job lasts its batches' table latency,
 inflated by an ``interference`` factor when it co-runs with other work. Time is a simulated clock: nothing
 sleeps, and the same inputs and seed give the same result.

@@ -1,7 +1,7 @@
 """One benchmark client of `oxygen-ros serve-bench`: openpi-client's `WebsocketClientPolicy` in its own process,
 DROID's request (two 224 x 224 x 3 images, joints, gripper, prompt) at a fixed rate or back to back.
 
-`python -m oxygen_ros.serving.bench_client PORT SECONDS RATE_HZ SEED` connects, warms up, prints ``ready``, reads
+`python -m oxygen_ros.commands.bench_client PORT SECONDS RATE_HZ SEED` connects, warms up, prints ``ready``, reads
 the start time (epoch seconds, the same for every client) from its standard input, waits for it, sends requests
 for SECONDS and prints one JSON object: per request its completion time (s after the start), round trip and the
 server's engine time (ms). Only numpy and openpi-client are imported: a client costs what a robot's laptop would

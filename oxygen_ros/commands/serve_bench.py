@@ -34,10 +34,10 @@ from ..engine.runtime import Runtime, RuntimeConfig, Served
 from ..engine.scheduler import SchedulerConfig
 from ..engine.stats import percentile_ms
 from ..model.loading import load_model_source, tokenizer_for
+from ..serving.params import engine_parameters
+from ..serving.server import OpenpiServer, ServeConfig
 from .bench_client import droid_request
-from .params import engine_parameters
-from .serve_cli import Capacity, build_server
-from .server import OpenpiServer, ServeConfig
+from .serve import Capacity, build_server
 
 CLIENT_START_TIMEOUT_S = 300.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -81,7 +81,7 @@ def sequential(server: OpenpiServer, preset: str, dtype: torch.dtype, seed: int,
 
 def clients(port: int, count: int, seconds: float, rate_hz: float) -> dict:
     """`count` client processes, started together once all have warmed up; their merged figures."""
-    procs = [subprocess.Popen([sys.executable, "-m", "oxygen_ros.serving.bench_client", str(port), str(seconds),
+    procs = [subprocess.Popen([sys.executable, "-m", "oxygen_ros.commands.bench_client", str(port), str(seconds),
                                str(rate_hz), str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for i in range(count)]
     try:

@@ -28,9 +28,9 @@ from ..model.checkpoint import checkpoint_config
 from ..model.config import get_preset
 from ..model.loading import checkpoint_folder, checkpoint_tokenizer, tokenizer_for
 from ..model.precision import resolve_dtype
-from .params import ACTION_NAMES, engine_parameters
-from .requests import RequestReader
-from .server import OpenpiServer, ServeConfig
+from ..serving.params import ACTION_NAMES, engine_parameters
+from ..serving.requests import RequestReader
+from ..serving.server import OpenpiServer, ServeConfig
 
 API_KEY_ENV = "OXYGEN_ROS_API_KEY"
 MODEL_ID = "policy"
@@ -114,6 +114,12 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     return server
 
 
+def api_key(given: str | None) -> str | None:
+    """The key every connection must carry: `--api-key`, else the environment's $OXYGEN_ROS_API_KEY (so that the key
+    need not stand in the process's command line); None (no key) when neither is set or both are empty."""
+    return given or os.environ.get(API_KEY_ENV) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser("serve", __doc__)
     parser.add_argument("--params-file", action="append", type=existing_file, default=[],
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-message-mb", type=float, default=32.0,
                         help="larger messages close their connection (code 1009)")
     args = parser.parse_args(argv)
-    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    args.api_key = api_key(args.api_key)
     shorthands = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer",
                   "embodiment": "embodiment", "seed": "model.seed", "device": "model.device"}
     overrides = args.param + [f"{name}={getattr(args, flag)}" for flag, name in shorthands.items()
