@@ -47,6 +47,9 @@ def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_
     assert status["state"] == "running" and status["actions_published"] > 0  # (its last report came earlier)
     assert status["kv_slots_total"] > 0 and status["language_tokens_per_s"] > 0
     assert Path(summary["checkpoint"]).parent == cache and training["train_config"]["steps"] == TRAINING_STEPS
+    # trained and served in the aloha embodiment (deltas from each frame's state): the transforms run end to end
+    assert training["train_config"]["embodiment"] == "aloha"
+    assert ", embodiment aloha," in (out / "vla_node.log").read_text()
 
     # The chunks the node published (the model's deltas made absolute by the aloha embodiment) follow the recorded
     # actions; the same model untrained (its deltas around the frame's state) does not come close.

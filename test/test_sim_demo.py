@@ -99,6 +99,8 @@ def test_sim_demo_closes_the_loop_with_the_real_vla_node(tmp_path, capsys, demo_
     assert f"{summary['diverged_episodes']} ended by diverging physics" in printed.out
     assert summary["chunks_accepted"] >= summary["step"] // 5 // 2  # 10 Hz chunks on 50 Hz steps, half at least  # the node acts at 10 Hz of sim time once it is up
     assert summary["chunks_malformed"] == 0
+    # the policy acts in the aloha embodiment, as the demo's checkpoint was trained (grippers in the sim's units)
+    assert ", embodiment aloha," in (out / "policy.log").read_text()
 
 
 def test_sim_demo_scripted_policy_lifts_the_cube(tmp_path, capsys, demo_env):

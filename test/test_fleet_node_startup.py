@@ -1,0 +1,71 @@
+"""The fleet node's configure in this process (its serving over DDS is test_fleet_node's): a robot's embodiment
+that does not fit what its model's checkpoint was trained in stops the configure with the reason unless
+`embodiment_override`; an `embodiments` list that is neither one for all nor one per robot is refused; the decode
+policy parameters reach the scheduler."""
+
+import pytest
+import rclpy
+from rclpy.lifecycle import TransitionCallbackReturn
+from test_vla_node_checkpoint_startup import checkpoint
+
+from oxygen_ros.nodes.fleet_node import FleetNode
+
+
+@pytest.fixture
+def configured(ros_domain_id):
+    """configure(*overrides) -> (the node, the configure's result); every node made is destroyed afterwards."""
+    made = []
+
+    def configure(*overrides: str):
+        context = rclpy.Context()
+        args = ["fleet_node", "--ros-args", "-p", "autostart:=false", "-p", "narrate_every:=0"]
+        for override in overrides:
+            args += ["-p", override]
+        rclpy.init(args=args, context=context, domain_id=ros_domain_id)
+        node = FleetNode(context=context)
+        made.append((node, context))
+        return node, node.trigger_configure()
+
+    yield configure
+    for node, context in made:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+
+
+def test_an_embodiment_the_checkpoint_was_not_trained_in_stops_the_configure_unless_overridden(tmp_path,
+                                                                                               configured):
+    folder = checkpoint(tmp_path / "ckpt")  # marked as trained in the aloha embodiment
+    node, result = configured(f"models:=['a={folder}']", "robots:=[arm]", "robot_models:=[a]",
+                              "embodiments:=[droid]")
+    assert result == TransitionCallbackReturn.FAILURE and node.server is None and node.lifecycle == "unconfigured"
+    assert node.failure.startswith("embodiment droid of robot arm does not fit model a: ") and \
+        "embodiment_override" in node.failure, node.failure
+
+    node, result = configured(f"models:=['a={folder}']", "robots:=[arm]", "robot_models:=[a]",
+                              "embodiments:=[aloha]")
+    assert result == TransitionCallbackReturn.SUCCESS and node.ports["arm"].embodiment.name == "aloha"
+
+    node, result = configured(f"models:=['a={folder}']", "robots:=[arm]", "robot_models:=[a]",
+                              "embodiments:=[droid]", "embodiment_override:=true")
+    assert result == TransitionCallbackReturn.SUCCESS and node.ports["arm"].embodiment.name == "droid"
+
+
+def test_embodiments_are_one_for_all_or_one_per_robot(configured):
+    node, result = configured("robots:=[r1,r2,r3]", "robot_models:=[a,a,a]", "embodiments:=[absolute,droid]")
+    assert result == TransitionCallbackReturn.FAILURE
+    assert node.failure == "embodiments has 2 entries for 3 robots: give one for all or one per robot", node.failure
+
+    node, result = configured("robots:=[r1,r2]", "robot_models:=[a,a]", "embodiments:=[absolute,droid]")
+    assert result == TransitionCallbackReturn.SUCCESS
+    assert {r: p.embodiment.name for r, p in node.ports.items()} == {"r1": "absolute", "r2": "droid"}
+
+
+@pytest.mark.parametrize("tokens_per_frame, floor, adaptive, steps", [(0, 3, True, 3), (2, 3, False, 0)])
+def test_the_decode_policy_parameters_reach_the_scheduler(configured, tokens_per_frame, floor, adaptive, steps):
+    node, result = configured(f"tokens_per_frame:={tokens_per_frame}", f"min_steps_per_frame:={floor}",
+                              "max_new_tokens:=16")
+    assert result == TransitionCallbackReturn.SUCCESS
+    config = node.server.runtime.scheduler.config
+    assert config.adaptive_k is adaptive and config.min_steps_per_frame == steps
+    assert config.tokens_per_frame == (tokens_per_frame or 16)
