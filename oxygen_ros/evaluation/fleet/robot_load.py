@@ -41,7 +41,9 @@ class FrameSchedule:
 
 
 @dataclass
-class Frame:
+class SentFrame:
+    """A frame a test robot sent: when, its stamp, and when its chunk came back (None: never)."""
+
     sent_ns: int
     stamp_ns: int
     received_ns: int | None = None
@@ -51,13 +53,13 @@ class Frame:
 class FrameLedger:
     """Every frame a robot sent and when its chunk came back. Not thread-safe: the caller holds a lock."""
 
-    frames: list[Frame] = field(default_factory=list)
-    by_stamp: dict[int, Frame] = field(default_factory=dict)
+    frames: list[SentFrame] = field(default_factory=list)
+    by_stamp: dict[int, SentFrame] = field(default_factory=dict)
     unknown_chunks: int = 0  # a chunk whose stamp is no frame this robot sent
     duplicate_chunks: int = 0  # a second chunk for one frame
 
     def sent(self, sent_ns: int, stamp_ns: int) -> None:
-        frame = Frame(sent_ns, stamp_ns)
+        frame = SentFrame(sent_ns, stamp_ns)
         self.frames.append(frame)
         self.by_stamp[stamp_ns] = frame
 
@@ -78,8 +80,8 @@ class FrameLedger:
         return [[f.sent_ns, f.stamp_ns, f.received_ns] for f in self.frames]
 
 
-def frames_from_rows(rows) -> list[Frame]:
-    return [Frame(int(sent), int(stamp), None if received is None else int(received)) for sent, stamp, received in rows]
+def frames_from_rows(rows) -> list[SentFrame]:
+    return [SentFrame(int(sent), int(stamp), None if received is None else int(received)) for sent, stamp, received in rows]
 
 
 @dataclass
@@ -101,7 +103,7 @@ class RobotScore:
                 "latency_ms_p99": percentile(latencies, 0.99), "latency_ms_max": max(latencies, default=0.0)}
 
 
-def score(frames: list[Frame], slo_s: float, start_ns: int = 0, end_ns: int | None = None) -> RobotScore:
+def score(frames: list[SentFrame], slo_s: float, start_ns: int = 0, end_ns: int | None = None) -> RobotScore:
     """The frames sent in [start_ns, end_ns) judged against `slo_s` from their header stamps."""
     chosen = [f for f in frames if f.sent_ns >= start_ns and (end_ns is None or f.sent_ns < end_ns)]
     latencies = [(f.received_ns - f.stamp_ns) / 1e6 for f in chosen if f.received_ns is not None]
