@@ -95,8 +95,13 @@ def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_
         columns = [ALOHA_JOINT_NAMES.index(j) for j in expected_joints[group]]
         gripper = group.endswith("gripper")
         messages = heard.get(topic)
-        # The node's exit holds every group once (at the measured positions), after its last plan.
-        assert stamp_to_ns(messages[-1].header.stamp) == 0 and len(messages[-1].points) == 1
+        # The node's exit holds every group once, after its last plan: one point at the measured positions (the
+        # joint state, in the command's units) in the controller's units, grippers mapped like the plans.
+        hold = messages[-1]
+        assert stamp_to_ns(hold.header.stamp) == 0 and len(hold.points) == 1
+        measured = np.array(robot.sensors.joint_msg(0).position)[columns]  # what the robot side publishes
+        np.testing.assert_allclose(hold.points[0].positions,
+                                   CLOSED + (OPEN - CLOSED) * measured if gripper else measured, atol=1e-12)
         for msg in messages:
             assert list(msg.joint_names) == list(expected_joints[group])
             if stamp_to_ns(msg.header.stamp) == 0:

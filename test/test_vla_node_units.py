@@ -724,6 +724,71 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         context.try_shutdown()
 
 
+def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_path, ros_domain_id, monkeypatch):
+    """A gripper group with config/aloha_controllers.yaml's scale and offset and a max_jump: the measured gripper
+    (the joint state, in the command's units: normalized) is mapped through offset + scale before the jump check
+    and for the position hold, never compared with the plan or sent to the controller raw."""
+    scale, offset, max_jump = 2.1123, -0.6213, 0.3
+    # a 1 s time grid and no age checks: however long this machine takes between stamping and ticking, the plan's
+    # first point is still ahead and the frame is acted on
+    node, context = aloha_node(tmp_path, ros_domain_id, "output.groups:=[gripper]",
+                               "output.gripper.joints:=[left_gripper]", f"output.gripper.scale:={scale}",
+                               f"output.gripper.offset:={offset}", f"output.gripper.max_jump:={max_jump}",
+                               "control.time_step:=1.0", "control.max_image_age_s:=0.0",
+                               "control.max_state_age_s:=0.0")
+    try:
+        names = list(node.params.state_names)
+        column = names.index("left_gripper")
+        raw = np.zeros((node.horizon, 14))  # the model's output, gripper column set per tick
+        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims: raw)
+        node.chunk_pub = Published()
+        node.group_pubs = [(group, Published()) for group, _ in node.group_pubs]
+        sent = node.group_pubs[0][1]
+
+        def command(model_gripper: float) -> float:
+            """The left gripper's command (normalized) that the embodiment makes of the model's raw output."""
+            raw[:, column] = model_gripper
+            return float(node.params.embodiment.actions_to_robot(raw, np.zeros(14)).positions[0, column])
+
+        def tick(measured_gripper: float) -> None:
+            now = node.get_clock().now().nanoseconds
+            for index in range(2):
+                node._on_image(index, image("rgb8", RGB, stamp_ns=now))
+            state = np.linspace(-0.5, 0.5, 14)
+            state[column] = measured_gripper
+            msg = JointState(name=names, position=state.tolist())
+            msg.header.stamp = ns_to_stamp(now)
+            node._on_joint_state(msg)
+            decoded(node)
+            node._control_tick()
+
+        # Measured where the plan is: in the controller's units no jump at all, so the plan goes out (measured
+        # and plan compared in different units, 0.52 apart, it was refused).
+        held_open = command(1.0)
+        assert abs(offset + scale * held_open - held_open) > max_jump  # what a raw comparison sees
+        tick(held_open)
+        assert node.actions_published == 1 and node.state == "running", node.detail
+        plan = sent[-1]
+        assert stamp_to_ns(plan.header.stamp) != 0 and list(plan.joint_names) == ["left_gripper"]
+        np.testing.assert_allclose([p.positions[0] for p in plan.points], offset + scale * held_open, atol=1e-12)
+        # Measured closed (0, the controller's -0.6213) and a plan at the controller's 0: 0.62 away, refused (a raw
+        # comparison, 0 with 0, let it through), and the hold is at the measured position in the controller's
+        # units, not at the raw 0.
+        toward_zero = command(-0.5476)  # pi's gripper angle for the controller's 0
+        assert abs(offset + scale * toward_zero) < 1e-3 and abs(offset) > max_jump
+        tick(0.0)
+        assert node.actions_published == 1 and node.state == "limit_rejected", node.detail
+        assert node.limits_rejected == {"left_gripper": 1} and "jump limit" in node.detail
+        hold = sent[-1]
+        assert stamp_to_ns(hold.header.stamp) == 0 and len(sent) == 2
+        assert list(hold.joint_names) == ["left_gripper"] and len(hold.points) == 1
+        np.testing.assert_allclose(hold.points[0].positions, [offset], atol=1e-12)
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+
+
 def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with_it(tmp_path, ros_domain_id):
     """`language.overlap_threads: 1`: ticks in-process on the real tiny model publish finite chunks every tick, and
     the narrations decoded beside the denoising are published too."""
