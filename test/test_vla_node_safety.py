@@ -305,28 +305,22 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
     bomb = jpeg_claiming(4096, 4096)
     counter = robot.counter
 
-    def rate_over(seconds: float, bombs: bool) -> float:
-        """engine_status's action rate (acts per second, refused plans included) after `seconds` of frames."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            robot.publish_good()
-            if bombs:
-                time.sleep(1 / 60)
-                robot.publish_compressed(bomb, robot.node.get_clock().now().nanoseconds)
-            time.sleep(1 / 60 if bombs else 1 / 30)
-        return robot.last_status().action_rate_hz
-
     try:
         assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
         child.note_shm()
         robot.recovers(60, child)
-        # A JPEG that claims exactly the pixel budget, mixed 1:1 with good frames: decoded off the control path,
-        # so the node keeps the rate it had on good frames alone (decoded in the tick, 0.2-0.3 s each here, it
-        # fell to a few Hz).
-        alone = rate_over(6.0, bombs=False)
-        mixed = rate_over(6.0, bombs=True)
-        assert mixed >= 0.5 * alone, (alone, mixed, {k: v for k, v in robot.last_values().items() if "ms" in k or "dropped" in k or "reused" in k or "miss" in k})
-        assert float(robot.last_values()["tick_ms_p99"]) < 1e3 / rate * 4, robot.last_values()
+        # A JPEG that claims exactly the pixel budget, mixed 1:1 with good frames: decoded off the control path
+        # (that the tick never waits for a decode is test_vla_node_units' deterministic proof); here only that plans
+        # keep coming while such images arrive.
+        before = len(heard.get("action_chunk"))
+
+        def bombed() -> bool:
+            robot.publish_good()
+            robot.publish_compressed(bomb, robot.node.get_clock().now().nanoseconds)
+            time.sleep(1 / 30)
+            return len(heard.get("action_chunk")) > before + 2
+
+        assert wait_until(bombed, 30, child), robot.last_values()
 
         # A joint named twice with conflicting values: dropped and counted like other malformed states.
         twice = robot.sensors.joint_msg(robot.node.get_clock().now().nanoseconds)

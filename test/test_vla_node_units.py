@@ -1,6 +1,7 @@
 """The VLA node's parts without DDS: message conversions, the per-tick frame rules, instructions, parameters."""
 
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import normalized_state
 from oxygen_ros.model.prompt import tokenize_prompt
 from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+from oxygen_ros.nodes import frame_inputs as frame_inputs_module
 from oxygen_ros.nodes.conversions import (
     ConversionError,
     ImageLimits,
@@ -29,7 +31,7 @@ from oxygen_ros.nodes.conversions import (
     ns_to_stamp,
 )
 from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
-from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction
+from oxygen_ros.nodes.frame_inputs import DecodeThread, FrameInputs, InputLimits, Instruction
 from oxygen_ros.nodes.log_throttle import LogThrottle
 from oxygen_ros.nodes.parameters import (
     GROUP_SPECS,
@@ -358,6 +360,74 @@ def test_messages_older_than_the_newest_kept_and_joints_named_twice_are_dropped(
     inputs.on_image(0, image("rgb8", RGB, stamp_ns=5 * second), 5 * second)
     inputs.on_joint_state(older, 5 * second)
     assert inputs.state.tolist() == [3.0, 4.0]
+
+
+def test_the_tick_never_decodes_it_uses_the_newest_image_decoded_while_a_costly_one_decodes(monkeypatch):
+    """A costly image (a JPEG claiming the whole pixel budget) is decoded on the decoder's thread: while that decode
+    is held inside the decoder, the tick's call (`next_frame`) and the subscription's (`on_image`) return, the tick
+    acting on the newest image already decoded; once it ends, the newest kept message is the tick's. Every decode
+    runs on the decoder's thread, none on the caller's."""
+    release, entered = threading.Event(), threading.Event()
+    calls: list[tuple[str, threading.Thread]] = []
+    inside: list[str] = []  # the message being decoded now, if any
+    decode = frame_inputs_module.compressed_to_rgb
+
+    def held_decoder(msg, limits=None):
+        calls.append((msg.header.frame_id, threading.current_thread()))
+        inside.append(msg.header.frame_id)
+        try:
+            if msg.header.frame_id == "costly":
+                entered.set()
+                release.wait(60)  # never reached in a passing run: only so that a failing one cannot hang
+            return decode(msg, limits)
+        finally:
+            inside.remove(msg.header.frame_id)
+
+    monkeypatch.setattr(frame_inputs_module, "compressed_to_rgb", held_decoder)
+    second = 1_000_000_000
+    inputs = FrameInputs(("cam",), ("base_0_rgb",), (True,), ("a", "b"), InputLimits())
+    inputs.on_joint_state(joint_state(1, 2), NOW)
+
+    def jpeg(pixels: np.ndarray, stamp_ns: int, name: str) -> CompressedImage:
+        msg = CompressedImage(format="jpeg", data=encode_jpeg(pixels, 95))
+        msg.header.stamp, msg.header.frame_id = ns_to_stamp(stamp_ns), name
+        return msg
+
+    first, costly, newest = jpeg(RGB, 10 * second, "first"), jpeg(255 - RGB, 11 * second, "costly"), \
+        jpeg(RGB // 2, 12 * second, "newest")
+    decoder = DecodeThread(inputs)
+    try:
+        inputs.on_image(0, first, NOW)
+        decoder.wake()
+        deadline = time.monotonic() + 30
+        while (decision := inputs.next_frame(10 * second)).frame is None:
+            assert time.monotonic() < deadline, "the decoder thread decoded nothing"
+            time.sleep(0.005)
+        np.testing.assert_array_equal(decision.frame.images["base_0_rgb"], decode(first))
+        inputs.on_image(0, costly, NOW)
+        decoder.wake()
+        assert entered.wait(30), "the decoder thread never started the costly image"
+        for tick in range(3):  # the decode is still held: each tick acts on the image decoded before it
+            decision = inputs.next_frame(11 * second + tick)
+            assert inside == ["costly"], inside
+            assert decision.state == "running" and decision.frame.stamp_ns == 10 * second
+            assert decision.frame.frame_id == "first" and decision.frame.reused
+            np.testing.assert_array_equal(decision.frame.images["base_0_rgb"], decode(first))
+        inputs.on_image(0, newest, NOW)  # a newer message meanwhile: kept for the decoder, not decoded here
+        decoder.wake()
+        assert inside == ["costly"] and [name for name, _ in calls] == ["first", "costly"]
+        release.set()
+        deadline = time.monotonic() + 30
+        while (frame := inputs.next_frame(12 * second).frame).stamp_ns != 12 * second:
+            assert time.monotonic() < deadline, "the decoder thread never decoded the newest image"
+            time.sleep(0.005)
+        assert frame.frame_id == "newest" and not frame.reused
+        np.testing.assert_array_equal(frame.images["base_0_rgb"], decode(newest))
+    finally:
+        release.set()
+        decoder.close()
+    assert [name for name, _ in calls] == ["first", "costly", "newest"]
+    assert all(thread is decoder.thread for _, thread in calls), calls  # never the caller's thread
 
 
 def test_instruction_ignores_empty_cuts_long_and_fits_the_prompt(tmp_path):
