@@ -794,10 +794,12 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         context.try_shutdown()
 
 
-def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_path, ros_domain_id, monkeypatch):
+def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_path, ros_domain_id, monkeypatch,
+                                                                         capfd):
     """A gripper group with config/aloha_controllers.yaml's scale and offset and a max_jump: the measured gripper
     (the joint state, in the command's units: normalized) is mapped through offset + scale before the jump check
-    and for the position hold, never compared with the plan or sent to the controller raw."""
+    and for the position hold, never compared with the plan or sent to the controller raw. Plans refused every
+    other tick hold every time, but log the hold once per reason and throttle period."""
     scale, offset, max_jump = 2.1123, -0.6213, 0.3
     # a 1 s time grid and no age checks: however long this machine takes between stamping and ticking, the plan's
     # first point is still ahead and the frame is acted on
@@ -814,6 +816,7 @@ def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_pa
         node.chunk_pub = Published()
         node.group_pubs = [(group, Published()) for group, _ in node.group_pubs]
         sent = node.group_pubs[0][1]
+        node._log = LogThrottle(node._log.period_s, clock=lambda: 0.0)  # one period, however long this takes
 
         def command(model_gripper: float) -> float:
             """The left gripper's command (normalized) that the embodiment makes of the model's raw output."""
@@ -853,6 +856,16 @@ def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_pa
         assert stamp_to_ns(hold.header.stamp) == 0 and len(sent) == 2
         assert list(hold.joint_names) == ["left_gripper"] and len(hold.points) == 1
         np.testing.assert_allclose(hold.points[0].positions, [offset], atol=1e-12)
+        # Refused every other tick: a hold each time (counted), one "holding" line for the reason.
+        for _ in range(3):
+            command(1.0)
+            tick(held_open)
+            command(-0.5476)
+            tick(0.0)
+        assert node.actions_published == 4 and node.holds.sent == 4 and node.limits_rejected == {"left_gripper": 4}
+        assert [stamp_to_ns(m.header.stamp) == 0 for m in sent] == [False, True] * 4
+        lines = [line for line in capfd.readouterr().err.splitlines() if "holding gripper" in line]
+        assert len(lines) == 1 and lines[0].endswith("holding gripper: limit_rejected"), lines
     finally:
         node.close()
         node.destroy_node()

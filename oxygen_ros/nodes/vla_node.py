@@ -472,12 +472,15 @@ class VlaNode(LifecycleNode):
         return None
 
     def _hold(self, reason: str) -> None:
-        """One hold to each group's controller that was being commanded (`holds`); nothing if none was."""
+        """One hold to each group's controller that was being commanded (`holds`); nothing if none was. Logged at
+        most once per LOG_THROTTLE_S per reason: plans refused every other tick hold at control rate (every hold
+        is counted in `holds_sent`)."""
         due = self.holds.stop(reason, self.inputs.state)
         for index, msg in due:
             self.group_pubs[index][1].publish(msg)
-        if due:
-            self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}")
+        if due and (suffix := self._throttled(("hold", reason))) is not None:
+            self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}"
+                                   f"{suffix}")
 
     def _act(self, frame: Frame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
