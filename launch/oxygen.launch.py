@@ -1,6 +1,6 @@
 """Start the VLA node for one robot: `ros2 launch oxygen_ros oxygen.launch.py [namespace:=robot3]
 [params_file:=a.yaml,b.yaml] [preset:=tiny|small|pi05] [checkpoint:=DIR|ORG/NAME tokenizer:=FILE|ORG/NAME]
-[use_sim_time:=true] [autostart:=true] [diagnostics_aggregator:=true] [viewer:=true]`.
+[urdf:=robot.urdf] [use_sim_time:=true] [autostart:=true] [diagnostics_aggregator:=true] [viewer:=true]`.
 
 This is the robot path, so the managed node starts unconfigured (`autostart:=false`): nothing commands the arm
 until an operator or a lifecycle manager configures and activates it (`ros2 lifecycle set /vla_node configure`,
@@ -9,7 +9,9 @@ demos and the simulator do (docs/safety.md).
 
 The parameter files (default: the installed config/aloha.yaml; several separated by commas, later ones overriding
 earlier ones, e.g. config/aloha.yaml,config/demo_tiny.yaml) describe the robot; preset, checkpoint and tokenizer
-override them only when given, so an empty argument never replaces a value a file sets. All the node's topics are
+override them only when given, so an empty argument never replaces a value a file sets. `urdf` is a URDF file
+whose text becomes the node's `robot_description` (when given): the joint limits of the output groups' joints that
+the parameter files leave unset (docs/safety.md; a xacro file must be expanded to URDF first). All the node's topics are
 relative, so `namespace` puts a whole robot under one prefix and several robots can run side by side.
 `diagnostics_aggregator:=true` also starts diagnostic_aggregator with config/diagnostics_aggregator.yaml (when
 that package is installed), so rqt_robot_monitor shows the node under /diagnostics_agg. `viewer:=true` is what an
@@ -26,7 +28,7 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from oxygen_ros.launch_helpers import namespaced_perspective, parameter_files
+from oxygen_ros.launch_helpers import namespaced_perspective, parameter_files, robot_description
 
 ARGUMENTS = (
     ("namespace", "", "ROS namespace of the robot (empty: none)"),
@@ -38,6 +40,8 @@ ARGUMENTS = (
     ("preset", "", "model.preset override: tiny, small or pi05 (empty: as in params_file)"),
     ("checkpoint", "", "model.checkpoint override: a pi05 checkpoint folder or hub id (empty: as in params_file)"),
     ("tokenizer", "", "model.tokenizer override: a tokenizer file, folder or hub id (empty: as in params_file)"),
+    ("urdf", "", "a URDF file: its text is the node's robot_description, the joint limits' source where the "
+                 "parameter files give none (empty: as in params_file)"),
     ("diagnostics_aggregator", "false", "also start diagnostic_aggregator (if installed) for /diagnostics_agg"),
     ("viewer", "false", "also open RViz (config/oxygen.rviz) and rqt (config/oxygen.perspective), with the node's "
                         "chunk_markers and the aggregator"),
@@ -57,6 +61,8 @@ def vla_node(context):
         value = LaunchConfiguration(argument).perform(context)
         if value:
             overrides[parameter] = value
+    if description := robot_description(LaunchConfiguration("urdf").perform(context)):
+        overrides["robot_description"] = description
     return [Node(
         package="oxygen_ros",
         executable="vla_node",

@@ -24,6 +24,22 @@ def parameter_files(text: str) -> list[str]:
     return files
 
 
+def robot_description(path: str) -> str:
+    """`urdf:=robot.urdf`: the file's text, for the node's `robot_description` parameter (the joint limits'
+    source, as `robot_state_publisher` takes it); "" when no file is given. A file that does not exist or is empty
+    raises ValueError naming it (whether it parses is the node's start-up check)."""
+    path = path.strip()
+    if not path:
+        return ""
+    if not os.path.isfile(path):
+        raise ValueError(f"urdf: no such file {path}")
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    if not text.strip():
+        raise ValueError(f"urdf: {path} is empty")
+    return text
+
+
 def user_remappings(text: str) -> list[tuple[str, str]]:
     """`remappings:="FROM:=TO FROM:=TO"` as pairs."""
     pairs = []

@@ -97,3 +97,8 @@ def test_a_group_picks_its_joints_by_column_and_maps_them_to_robot_units():
     np.testing.assert_allclose(gripper.to_robot(values)[:, 0], [-0.6213, 1.4910, 0.43485])
     arm = JointGroup("arm", "arm/joint_trajectory", ("b", "a"), (1, 0), scale=(1.0, 1.0), offset=(0.0, 0.0))
     np.testing.assert_array_equal(arm.to_robot(values), values[:, [1, 0]])
+    # The measured state is in the command's units: mapped the same way, picked by name; NaN where not measured.
+    state, names = np.array([0.3, 0.0, 1.0]), ("a", "b", "left_gripper")
+    np.testing.assert_allclose(gripper.measured_to_robot(state, names), [1.4910])
+    np.testing.assert_array_equal(arm.measured_to_robot(state, names), [0.0, 0.3])
+    assert np.isnan(gripper.measured_to_robot(state, ("a", "b"))).all()

@@ -1,6 +1,8 @@
 """The package's own messages go over real DDS between processes, fields intact."""
 
+import re
 import textwrap
+from pathlib import Path
 
 from oxygen_ros.msg import EngineStatus, Narration
 
@@ -84,3 +86,24 @@ def test_custom_messages_cross_processes_intact(ros_context, ros_env):
     assert (status.active_language_requests, status.language_requests_dropped) == (6, 1)
     assert (status.kv_slots_used, status.kv_slots_total) == (6, 8)
     assert (status.kv_bytes_used, status.kv_bytes_total) == (3 * 2**30, 4 * 2**30)
+
+
+def test_engine_status_lists_every_state_the_node_reports():
+    """msg/EngineStatus.msg names the states, docs/nodes.md says what each means: both have every state vla_node
+    sets (the input rules', the clock check's, the limits', a failed configure's and the lifecycle's), the message
+    no other."""
+    from oxygen_ros.nodes import clock_check, diagnostics, frame_inputs, vla_node
+
+    repo = Path(__file__).resolve().parents[1]
+    definition = (repo / "msg" / "EngineStatus.msg").read_text()
+    comment = definition[:definition.index("string state")]
+    listed = re.findall(r'"([a-z_]+)"', comment[comment.index("# Why the node"):])
+    reported = {frame_inputs.RUNNING, frame_inputs.WAITING_FOR_CAMERA, frame_inputs.WAITING_FOR_STATE,
+                frame_inputs.FUTURE_FRAME, frame_inputs.STALE_FRAME, frame_inputs.STALE_STATE, frame_inputs.MODEL_ERROR,
+                clock_check.CLOCK_MISMATCH, vla_node.LIMIT_REJECTED, diagnostics.CONFIGURE_FAILED,
+                "unconfigured", "inactive", "finalized"}  # the lifecycle's, set in VlaNode's transitions
+    assert sorted(listed) == sorted(reported)
+    nodes = (repo / "docs" / "nodes.md").read_text()
+    start = nodes.index("- `engine_status.state` says why")
+    meanings = nodes[start:nodes.index("`dropped_frames` counts", start)]
+    assert [name for name in listed if f"`{name}`" not in meanings] == []

@@ -22,6 +22,7 @@ from oxygen_ros.launch_helpers import (
     joint_state_topic,
     parameter_files,
     replay_ros_arguments,
+    robot_description,
     user_remappings,
 )
 
@@ -39,6 +40,23 @@ def test_parameter_files_in_order_and_each_must_exist(tmp_path):
         parameter_files(f"{aloha},{tmp_path / 'missing.yaml'}")
     with pytest.raises(ValueError, match="empty"):
         parameter_files(" , ")
+
+
+def test_urdf_argument_gives_the_files_text_for_robot_description(tmp_path):
+    import yaml
+
+    urdf = tmp_path / "arm.urdf"
+    text = ('<?xml version="1.0"?>\n<!-- limits: from the datasheet -->\n<robot name="arm">\n  <link name="base"/>\n'
+            '</robot>\n')
+    urdf.write_text(text)
+    assert robot_description(f" {urdf} ") == text and robot_description("") == ""
+    # launch_ros hands a str parameter on as yaml.dump, read back with yaml.safe_load: the text arrives unchanged
+    assert yaml.safe_load(yaml.dump(text)) == text
+    with pytest.raises(ValueError, match="urdf: no such file .*missing.urdf"):
+        robot_description(str(tmp_path / "missing.urdf"))
+    (tmp_path / "empty.urdf").write_text(" \n")
+    with pytest.raises(ValueError, match="urdf: .*empty.urdf is empty"):
+        robot_description(str(tmp_path / "empty.urdf"))
 
 
 def test_bag_remappings_bring_absolute_robot_topics_into_the_namespace():

@@ -95,8 +95,13 @@ def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_
         columns = [ALOHA_JOINT_NAMES.index(j) for j in expected_joints[group]]
         gripper = group.endswith("gripper")
         messages = heard.get(topic)
-        # The node's exit holds every group once (at the measured positions), after its last plan.
-        assert stamp_to_ns(messages[-1].header.stamp) == 0 and len(messages[-1].points) == 1
+        # The node's exit holds every group once, after its last plan: one point at the measured positions (the
+        # joint state, in the command's units) in the controller's units, grippers mapped like the plans.
+        hold = messages[-1]
+        assert stamp_to_ns(hold.header.stamp) == 0 and len(hold.points) == 1
+        measured = np.array(robot.sensors.joint_msg(0).position)[columns]  # what the robot side publishes
+        np.testing.assert_allclose(hold.points[0].positions,
+                                   CLOSED + (OPEN - CLOSED) * measured if gripper else measured, atol=1e-12)
         for msg in messages:
             assert list(msg.joint_names) == list(expected_joints[group])
             if stamp_to_ns(msg.header.stamp) == 0:
@@ -179,8 +184,14 @@ def test_bad_groups_are_one_clear_start_up_line(capfd, tmp_path, monkeypatch):
             ("output.handover:=average", "output.handover must be one of newest_wins | temporal_ensemble | rtc"),
             ("output.left_arm.max_jump:=-1.0", "output.*.{lower, upper, max_velocity, max_jump}: max_jump must be "
                                                "> 0, not for ['left_waist', "),
-            ("robot_description:=<robot", "robot_description is not a URDF that parses")):
-        assert vla_node_main([*files, "-p", override]) == 1
+            ("robot_description:=<robot", "robot_description is not a URDF that parses"),
+            (("output.left_gripper.lower:=2.0", "output.left_gripper.upper:=1.0"),
+             "output.*.{lower, upper, max_velocity, max_jump}: lower limit above upper for left_gripper (2 > 1)"),
+            ("output.right_arm.max_velocity:=.nan", "output.right_arm.max_velocity must be a number (not NaN)"),
+            ('robot_description:=<robot name="one_link"><link name="base"/></robot>',
+             "robot_description (robot 'one_link') has no joints ['left_waist', ")):
+        overrides = (override,) if isinstance(override, str) else override
+        assert vla_node_main([*files, *(arg for value in overrides for arg in ("-p", value))]) == 1
         err = capfd.readouterr().err
         assert f"cannot start: {message}" in err and err.count("cannot start") == 1, err
         assert "Traceback" not in err

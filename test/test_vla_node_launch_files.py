@@ -101,7 +101,7 @@ def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     tree = parse("launch/oxygen.launch.py")
     declared = declared_arguments(tree)
     assert declared == {"namespace", "params_file", "use_sim_time", "autostart", "preset", "checkpoint", "tokenizer",
-                        "diagnostics_aggregator", "viewer"}
+                        "urdf", "diagnostics_aggregator", "viewer"}
     # the robot path: the managed node waits for an operator or a lifecycle manager unless told otherwise
     assert next(e.elts[1].value for e in assigned(tree, "ARGUMENTS").elts if e.elts[0].value == "autostart") == "false"
     assert "autostart" in constant_strings(tree) and "autostart" in NODE_PARAMETERS
@@ -115,6 +115,17 @@ def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     assert calls(keyword(node, "namespace"), "LaunchConfiguration")[0].args[0].value == "namespace"
     (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
     assert share_path(default_params) == REPO / "config" / "aloha.yaml" and share_path(default_params).is_file()
+    # urdf:=FILE: the file's text (launch_helpers.robot_description) as the node's robot_description, only when
+    # given (its default is empty, like the other overrides')
+    (read,) = calls(tree, "robot_description")
+    assert calls(read, "LaunchConfiguration")[0].args[0].value == "urdf"
+    assert next(e.elts[1].value for e in assigned(tree, "ARGUMENTS").elts if e.elts[0].value == "urdf") == ""
+    imported = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "oxygen_ros.launch_helpers"
+                for a in n.names}
+    assert "robot_description" in imported
+    stored = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store)
+              and ast.unparse(n.value) == "overrides" and ast.unparse(n.slice) == "'robot_description'"]
+    assert len(stored) == 1 and "robot_description" in NODE_PARAMETERS
 
 
 def test_oxygen_launch_starts_the_diagnostics_aggregator_with_the_shipped_analyzers():

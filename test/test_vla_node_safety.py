@@ -181,7 +181,10 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
         held_after = time.monotonic() - silent_from
         feed(1.0, images=False)
         assert counts() == {"waist": 2, "rest": 2} and robot.last_values()["last_hold_reason"] == "stale_frame"
-        # the stale tick sends it: after the image age limit plus a control period, with room for a busy machine
+        # Why this bound: the last image turns stale max_age after it was sent, and the next tick (at most one
+        # control period later) finds it so and sends the holds. The 2 s on top are no promise of the node's but
+        # room for a loaded machine (the stale tick queued behind a model call in progress, DDS delivery, this
+        # loop's polling): a node that never holds, or holds only on some later event, still misses it.
         assert held_after < max_age + 1 / rate + 2.0, held_after
         resumed_from = len(plans_of(heard, "rest"))  # (the node acted on the last images until they aged)
         assert feed(20, until=lambda: len(plans_of(heard, "rest")) > resumed_from + 2)
@@ -209,10 +212,19 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
     model = np.concatenate([points(m)[1][:, 0] for m in heard.get("action_chunk")])
     assert np.abs(waist).max() <= 0.01 + 1e-12 and np.abs(model).max() > 0.01
     step_ns = round(1e9 / rate)
-    for group in TOPICS:
-        for msg in plans_of(heard, group):
-            offsets = [stamp_to_ns(p.time_from_start) for p in msg.points]
-            assert offsets[0] > step_ns and np.allclose(np.diff(offsets), offsets[0], rtol=1e-6), offsets
+    slow, max_velocity = REST.index(SLOW), 0.001
+    for waist_plan, rest_plan in zip(plans_of(heard, "waist"), plans_of(heard, "rest"), strict=True):
+        # one stretch for the whole plan: every step the same, in both groups' messages of the plan
+        offsets = [stamp_to_ns(p.time_from_start) for p in rest_plan.points]
+        assert offsets[0] > step_ns and np.allclose(np.diff(offsets), offsets[0], rtol=1e-6), offsets
+        assert waist_plan.header.stamp == rest_plan.header.stamp
+        assert [stamp_to_ns(p.time_from_start) for p in waist_plan.points] == offsets
+        # right_waist within its velocity between consecutive points, and slowed no more than that needs (its
+        # fastest step at the limit); the tolerance covers the offsets' rounding to whole nanoseconds
+        times, positions = points(rest_plan)
+        speeds = np.abs(np.diff(positions[:, slow])) / (np.diff(times) / 1e9)
+        assert speeds.max() <= max_velocity * (1 + 1e-6), (speeds, offsets)
+        assert speeds.max() >= max_velocity * (1 - 1e-6), (speeds, offsets)
     for msg in heard.get("action_chunk"):  # the model's plan on its own grid
         assert stamp_to_ns(msg.points[0].time_from_start) == step_ns
     stamps = [stamp_to_ns(m.header.stamp) for m in heard.get("action_chunk")]
@@ -305,28 +317,22 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
     bomb = jpeg_claiming(4096, 4096)
     counter = robot.counter
 
-    def rate_over(seconds: float, bombs: bool) -> float:
-        """engine_status's action rate (acts per second, refused plans included) after `seconds` of frames."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            robot.publish_good()
-            if bombs:
-                time.sleep(1 / 60)
-                robot.publish_compressed(bomb, robot.node.get_clock().now().nanoseconds)
-            time.sleep(1 / 60 if bombs else 1 / 30)
-        return robot.last_status().action_rate_hz
-
     try:
         assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
         child.note_shm()
         robot.recovers(60, child)
-        # A JPEG that claims exactly the pixel budget, mixed 1:1 with good frames: decoded off the control path,
-        # so the node keeps the rate it had on good frames alone (decoded in the tick, 0.2-0.3 s each here, it
-        # fell to a few Hz).
-        alone = rate_over(6.0, bombs=False)
-        mixed = rate_over(6.0, bombs=True)
-        assert mixed >= 0.5 * alone, (alone, mixed, {k: v for k, v in robot.last_values().items() if "ms" in k or "dropped" in k or "reused" in k or "miss" in k})
-        assert float(robot.last_values()["tick_ms_p99"]) < 1e3 / rate * 4, robot.last_values()
+        # A JPEG that claims exactly the pixel budget, mixed 1:1 with good frames: decoded off the control path
+        # (that the tick never waits for a decode is test_vla_node_units' deterministic proof); here only that plans
+        # keep coming while such images arrive.
+        before = len(heard.get("action_chunk"))
+
+        def bombed() -> bool:
+            robot.publish_good()
+            robot.publish_compressed(bomb, robot.node.get_clock().now().nanoseconds)
+            time.sleep(1 / 30)
+            return len(heard.get("action_chunk")) > before + 2
+
+        assert wait_until(bombed, 30, child), robot.last_values()
 
         # A joint named twice with conflicting values: dropped and counted like other malformed states.
         twice = robot.sensors.joint_msg(robot.node.get_clock().now().nanoseconds)

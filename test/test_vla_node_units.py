@@ -1,6 +1,7 @@
 """The VLA node's parts without DDS: message conversions, the per-tick frame rules, instructions, parameters."""
 
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import normalized_state
 from oxygen_ros.model.prompt import tokenize_prompt
 from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
+from oxygen_ros.nodes import frame_inputs as frame_inputs_module
 from oxygen_ros.nodes.conversions import (
     ConversionError,
     ImageLimits,
@@ -29,7 +31,7 @@ from oxygen_ros.nodes.conversions import (
     ns_to_stamp,
 )
 from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
-from oxygen_ros.nodes.frame_inputs import FrameInputs, InputLimits, Instruction
+from oxygen_ros.nodes.frame_inputs import DecodeThread, FrameInputs, InputLimits, Instruction
 from oxygen_ros.nodes.log_throttle import LogThrottle
 from oxygen_ros.nodes.parameters import (
     GROUP_SPECS,
@@ -358,6 +360,74 @@ def test_messages_older_than_the_newest_kept_and_joints_named_twice_are_dropped(
     inputs.on_image(0, image("rgb8", RGB, stamp_ns=5 * second), 5 * second)
     inputs.on_joint_state(older, 5 * second)
     assert inputs.state.tolist() == [3.0, 4.0]
+
+
+def test_the_tick_never_decodes_it_uses_the_newest_image_decoded_while_a_costly_one_decodes(monkeypatch):
+    """A costly image (a JPEG claiming the whole pixel budget) is decoded on the decoder's thread: while that decode
+    is held inside the decoder, the tick's call (`next_frame`) and the subscription's (`on_image`) return, the tick
+    acting on the newest image already decoded; once it ends, the newest kept message is the tick's. Every decode
+    runs on the decoder's thread, none on the caller's."""
+    release, entered = threading.Event(), threading.Event()
+    calls: list[tuple[str, threading.Thread]] = []
+    inside: list[str] = []  # the message being decoded now, if any
+    decode = frame_inputs_module.compressed_to_rgb
+
+    def held_decoder(msg, limits=None):
+        calls.append((msg.header.frame_id, threading.current_thread()))
+        inside.append(msg.header.frame_id)
+        try:
+            if msg.header.frame_id == "costly":
+                entered.set()
+                release.wait(60)  # never reached in a passing run: only so that a failing one cannot hang
+            return decode(msg, limits)
+        finally:
+            inside.remove(msg.header.frame_id)
+
+    monkeypatch.setattr(frame_inputs_module, "compressed_to_rgb", held_decoder)
+    second = 1_000_000_000
+    inputs = FrameInputs(("cam",), ("base_0_rgb",), (True,), ("a", "b"), InputLimits())
+    inputs.on_joint_state(joint_state(1, 2), NOW)
+
+    def jpeg(pixels: np.ndarray, stamp_ns: int, name: str) -> CompressedImage:
+        msg = CompressedImage(format="jpeg", data=encode_jpeg(pixels, 95))
+        msg.header.stamp, msg.header.frame_id = ns_to_stamp(stamp_ns), name
+        return msg
+
+    first, costly, newest = jpeg(RGB, 10 * second, "first"), jpeg(255 - RGB, 11 * second, "costly"), \
+        jpeg(RGB // 2, 12 * second, "newest")
+    decoder = DecodeThread(inputs)
+    try:
+        inputs.on_image(0, first, NOW)
+        decoder.wake()
+        deadline = time.monotonic() + 30
+        while (decision := inputs.next_frame(10 * second)).frame is None:
+            assert time.monotonic() < deadline, "the decoder thread decoded nothing"
+            time.sleep(0.005)
+        np.testing.assert_array_equal(decision.frame.images["base_0_rgb"], decode(first))
+        inputs.on_image(0, costly, NOW)
+        decoder.wake()
+        assert entered.wait(30), "the decoder thread never started the costly image"
+        for tick in range(3):  # the decode is still held: each tick acts on the image decoded before it
+            decision = inputs.next_frame(11 * second + tick)
+            assert inside == ["costly"], inside
+            assert decision.state == "running" and decision.frame.stamp_ns == 10 * second
+            assert decision.frame.frame_id == "first" and decision.frame.reused
+            np.testing.assert_array_equal(decision.frame.images["base_0_rgb"], decode(first))
+        inputs.on_image(0, newest, NOW)  # a newer message meanwhile: kept for the decoder, not decoded here
+        decoder.wake()
+        assert inside == ["costly"] and [name for name, _ in calls] == ["first", "costly"]
+        release.set()
+        deadline = time.monotonic() + 30
+        while (frame := inputs.next_frame(12 * second).frame).stamp_ns != 12 * second:
+            assert time.monotonic() < deadline, "the decoder thread never decoded the newest image"
+            time.sleep(0.005)
+        assert frame.frame_id == "newest" and not frame.reused
+        np.testing.assert_array_equal(frame.images["base_0_rgb"], decode(newest))
+    finally:
+        release.set()
+        decoder.close()
+    assert [name for name, _ in calls] == ["first", "costly", "newest"]
+    assert all(thread is decoder.thread for _, thread in calls), calls  # never the caller's thread
 
 
 def test_instruction_ignores_empty_cuts_long_and_fits_the_prompt(tmp_path):
@@ -718,6 +788,84 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         expected = seen + flips * deltas[0]
         expected[[6, 13]] = (0.3 + 0.5476 + 0.6213) / 2.1123  # pi's gripper angle to ALOHA's normalized joint
         np.testing.assert_allclose(positions, np.tile(expected, (node.horizon, 1)), atol=1e-12)
+    finally:
+        node.close()
+        node.destroy_node()
+        context.try_shutdown()
+
+
+def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_path, ros_domain_id, monkeypatch,
+                                                                         capfd):
+    """A gripper group with config/aloha_controllers.yaml's scale and offset and a max_jump: the measured gripper
+    (the joint state, in the command's units: normalized) is mapped through offset + scale before the jump check
+    and for the position hold, never compared with the plan or sent to the controller raw. Plans refused every
+    other tick hold every time, but log the hold once per reason and throttle period."""
+    scale, offset, max_jump = 2.1123, -0.6213, 0.3
+    # a 1 s time grid and no age checks: however long this machine takes between stamping and ticking, the plan's
+    # first point is still ahead and the frame is acted on
+    node, context = aloha_node(tmp_path, ros_domain_id, "output.groups:=[gripper]",
+                               "output.gripper.joints:=[left_gripper]", f"output.gripper.scale:={scale}",
+                               f"output.gripper.offset:={offset}", f"output.gripper.max_jump:={max_jump}",
+                               "control.time_step:=1.0", "control.max_image_age_s:=0.0",
+                               "control.max_state_age_s:=0.0")
+    try:
+        names = list(node.params.state_names)
+        column = names.index("left_gripper")
+        raw = np.zeros((node.horizon, 14))  # the model's output, gripper column set per tick
+        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims: raw)
+        node.chunk_pub = Published()
+        node.group_pubs = [(group, Published()) for group, _ in node.group_pubs]
+        sent = node.group_pubs[0][1]
+        node._log = LogThrottle(node._log.period_s, clock=lambda: 0.0)  # one period, however long this takes
+
+        def command(model_gripper: float) -> float:
+            """The left gripper's command (normalized) that the embodiment makes of the model's raw output."""
+            raw[:, column] = model_gripper
+            return float(node.params.embodiment.actions_to_robot(raw, np.zeros(14)).positions[0, column])
+
+        def tick(measured_gripper: float) -> None:
+            now = node.get_clock().now().nanoseconds
+            for index in range(2):
+                node._on_image(index, image("rgb8", RGB, stamp_ns=now))
+            state = np.linspace(-0.5, 0.5, 14)
+            state[column] = measured_gripper
+            msg = JointState(name=names, position=state.tolist())
+            msg.header.stamp = ns_to_stamp(now)
+            node._on_joint_state(msg)
+            decoded(node)
+            node._control_tick()
+
+        # Measured where the plan is: in the controller's units no jump at all, so the plan goes out (measured
+        # and plan compared in different units, 0.52 apart, it was refused).
+        held_open = command(1.0)
+        assert abs(offset + scale * held_open - held_open) > max_jump  # what a raw comparison sees
+        tick(held_open)
+        assert node.actions_published == 1 and node.state == "running", node.detail
+        plan = sent[-1]
+        assert stamp_to_ns(plan.header.stamp) != 0 and list(plan.joint_names) == ["left_gripper"]
+        np.testing.assert_allclose([p.positions[0] for p in plan.points], offset + scale * held_open, atol=1e-12)
+        # Measured closed (0, the controller's -0.6213) and a plan at the controller's 0: 0.62 away, refused (a raw
+        # comparison, 0 with 0, let it through), and the hold is at the measured position in the controller's
+        # units, not at the raw 0.
+        toward_zero = command(-0.5476)  # pi's gripper angle for the controller's 0
+        assert abs(offset + scale * toward_zero) < 1e-3 and abs(offset) > max_jump
+        tick(0.0)
+        assert node.actions_published == 1 and node.state == "limit_rejected", node.detail
+        assert node.limits_rejected == {"left_gripper": 1} and "jump limit" in node.detail
+        hold = sent[-1]
+        assert stamp_to_ns(hold.header.stamp) == 0 and len(sent) == 2
+        assert list(hold.joint_names) == ["left_gripper"] and len(hold.points) == 1
+        np.testing.assert_allclose(hold.points[0].positions, [offset], atol=1e-12)
+        # Refused every other tick: a hold each time (counted), one "holding" line for the reason.
+        for _ in range(3):
+            command(1.0)
+            tick(held_open)
+            command(-0.5476)
+            tick(0.0)
+        assert node.actions_published == 4 and node.holds.sent == 4 and node.limits_rejected == {"left_gripper": 4}
+        assert [stamp_to_ns(m.header.stamp) == 0 for m in sent] == [False, True] * 4
+        lines = [line for line in capfd.readouterr().err.splitlines() if "holding gripper" in line]
+        assert len(lines) == 1 and lines[0].endswith("holding gripper: limit_rejected"), lines
     finally:
         node.close()
         node.destroy_node()

@@ -1,7 +1,9 @@
 """Joint limits on the commands a node sends: position range, velocity, and the jump from the measured state.
 
-They act on the last form of a plan before it is published: every output group's joints in robot units (after
-any transform from the model's action space), so the numbers are the robot's own (a URDF's `<limit>`, a datasheet).
+They act on the last form of a plan before it is published: every output group's joints in the controller's
+units (after the embodiment's transform from the model's action space and the group's offset + scale), so the
+numbers are the controller's own (a URDF's `<limit>`, a datasheet). The measured positions they are compared with
+are in the same units (the joint state mapped through the group's offset + scale, `JointGroup.measured_to_robot`).
 Per joint:
 
 - position range `lower .. upper`: `clamp` moves every point into it, `reject` refuses the plan;
@@ -36,8 +38,8 @@ class JointLimits:
     joints: tuple[str, ...]
     lower: np.ndarray
     upper: np.ndarray
-    max_velocity: np.ndarray  # robot units per second, > 0
-    max_jump: np.ndarray  # robot units, > 0
+    max_velocity: np.ndarray  # the controller's units per second, > 0
+    max_jump: np.ndarray  # the controller's units, > 0
 
     def __post_init__(self):
         for name in ("lower", "upper", "max_velocity", "max_jump"):
@@ -93,7 +95,7 @@ def first_ahead(first_ns: int, step_ns: int, now_ns: int, count: int) -> int:
 def apply_limits(values: np.ndarray, limits: JointLimits, measured: np.ndarray, step_s: float, first: int,
                  policy: str) -> Limited | Rejected:
     """`values` [n, joints] (a plan, point i at i steps of `step_s`) within `limits` under `policy`; `measured`
-    [joints]: the joints' measured positions; `first`: the index of the first point that will execute."""
+    [joints]: the joints' measured positions, in the plan's units; `first`: the index of the first point that will execute."""
     if policy not in POLICIES:
         raise ValueError(f"unknown limit policy {policy!r}; choose from {' | '.join(POLICIES)}")
     values = np.asarray(values, dtype=np.float64)

@@ -6,8 +6,9 @@ shutdown) leaves the arm moving on a plan made from a frame it no longer trusts.
 the node is commanding and, on each transition to not commanding, gives the caller exactly one hold per such
 group (not a stream: a controller that holds needs no more). Per group (`output.<group>.hold`):
 
-- `position`: a one-point trajectory at the joints' measured positions (the newest good joint state), stamped
-  zero (start now) and reached one control time step later, from where the controller's command is. This is what
+- `position`: a one-point trajectory at the joints' measured positions (the newest good joint state) in the
+  controller's units (the group's offset + scale * measured, `JointGroup.measured_to_robot`), stamped zero (start
+  now) and reached one control time step later, from where the controller's command is. This is what
   joint_trajectory_controller does itself to hold (`set_hold_position`), and what stops it on Jazzy and Kilted;
 - `empty`: a trajectory without points, for controllers documented to stop on one. joint_trajectory_controller
   on Jazzy and Kilted refuses it ("Empty trajectory received.") and keeps moving: `docs/safety.md`;
@@ -24,6 +25,7 @@ from builtin_interfaces.msg import Duration
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from oxygen_ros.control.joint_groups import JointGroup
 from oxygen_ros.data.stamps import split_ns
 
 from .parameters import HOLD_POSITION, HOLD_ZERO
@@ -31,7 +33,7 @@ from .parameters import HOLD_POSITION, HOLD_ZERO
 
 def hold_message(joints: Sequence[str], mode: str, positions: np.ndarray | None,
                  time_step_s: float) -> JointTrajectory | Float64MultiArray:
-    """The hold message for `joints`: at `positions` (robot units) for `position`, without points for `empty`,
+    """The hold message for `joints`: at `positions` (the controller's units) for `position`, without points for `empty`,
     zero velocities for `zero`."""
     if mode == HOLD_ZERO:
         return Float64MultiArray(data=[0.0] * len(joints))
@@ -46,10 +48,11 @@ def hold_message(joints: Sequence[str], mode: str, positions: np.ndarray | None,
 class Holds:
     """Which groups the node commands; `stop` returns the holds due (one per commanded group) and forgets them."""
 
-    def __init__(self, groups: Sequence[tuple[Sequence[str], str, Sequence[int]]], time_step_s: float):
-        """`groups`: per output group (joints, hold mode, each joint's index in the measured state; a position
-        hold's joints are all measured, `parameters.read_limits`)."""
-        self.groups = [(tuple(joints), mode, list(columns)) for joints, mode, columns in groups]
+    def __init__(self, groups: Sequence[tuple[JointGroup, str]], state_names: Sequence[str], time_step_s: float):
+        """`groups`: per output group (the group, its hold mode; a position hold's joints are all in
+        `state_names`, `parameters.read_limits`); `state_names`: the measured state's joints, in its order."""
+        self.groups = [(group, mode) for group, mode in groups]
+        self.state_names = tuple(state_names)
         self.time_step_s = time_step_s
         self.commanding = [False] * len(self.groups)
         self.sent = 0  # holds sent, all groups together
@@ -60,16 +63,16 @@ class Holds:
         self.commanding = [True] * len(self.groups)
 
     def stop(self, reason: str, measured: np.ndarray | None) -> list[tuple[int, JointTrajectory | Float64MultiArray]]:
-        """(group index, hold) for every group being commanded; `measured`: the newest good joint state (robot
-        units, joints.state_names order)."""
+        """(group index, hold) for every group being commanded; `measured`: the newest good joint state (the
+        command's units, `state_names` order), held at in each controller's units."""
         due = []
-        for index, (joints, mode, columns) in enumerate(self.groups):
+        for index, (group, mode) in enumerate(self.groups):
             if not self.commanding[index]:
                 continue
             self.commanding[index] = False
             # a group is commanded only once a joint state has arrived, so a position hold always has one
-            positions = np.asarray(measured)[columns] if mode == HOLD_POSITION else None
-            due.append((index, hold_message(joints, mode, positions, self.time_step_s)))
+            positions = group.measured_to_robot(measured, self.state_names) if mode == HOLD_POSITION else None
+            due.append((index, hold_message(group.joints, mode, positions, self.time_step_s)))
         if due:
             self.sent += len(due)
             self.last_reason = reason

@@ -182,14 +182,14 @@ GROUP_SPECS = {  # output.<group>.<field>: default, description
                     "joint; unset: 1"),
     "offset": (None, "see scale; unset: 0"),
     "hold": ("", "what the group's controller gets when the node stops commanding it: position (one point at the "
-                 "measured position; a trajectory group's default) or empty (a trajectory without points); zero (every "
-                 "velocity 0: a velocity group's only hold)"),
-    "lower": (None, "position lower limit per joint in robot units (a number for all or a list); unset: from "
-                    "robot_description, else none"),
+                 "measured position, offset + scale * measured; a trajectory group's default) or empty (a trajectory "
+                 "without points); zero (every velocity 0: a velocity group's only hold)"),
+    "lower": (None, "position lower limit per joint in the controller's units (after scale and offset; a number "
+                    "for all or a list); unset: from robot_description, else none"),
     "upper": (None, "position upper limit, as lower"),
-    "max_velocity": (None, "velocity limit between plan points per joint (robot units/s), as lower"),
-    "max_jump": (None, "largest distance from the measured position to the first point that executes, per joint; "
-                       "unset: none"),
+    "max_velocity": (None, "velocity limit between plan points per joint (the controller's units/s), as lower"),
+    "max_jump": (None, "largest distance from the measured position (offset + scale * measured) to the first point "
+                       "that executes, per joint, in the controller's units; unset: none"),
 }
 
 

@@ -135,9 +135,7 @@ class VlaNode(LifecycleNode):
         self.limits_clamped = 0  # published plans with positions moved into range
         self.limits_slowed = 0  # published plans whose time grid was stretched
         self.limits_rejected: dict[str, int] = {}  # joint -> plans refused for it
-        self.holds = Holds([(g.joints, mode, [p.state_names.index(j) if j in p.state_names else -1
-                                              for j in g.joints]) for g, mode in zip(p.groups, p.holds, strict=True)],
-                           p.time_step_s)
+        self.holds = Holds(list(zip(p.groups, p.holds, strict=True)), p.state_names, p.time_step_s)
         self.clock_check = ClockCheck()
         self.instruction = Instruction(p.default_instruction, p.max_chars)
         self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
@@ -456,9 +454,9 @@ class VlaNode(LifecycleNode):
     def _limited(self, values: np.ndarray, first: int) -> Limited | None:
         """The groups' plan [n, joints] within the limits, or None (state and log say why) if they refuse it."""
         p = self.params
-        # a joint without a measured position has no jump limit (`parameters.read_limits`): NaN never exceeds one
-        measured = np.array([self.inputs.state[p.state_names.index(j)] if j in p.state_names else np.nan
-                             for j in p.limits.joints])
+        # in the controller's units, as the plan; a joint without a measured position has no jump limit
+        # (`parameters.read_limits`): its NaN never exceeds one
+        measured = np.concatenate([g.measured_to_robot(self.inputs.state, p.state_names) for g in p.groups])
         result = apply_limits(values, p.limits, measured, p.time_step_s, first, p.limit_policy)
         if isinstance(result, Limited):
             self.limits_clamped += bool(result.clamped)
@@ -474,12 +472,15 @@ class VlaNode(LifecycleNode):
         return None
 
     def _hold(self, reason: str) -> None:
-        """One hold to each group's controller that was being commanded (`holds`); nothing if none was."""
+        """One hold to each group's controller that was being commanded (`holds`); nothing if none was. Logged at
+        most once per LOG_THROTTLE_S per reason: plans refused every other tick hold at control rate (every hold
+        is counted in `holds_sent`)."""
         due = self.holds.stop(reason, self.inputs.state)
         for index, msg in due:
             self.group_pubs[index][1].publish(msg)
-        if due:
-            self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}")
+        if due and (suffix := self._throttled(("hold", reason))) is not None:
+            self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}"
+                                   f"{suffix}")
 
     def _act(self, frame: Frame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
