@@ -79,7 +79,7 @@ class InputLimits:
 
 
 @dataclass
-class Frame:
+class InputFrame:
     images: dict[str, np.ndarray | Tensor]  # model image key -> HxWx3 uint8 RGB, or the model's input made of it
     # (`resize_with_pad`'s [3, size, size], when the limits give the model's size)
     state: np.ndarray
@@ -100,7 +100,7 @@ class Dropped:
 @dataclass
 class Decision:
     state: str
-    frame: Frame | None
+    frame: InputFrame | None
     detail: str = ""  # why not, in words (empty when acting)
     dropped: list[Dropped] = field(default_factory=list)  # decode failures of this tick, already counted
 
@@ -256,7 +256,7 @@ class FrameInputs:
         for camera in self.cameras:
             camera.fresh = False
         first = self.cameras[0]
-        frame = Frame(images={c.key: c.image for c in self.cameras}, state=self.state, stamp_ns=first.stamp_ns,
+        frame = InputFrame(images={c.key: c.image for c in self.cameras}, state=self.state, stamp_ns=first.stamp_ns,
                       frame_id=first.frame_id, reused=reused)
         return Decision(RUNNING, frame, "", dropped)
 

@@ -85,8 +85,8 @@ from .frame_inputs import (
     SKIPPED_TICK_STATES,
     WAITING_FOR_CAMERA,
     DecodeThread,
-    Frame,
     FrameInputs,
+    InputFrame,
     InputLimits,
     Instruction,
 )
@@ -482,7 +482,7 @@ class VlaNode(LifecycleNode):
             self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}"
                                    f"{suffix}")
 
-    def _act(self, frame: Frame, narrate: bool, age_s: float):
+    def _act(self, frame: InputFrame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
         command [H, joints (x2 with velocities)] that the embodiment makes of it from the frame's own state (never a
         newer one: a delta or a velocity is relative to what the model saw)."""
