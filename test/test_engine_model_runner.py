@@ -1,6 +1,7 @@
 """The engine's model runner: its two stages, run apart on the stage workers, give what one `act` call gives
 (tiny model, CPU, real tensors)."""
 
+import contextlib
 import threading
 
 import pytest
@@ -114,3 +115,46 @@ def test_priority_streams_wait_for_the_device_once_both_are_made(monkeypatch):
     calls.clear()
     cpu = PriorityStreams("cpu")
     assert calls == [] and cpu.control_stream is None and cpu.language_stream is None
+
+
+def test_a_stage_job_on_a_cuda_worker_waits_for_what_its_submitter_had_queued(monkeypatch):
+    """A stage worker issues on a stream of its own, which does not wait for the submitting thread's stream (the
+    frames' upload, a pool's zero-fill): each job's stream waits on an event the submitter recorded on its own
+    stream when it submitted, before the job's first call. torch's CUDA calls are stand-ins that record the order."""
+    calls, lock = [], threading.Lock()
+
+    def note(*entry):
+        with lock:
+            calls.append(entry)
+
+    class Stream:
+        def __init__(self, device=None, priority=0):
+            self.name = "worker" if device is not None else "submitter"
+
+        def wait_event(self, event):
+            note("wait", self.name, event.recorded_on)
+
+        def synchronize(self):
+            note("synchronize", self.name)
+
+    submitter = Stream()
+
+    class Event:
+        def __init__(self):
+            self.recorded_on = None
+
+        def record(self, stream):
+            self.recorded_on = stream.name
+            note("record", stream.name)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: submitter)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    workers = StageWorkers("cuda:0")
+    try:
+        job = workers.submit(Stage.VLM, 0.5, lambda: note("job"))
+        job.result(timeout=30)
+    finally:
+        workers.close()
+    assert calls == [("record", "submitter"), ("wait", "worker", "submitter"), ("job",), ("synchronize", "worker")]

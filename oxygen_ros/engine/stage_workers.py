@@ -10,8 +10,10 @@ split runs side by side on complementary shares of one device. What a share mean
   threads of one process: co-running stages also contend for the interpreter lock between kernels.
 - CUDA: a share is a group of SMs. A worker issues its calls on the stream its `partitions` give for (stage,
   share) (disjoint green-context SM groups for the two stages of a split), or on a plain stream of its own for
-  the whole device or without partitions (shares then overlap, not enforced). This path has not run on a GPU
-  yet (`test_gpu/` is its proof).
+  the whole device or without partitions (shares then overlap, not enforced). A job's stream first waits for
+  what the submitting thread had queued on its own stream when it submitted (the frames' upload, a pool's
+  zero-fill): an event recorded there at `submit` (a stream may wait on another context's event, so this holds for
+  green-context streams too). This path has not run on a GPU yet (`test_gpu/` is its proof).
 """
 
 from __future__ import annotations
@@ -52,7 +54,11 @@ class StageWorker:
     def submit(self, fn: Callable[..., Any], share: float, *args) -> Future:
         """Run `fn(*args)` on this worker at `share` of the device; the future holds its result."""
         future: Future = Future()
-        self._jobs.put((future, fn, share, args))
+        ready = None
+        if self.stream is not None:  # what this thread queued so far must be done before the job reads it
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        self._jobs.put((future, fn, share, args, ready))
         return future
 
     def _stream_for(self, share: float) -> torch.cuda.Stream:
@@ -66,7 +72,7 @@ class StageWorker:
             job = self._jobs.get()
             if job is None:
                 return
-            future, fn, share, args = job
+            future, fn, share, args, ready = job
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -78,6 +84,7 @@ class StageWorker:
                     result = fn(*args)
                 else:
                     stream = self._stream_for(share)
+                    stream.wait_event(ready)
                     with torch.cuda.stream(stream):
                         result = fn(*args)
                     stream.synchronize()
