@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FILES = ["CMakeLists.txt", "package.xml", "setup.py", "setup.cfg", "msg", "oxygen_ros", "launch",
-                 "config", "resource", "cmake", "test", "scripts"]
+                 "config", "resource", "cmake", "test", "scripts", "docs"]  # the tests read docs/ too
 MARKER = "<!-- workspace-build-wheels"
 
 pytestmark = pytest.mark.system
