@@ -45,7 +45,7 @@ class LanguageWorker:
                     finally:
                         p.gate.release_decode(steps)
                     if steps == 0:  # no slack (adaptive) or no steps owed (fixed k): wait for the next frame
-                        p.wake.wait(timeout=0.002 if p.scheduler.config.adaptive_k else 0.05)
+                        p.wake.wait(timeout=p.scheduler.idle_wait_s())
                         p.wake.clear()
             except BaseException as error:  # surfaced by the owner through worker_error / stats
                 self.error = error

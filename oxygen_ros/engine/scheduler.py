@@ -246,6 +246,11 @@ class Scheduler:
         return (math.inf if last_control_start is None else last_control_start + cfg.control_period_s) \
             - cfg.deadline_margin_s
 
+    def idle_wait_s(self) -> float:
+        """How long the language worker waits for a frame when no plan ran: adaptive k looks again soon, since
+        slack opens as the clock runs; a fixed k has nothing to do until a frame owes new steps."""
+        return 0.002 if self.config.adaptive_k else 0.05
+
     def plan_language(self, now: float, owed: int, last_control_start: float | None,
                       draining: bool = False) -> DecodePlan | None:
         """The decode policy: what the language worker runs next. Owed steps run whatever the slack; with a fixed
