@@ -7,10 +7,10 @@ import re
 import pytest
 import torch
 
+from oxygen_ros.commands.serve import Capacity, build_server
 from oxygen_ros.nodes.model_setup import load_policy
 from oxygen_ros.nodes.parameters import OPTIONAL, REQUIRED, SPECS, ParameterError, read_parameters
 from oxygen_ros.serving.params import engine_parameters
-from oxygen_ros.commands.serve import Capacity, build_server
 from oxygen_ros.serving.server import ServeConfig
 
 NO_CUDA = "model.device is cuda but torch sees no CUDA device (use cpu or auto)"
