@@ -5,9 +5,12 @@ Per preset, one server runs in this process (embodiment droid; every request is 
 joints, gripper, prompt) and each setting below runs for `--seconds`, the settings interleaved round by round so
 that a change in the machine's load hits them all alike:
 
-- `sequential`: this process reads the same request and acts on it with the engine, one request at a time (batch
-  1), as openpi's server does; N separate openpi-style servers sharing one device serve at most this many requests
-  per second between them (the baseline the OxyGen benchmark also calls sequential);
+- `sequential`: a process of its own (`bench_baseline`) reads the same request and acts on it with the engine, one
+  request at a time (batch 1), as openpi's server does; N separate openpi-style servers sharing one device serve at
+  most this many requests per second between them (the baseline the OxyGen benchmark also calls sequential). It
+  runs at its best: one thread runs torch there, so OpenMP's threads spin briefly between operators as in the
+  nodes and benchmarks, whereas the server's process sleeps them (it runs torch from several threads:
+  `oxygen_ros/openmp.py`); in the server's process the baseline's tiny-preset acts took about 4 times as long;
 - `serve N` for each N of `--clients`: N client processes (`bench_client`, openpi-client's
   `WebsocketClientPolicy`) back to back, or each at `--rate-hz`, their requests batched by the server;
 - `probe`: one client at `--probe-rate-hz` (well below capacity, so nothing queues), for the overhead.
@@ -20,6 +23,7 @@ for the probe also its round trip against the sequential act p50 of the same rou
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -34,6 +38,7 @@ from ..engine.runtime import Runtime, RuntimeConfig, Served
 from ..engine.scheduler import SchedulerConfig
 from ..engine.stats import percentile_ms
 from ..model.loading import load_model_source, tokenizer_for
+from ..openmp import VARIABLE as OPENMP_WAITS
 from ..serving.params import engine_parameters
 from ..serving.server import OpenpiServer, ServeConfig
 from .bench_client import droid_request
@@ -54,8 +59,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def sequential(server: OpenpiServer, preset: str, dtype: torch.dtype, seed: int, seconds: float) -> dict:
-    """The openpi-style baseline: read the request and act on it, one at a time, on the same weights."""
+def sequential(preset: str, dtype: str, seed: int, seconds: float) -> dict:
+    """The openpi-style baseline in a process of its own (`bench_baseline`), with OpenMP's own waits rather than the
+    server process's: its figures."""
+    env = {k: v for k, v in os.environ.items() if k != OPENMP_WAITS}
+    result = subprocess.run([sys.executable, "-m", "oxygen_ros.commands.bench_baseline", preset, dtype, str(seed),
+                             str(seconds)], env=env, capture_output=True, text=True,
+                            timeout=seconds + CLIENT_START_TIMEOUT_S)
+    if result.returncode != 0:
+        raise RuntimeError(f"the sequential baseline failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def sequential_loop(server: OpenpiServer, preset: str, dtype: torch.dtype, seed: int, seconds: float) -> dict:
+    """The openpi-style baseline in this process: read the request and act on it, one at a time, on the same
+    weights as `server`'s (built, not started: only its reader and embodiment are used)."""
     model = load_model_source(preset, "cpu", dtype, seed).model
     runtime = Runtime(Served(model, tokenizer_for(model, None)),
                       RuntimeConfig(SchedulerConfig(num_steps=model.config.num_steps)))
@@ -107,16 +125,21 @@ def clients(port: int, count: int, seconds: float, rate_hz: float) -> dict:
             "late_start_s": max(r["late_s"] for r in results)}
 
 
+def bench_parameters(preset: str, dtype: str, seed: int) -> dict:
+    """The server's engine parameters for a preset (the baseline builds its reader from the same)."""
+    return engine_parameters([], [f"model.preset={preset}", "embodiment=droid", f"model.dtype={dtype}",
+                                  "model.cpu_kernel=off", f"model.seed={seed}"])
+
+
 def bench_preset(preset: str, args) -> list[dict]:
     counts = sorted(set(args.clients))
     max_batch = 1 << (max(counts) - 1).bit_length()
-    p = engine_parameters([], [f"model.preset={preset}", "embodiment=droid", f"model.dtype={args.dtype}",
-                               "model.cpu_kernel=off", f"model.seed={args.seed}"])
-    server = build_server(p, ServeConfig(port=0), Capacity(max(counts), max_batch, 60.0)).start()
+    server = build_server(bench_parameters(preset, args.dtype, args.seed), ServeConfig(port=0),
+                          Capacity(max(counts), max_batch, 60.0)).start()
     records = []
     try:
         for round_index in range(args.rounds):
-            base = dict(sequential(server, preset, DTYPES[args.dtype], args.seed, args.seconds), round=round_index)
+            base = dict(sequential(preset, args.dtype, args.seed, args.seconds), round=round_index)
             probe = clients(server.port, 1, args.seconds, args.probe_rate_hz)
             records += [base, dict(probe, setting="probe", round=round_index,
                                    over_sequential_ms=probe["latency_p50_ms"] - base["latency_p50_ms"])]
@@ -144,7 +167,7 @@ def table(records: list[dict]) -> str:
         overhead = f"{med('overhead_p50_ms'):.2f} / {med('overhead_p99_ms'):.2f}" if "overhead_p50_ms" in mine[0] \
             else "-"
         versus = f"{med('requests_per_s') / base:.2f}x" if setting.startswith("serve") else \
-            f"+{med('over_sequential_ms'):.2f} ms round trip" if setting == "probe" else "1.00x"
+            f"{med('over_sequential_ms'):+.2f} ms round trip" if setting == "probe" else "1.00x"
         rows.append(f"| {preset} | {setting} | {med('requests_per_s'):.1f} | {med('latency_p50_ms'):.1f} / "
                     f"{med('latency_p99_ms'):.1f} | {overhead} | {versus} |")
     return "\n".join(rows)
