@@ -8,8 +8,8 @@ that a change in the machine's load hits them all alike:
 - `sequential`: a process of its own (`bench_baseline`) reads the same request and acts on it with the engine, one
   request at a time (batch 1), as openpi's server does; N separate openpi-style servers sharing one device serve at
   most this many requests per second between them (the baseline the OxyGen benchmark also calls sequential). It
-  runs at its best: one thread runs torch there, so OpenMP's threads spin briefly between operators as in the
-  nodes and benchmarks, whereas the server's process sleeps them (it runs torch from several threads:
+  runs at its best: one thread runs torch there, so libgomp's own waits suit it (its threads spin between
+  operators), whereas the server's process sleeps them (it runs torch from several threads:
   `oxygen_ros/openmp.py`); in the server's process the baseline's tiny-preset acts took about 4 times as long;
 - `serve N` for each N of `--clients`: N client processes (`bench_client`, openpi-client's
   `WebsocketClientPolicy`) back to back, or each at `--rate-hz`, their requests batched by the server;
@@ -38,6 +38,7 @@ from ..engine.runtime import Runtime, RuntimeConfig, Served
 from ..engine.scheduler import SchedulerConfig
 from ..engine.stats import percentile_ms
 from ..model.loading import load_model_source, tokenizer_for
+from ..openmp import SPIN_VARIABLE as OPENMP_SPINS
 from ..openmp import VARIABLE as OPENMP_WAITS
 from ..serving.params import engine_parameters
 from ..serving.server import OpenpiServer, ServeConfig
@@ -60,9 +61,9 @@ def cpu_model() -> str:
 
 
 def sequential(preset: str, dtype: str, seed: int, seconds: float) -> dict:
-    """The openpi-style baseline in a process of its own (`bench_baseline`), with OpenMP's own waits rather than the
-    server process's: its figures."""
-    env = {k: v for k, v in os.environ.items() if k != OPENMP_WAITS}
+    """The openpi-style baseline in a process of its own (`bench_baseline`), with libgomp's own waits rather than
+    the server process's: its figures."""
+    env = {k: v for k, v in os.environ.items() if k not in (OPENMP_WAITS, OPENMP_SPINS)}
     result = subprocess.run([sys.executable, "-m", "oxygen_ros.commands.bench_baseline", preset, dtype, str(seed),
                              str(seconds)], env=env, capture_output=True, text=True,
                             timeout=seconds + CLIENT_START_TIMEOUT_S)

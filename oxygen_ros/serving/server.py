@@ -200,6 +200,10 @@ class OpenpiServer:
             self._count_full(ws)
             ws.close(CloseCode.TRY_AGAIN_LATER, f"server full: {self.max_clients} clients connected")
             return
+        # This thread's torch work (the request's preprocessing) on one thread: a thread team of its own would be
+        # woken beside the control thread's for every operator (serve-bench, tiny preset, 4 clients: 57 requests/s
+        # with a team per connection, 145 without; OpenMP keeps the count per thread, `oxygen_ros/openmp.py`).
+        torch.set_num_threads(1)
         client = _Client(robot_id, _peer(ws))
         log.info(f"client {client.peer} connected ({robot_id})")
         try:
