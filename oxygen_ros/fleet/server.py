@@ -39,7 +39,8 @@ from ..engine.stage_workers import StageWorkers
 from ..model.inputs import ModelInputs
 from ..model.precision import default_dtype
 from ..model.preprocess import Observation
-from .designs import DESIGNS, make_planner
+from .co_run import DEFAULT_GUARD, planning_guard
+from .designs import DEFAULT_DESIGN, DESIGNS, make_planner
 from .device import device_partitions, device_shares
 from .models import ModelSpec, check_graph_device, load_served, models_to_load
 from .profile_table import ProfileCost, ProfileTable
@@ -99,7 +100,7 @@ class FleetServer:
                  dtype: torch.dtype | None = None,
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  on_text: Callable[[TextUpdate], None] | None = None, publish_late: bool = False,
-                 design: str = "monolithic", profile: ProfileTable | None = None, guard: float = 1.1,
+                 design: str = DEFAULT_DESIGN, profile: ProfileTable | None = None, guard: float = DEFAULT_GUARD,
                  cpu_threads: int | None = None, profile_repeats: int = 3, cuda_graphs: bool = False,
                  cpu_kernel: str = "auto", clock: Callable[[], float] = time.perf_counter):
         """`tokenizer_of(model)` gives a model's tokenizer (default: the cached stand-in, for random-init models).
@@ -150,7 +151,7 @@ class FleetServer:
             profile = profile_runners(self.runtime.runners, self.workers, device_shares(self.workers, partitions),
                                       max_batch, repeats=profile_repeats)
         self.lut = profile
-        self.guard = max(guard, profile.meta.get("co_run_slowdown", 1.0))
+        self.guard = planning_guard(profile, guard)
         self.runtime.use_planner(make_planner(design, config.scheduler, self.runtime.scheduler.cost, profile,
                                               self.guard, vlm_room=self.runtime.frame_room))
 

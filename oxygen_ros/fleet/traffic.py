@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from .co_run import DEFAULT_GUARD
 from .lockstep import choose_partition
 from .profile_table import ProfileTable
 
@@ -77,14 +78,14 @@ def load_assignment(path: str | Path) -> dict:
     return data
 
 
-def per_frame_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = 1.1) -> float:
+def per_frame_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = DEFAULT_GUARD) -> float:
     """Device-seconds one frame of ``model_id`` costs when served in lockstep batches of ``batch``: one lockstep
     carries ``batch`` VLM and ``batch`` action frames, so a frame costs lockstep time / batch."""
     choice = choose_partition(lut, (model_id, batch), (model_id, batch), guard)
     return choice.predicted_s / batch
 
 
-def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guard: float = 1.1) -> np.ndarray:
+def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guard: float = DEFAULT_GUARD) -> np.ndarray:
     """Fraction of one GPU each robot needs (rate x per-request cost at the reference ``batch``)."""
     cost = {m: per_frame_cost(lut, m, batch, guard) for m in {r.model_id for r in robots}}
     return np.array([r.rate_hz * cost[r.model_id] for r in robots])

@@ -79,6 +79,8 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
+from oxygen_ros.fleet.co_run import DEFAULT_GUARD
+from oxygen_ros.fleet.designs import DEFAULT_DESIGN
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -122,11 +124,11 @@ DEFAULTS = {
     "min_steps_per_frame": 1,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
     "queue": "esf",
-    "design": "monolithic",  # monolithic | robion | disaggregated
+    "design": DEFAULT_DESIGN,  # monolithic | robion | disaggregated
     "overlap_threads": 0,  # monolithic: decode beside each batch's denoising on this many threads
     "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
     "profile_repeats": 3,
-    "guard": 1.1,
+    "guard": DEFAULT_GUARD,
     "cuda_graphs": False,
     "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
     "action_dt": 0.02,  # seconds between chunk points, for robots whose embodiment names no rate
