@@ -227,8 +227,9 @@ def print_report(report: dict, out=None) -> None:
     else:
         print(f"LUT: {config['profile']} (source: {report['lut'].get('source', 'unknown')})", file=out)
     print(f"{report['gpus']} GPUs, {len(report['models'])} models, {config['seeds']} seeds, jitter "
-          f"{config['jitter']:g} period, interference {config['interference']:g} "
-          f"({report.get('interference_source', 'given')}), guard {config['guard']:g}", file=out)
+          f"{config['jitter']:g} period, interference " + (f"{config['interference']:g}" if
+          report.get("interference_source", "given") == "given" else report["interference_source"])
+          + f", guard {config['guard']:g}", file=out)
     if config.get("ipc"):
         print(f"hand-offs: {config['ipc']} ({config['ipc_way']}); link {config['link']} "
               f"{report['lut']['link']['bytes_per_s'] / 1e9:g} GB/s (assumed)", file=out)
