@@ -171,3 +171,21 @@ def test_the_milp_keeps_pinned_robots_and_leaves_out_optional_ones_that_do_not_f
     assert solution.server_of == {"p": "s1", "o2": "s1"} and solution.unplaced == ["o1"]
     assert solve(robots, loads, ["s0"], 1.0) is None  # every robot required, one server: no placement
     assert solve([], {}, [], 1.0).server_of == {}
+
+
+def test_robots_a_server_reports_late_are_adopted_where_they_are_at_the_same_version_only():
+    fleet = placement()
+    for i in range(3):
+        fleet.join(spec(f"r{i}", "a"))
+    where = fleet.server_of["r0"]
+    document = fleet.document()
+    restarted = placement()
+    restarted.restore({**document, "server_of": {r: s for r, s in document["server_of"].items() if s != where},
+                       "model_of": {r: m for r, m in document["model_of"].items() if fleet.server_of[r] != where}})
+    report = {"version": fleet.version, "robots": {r.robot_id: {"model_id": "a", "rate_hz": 5.0, "slo_s": 0.1}
+                                                   for r in fleet.robots_on(where)}}
+    assert restarted.adopt(where, {**report, "version": fleet.version - 1}) == []  # not this placement's
+    adopted = restarted.adopt(where, report)
+    assert adopted and all(restarted.server_of[r] == where for r in adopted)
+    assert restarted.server_of == fleet.server_of and restarted.version == fleet.version + 1
+    assert restarted.adopt(where, {**report, "version": restarted.version}) == []  # known: nothing to adopt

@@ -19,7 +19,8 @@ resident copy), then the lowest maximum load.
 - Re-plans that place several robots (after a lapse, a server back, a leave with robots waiting) are coalesced and
   run at most once per `min_replan_interval_s` (`tick`); a join or leave is answered at once.
 - Every change raises `version`; `document()` is what the controller publishes and `restore` takes it back (a
-  restarted controller), as `restore_from_servers` takes the servers' own reports, without moving anyone.
+  restarted controller), as `restore_from_servers` takes the servers' own reports, without moving anyone; `adopt`
+  takes a report heard late.
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ class FleetPlacement:
 
     def document(self) -> dict:
         """The assignment as published: version, robot -> server, each robot's model, SLO and rate, the robots
-        waiting for a server and why, and per server its load and whether it is alive."""
+        waiting for a server and why, and per server its load and whether it is alive (as of the last change of
+        a robot's placement: a server coming or going without robots raises no version)."""
         robots = sorted(self.robots)
         return {
             "version": self.version,
@@ -257,9 +259,9 @@ class FleetPlacement:
         for robot_id in orphans:
             del self.server_of[robot_id]
             self.unplaced[robot_id] = f"server {server} lapsed; waiting for a server with room"
-        self.moved = []
-        self.version += 1
-        if orphans:
+        if orphans:  # a server without robots going down changes no robot's placement: no new version
+            self.moved = []
+            self.version += 1
             self._replan_wanted = True
         return orphans
 
@@ -270,8 +272,7 @@ class FleetPlacement:
         if server in self.alive:
             return False
         self.alive.add(server)
-        self.version += 1
-        if self.unplaced:
+        if self.unplaced:  # the re-plan that may place them raises the version
             self._replan_wanted = True
         return True
 
@@ -367,6 +368,25 @@ class FleetPlacement:
                 server_of[robot_id] = server
             newest[server] = int(report.get("version", 0))
         self._restore(robots, server_of, {}, max(newest.values(), default=0))
+
+    def adopt(self, server: str, report: Mapping) -> list[str]:
+        """Robots a live server reports serving at this placement's version that the placement does not know (a
+        restarted controller that did not hear that server while it recovered) join the placement where they are
+        served; a report of another version is not the placement's and changes nothing. Returns those adopted."""
+        if server not in self.alive or int(report.get("version", -1)) != self.version:
+            return []
+        adopted = []
+        for robot_id, spec in sorted(report.get("robots", {}).items()):
+            if robot_id in self.robots:
+                continue
+            robot = RobotSpec(robot_id, spec["model_id"], float(spec["rate_hz"]), float(spec["slo_s"]))
+            self.robots[robot_id], self.loads[robot_id] = robot, float(self.load_of(robot))
+            self.server_of[robot_id] = server
+            adopted.append(robot_id)
+        if adopted:
+            self.moved = []
+            self.version += 1
+        return adopted
 
     def _restore(self, robots: dict[str, RobotSpec], server_of: dict[str, str], unplaced: dict[str, str],
                  version: int) -> None:
