@@ -1,9 +1,13 @@
-"""Serve a fleet of robots from this machine: `ros2 launch oxygen_ros fleet.launch.py [params_file:=...]
-[assignment_file:=assignment.json gpu_index:=N]`.
+"""Serve a fleet of robots from this machine.
 
-One fleet_node per GPU; with several, give each launch the same assignment file (from `oxygen-ros fleet-assign`)
-and its own gpu_index, and each node serves only the robots assigned to it. Robots need no change: their topics are
-the same whichever node serves them.
+- `ros2 launch oxygen_ros fleet.launch.py gpus:=0,1,2 profile_file:=lut.json [params_file:=...]`: the fleet
+  controller and one fleet_node per GPU listed (server gpu<i> on GPU i); robots join on /fleet/join and are placed
+  live, re-placed when a server's heartbeat lapses (docs/fleet.md).
+- `ros2 launch oxygen_ros fleet.launch.py [params_file:=...] [assignment_file:=assignment.json gpu_index:=N]`: one
+  fleet_node serving the robots of params_file, or its GPU's robots of an assignment file (oxygen-ros fleet-assign);
+  launch it once per GPU with the same file.
+
+Robots need no change: their topics are the same whichever node serves them.
 """
 
 from launch import LaunchDescription
@@ -14,28 +18,51 @@ from launch_ros.substitutions import FindPackageShare
 
 ARGUMENTS = (
     ("params_file", PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "fleet.yaml"]),
-     "fleet_node parameter file (models, robots, SLO, queue)"),
-    ("assignment_file", "", "robot -> GPU assignment JSON (empty: serve every robot in params_file)"),
-    ("gpu_index", "0", "which GPU of the assignment this node serves"),
+     "fleet_node (and fleet_controller) parameter file (models, robots, SLO, queue)"),
+    ("gpus", "", "GPUs to serve, e.g. 0,1,2: the fleet controller and one fleet_node each (empty: one fleet_node)"),
+    ("profile_file", "", "profile table (oxygen-ros fleet-profile) the controller and the nodes plan from"),
+    ("assignment_file", "", "one fleet_node: robot -> GPU assignment JSON (empty: serve every robot in params_file)"),
+    ("gpu_index", "0", "one fleet_node: which GPU of the assignment this node serves"),
 )
+ASSIGNMENT_TOPIC = "/fleet/assignment"
 
 
-def fleet_node(context):
-    overrides = {"gpu_index": int(LaunchConfiguration("gpu_index").perform(context))}
-    assignment = LaunchConfiguration("assignment_file").perform(context)
-    if assignment:
-        overrides["assignment_file"] = assignment
-    return [Node(
-        package="oxygen_ros",
-        executable="fleet_node",
-        name=f"fleet_node_{overrides['gpu_index']}",
-        parameters=[LaunchConfiguration("params_file"), overrides],
-        output="screen",
-    )]
+def gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"gpus must be comma-separated GPU indices, got {text!r}") from None
+    if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+        raise ValueError(f"gpus must be distinct indices >= 0, got {text!r}")
+    return gpus
+
+
+def fleet_node(name: str, overrides: dict) -> Node:
+    return Node(package="oxygen_ros", executable="fleet_node", name=name,
+                parameters=[LaunchConfiguration("params_file"), overrides], output="screen")
+
+
+def fleet_nodes(context):
+    gpus = gpu_list(LaunchConfiguration("gpus").perform(context))
+    profile = LaunchConfiguration("profile_file").perform(context)
+    shared = {"profile_file": profile} if profile else {}
+    if not gpus:
+        overrides = {"gpu_index": int(LaunchConfiguration("gpu_index").perform(context)), **shared}
+        assignment = LaunchConfiguration("assignment_file").perform(context)
+        if assignment:
+            overrides["assignment_file"] = assignment
+        return [fleet_node(f"fleet_node_{overrides['gpu_index']}", overrides)]
+    controller = Node(package="oxygen_ros", executable="fleet_controller", name="fleet_controller",
+                      parameters=[LaunchConfiguration("params_file"),
+                                  {"servers": [f"gpu{g}" for g in gpus], **shared}], output="screen")
+    return [controller] + [
+        fleet_node(f"fleet_node_{g}", {"gpu_index": g, "server_name": f"gpu{g}", "assignment_topic": ASSIGNMENT_TOPIC,
+                                        **shared})
+        for g in gpus]
 
 
 def generate_launch_description():
     return LaunchDescription(
         [DeclareLaunchArgument(name, default_value=default, description=text) for name, default, text in ARGUMENTS]
-        + [OpaqueFunction(function=fleet_node)]
+        + [OpaqueFunction(function=fleet_nodes)]
     )

@@ -19,6 +19,7 @@ import torch
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.evaluation.fleet.simulator import SimConfig, make_arrivals, simulate
+from oxygen_ros.fleet.co_run import planning_guard
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.server import FleetServer, ServedRobot
@@ -51,7 +52,7 @@ def decisions(jobs, frames) -> tuple[list, list[int]]:
     return batches, sorted(f.context for f in frames if f.dropped)
 
 
-def serve_on_the_job_clock(design: str, arrivals, tokenizer):  # noqa: F811 - the fixture's value
+def serve_on_the_job_clock(design: str, guard: float, arrivals, tokenizer):  # noqa: F811 - the fixture's value
     clock = JobClock()
     config = RuntimeConfig(SchedulerConfig(max_new_tokens=2, queue="esf", max_batch=4), pool_slots=72,
                            frame_slots=64)
@@ -59,7 +60,7 @@ def serve_on_the_job_clock(design: str, arrivals, tokenizer):  # noqa: F811 - th
     specs = [ModelSpec.parse("a=tiny:0"), ModelSpec.parse("b=tiny:1")]
     torch.set_num_threads(1)
     server = FleetServer(specs, robots, config, lambda model: tokenizer, design=design, profile=LUT, cpu_threads=2,
-                         publish_late=True, clock=clock)
+                         publish_late=True, clock=clock, guard=guard)
     scheduler = server.runtime.scheduler
     started, start = [], scheduler.start
 
@@ -89,12 +90,18 @@ def serve_on_the_job_clock(design: str, arrivals, tokenizer):  # noqa: F811 - th
     return started, frames, server
 
 
-@pytest.mark.parametrize("design", ["monolithic", "robion"])
-def test_the_simulator_and_the_server_make_the_same_decisions_on_one_arrival_list(design, tokenizer):  # noqa: F811
-    config = SimConfig(design=design, policy="esf", duration_s=0.4, seed=3, max_batch=4, guard=max(1.1, SLOWDOWN),
-                       interference=SLOWDOWN)
+# robion at its planning guard splits; at guard 2 a split never pays, so every batch runs its two stages back to
+# back in one job (the lockstep's monolithic step), the VLM batch's slots read by the action batch after it
+@pytest.mark.parametrize("design,guard", [("monolithic", 1.1), ("robion", 1.1), ("robion", 2.0)])
+def test_the_simulator_and_the_server_make_the_same_decisions_on_one_arrival_list(design, guard,
+                                                                                   tokenizer):  # noqa: F811
+    config = SimConfig(design=design, policy="esf", duration_s=0.4, seed=3, max_batch=4,
+                       guard=planning_guard(LUT, guard), interference=SLOWDOWN)
     simulated = simulate(ROBOTS, dict.fromkeys((r.robot_id for r in ROBOTS), 0), LUT, config, keep_log=True)
-    jobs, frames, server = serve_on_the_job_clock(design, make_arrivals(ROBOTS, config), tokenizer)
+    jobs, frames, server = serve_on_the_job_clock(design, guard, make_arrivals(ROBOTS, config), tokenizer)
+    if guard == 2.0:
+        assert all(job.sequential and [b.stage for b in job.batches] == ["vlm", "action"] and
+                   job.batches[0].frames == job.batches[1].frames for job in jobs)
 
     sim_batches, sim_dropped = decisions([r.job for r in simulated.jobs], simulated.frames)
     node_batches, node_dropped = decisions(jobs, frames)

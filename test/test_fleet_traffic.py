@@ -150,30 +150,3 @@ def test_fleet_assign_command_writes_the_file_fleet_nodes_read(tmp_path, capsys)
     mine = served_robots([], [], 1.0, data, gpu_index=0)
     assert mine and all(r.model_id == f"vla{int(r.robot_id[5:]) % 3}" for r in mine)
     assert all(r.slo_s == pytest.approx(0.1 + 0.01 * int(r.robot_id[5:])) for r in mine)
-
-
-def test_the_controller_re_solves_when_robots_join_or_leave_and_keeps_robots_in_place():
-    from oxygen_ros.fleet.traffic import TrafficController
-
-    load = {"a": 0.3, "b": 0.2}
-    controller = TrafficController(3, lambda r: load[r.model_id])
-    for i in range(6):
-        controller.join(RobotSpec(f"r{i}", "ab"[i % 2], 5.0, 0.1))
-    first = dict(controller.assignment.gpu_of)
-    assert set(first) == {f"r{i}" for i in range(6)} and controller.assignment.max_load <= 1.0
-    controller.join(RobotSpec("r6", "b", 5.0, 0.1))
-    assert all(controller.assignment.gpu_of[r] == g for r, g in first.items() if r not in controller.moved)
-    assert len(controller.moved) <= 2  # a join moves at most a couple of robots, not the fleet
-    before = dict(controller.assignment.gpu_of)
-    controller.leave("r0")
-    assert "r0" not in controller.assignment.gpu_of and len(controller.assignment.gpu_of) == 6
-    assert sum(before[r] != g for r, g in controller.assignment.gpu_of.items()) == len(controller.moved)
-    with pytest.raises(InfeasibleAssignment):
-        for i in range(20):  # 3 GPUs hold at most 9 robots of model a
-            kept = dict(controller.assignment.gpu_of)
-            controller.join(RobotSpec(f"big{i}", "a", 5.0, 0.1))
-    assert controller.assignment.gpu_of == kept and set(controller.robots) == set(kept)  # a failed join: no change
-    with pytest.raises(ValueError, match="already"):
-        controller.join(RobotSpec("r1", "a", 5.0, 0.1))
-    with pytest.raises(KeyError):
-        controller.leave("nobody")

@@ -226,25 +226,40 @@ def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_p
         assert {w for w in words if w.startswith("--")} <= options[words[1]]
 
 
-def test_fleet_launch_starts_fleet_node_with_its_installed_parameter_file():
+def node_defaults(module: str) -> dict:
+    source = (REPO / "oxygen_ros" / "nodes" / f"{module}.py").read_text()
+    return ast.literal_eval(re.search(r"^DEFAULTS = (\{.*?\n\})", source, re.S | re.M).group(1))
+
+
+def test_fleet_launch_starts_the_controller_and_fleet_nodes_with_the_installed_parameter_file():
     import yaml
 
     tree = parse("launch/fleet.launch.py")
-    (node,) = calls(tree, "Node")
+    nodes = calls(tree, "Node")
+    executables = {keyword(node, "executable").value for node in nodes}
     from_setup, from_cmake = installed_executables()
-    assert keyword(node, "executable").value == "fleet_node" and "fleet_node" in from_setup & from_cmake
-    assert keyword(node, "package").value == package_name()
-    assert launch_configurations(tree) <= declared_arguments(tree) == {"params_file", "assignment_file", "gpu_index"}
+    assert executables == {"fleet_node", "fleet_controller"} and executables <= from_setup & from_cmake
+    assert all(keyword(node, "package").value == package_name() for node in nodes)
+    assert launch_configurations(tree) <= declared_arguments(tree) == {"params_file", "gpus", "profile_file",
+                                                                       "assignment_file", "gpu_index"}
     (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
     config = share_path(default_params)
     assert config == REPO / "config" / "fleet.yaml"
-    # every key of the shipped file is a parameter the node declares, with the same type as its default
-    source = (REPO / "oxygen_ros" / "nodes" / "fleet_node.py").read_text()
-    declared = ast.literal_eval(re.search(r"^DEFAULTS = (\{.*?\n\})", source, re.S | re.M).group(1))
-    parameters = yaml.safe_load(config.read_text())["/**"]["ros__parameters"]
-    assert set(parameters) == set(declared)
-    assert all(type(parameters[k]) is type(v) for k, v in declared.items()), "a type differs from the node's"
+    # every key of the shipped file is a parameter the node it is for declares, with the same type as its default
+    fleet, controller = node_defaults("fleet_node"), node_defaults("fleet_controller")
+    shipped = yaml.safe_load(config.read_text())
+    parameters, own = shipped["/**"]["ros__parameters"], shipped["fleet_controller"]["ros__parameters"]
+    assert set(parameters) == set(fleet) and set(own) <= set(controller) <= set(parameters) | set(own)
+    assert all(type(parameters[k]) is type(v) for k, v in fleet.items()), "a type differs from the node's"
+    assert all(type(own[k]) is type(controller[k]) for k in own), "a type differs from the controller's"
+    assert all(type(parameters[k]) is type(controller[k]) for k in set(controller) - set(own))
     assert len(parameters["robots"]) == len(parameters["robot_models"])
+    # the parameters the launch file sets are declared by the node it sets them on
+    overrides = [set(constant_strings(d)) & (set(fleet) | set(controller)) for d in ast.walk(tree)
+                 if isinstance(d, ast.Dict)]
+    assert {"gpu_index", "server_name", "assignment_topic", "profile_file", "servers"} <= set().union(*overrides)
+    source = (REPO / "launch" / "fleet.launch.py").read_text()
+    assert '"servers": [f"gpu{g}"' in source and '"server_name": f"gpu{g}"' in source
 
 
 def test_launch_tests_are_importable_by_plain_pytest():

@@ -10,6 +10,11 @@ Loads (``--loads``): ``slo_safe`` (default) gives each robot 1 / the robots like
 device serves at 98 % in the simulator on the profiled table, then checks the MILP placement in the simulator and
 lowers the capacity until every device reaches 98 % (`capacity.place_slo_safe`); ``throughput`` is the older
 rate x lockstep cost at batch 4, which does not see SLOs (98 % was reached near load 0.6 with it).
+
+Both plan with the table's measured figures, as the fleet nodes serve (`fleet.co_run`): co-running stages slow down
+by the table's measured co-run slowdown (``meta["co_run_slowdown"]``; a table without one, such as the synthetic
+one, is assumed at 1.05 and the command says so), and the lockstep's guard is ``--guard`` raised to it. The design
+defaults to the nodes' (`designs.DEFAULT_DESIGN`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from pathlib import Path
 from oxygen_ros.command_line import CommandParser, existing_file
 from oxygen_ros.evaluation.fleet.capacity import SloSafeLoads, place_slo_safe
 from oxygen_ros.evaluation.fleet.simulator import SimConfig
-from oxygen_ros.fleet.designs import DESIGNS
+from oxygen_ros.fleet.co_run import DEFAULT_GUARD, interference_source, planning_guard, planning_interference
+from oxygen_ros.fleet.designs import DEFAULT_DESIGN, DESIGNS
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.traffic import (
     Assignment,
@@ -65,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loads", choices=("slo_safe", "throughput"), default="slo_safe",
                    help="a robot's load: from simulated robots-at-98%% per device (slo_safe) or from throughput")
     # the serving designs (fleet-sim's baselines omni and intergpu are comparisons, not placements)
-    p.add_argument("--design", choices=sorted(DESIGNS), default="robion", help="device design (slo_safe loads)")
+    p.add_argument("--design", choices=sorted(DESIGNS), default=DEFAULT_DESIGN,
+                   help="device design the nodes serve with (slo_safe loads); default: %(default)s, as fleet_node's")
+    p.add_argument("--guard", type=float, default=DEFAULT_GUARD,
+                   help="the lockstep's guard (fleet_node's guard), raised to the table's measured co-run slowdown")
     p.add_argument("--seeds", type=int, default=3, help="simulator seeds (slo_safe loads)")
     p.add_argument("--out", required=True, help="assignment JSON to write")
     return p
@@ -75,14 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     robots = load_fleet(args.fleet)
     lut = ProfileTable.load(args.profile)
+    guard, interference = planning_guard(lut, args.guard), planning_interference(lut)
+    print(f"planning with interference {interference_source(lut)}, guard {guard:.3f}, design {args.design}")
     if args.loads == "slo_safe" and args.method == "milp":
-        safe = SloSafeLoads(lut, SimConfig(design=args.design), seeds=range(args.seeds))
+        config = SimConfig(design=args.design, guard=guard, interference=interference)
+        safe = SloSafeLoads(lut, config, seeds=range(args.seeds))
         placed = place_slo_safe(robots, args.gpus, safe)
         assignment = placed.assignment
         print(f"SLO-safe at capacity {assignment.capacity:.2f} after {placed.tries} placement(s): devices at "
               f"{[round(a, 3) for a in placed.device_attainment]}, worst robot {placed.worst_robot:.3f}")
     else:
-        loads = robot_loads(robots, lut)
+        loads = robot_loads(robots, lut, guard=guard)
         extra = {"capacity": args.capacity} if args.method == "milp" else {}
         assignment = METHODS[args.method](robots, loads, args.gpus, **extra)
     Path(args.out).write_text(json.dumps(assignment_to_dict(assignment, robots), indent=1))

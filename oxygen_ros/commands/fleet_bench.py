@@ -45,6 +45,7 @@ from oxygen_ros.evaluation.fleet.simulator import (
     simulate,
     summarize,
 )
+from oxygen_ros.fleet.co_run import planning_guard
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
 from oxygen_ros.fleet.profiler import StageProfiler
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def config_of(design: str, table: ProfileTable) -> SimConfig:
         slowdown = table.meta["co_run_slowdown"]
         return SimConfig(design=design, duration_s=args.duration, seed=args.seed, max_batch=args.max_batch,
-                         guard=max(1.1, slowdown), interference=slowdown)
+                         guard=planning_guard(table), interference=slowdown)
 
     profiler = StageProfiler(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads,
                              cuda_graphs=args.cuda_graphs)

@@ -33,6 +33,13 @@ from oxygen_ros.evaluation.fleet.capacity import CRITERIA, TARGET, Point, capaci
 from oxygen_ros.evaluation.fleet.fleets import make_fleet, model_scales
 from oxygen_ros.evaluation.fleet.ipc import WAYS, hop_seconds
 from oxygen_ros.evaluation.fleet.simulator import BASELINES, DESIGNS, SimConfig, simulate
+from oxygen_ros.fleet.co_run import (
+    ASSUMED_INTERFERENCE,
+    DEFAULT_GUARD,
+    interference_source,
+    planning_guard,
+    planning_interference,
+)
 from oxygen_ros.fleet.profile_table import ProfileTable, SyntheticLatencyModel, synthetic_table
 from oxygen_ros.fleet.traffic import (
     RobotSpec,
@@ -70,8 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=_floats, default=[5.0], help="robot request rates in Hz (mixed per robot)")
     p.add_argument("--slo", type=_floats, default=[0.1, 0.2], help="latency budgets in s (mixed per robot)")
     p.add_argument("--duration", type=float, default=5.0, help="simulated seconds of arrivals")
-    p.add_argument("--guard", type=float, default=1.1, help="latency inflation assumed for co-running stages")
-    p.add_argument("--interference", type=float, default=1.05, help="actual slowdown of co-running stages")
+    p.add_argument("--guard", type=float, default=None,
+                   help=f"latency inflation assumed for co-running stages (default: {DEFAULT_GUARD}, raised to the "
+                   "table's measured co-run slowdown, as a fleet node plans)")
+    p.add_argument("--interference", type=float, default=None,
+                   help="actual slowdown of co-running stages (default: the table's measured co-run slowdown; "
+                   f"{ASSUMED_INTERFERENCE} assumed for a table without one, e.g. the synthetic one)")
+    p.add_argument("--sweep-interference", type=_floats, default=[],
+                   help="also run every --runs design at each of these interferences, with the guard equal to it "
+                   "(planning with the true slowdown), e.g. 1.0,1.1,1.2,1.3,1.4,1.5")
     p.add_argument("--jitter", type=float, default=0.2, help="arrival jitter, as a fraction of a robot's period")
     p.add_argument("--capacity", type=float, default=1.0, help="MILP per-GPU load limit")
     p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
@@ -122,17 +136,19 @@ def fleet(n: int, seed: int, models: list[str], args: argparse.Namespace) -> lis
 
 
 def run_capacity(lut: ProfileTable, models: list[str], args: argparse.Namespace, design: str, policy: str,
-                 assign: str = "milp", interference: float | None = None) -> dict:
-    """Robots at the target for one design:policy on one assignment, over ``args.seeds`` seeds."""
+                 assign: str = "milp", interference: float | None = None, guard: float | None = None) -> dict:
+    """Robots at the target for one design:policy on one assignment, over ``args.seeds`` seeds (``interference``
+    and ``guard``: instead of the command's)."""
+    guard = args.guard if guard is None else guard
     base = SimConfig(design=design, policy=policy, duration_s=args.duration, max_batch=args.max_batch,
-                     guard=args.guard, interference=args.interference if interference is None else interference,
+                     guard=guard, interference=args.interference if interference is None else interference,
                      jitter=args.jitter)
     extra = {"capacity": args.capacity} if assign == "milp" else {}
     devices, gpus_used = devices_of(design, args.gpus)
 
     def run(n: int, seed: int) -> Point:
         robots = fleet(n, seed, models, args)
-        placement = ASSIGNERS[assign](robots, robot_loads(robots, lut, guard=args.guard), devices, **extra)
+        placement = ASSIGNERS[assign](robots, robot_loads(robots, lut, guard=guard), devices, **extra)
         result = simulate(robots, placement.gpu_of, lut, replace(base, seed=seed))
         return Point(n, result.attainment, min(result.per_robot.values()))
 
@@ -140,19 +156,45 @@ def run_capacity(lut: ProfileTable, models: list[str], args: argparse.Namespace,
     return {**summary, "gpus_used": gpus_used, "robots_per_gpu_median": summary["robots_median"] / gpus_used}
 
 
+def resolve_co_run(args: argparse.Namespace, lut: ProfileTable) -> str:
+    """Fill in the guard and interference the command was not given, from the table; says where they came from."""
+    given = args.interference is not None
+    if args.interference is None:
+        args.interference = planning_interference(lut)
+    if args.guard is None:
+        args.guard = planning_guard(lut)
+    return "given" if given else interference_source(lut)
+
+
 def run_sweep(args: argparse.Namespace) -> dict:
     lut, models = load_lut(args.profile, args.models)
     lut = with_hop_costs(lut, args)
+    source = resolve_co_run(args, lut)
     runs = {}
     for label in progress(_names(args.runs), desc="runs"):
         design, _, policy = label.partition(":")
         runs[label] = run_capacity(lut, models, args, design, policy or "esf")
     assignments = {name: run_capacity(lut, models, args, "robion", "esf", name) for name in _names(args.assign)}
     report = {"config": dict(vars(args)), "lut": lut.meta, "gpus": args.gpus, "models": models, "runs": runs,
-              "assignments": assignments}
+              "assignments": assignments, "interference_source": source}
+    if args.sweep_interference:
+        report["interference_sweep"] = run_interference_sweep(lut, models, args)
     if args.sensitivity:
         report["sensitivity"] = run_sensitivity(args)
     return report
+
+
+def run_interference_sweep(lut: ProfileTable, models: list[str], args: argparse.Namespace) -> list[dict]:
+    """Every --runs design:policy at each swept interference, planned with a guard equal to it."""
+    rows = []
+    for interference in progress(args.sweep_interference, desc="interference"):
+        row = {"interference": interference}
+        for label in _names(args.runs):
+            design, _, policy = label.partition(":")
+            row[label] = run_capacity(lut, models, args, design, policy or "esf", interference=interference,
+                                      guard=interference)
+        rows.append(row)
+    return rows
 
 
 def run_sensitivity(args: argparse.Namespace) -> list[dict]:
@@ -185,7 +227,9 @@ def print_report(report: dict, out=None) -> None:
     else:
         print(f"LUT: {config['profile']} (source: {report['lut'].get('source', 'unknown')})", file=out)
     print(f"{report['gpus']} GPUs, {len(report['models'])} models, {config['seeds']} seeds, jitter "
-          f"{config['jitter']:g} period, interference {config['interference']:g}, guard {config['guard']:g}", file=out)
+          f"{config['jitter']:g} period, interference " + (f"{config['interference']:g}" if
+          report.get("interference_source", "given") == "given" else report["interference_source"])
+          + f", guard {config['guard']:g}", file=out)
     if config.get("ipc"):
         print(f"hand-offs: {config['ipc']} ({config['ipc_way']}); link {config['link']} "
               f"{report['lut']['link']['bytes_per_s'] / 1e9:g} GB/s (assumed)", file=out)
@@ -197,6 +241,14 @@ def print_report(report: dict, out=None) -> None:
     print(f"\n{'robion:esf with assignment':<28}", file=out)
     for label, summary in report["assignments"].items():
         print(f"{label:<28}{_cell(summary)}", file=out)
+    if report.get("interference_sweep"):
+        labels = _names(config["runs"])
+        print("\ninterference sweep (guard = interference): robots at 98%, median [min-max]", file=out)
+        print(f"{'interference':>12}" + "".join(f"{label:>20}" for label in labels), file=out)
+        for row in report["interference_sweep"]:
+            cells = "".join(f"{row[k]['robots_median']:>9g} [{row[k]['robots_min']}-{row[k]['robots_max']}]"
+                            .rjust(20) for k in labels)
+            print(f"{row['interference']:>12g}{cells}", file=out)
     if report.get("sensitivity"):
         print("\nsensitivity (synthetic LUT, ESF, MILP): robots at 98%, median [min-max]", file=out)
         print(f"{'action exponent':>16}{'interference':>14}{'monolithic':>18}{'robion':>18}", file=out)

@@ -87,32 +87,33 @@ class Runtime:
                  on_text: Callable[[TextUpdate], None] | None = None,
                  on_chunk: Callable[[ActionChunk], None] | None = None,
                  stage_workers: StageWorkers | None = None, planner: StagePlanner | None = None,
-                 cost: CostModel | None = None, clock: Callable[[], float] = time.perf_counter):
+                 cost: CostModel | None = None, clock: Callable[[], float] = time.perf_counter,
+                 device: torch.device | str | None = None):
         """`stage_workers`: run stage batches (a stage split: the fleet's lockstep or static split, whose planner
         comes here or through `use_planner`) on these workers instead of one prefill + denoise call per batch on
         the whole device. `planner` and `cost` go to the scheduler (default: the monolithic planner and costs
-        learned from this runtime's own batches)."""
+        learned from this runtime's own batches). `device`: where the models run (default: the first model's); a
+        runtime that starts with no model (a fleet node whose robots come later, `add_model`) needs it."""
         if isinstance(served, Served):
             served = {DEFAULT_MODEL: served}
         if stage_workers is not None and config.overlap_threads:
             raise ValueError("overlap_threads is for whole-device batches, not a stage split (whose stages already "
                              "share the device)")
         self.served = dict(served)
+        if not self.served and device is None:
+            raise ValueError("a runtime without models needs its device")
         self.config = config
+        self._stage_split = stage_workers is not None
         sched = config.scheduler
-        frame_slots = config.kept_for_frames
-        self.runners = {m: ModelRunner(s.model, config.pool_slots - frame_slots, sched.max_new_tokens,
-                                       sched.max_batch, sched.num_steps, frame_slots,
-                                       stage_split=stage_workers is not None)
-                        for m, s in self.served.items()}
+        self.runners = {m: self._runner(s.model) for m, s in self.served.items()}
         self.scheduler = Scheduler(sched, {m: r.language_slots for m, r in self.runners.items()}, cost, planner)
         self.clock = clock
         self.on_chunk = on_chunk or (lambda chunk: None)
-        first = next(iter(self.served.values())).model
+        device = device if device is not None else next(iter(self.served.values())).model.device
         outcomes = Outcomes(self.scheduler, self.runners, {m: s.tokenizer for m, s in self.served.items()},
                             self.on_chunk, on_text or (lambda update: None), config.stream_every, clock)
         # the streams after the pools: on a GPU they wait for them
-        self.parts = RuntimeParts(self.scheduler, self.runners, ControlGate(clock), PriorityStreams(first.device),
+        self.parts = RuntimeParts(self.scheduler, self.runners, ControlGate(clock), PriorityStreams(device),
                                   outcomes, clock)
         self.gate = self.parts.gate
         self.streams = self.parts.streams
@@ -122,9 +123,38 @@ class Runtime:
         self.language = LanguageWorker(self.parts, config.overlap_threads)
         self._noise = torch.Generator().manual_seed(config.seed)
         self._control_busy = False  # the control thread is running jobs or handing their chunks on
+        self.busy_s = 0.0  # seconds the control thread spent running jobs (a fleet node's measured load)
         self._frames_ready = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def _runner(self, model) -> ModelRunner:
+        sched, frame_slots = self.config.scheduler, self.config.kept_for_frames
+        return ModelRunner(model, self.config.pool_slots - frame_slots, sched.max_new_tokens, sched.max_batch,
+                           sched.num_steps, frame_slots, stage_split=self._stage_split)
+
+    def add_model(self, model_id: str, served: Served) -> None:
+        """Serve one more model from now on (a fleet node's first robot of a model); its pool is made before the
+        threads see it."""
+        if model_id in self.served:
+            raise ValueError(f"model {model_id!r} is already served")
+        runner = self._runner(served.model)
+        with self.parts.frames_lock, self.parts.state_lock:
+            self.served[model_id] = served
+            self.runners[model_id] = runner
+            self.outcomes.tokenizers[model_id] = served.tokenizer
+            self.scheduler.add_model(model_id, runner.language_slots)
+
+    def remove_model(self, model_id: str) -> bool:
+        """Stop serving a model and let its weights and pool go; False (nothing changed) while it still has
+        language requests. The caller makes sure none of its frames is queued or running (a fleet server counts
+        them per robot)."""
+        with self.parts.frames_lock, self.parts.state_lock:
+            if not self.scheduler.remove_model(model_id):
+                return False
+            del self.runners[model_id], self.served[model_id]
+            self.outcomes.tokenizers.pop(model_id, None)
+        return True
 
     def use_planner(self, planner: StagePlanner) -> None:
         """Plan with `planner` from now on (before the first frame: a fleet server profiles its runners first)."""
@@ -251,10 +281,12 @@ class Runtime:
             self._frames_ready.clear()
             while self.frames_pending() and not self._stop.is_set():
                 self._control_busy = True  # before frames leave the queue: `drain` reads the queue, then this
+                started = time.perf_counter()
                 try:
                     ran = self.run_control()
                 finally:
                     self._control_busy = False
+                    self.busy_s += time.perf_counter() - started
                 if not ran:  # queued frames that have not arrived yet (a replayed list): wait for a new one
                     break
 

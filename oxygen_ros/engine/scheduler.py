@@ -142,6 +142,21 @@ class Scheduler:
         self.requests_preempted = 0
         self.requests_resumed = 0
 
+    def add_model(self, model_id: str, capacity: int) -> None:
+        """Serve one more model from now on; `capacity`: the language requests its pool holds."""
+        if model_id in self.models:
+            raise ValueError(f"model {model_id!r} is already served")
+        self.models[model_id] = _ModelState(capacity)
+
+    def remove_model(self, model_id: str) -> bool:
+        """Stop serving a model; False (nothing changed) while it still has language requests. Its frames are
+        the caller's to have drained first (the planner's queues do not say whose frames they hold)."""
+        state = self.models[model_id]
+        if state.active or state.preempted:
+            return False
+        del self.models[model_id]
+        return True
+
     # ---- action frames ------------------------------------------------------------------------------------------
 
     def submit(self, frame: ActionFrame) -> ActionFrame:

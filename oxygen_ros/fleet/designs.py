@@ -17,16 +17,20 @@ from collections.abc import Callable
 from ..engine.cost_models import CostModel
 from ..engine.planners import MonolithicPlanner, StagePlanner
 from ..engine.scheduler import SchedulerConfig
+from .co_run import DEFAULT_GUARD
 from .lockstep import LockstepPlanner
 from .profile_table import ProfileTable
 from .static_split import StaticSplitPlanner
 
 DESIGNS = ("monolithic", "robion", "disaggregated")
+DEFAULT_DESIGN = "monolithic"
+"""The one default design of every node, command and simulation: it needs no profile table and runs anywhere;
+`robion` is the choice where a table is measured (it never serves fewer robots in the simulator, `lockstep.py`)."""
 STAGE_SPLITS = {"robion": LockstepPlanner, "disaggregated": StaticSplitPlanner}
 
 
 def make_planner(design: str, config: SchedulerConfig, cost: CostModel, lut: ProfileTable | None = None,
-                 guard: float = 1.1, vlm_room: Callable[[str], int] | None = None) -> StagePlanner:
+                 guard: float = DEFAULT_GUARD, vlm_room: Callable[[str], int] | None = None) -> StagePlanner:
     """The planner of `design` with `config`'s queue policy, batch limit and deadline drops. A stage split plans
     from `lut` with `guard`; `vlm_room` bounds its VLM batches by the frame slots left (real serving)."""
     if design == "monolithic":

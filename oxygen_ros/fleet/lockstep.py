@@ -9,6 +9,13 @@ at its LUT latency times ``guard`` (>= 1, headroom for interference between the 
 profile did not see), and the scheduler only splits the device when the guarded split beats running the two
 batches back to back, each with the device to itself (on its fastest share: the whole GPU, or on a CPU the thread
 count the LUT found fastest).
+
+Pipelining costs latency: a frame waits a whole lockstep between its two stages. Where splitting does not pay for
+a VLM batch (`split_pays`: a VLM batch of its model and bucket beside an action batch of the same is predicted no
+faster side by side than back to back), the lockstep runs that batch's two stages back to back in one job, the
+monolithic step, each stage on its fastest share; an action batch already waiting runs first in the same job. So
+where a split never pays the planner serves as the monolithic design does, and Robion never loses to its own
+degenerate case.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.frames import ActionFrame
-from ..engine.planners import Stage, StageJob
+from ..engine.planners import Stage, StageBatch, StageJob
 from .profile_table import ProfileTable
 from .two_stage import TwoStagePlanner
 
@@ -70,12 +77,58 @@ def choose_partition(
     return best
 
 
-class LockstepPlanner(TwoStagePlanner):
-    """One device, one lockstep at a time: VLM batch and action batch start together and finish together."""
+MIN_SPLIT_GAIN = 0.15
+"""How much faster than back to back a split lockstep must be predicted for pipelining to pay: a pipelined frame
+waits a lockstep between its two stages, so a split has to buy throughput worth that latency. Tuned in the
+simulator's sweep (synthetic table, 4 GPUs, 8 models, guard = interference from 1.0 to 1.5, 5 seeds): the
+smallest margin tried (0, 0.05, 0.1, 0.15) at which Robion's robots at 98 % were at least monolithic's at every
+interference (docs/fleet.md)."""
 
-    def __init__(self, lut: ProfileTable, **kwargs):
+
+def split_pays(lut: ProfileTable, model_id: str, bucket: int, guard: float,
+               min_gain: float = MIN_SPLIT_GAIN) -> bool:
+    """Whether pipelining a VLM batch of `model_id` and `bucket` pays: a lockstep of such a VLM batch beside an
+    action batch of the same model and bucket, split (guarded), is predicted at least `min_gain` faster than the
+    two back to back."""
+    if min_gain < 0:
+        raise ValueError("min_gain must be >= 0")
+    choice = choose_partition(lut, (model_id, bucket), (model_id, bucket), guard)
+    back_to_back = sum(lut.solo(model_id, stage, bucket)[1] for stage in Stage)
+    return choice.mode == "split" and choice.predicted_s * (1.0 + min_gain) <= back_to_back
+
+
+def batch_ends(job: StageJob, now: float) -> list[float]:
+    """When each batch of `job` (ended at `now`) ended: all at `now` side by side; one after the other, the job's
+    run time divided in proportion to the batches' predicted seconds."""
+    total = sum(batch.seconds for batch in job.batches)
+    if not job.sequential or total <= 0:
+        return [now] * len(job.batches)
+    ends, done = [], 0.0
+    for batch in job.batches:
+        done += batch.seconds
+        ends.append(job.start + (now - job.start) * done / total)
+    ends[-1] = now
+    return ends
+
+
+class LockstepPlanner(TwoStagePlanner):
+    """One device, one lockstep at a time: VLM batch and action batch start together and finish together, or,
+    where splitting does not pay, a VLM batch's two stages run back to back (the monolithic step)."""
+
+    def __init__(self, lut: ProfileTable, min_split_gain: float = MIN_SPLIT_GAIN, **kwargs):
         super().__init__(lut, **kwargs)
+        if min_split_gain < 0:
+            raise ValueError("min_split_gain must be >= 0")
+        self.min_split_gain = min_split_gain
         self.busy = False
+        self._fused: StageBatch | None = None  # the running job's VLM batch whose action stage follows it in the job
+        self._pays: dict[tuple[str, int], bool] = {}
+
+    def split_pays(self, batch: StageBatch) -> bool:
+        key = (batch.model_id, batch.bucket)
+        if key not in self._pays:
+            self._pays[key] = split_pays(self.lut, batch.model_id, batch.bucket, self.guard, self.min_split_gain)
+        return self._pays[key]
 
     def start(self, now: float) -> list[StageJob]:
         if self.busy:
@@ -86,15 +139,43 @@ class LockstepPlanner(TwoStagePlanner):
             return []
         choice = choose_partition(self.lut, (vlm.model_id, vlm.bucket) if vlm else None,
                                   (action.model_id, action.bucket) if action else None, self.guard)
+        self.busy = True
+        if vlm is not None and self.run_back_to_back(vlm, choice):
+            return [self._monolithic_step(vlm, action, now)]
         batches = []
         if vlm:
             batches.append(self.on_share(vlm, choice.vlm_share))
         if action:
             batches.append(self.on_share(action, choice.action_share))
-        self.busy = True
         return [StageJob("lockstep", now, batches, choice.predicted_s, sequential=choice.mode == "serial",
                          co_run=choice.mode == "split")]
 
+    def run_back_to_back(self, vlm: StageBatch, choice: PartitionChoice) -> bool:
+        """Whether `vlm`'s two stages run back to back now (the monolithic step) rather than pipelined: when this
+        lockstep would not split anyway, or pipelining a batch like it does not pay (`split_pays`)."""
+        return choice.mode == "serial" or not self.split_pays(vlm)
+
+    def _monolithic_step(self, vlm: StageBatch, waiting: StageBatch | None, now: float) -> StageJob:
+        """One job, back to back: the action batch already waiting (if any), then `vlm`'s two stages, each batch
+        with the device to itself."""
+        batches = [self.solo(waiting)] if waiting else []
+        batches.append(self.solo(vlm))
+        own = self.solo(StageBatch(vlm.model_id, Stage.ACTION.value, list(vlm.frames), vlm.bucket))
+        action_start = now + sum(batch.seconds for batch in batches)
+        for frame in own.frames:
+            frame.action_start = action_start
+        batches.append(own)
+        self._fused = vlm
+        return StageJob("lockstep", now, batches, sum(batch.seconds for batch in batches), sequential=True)
+
     def finish(self, job: StageJob, now: float) -> list[ActionFrame]:
         self.busy = False
-        return [frame for batch in job.batches for frame in self.complete(batch, now)]
+        done = []
+        for batch, end in zip(job.batches, batch_ends(job, now), strict=True):
+            if batch is self._fused:  # its frames' action batch follows in this job, not in the queue
+                for frame in batch.frames:
+                    frame.vlm_done = end
+                continue
+            done += self.complete(batch, end)
+        self._fused = None
+        return done

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from .co_run import DEFAULT_GUARD
 from .lockstep import choose_partition
 from .profile_table import ProfileTable
 
@@ -77,14 +78,14 @@ def load_assignment(path: str | Path) -> dict:
     return data
 
 
-def per_frame_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = 1.1) -> float:
+def per_frame_cost(lut: ProfileTable, model_id: str, batch: int, guard: float = DEFAULT_GUARD) -> float:
     """Device-seconds one frame of ``model_id`` costs when served in lockstep batches of ``batch``: one lockstep
     carries ``batch`` VLM and ``batch`` action frames, so a frame costs lockstep time / batch."""
     choice = choose_partition(lut, (model_id, batch), (model_id, batch), guard)
     return choice.predicted_s / batch
 
 
-def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guard: float = 1.1) -> np.ndarray:
+def robot_loads(robots: list[RobotSpec], lut: ProfileTable, batch: int = 4, guard: float = DEFAULT_GUARD) -> np.ndarray:
     """Fraction of one GPU each robot needs (rate x per-request cost at the reference ``batch``)."""
     cost = {m: per_frame_cost(lut, m, batch, guard) for m in {r.model_id for r in robots}}
     return np.array([r.rate_hz * cost[r.model_id] for r in robots])
@@ -308,37 +309,3 @@ def assign_one_model_per_gpu(robots: list[RobotSpec], loads: np.ndarray, n_gpus:
             gpus[i] = g
             own_load[g] += loads[i]
     return _assignment("one_model_per_gpu", robots, loads, gpus, n_gpus)
-
-
-class TrafficController:
-    """The fleet's placement kept current: robots join and leave, and each change re-solves the MILP with the
-    placement in force as ``previous`` (robots stay where the new counts allow). ``load_of(robot)`` is a robot's
-    fraction of a GPU (e.g. ``capacity.SloSafeLoads``); ``moved`` lists the robots the last change moved."""
-
-    def __init__(self, n_gpus: int, load_of, capacity: float = 1.0):
-        self.n_gpus = n_gpus
-        self.load_of = load_of
-        self.capacity = capacity
-        self.robots: dict[str, RobotSpec] = {}
-        self.assignment = _assignment("milp", [], np.zeros(0), [], n_gpus, capacity)
-        self.moved: list[str] = []
-
-    def join(self, robot: RobotSpec) -> Assignment:
-        """Place a new robot (raises InfeasibleAssignment, leaving the placement as it was, if it does not fit)."""
-        if robot.robot_id in self.robots:
-            raise ValueError(f"robot {robot.robot_id} is already placed")
-        return self._solve({**self.robots, robot.robot_id: robot})
-
-    def leave(self, robot_id: str) -> Assignment:
-        if robot_id not in self.robots:
-            raise KeyError(f"robot {robot_id} is not placed")
-        return self._solve({r: spec for r, spec in self.robots.items() if r != robot_id})
-
-    def _solve(self, robots: dict[str, RobotSpec]) -> Assignment:
-        specs = list(robots.values())
-        loads = np.array([self.load_of(r) for r in specs], dtype=float)
-        before = dict(self.assignment.gpu_of)
-        assignment = assign_milp(specs, loads, self.n_gpus, self.capacity, previous=before)
-        self.robots, self.assignment = robots, assignment
-        self.moved = sorted(r for r, g in assignment.gpu_of.items() if r in before and before[r] != g)
-        return assignment

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from ..engine.frames import ActionFrame, bucket_for
 from ..engine.planners import Stage, StageBatch, StageJob
 from ..engine.queues import Remaining, frame_queues, make_policy
+from .co_run import DEFAULT_GUARD
 from .profile_table import ProfileTable
 
 
 class TwoStagePlanner:
     lanes = 1
 
-    def __init__(self, lut: ProfileTable, policy: str = "esf", max_batch: int = 8, guard: float = 1.1,
+    def __init__(self, lut: ProfileTable, policy: str = "esf", max_batch: int = 8, guard: float = DEFAULT_GUARD,
                  drop_expired: bool = True, vlm_room: Callable[[str], int] | None = None):
         """`guard` (>= 1): the latency inflation assumed for a stage co-running with another. `vlm_room(model_id)`:
         how many more frames of a model may start a VLM batch now (real serving: the frame slots its KV pool has

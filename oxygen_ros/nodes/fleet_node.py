@@ -36,6 +36,19 @@ Several GPUs: one node per GPU with the same ``assignment_file`` (``oxygen-ros f
 loads only those robots' models, and with ``device: cuda`` runs on ``cuda:<gpu_index>``, so the ROS graph is the
 only link.
 
+Under the fleet controller (``assignment_topic``, e.g. ``/fleet/assignment``; `fleet_controller`): the node
+starts with no robot and applies every assignment the controller publishes live, as the server named
+``server_name`` (default ``gpu<gpu_index>``): a robot placed here gets its subscriptions and publishers, its model
+is loaded on its first robot; a robot no longer placed here loses its subscriptions at once, its frames in flight
+still finish and are published, then its publishers go, and its model is let go when no robot needs it. An
+assignment older than the one applied is refused (counted, logged), one that cannot be read too. A frame past a
+robot's rate (the assignment's, a token bucket of ``rate_burst`` frames) is dropped at arrival, counted in its
+``over_rate`` and ``dropped_frames``; frames of robots not assigned here are refused, counted. Every
+``heartbeat_period_s`` while active the node publishes on ``/fleet/heartbeat`` the version it applied, its
+robots (model, rate, SLO, attainment), its loaded models and its measured load (the share of wall time its device
+ran jobs), which is how the controller knows it is alive. Pools are sized for ``max_robots_per_model``. A stage
+split plans from ``profile_file`` there (there is nothing to profile at start-up).
+
 Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms`` (without an assignment,
 or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``,
 ``publish_late``, ``tokenizer`` (empty: the cached stand-in),
@@ -50,7 +63,8 @@ VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: ne
 model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
 the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
 control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``, ``autostart``
-(configure and activate at start; false: wait for the lifecycle services).
+(configure and activate at start; false: wait for the lifecycle services), ``assignment_topic``, ``server_name``,
+``heartbeat_period_s``, ``max_robots_per_model``, ``rate_burst``.
 """
 
 from __future__ import annotations
@@ -63,6 +77,7 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
     sys.exit(run("fleet_node"))
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -71,6 +86,7 @@ import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
@@ -79,10 +95,12 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
+from oxygen_ros.fleet import messages
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots
+from oxygen_ros.fleet.rate_cap import RateCap
+from oxygen_ros.fleet.server import FleetServer, NotServed, ServedRobot, served_robots
 from oxygen_ros.fleet.traffic import load_assignment
 from oxygen_ros.model.loading import tokenizer_for
 from oxygen_ros.model.preprocess import Observation
@@ -122,11 +140,11 @@ DEFAULTS = {
     "min_steps_per_frame": 1,
     "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
     "queue": "esf",
-    "design": "monolithic",  # monolithic | robion | disaggregated
+    "design": "monolithic",  # monolithic | robion | disaggregated (designs.DEFAULT_DESIGN)
     "overlap_threads": 0,  # monolithic: decode beside each batch's denoising on this many threads
     "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
     "profile_repeats": 3,
-    "guard": 1.1,
+    "guard": 1.1,  # co_run.DEFAULT_GUARD
     "cuda_graphs": False,
     "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
     "action_dt": 0.02,  # seconds between chunk points, for robots whose embodiment names no rate
@@ -134,7 +152,13 @@ DEFAULTS = {
     "embodiment_override": False,
     "rate_hz": 10.0,
     "status_rate_hz": 1.0,
+    "assignment_topic": "",  # the fleet controller's assignment (e.g. /fleet/assignment); empty: robots/assignment_file
+    "server_name": "",  # this server's name in the controller's assignment; empty: gpu<gpu_index>
+    "heartbeat_period_s": 0.5,
+    "max_robots_per_model": 8,  # under the controller: pools sized for this many robots of one model
+    "rate_burst": 2.0,  # frames a robot may send ahead of its rate before they are dropped at arrival
 }
+HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
 class RobotPort:
@@ -157,10 +181,19 @@ class RobotPort:
         self.actions_published = 0
         self.narrations_published = 0
         self.model_errors = 0
+        self.over_rate = 0  # frames dropped at arrival: past the robot's rate cap
+        self.rate_cap: RateCap | None = None  # under the controller: the rate it placed the robot for
+        self.assigned = True  # False once the controller moved it away: its frames are refused
+        self.closed = False  # its publishers are gone (a robot that left, drained)
+        self.subscriptions: list = []
         self.lock = threading.Lock()  # the executor thread and the runtime's threads both touch the counters
         self.chunk_pub = node.create_publisher(JointTrajectory, f"{namespace}/action_chunk", 10)
         self.narration_pub = node.create_publisher(Narration, f"{namespace}/narration", 50)
         self.status_pub = node.create_publisher(EngineStatus, f"{namespace}/engine_status", 10)
+
+    @property
+    def publishers(self) -> list:
+        return [self.chunk_pub, self.narration_pub, self.status_pub]
 
     def camera_topic(self, camera: str) -> str:
         return f"{self.namespace}/camera/{camera}/image_raw"
@@ -187,7 +220,16 @@ class FleetNode(LifecycleNode):
         self.server: FleetServer | None = None
         self.worker_error: BaseException | None = None
         self.ports: dict[str, RobotPort] = {}
+        self.draining: dict[str, RobotPort] = {}  # robots moved away whose frames in flight still finish
         self._entities: list = []
+        self._live_timer = None
+        self.server_name = ""
+        self.applied_version = -1
+        self.refused_unassigned = 0  # frames of robots not assigned here
+        self.stale_assignments = 0  # assignments older than the one applied
+        self.bad_assignments = 0
+        self.refused_robots: dict[str, str] = {}  # robots the controller placed here that this node cannot serve
+        self._load_mark = (time.monotonic(), 0.0)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
 
@@ -236,28 +278,44 @@ class FleetNode(LifecycleNode):
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
 
     def _release(self) -> None:
+        if self._live_timer is not None:
+            self.destroy_timer(self._live_timer)
+            self._live_timer = None
         if self.server is not None:
             self.worker_error = self.server.runtime.worker_error  # kept for the exit status
             self.server.close()
             published = sum(p.actions_published for p in self.ports.values())
             self.get_logger().info(f"published {published} action chunks")
             self.server = None
-        for entity in self._entities:
+        entities = {id(e): e for e in self._entities}
+        for port in [*self.ports.values(), *self.draining.values()]:
+            if not port.closed:
+                entities.update({id(e): e for e in [*port.subscriptions, *port.publishers]})
+                port.closed = True
+        for entity in entities.values():
             if isinstance(entity, Subscription):
                 self.destroy_subscription(entity)
             else:
                 self.destroy_publisher(entity)
-        self._entities, self.ports = [], {}
+        self._entities, self.ports, self.draining = [], {}, {}
+        self.applied_version = -1
 
     def _configure(self) -> None:
         p = self.params
         if p["cpu_threads"]:
             torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
+        live = bool(p["assignment_topic"])
+        if live and p["assignment_file"]:
+            raise ValueError("assignment_topic (the fleet controller's) and assignment_file: give one")
+        if p["heartbeat_period_s"] <= 0 or p["max_robots_per_model"] < 1 or p["rate_burst"] < 1:
+            raise ValueError("heartbeat_period_s must be > 0, max_robots_per_model >= 1 and rate_burst >= 1")
         assignment = load_assignment(p["assignment_file"]) if p["assignment_file"] else None
-        served = served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment, p["gpu_index"])
+        served = [] if live else served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment,
+                                                p["gpu_index"])
         device = serving_device(p["device"], p["gpu_index"])
-        per_model = max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
+        per_model = p["max_robots_per_model"] if live else \
+            max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
         staged = p["design"] != "monolithic"
         # a stage split holds frames between their stages: room for a few batches, or two frames per robot
         frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
@@ -275,7 +333,7 @@ class FleetNode(LifecycleNode):
                                   publish_late=p["publish_late"], design=p["design"], profile=profile,
                                   cuda_graphs=p["cuda_graphs"], cpu_kernel=p["cpu_kernel"],
                                   guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
-                                  profile_repeats=p["profile_repeats"])
+                                  profile_repeats=p["profile_repeats"], dynamic=live)
         self.device = device
         # how a batch uses the device, for /diagnostics
         if staged:
@@ -299,6 +357,13 @@ class FleetNode(LifecycleNode):
                                           f"{reason} (starting: embodiment_override is true)")
         for robot in served:
             self._add_robot(robot, joint_names, embodiments[robot.robot_id])
+        self.joint_names = joint_names
+        if live:
+            self.server_name = p["server_name"] or f"gpu{p['gpu_index']}"
+            self.heartbeat_pub = self.create_publisher(String, messages.HEARTBEAT, HEARTBEAT_QOS)
+            self.create_subscription(String, p["assignment_topic"], self._on_assignment, LATCHED_QOS)
+            self._live_timer = self.create_timer(p["heartbeat_period_s"], self._live_tick)
+            self.get_logger().info(f"server {self.server_name}: robots come from {p['assignment_topic']}")
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
         self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
@@ -306,7 +371,7 @@ class FleetNode(LifecycleNode):
                                f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
-    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...], embodiment: Embodiment) -> None:
+    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...], embodiment: Embodiment) -> RobotPort:
         p = self.params
         namespace = "/" + robot.robot_id
         cameras = self.server.model_config(robot.robot_id).camera_names
@@ -322,13 +387,140 @@ class FleetNode(LifecycleNode):
         self.ports[robot.robot_id] = port
         for index, camera in enumerate(cameras):
             topic = port.camera_topic(camera)
-            self.create_subscription(CompressedImage if port.compressed else Image,
-                                     f"{topic}/compressed" if port.compressed else topic,
-                                     lambda msg, port=port, i=index: self._on_image(port, i, msg), SENSOR_QOS)
-        self.create_subscription(JointState, f"{namespace}/joint_states", lambda m, p=port: self._on_joints(p, m),
-                                 SENSOR_QOS)
-        self.create_subscription(String, f"{namespace}/instruction", lambda m, p=port: p.instruction.set(m.data),
-                                 LATCHED_QOS)
+            port.subscriptions.append(self.create_subscription(
+                CompressedImage if port.compressed else Image, f"{topic}/compressed" if port.compressed else topic,
+                lambda msg, port=port, i=index: self._on_image(port, i, msg), SENSOR_QOS))
+        port.subscriptions.append(self.create_subscription(
+            JointState, f"{namespace}/joint_states", lambda m, p=port: self._on_joints(p, m), SENSOR_QOS))
+        port.subscriptions.append(self.create_subscription(
+            String, f"{namespace}/instruction", lambda m, p=port: p.instruction.set(m.data), LATCHED_QOS))
+        return port
+
+    # ---- assignments from the fleet controller (executor thread) ------------------------------------------------
+
+    def _on_assignment(self, msg: String) -> None:
+        try:
+            document = messages.read_assignment(msg.data)
+        except messages.MessageError as err:
+            self.bad_assignments += 1
+            self.get_logger().error(f"assignment refused: {err}", throttle_duration_sec=LOG_THROTTLE_S)
+            return
+        version = document["version"]
+        if version < self.applied_version:
+            self.stale_assignments += 1
+            self.get_logger().warning(f"assignment version {version} refused: older than version "
+                                      f"{self.applied_version}, which is applied")
+            return
+        if version == self.applied_version or self.server is None:
+            return
+        mine = messages.placed_on(document, self.server_name)
+        for robot_id, port in list(self.ports.items()):
+            placed = mine.get(robot_id)
+            if placed is None or placed.robot != port.robot:
+                self._drop_robot(robot_id)
+            elif port.rate_cap is None or port.rate_cap.rate_hz != placed.rate_hz:
+                port.rate_cap = RateCap(placed.rate_hz, self.params["rate_burst"])
+        for robot_id, placed in mine.items():
+            if robot_id not in self.ports and self.refused_robots.get(robot_id, (None,))[0] != placed.robot:
+                self._take_robot(placed)
+        self.applied_version = version
+        self.get_logger().info(f"assignment version {version} applied: serving {sorted(self.ports)}, models "
+                               f"{self.server.model_ids}")
+
+    def _take_robot(self, placed: messages.Placed) -> None:
+        robot = placed.robot
+        try:
+            embodiment = self._embodiment_of(robot.robot_id)
+            loaded = self.server.add_robot(robot)
+        except ValueError as err:
+            self._refuse_robot(robot, str(err))
+            return
+        reason = embodiment.mismatch(self.server.trained_on[robot.model_id], self.joint_names)
+        if reason and not self.params["embodiment_override"]:
+            self.server.remove_robot(robot.robot_id)
+            self.server.forget_robot(robot.robot_id)
+            self._refuse_robot(robot, f"embodiment {embodiment.name} does not fit model {robot.model_id}: {reason}")
+            return
+        try:
+            port = self._add_robot(robot, self.joint_names, embodiment)
+        except ValueError as err:
+            self.server.remove_robot(robot.robot_id)
+            self.server.forget_robot(robot.robot_id)
+            self._refuse_robot(robot, str(err))
+            return
+        port.rate_cap = RateCap(placed.rate_hz, self.params["rate_burst"])
+        self.refused_robots.pop(robot.robot_id, None)
+        self.get_logger().info(f"{robot.robot_id}: served here (model {robot.model_id}"
+                               + (", loaded for it" if loaded else "") + f", SLO {1e3 * robot.slo_s:g} ms, "
+                               f"{placed.rate_hz:g} Hz)")
+
+    def _refuse_robot(self, robot: ServedRobot, reason: str) -> None:
+        self.refused_robots[robot.robot_id] = (robot, reason)
+        self.get_logger().error(f"{robot.robot_id}: assigned here but not served: {reason}")
+
+    def _embodiment_of(self, robot_id: str) -> Embodiment:
+        """A robot's profile under the controller: the one of `embodiments`, or its entry beside `robots`."""
+        names = self.params["embodiments"]
+        if len(names) != 1:
+            robots = [r.strip("/") for r in self.params["robots"]]
+            if len(names) != len(robots) or robot_id not in robots:
+                raise ValueError(f"no embodiment for robot {robot_id}: give one embodiment for all robots, or one "
+                                 "per entry of robots")
+            names = [names[robots.index(robot_id)]]
+        try:
+            return load_embodiment(names[0])
+        except EmbodimentError as err:
+            raise ValueError(f"embodiments: {err}") from None
+
+    def _drop_robot(self, robot_id: str) -> None:
+        """No more frames of `robot_id`; its publishers stay until its frames in flight are published."""
+        port = self.ports.pop(robot_id)
+        port.assigned = False
+        for subscription in port.subscriptions:
+            self.destroy_subscription(subscription)
+        port.subscriptions = []
+        self.server.remove_robot(robot_id)
+        self.draining[robot_id] = port
+        self.get_logger().info(f"{robot_id}: no longer served here; {self.server.in_flight(robot_id)} frames to "
+                               "finish")
+
+    def _live_tick(self) -> None:
+        """Drained robots' publishers go, idle models are let go, and the heartbeat leaves."""
+        if self.server is None:
+            return
+        for robot_id, port in list(self.draining.items()):
+            if self.server.in_flight(robot_id) == 0 or robot_id in self.ports:
+                with port.lock:
+                    port.closed = True
+                for publisher in port.publishers:
+                    self.destroy_publisher(publisher)
+                del self.draining[robot_id]
+                if robot_id not in self.server.robots:
+                    self.server.forget_robot(robot_id)
+                self.get_logger().info(f"{robot_id}: drained, its topics are gone")
+        for model_id in self.server.unload_idle_models():
+            self.get_logger().info(f"model {model_id} unloaded: no robot here needs it")
+        if self.lifecycle == "active":
+            self.heartbeat_pub.publish(String(data=messages.encode(self.heartbeat())))
+
+    def heartbeat(self) -> dict:
+        now, busy = time.monotonic(), self.server.runtime.busy_s
+        since, busy_before = self._load_mark
+        self._load_mark = (now, busy)
+        robots = {}
+        for robot_id, port in self.ports.items():
+            counts = self.server.robot_counts(robot_id)
+            with port.lock:
+                robots[robot_id] = {"model_id": port.robot.model_id, "slo_s": port.robot.slo_s,
+                                    "rate_hz": port.rate_cap.rate_hz if port.rate_cap else self.params["rate_hz"],
+                                    "attainment": counts.attainment, "frames": counts.on_time + counts.missed,
+                                    "over_rate": port.over_rate}
+        return {"server": self.server_name, "version": max(self.applied_version, 0), "robots": robots,
+                "models": self.server.model_ids, "load": min(1.0, (busy - busy_before) / max(now - since, 1e-9)),
+                "pending": self.server.runtime.frames_pending(), "draining": sorted(self.draining),
+                "refused_unassigned": self.refused_unassigned, "stale_assignments": self.stale_assignments,
+                "bad_assignments": self.bad_assignments,
+                "refused_robots": {r: why for r, (_, why) in self.refused_robots.items()}}
 
     # ---- inputs (executor thread) -------------------------------------------------------------------------
 
@@ -354,9 +546,17 @@ class FleetNode(LifecycleNode):
     def _on_image(self, port: RobotPort, index: int, msg) -> None:
         if self.lifecycle != "active":
             return  # configured, not serving: no frame is queued
+        if not port.assigned:  # a callback of a robot moved away an instant ago
+            self.refused_unassigned += 1
+            return
         if port.inputs is None:
             return  # no joint names known yet: nothing to pick the state by
         now_ns = self.get_clock().now().nanoseconds
+        if index == 0 and port.rate_cap is not None and not port.rate_cap.admit(time.monotonic()):
+            with port.lock:
+                port.over_rate += 1
+            self._warn_drop(port, f"frame past the robot's rate cap of {port.rate_cap.rate_hz:g} Hz (counted)")
+            return
         try:
             port.inputs.on_image(index, msg, now_ns)
         except ConversionError as err:
@@ -386,6 +586,9 @@ class FleetNode(LifecycleNode):
             queued = self.server.submit(port.robot.robot_id,
                                         Observation(frame.images, state, port.instruction.text), narrate,
                                         frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state))
+        except NotServed:
+            self.refused_unassigned += 1
+            return
         except ValueError as err:
             with port.lock:
                 port.model_errors += 1
@@ -400,10 +603,14 @@ class FleetNode(LifecycleNode):
 
     # ---- outputs (the runtime's threads) ----------------------------------------------------------------------
 
+    def _port_of(self, robot_id: str) -> RobotPort | None:
+        """The port whose publishers a robot's output leaves by: served, or still draining."""
+        return self.ports.get(robot_id) or self.draining.get(robot_id)
+
     def _publish_chunk(self, chunk: ActionChunk) -> None:
-        port = self.ports[chunk.robot_id]
-        if self.lifecycle != "active":
-            return  # a chunk still computing when the node was deactivated
+        port = self._port_of(chunk.robot_id)
+        if port is None or self.lifecycle != "active":
+            return  # a chunk still computing when the node was deactivated, or of a robot gone
         if chunk.error is not None:
             with port.lock:
                 port.model_errors += 1
@@ -419,20 +626,27 @@ class FleetNode(LifecycleNode):
                 port.state, port.detail = MODEL_ERROR, "action chunk has non-finite values; not published"
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             return
-        port.chunk_pub.publish(chunk_to_trajectory(command.positions, joint_names, chunk.stamp_ns,
-                                                   embodiment.time_step or self.params["action_dt"],
-                                                   len(command.positions), command.velocities))
+        trajectory = chunk_to_trajectory(command.positions, joint_names, chunk.stamp_ns,
+                                         embodiment.time_step or self.params["action_dt"], len(command.positions),
+                                         command.velocities)
         with port.lock:
+            if port.closed:
+                return
+            port.chunk_pub.publish(trajectory)
             port.actions_published += 1
 
     def _publish_text(self, update: TextUpdate) -> None:
-        port = self.ports[update.robot_id]
+        port = self._port_of(update.robot_id)
+        if port is None:
+            return  # the narration of a robot gone, drained and its topics removed
         msg = Narration(request_id=update.request_id, text=update.text, num_tokens=update.num_tokens,
                         final=update.final)
         msg.header.stamp = ns_to_stamp(update.stamp_ns)
         msg.header.frame_id = update.context[0]
-        port.narration_pub.publish(msg)
         with port.lock:
+            if port.closed:
+                return
+            port.narration_pub.publish(msg)
             port.narrations_published += 1
 
     def _publish_status(self) -> None:
@@ -456,13 +670,13 @@ class FleetNode(LifecycleNode):
                     state=port.state, detail=port.detail,
                     stats=replace(self.server.stats(robot_id), deadline_misses=late),
                     target_rate_hz=self.params["rate_hz"], actions_published=port.actions_published,
-                    dropped_frames=(port.inputs.dropped_frames if port.inputs else 0) + dropped,
+                    dropped_frames=(port.inputs.dropped_frames if port.inputs else 0) + dropped + port.over_rate,
                     worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
                     values={"narrations_published": port.narrations_published, "model_errors": port.model_errors,
                             "model": port.robot.model_id, "slo_ms": f"{1e3 * port.robot.slo_s:g}",
                             "slo_attainment": f"{counts.attainment:.4f}", "chunks_on_time": counts.on_time,
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
-                            "expired_in_queue": counts.expired_in_queue,
+                            "expired_in_queue": counts.expired_in_queue, "over_rate": port.over_rate,
                             "late_chunks_published": self.params["publish_late"],
                             "batching": self.batching, "lifecycle": self.lifecycle})
             port.status_pub.publish(engine_status(health, stamp))

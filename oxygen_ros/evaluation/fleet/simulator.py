@@ -25,7 +25,8 @@ from ...engine.frames import ActionFrame
 from ...engine.planners import StageJob
 from ...engine.scheduler import Scheduler, SchedulerConfig
 from ...engine.stats import percentile
-from ...fleet.designs import make_planner
+from ...fleet.co_run import ASSUMED_INTERFERENCE, DEFAULT_GUARD
+from ...fleet.designs import DEFAULT_DESIGN, make_planner
 from ...fleet.profile_table import ProfileCost, ProfileTable
 from ...fleet.traffic import RobotSpec
 from .baselines import InterGpuPlanner, OmniPlanner
@@ -41,13 +42,13 @@ and a comparison of policies runs one design."""
 
 @dataclass(frozen=True)
 class SimConfig:
-    design: str = "robion"
+    design: str = DEFAULT_DESIGN
     policy: str = "esf"  # which model's queue a free stage serves: esf, rr, lqf or fifo
     duration_s: float = 5.0
     seed: int = 0
     max_batch: int = 8
-    guard: float = 1.1
-    interference: float = 1.05
+    guard: float = DEFAULT_GUARD
+    interference: float = ASSUMED_INTERFERENCE  # a measured table's is `co_run.planning_interference`
     jitter: float = 0.2  # each frame arrives up to this fraction of its robot's period late (uniform)
     drop_expired: bool = True
     # Service-time drift: when given, the k-th job (in start order) lasts its table duration times
@@ -125,7 +126,7 @@ def make_arrivals(robots: Sequence[RobotSpec], config: SimConfig) -> list[Action
 
 
 def replay(frames: Sequence[ActionFrame], gpu_of: dict[str, int], schedulers: Sequence[Scheduler],
-           interference: float = 1.05, duration_factors: Sequence[float] = (), keep_log: bool = False
+           interference: float = ASSUMED_INTERFERENCE, duration_factors: Sequence[float] = (), keep_log: bool = False
            ) -> tuple[list[JobRecord], list[tuple[float, int]]]:
     """Serve `frames` (robot -> device by `gpu_of`) on the simulated clock until every one has finished or been
     dropped; returns the jobs and the arrivals, (time, context) (with `keep_log`)."""
