@@ -64,6 +64,7 @@ def ros_context(ros_domain_id):
     rclpy.init(context=context, domain_id=ros_domain_id)
     yield context
     context.try_shutdown()
+    context.destroy()  # frees its DDS participant once its nodes are gone; shutdown alone keeps it
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

@@ -31,6 +31,7 @@ def configured(ros_domain_id):
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
 
 
 def test_an_embodiment_the_checkpoint_was_not_trained_in_stops_the_configure_unless_overridden(tmp_path,

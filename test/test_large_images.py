@@ -59,6 +59,7 @@ def test_vga_frames_arrive_with_the_shipped_fast_dds_profile(tmp_path, monkeypat
         assert stop_process(camera) == 0, camera.stdout.read()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
     # Best effort: a reader that a busy machine slows down loses some frames (load is not the point here); with
     # Fast DDS defaults none arrives.
     assert len(received) >= 0.5 * FRAMES, f"{len(received)} of {FRAMES} VGA frames arrived"

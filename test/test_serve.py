@@ -112,6 +112,7 @@ def test_metadata_and_actions_are_what_vla_node_commands(served, ros_domain_id):
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
     commanded = np.array([p.positions for p in published[0].points])
     assert commanded.shape == (4, 14)  # the test node's control.horizon
     np.testing.assert_allclose(actions[:4], commanded, atol=1e-5)

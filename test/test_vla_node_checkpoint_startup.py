@@ -153,6 +153,7 @@ def test_the_node_decodes_with_the_chosen_text_head_and_says_why(tmp_path, token
             node.close()
             node.destroy_node()
             context.try_shutdown()
+            context.destroy()
         assert f"text head {choice}: " in capfd.readouterr().err
     assert vla_node_main(node_args(folder, tokenizer, "-p", "model.text_head:=output")) == 1
     assert "model.text_head must be one of auto | lm_head | embedding, got 'output'" in capfd.readouterr().err
@@ -183,4 +184,5 @@ def test_a_profile_the_checkpoint_was_not_trained_in_stops_start_up_unless_overr
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
     assert "(starting: embodiment_override is true)" in capfd.readouterr().err

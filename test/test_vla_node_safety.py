@@ -258,6 +258,7 @@ def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(tmp
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
     assert "configure failed, still unconfigured: model.checkpoint" in capfd.readouterr().err
 
 

@@ -645,6 +645,7 @@ def test_shipped_parameter_files_declare_on_a_namespaced_node(ros_domain_id):
             node.destroy_node()
         finally:
             context.try_shutdown()
+            context.destroy()
 
 
 # ---- status ---------------------------------------------------------------------------------------------------------
@@ -741,6 +742,7 @@ def test_model_errors_are_counted_reported_and_ticks_go_on(tmp_path, ros_domain_
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
 
 
 class Published(list):
@@ -792,6 +794,7 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
 
 
 def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_path, ros_domain_id, monkeypatch,
@@ -870,6 +873,7 @@ def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_pa
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
 
 
 def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with_it(tmp_path, ros_domain_id):
@@ -897,6 +901,7 @@ def test_overlap_threads_reaches_the_runtime_and_the_node_acts_and_narrates_with
         node.close()
         node.destroy_node()
         context.try_shutdown()
+        context.destroy()
 
 
 def test_cpu_kernel_parameter_reaches_the_model(tmp_path, ros_domain_id):
@@ -915,3 +920,4 @@ def test_cpu_kernel_parameter_reaches_the_model(tmp_path, ros_domain_id):
             node.close()
             node.destroy_node()
             context.try_shutdown()
+            context.destroy()

@@ -9,6 +9,7 @@ executor, spin thread, node-specific cleanup, node, context (a spin thread left 
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +43,11 @@ def ros_process(name: str, argv: Sequence[str]) -> Iterator[tuple[rclpy.Context,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         context.try_shutdown()
+        # Shutdown alone keeps the context's DDS participant (and its busy threads) alive until the context is
+        # destroyed, which waits for its nodes; a node whose constructor raised is only freed by the collector.
+        # A process ends here anyway; a node's main called in a test's process does not.
+        gc.collect()
+        context.destroy()
 
 
 class Spinner:
