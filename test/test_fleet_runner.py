@@ -6,6 +6,7 @@ import dataclasses
 import json
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,8 +122,12 @@ def test_simulator_matches_a_real_run_with_the_measured_lut(profiler):
     the simulator's own. The comparison needs a run that the table describes (median factor within [0.5, 2.5])
     on a saturated device (real attainment within [0.05, 0.95)); when the machine changed speed so much that a
     run misses either, the table is measured again and the robot count doubled or halved, up to four runs.
-    Tolerance: 0.15 absolute in attainment and a factor 1.5 in median latency; repeated runs here agreed within
-    0.01 and 2%; the rest is margin for an uneven machine."""
+    Tolerance: 0.15 absolute in attainment, 20 % in frames served (in time or late) and a factor 1.5 in the
+    served frames' 90th-percentile latency. Not the median: since the lockstep runs the monolithic step here (no
+    split pays at the measured slowdown), served latencies are bimodal under this overload (frames served at once
+    and frames served near their SLO), and the median of either run falls in one mode or the other (real/sim median
+    ratios of 0.42-2.9 over 9 runs, while the 90th percentiles agreed at 0.82-1.11, served counts at 0.92-1.14 and
+    attainment within 0.11); the rest is margin for an uneven machine."""
     scale = 1.0
     for _ in range(4):
         lut = profiler.profile(repeats=5, warmup=2)
@@ -150,4 +155,7 @@ def test_simulator_matches_a_real_run_with_the_measured_lut(profiler):
     sim = simulate(robots, {r.robot_id: 0 for r in robots}, lut, sim_config)
     assert 0.02 < sim.attainment < 0.95, sim.summary()  # not trivially 100% (nor 0%)
     assert abs(real.attainment - sim.attainment) <= 0.15, (n, real.summary(), sim.summary())
-    assert 1 / 1.5 <= real.latency_p50_s / sim.latency_p50_s <= 1.5, (real.summary(), sim.summary())
+    served = [[f.latency for f in run.frames if f.finish is not None] for run in (real, sim)]
+    assert 0.8 <= len(served[0]) / len(served[1]) <= 1.2, (real.summary(), sim.summary())
+    p90 = [float(np.percentile(latencies, 90)) for latencies in served]
+    assert 1 / 1.5 <= p90[0] / p90[1] <= 1.5, (p90, real.summary(), sim.summary())
