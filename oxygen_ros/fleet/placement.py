@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, milp
 
-from .traffic import RobotSpec
+from .traffic import LinearRows, RobotSpec
 
 ROBOT_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 """A robot id is its ROS namespace: a letter, then letters, digits and underscores."""
@@ -84,16 +84,8 @@ def solve(robots: Sequence[RobotSpec], loads: Mapping[str, float], servers: Sequ
     cost[col_l] = 0.5 / max(capacity, 1e-12)  # the load term stays below one pair
     lower, upper = np.zeros(n_vars), np.ones(n_vars)
     upper[col_l] = np.inf
-    rows, lo, hi = [], [], []
-
-    def constrain(coeffs: dict[int, float], low: float, high: float) -> None:
-        row = np.zeros(n_vars)
-        for index, value in coeffs.items():
-            row[index] = value
-        rows.append(row)
-        lo.append(low)
-        hi.append(high)
-
+    rows = LinearRows(n_vars)
+    constrain = rows.add
     for r, robot in enumerate(robots):
         rid = robot.robot_id
         home = previous.get(rid)
@@ -118,7 +110,7 @@ def solve(robots: Sequence[RobotSpec], loads: Mapping[str, float], servers: Sequ
     integrality = np.ones(n_vars)
     integrality[col_l] = 0
     result = milp(cost, integrality=integrality, bounds=Bounds(lower, upper),
-                  constraints=LinearConstraint(np.array(rows), lo, hi),
+                  constraints=rows.constraint(),
                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
     if result.x is None:
         return None

@@ -106,6 +106,28 @@ def _assignment(
     return Assignment(method, gpu_of, {r.robot_id: r.model_id for r in robots}, per_gpu, capacity)
 
 
+class LinearRows:
+    """The linear constraints of a mixed-integer program, a row at a time: low <= sum(coeffs[i] * x[i]) <= high,
+    the coefficients given by variable index (the rest zero)."""
+
+    def __init__(self, n_vars: int):
+        self.n_vars = n_vars
+        self.rows: list[np.ndarray] = []
+        self.low: list[float] = []
+        self.high: list[float] = []
+
+    def add(self, coeffs: dict[int, float], low: float, high: float) -> None:
+        row = np.zeros(self.n_vars)
+        for index, value in coeffs.items():
+            row[index] = value
+        self.rows.append(row)
+        self.low.append(low)
+        self.high.append(high)
+
+    def constraint(self) -> LinearConstraint:
+        return LinearConstraint(np.array(self.rows), self.low, self.high)
+
+
 def assign_milp(
     robots: list[RobotSpec],
     loads: np.ndarray,
@@ -155,16 +177,8 @@ def assign_milp(
     col_l = n_vars - 1
 
     def solve(cap: float, pairs_cost: float, load_cost: float):
-        rows, lower, upper = [], [], []
-
-        def constrain(coeffs: dict[int, float], lo: float, hi: float) -> None:
-            row = np.zeros(n_vars)
-            for index, value in coeffs.items():
-                row[index] = value
-            rows.append(row)
-            lower.append(lo)
-            upper.append(hi)
-
+        rows = LinearRows(n_vars)
+        constrain = rows.add
         for c, key in enumerate(classes):
             constrain({col_n(c, g): 1.0 for g in range(n_g)}, len(members[key]), len(members[key]))
             m = models.index(key[0])
@@ -189,7 +203,7 @@ def assign_milp(
             cost,
             integrality=integrality,
             bounds=Bounds(np.zeros(n_vars), upper_bounds),
-            constraints=LinearConstraint(np.array(rows), lower, upper),
+            constraints=rows.constraint(),
             options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
         )
 
