@@ -39,6 +39,19 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def add_device_options(p: argparse.ArgumentParser) -> None:
+    """--device and --cuda-graphs, as the commands that serve or time the fleet's stages take them;
+    `check_device_options` after parsing."""
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
+
+
+def check_device_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
+
+
 def existing_file(text: str) -> str:
     """argparse type: a path that must name an existing file."""
     if not Path(text).is_file():

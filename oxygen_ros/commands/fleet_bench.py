@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.command_line import CommandParser
+from oxygen_ros.command_line import CommandParser, add_device_options, check_device_options
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.engine.runtime import RuntimeConfig
@@ -114,9 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", default="0.03,0.06", help="latency budgets in s (mixed over robots)")
     p.add_argument("--duration", type=float, default=3.0, help="wall seconds of arrivals per point")
     p.add_argument("--cpu-threads", type=int, default=None, help="cores that make up the CPU device")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
+    add_device_options(p)
     p.add_argument("--max-batch", type=int, default=8, help="largest batch a stage forms")
     p.add_argument("--repeats", type=int, default=7, help="profiling repeats")
     p.add_argument("--seed", type=int, default=0, help="seed of the fleet, its arrivals and the weights")
@@ -129,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.cuda_graphs and not args.device.startswith("cuda"):
-        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
+    check_device_options(parser, args)
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]

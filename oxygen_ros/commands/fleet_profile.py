@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from oxygen_ros.command_line import CommandParser
+from oxygen_ros.command_line import CommandParser, add_device_options, check_device_options
 from oxygen_ros.engine.frames import power_of_two_buckets
 from oxygen_ros.engine.planners import Stage
 from oxygen_ros.fleet.models import ModelSpec
@@ -37,11 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shares", default="", help="device shares to profile (default: every core count / tenths)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per point (the median is kept)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point first")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    add_device_options(p)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="the models' dtype (default: bfloat16 on cuda, as a GPU deployment serves; float32 on cpu)")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="replay CUDA graphs per (model, stage, bucket, partition) (a CUDA device only)")
     p.add_argument("--require-sm-partitions", action="store_true",
                    help="fail (status 1) where the shares are not green-context SM partitions, instead of "
                         "profiling plain streams (a CUDA device only)")
@@ -53,8 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.cuda_graphs and not args.device.startswith("cuda"):
-        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device}: on a CPU every stage runs eagerly")
+    check_device_options(parser, args)
     if args.require_sm_partitions and not args.device.startswith("cuda"):
         parser.error(f"--require-sm-partitions needs a CUDA device, not {args.device}")
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
