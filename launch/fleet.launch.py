@@ -23,6 +23,7 @@ ARGUMENTS = (
     ("profile_file", "", "profile table (oxygen-ros fleet-profile) the controller and the nodes plan from"),
     ("assignment_file", "", "one fleet_node: robot -> GPU assignment JSON (empty: serve every robot in params_file)"),
     ("gpu_index", "0", "one fleet_node: which GPU of the assignment this node serves"),
+    ("metrics_port", "", "with gpus: the controller's Prometheus metrics on this port (0: none; empty: params_file's)"),
 )
 ASSIGNMENT_TOPIC = "/fleet/assignment"
 
@@ -52,9 +53,11 @@ def fleet_nodes(context):
         if assignment:
             overrides["assignment_file"] = assignment
         return [fleet_node(f"fleet_node_{overrides['gpu_index']}", overrides)]
+    port = LaunchConfiguration("metrics_port").perform(context)
+    metrics = {"metrics_port": int(port)} if port else {}
     controller = Node(package="oxygen_ros", executable="fleet_controller", name="fleet_controller",
                       parameters=[LaunchConfiguration("params_file"),
-                                  {"servers": [f"gpu{g}" for g in gpus], **shared}], output="screen")
+                                  {"servers": [f"gpu{g}" for g in gpus], **metrics, **shared}], output="screen")
     return [controller] + [
         fleet_node(f"fleet_node_{g}", {"gpu_index": g, "server_name": f"gpu{g}", "assignment_topic": ASSIGNMENT_TOPIC,
                                         **shared})

@@ -25,6 +25,7 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from ros_test_utils import rclpy, spin_until, stop_process
+from test_fleet_metrics import free_port, scrape
 
 pytestmark = pytest.mark.system
 
@@ -120,7 +121,8 @@ def test_the_controller_places_refuses_re_places_and_lets_robots_leave(ros_env, 
     common = ["-p", f"profile_file:={LUT}", "-p", "models:=['a=tiny:0', 'b=tiny:1']"]
     controller_args = [*common, "-p", f"servers:={list(SERVERS)}", "-p", "max_robots_per_server:=1",
                        "-p", "load_seeds:=1", "-p", "load_duration_s:=2.0", "-p", "heartbeat_timeout_s:=1.5",
-                       "-p", "recover_s:=4.0", "-p", "min_replan_interval_s:=0.2", "-p", "status_rate_hz:=2.0"]
+                       "-p", "recover_s:=4.0", "-p", "min_replan_interval_s:=0.2", "-p", "status_rate_hz:=2.0",
+                       "-p", f"metrics_port:={(metrics_port := free_port())}"]
     controller = ros_node("oxygen_ros.nodes.fleet_controller", ros_env, *controller_args)
     nodes = {server: ros_node("oxygen_ros.nodes.fleet_node", ros_env, *common, "-r", f"__node:=fleet_{server}",
                               "-p", "assignment_topic:=/fleet/assignment", "-p", f"server_name:={server}",
@@ -163,6 +165,14 @@ def test_the_controller_places_refuses_re_places_and_lets_robots_leave(ros_env, 
         assert "bad request" in fleet.request(op="join", robot_id="r6", model_id="a", rate_hz=-1, slo_s=2.0)["reason"]
         assert fleet.spin_until(lambda: "r4" in fleet.status.get("refused", {}), timeout=10)
         assert "does not fit" in fleet.status["refused"]["r4"]
+        # the same view as Prometheus metrics (scraped once the status counts r6's bad request)
+        assert fleet.spin_until(lambda: fleet.status.get("bad_requests", 0) >= 1, timeout=10)
+        metrics = scrape(metrics_port)
+        assert metrics[("oxygen_fleet_ready", ())] == 1 and metrics[("oxygen_fleet_refused_robots", ())] >= 1
+        assert metrics[("oxygen_fleet_robots", (("state", "placed"),))] == 3
+        assert all(metrics[(f"oxygen_fleet_server_{name}", (("server", s),))] == 1 for s in SERVERS
+                   for name in ("alive", "robots"))
+        assert metrics[("oxygen_fleet_bad_requests_total", ())] >= 1  # r6's
 
         # r3 leaves: its subscriptions are gone from its node, and model a (its last user there) is let go
         gone = placed.pop("r3")

@@ -241,7 +241,8 @@ def test_fleet_launch_starts_the_controller_and_fleet_nodes_with_the_installed_p
     assert executables == {"fleet_node", "fleet_controller"} and executables <= from_setup & from_cmake
     assert all(keyword(node, "package").value == package_name() for node in nodes)
     assert launch_configurations(tree) <= declared_arguments(tree) == {"params_file", "gpus", "profile_file",
-                                                                       "assignment_file", "gpu_index"}
+                                                                       "assignment_file", "gpu_index",
+                                                                       "metrics_port"}
     (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
     config = share_path(default_params)
     assert config == REPO / "config" / "fleet.yaml"
@@ -257,7 +258,8 @@ def test_fleet_launch_starts_the_controller_and_fleet_nodes_with_the_installed_p
     # the parameters the launch file sets are declared by the node it sets them on
     overrides = [set(constant_strings(d)) & (set(fleet) | set(controller)) for d in ast.walk(tree)
                  if isinstance(d, ast.Dict)]
-    assert {"gpu_index", "server_name", "assignment_topic", "profile_file", "servers"} <= set().union(*overrides)
+    assert {"gpu_index", "server_name", "assignment_topic", "profile_file", "servers",
+            "metrics_port"} <= set().union(*overrides)
     source = (REPO / "launch" / "fleet.launch.py").read_text()
     assert '"servers": [f"gpu{g}"' in source and '"server_name": f"gpu{g}"' in source
 

@@ -28,7 +28,8 @@ ids the fleet serves: ``id`` or ``id=source[:seed]``), ``profile_file`` (require
 from), ``design``, ``guard``, ``target`` (SLO attainment, 0.98), ``capacity`` (a server's load limit, 1.0),
 ``max_robots_per_server`` (the bisection's upper end), ``load_seeds``, ``load_duration_s``, ``check_servers`` (the
 simulator check, true), ``heartbeat_timeout_s``, ``min_replan_interval_s``, ``recover_s``, ``fleet_file``,
-``status_rate_hz``.
+``status_rate_hz``, ``metrics_port`` (0: none; else the status as Prometheus metrics on that port, every
+interface, `fleet.metrics`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from oxygen_ros.evaluation.fleet.simulator import SimConfig
 from oxygen_ros.fleet import messages
 from oxygen_ros.fleet.co_run import planning_guard, planning_interference
 from oxygen_ros.fleet.designs import DESIGNS
+from oxygen_ros.fleet.metrics import serve_metrics
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.placement import FleetPlacement
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -81,6 +83,7 @@ DEFAULTS = {
     "recover_s": 3.0,
     "fleet_file": "",
     "status_rate_hz": 1.0,
+    "metrics_port": 0,
 }
 MAX_REFUSALS_SHOWN = 20
 
@@ -111,6 +114,8 @@ class FleetController(Node):
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
         self.params = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
+        if not 0 <= self.params["metrics_port"] <= 65535:
+            raise ValueError(f"metrics_port must be 0 (none) or a port, got {self.params['metrics_port']}")
         self.placement = placement_from(self.params)
         self.started = time.monotonic()
         self.ready = False
@@ -121,6 +126,8 @@ class FleetController(Node):
         self.bad_requests = 0
         self.bad_heartbeats = 0
         self._published_version = -1
+        self.latest_status: dict | None = None  # what the metrics read: replaced whole on each publish
+        self.metrics = None
         self.assignment_pub = self.create_publisher(String, messages.ASSIGNMENT, LATCHED_QOS)
         self.status_pub = self.create_publisher(String, messages.STATUS, LATCHED_QOS)
         self.answer_pub = self.create_publisher(String, messages.JOIN_ANSWER, RELIABLE)
@@ -129,6 +136,9 @@ class FleetController(Node):
         self.create_subscription(String, messages.JOIN, self._on_join, RELIABLE)
         self.create_timer(0.1, self._tick)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
+        if self.params["metrics_port"]:
+            self.metrics = serve_metrics(self.params["metrics_port"], lambda: self.latest_status)
+            self.get_logger().info(f"Prometheus metrics on port {self.metrics.server_port}")
         self.get_logger().info(f"fleet controller for servers {self.placement.servers}, models "
                                f"{sorted(self.placement.models)}, design {self.params['design']}: recovering for "
                                f"{self.params['recover_s']:g} s")
@@ -288,7 +298,15 @@ class FleetController(Node):
                 "bad_requests": self.bad_requests, "bad_heartbeats": self.bad_heartbeats}
 
     def _publish_status(self) -> None:
-        self.status_pub.publish(String(data=messages.encode(self.status())))
+        self.latest_status = self.status()
+        self.status_pub.publish(String(data=messages.encode(self.latest_status)))
+
+    def destroy_node(self) -> None:
+        if self.metrics is not None:
+            self.metrics.shutdown()
+            self.metrics.server_close()
+            self.metrics = None
+        super().destroy_node()
 
 
 def _robot_id_of(text: str) -> str:
