@@ -22,10 +22,10 @@ from builtin_interfaces.msg import Time
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
+from test_fleet_metrics import free_port, scrape
 from trajectory_msgs.msg import JointTrajectory
 
 from ros_test_utils import rclpy, spin_until, stop_process
-from test_fleet_metrics import free_port, scrape
 
 pytestmark = pytest.mark.system
 

@@ -57,8 +57,8 @@ class StatusMetrics:
         for name, (text, value) in per_server.items():
             family = GaugeMetricFamily(PREFIX + name, text, labels=["server"])
             for server, entry in sorted(servers.items()):
-                if value(entry) is not None:
-                    family.add_metric([server], value(entry))
+                if (figure := value(entry)) is not None:
+                    family.add_metric([server], figure)
             yield family
 
         attainment = GaugeMetricFamily(PREFIX + "robot_attainment",
@@ -69,10 +69,10 @@ class StatusMetrics:
                 attainment.add_metric([robot_id, robot["server"] or "", robot["model_id"]], robot["attainment"])
         yield attainment
 
-        for name, key, text in (("replans", "replans", "re-plans of the placement"),
-                                ("bad_requests", "bad_requests", "join or leave requests that could not be read"),
-                                ("bad_heartbeats", "bad_heartbeats", "heartbeats dropped as unreadable or unknown")):
-            yield CounterMetricFamily(PREFIX + name, text, value=status[key])
+        for name, text in (("replans", "re-plans of the placement"),
+                           ("bad_requests", "join or leave requests that could not be read"),
+                           ("bad_heartbeats", "heartbeats dropped as unreadable or unknown")):
+            yield CounterMetricFamily(PREFIX + name, text, value=status[name])
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
