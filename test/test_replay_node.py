@@ -5,6 +5,7 @@ remove any Fast DDS shared-memory files a killed child leaves behind).
 """
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from std_msgs.msg import String
 from oxygen_ros.commands.processes import stop
 from oxygen_ros.data import iter_raw, synthetic_episode, write_episode_bag
 from oxygen_ros.data.episode_bag import LATCHED_QOS, SENSOR_QOS, offered_qos
+from oxygen_ros.nodes.replay_node import ReplayNode
 from oxygen_ros.nodes.replay_node import main as replay_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,7 +204,7 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     finally:
         receiver.close()
         child.stop()
-    assert got
+    assert got, (len(receiver.received["/chatter"]), output)  # how many arrived, and what the replay logged
     chatter = receiver.received["/chatter"]
     decoded = [deserialize_message(d, String).data for _, d in chatter]
     assert decoded == [f"hello {i}" for i in range(30)]
@@ -214,6 +216,49 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     assert clock_ns == sorted(clock_ns) and clock_ns[-1] == start + 29 * 40_000_000
     assert len(clock_ns) > 30  # ticks between messages too, not only at them
     assert all(start <= c for c in clock_ns)
+
+
+SUBSCRIBER = """
+import sys, rclpy
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from std_msgs.msg import String
+rclpy.init()
+node = rclpy.create_node("slow_reader")
+node.create_subscription(String, "/chatter", lambda _: None, QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+print("subscribed", flush=True)
+try:
+    rclpy.spin(node)
+except (KeyboardInterrupt, rclpy.executors.ExternalShutdownException):
+    pass
+"""
+
+
+def test_replay_waits_at_the_end_until_reliable_subscribers_acknowledge(ros_context, ros_env, tmp_path):
+    """The replay's last messages are not lost with its exit: it waits until every reliable subscriber has
+    acknowledged them. A subscriber process that is stopped (SIGSTOP) cannot acknowledge, so the wait runs out with
+    a warning; once it runs again (SIGCONT) it acknowledges and the wait returns at once."""
+    store = get_typestore(Stores.ROS2_KILTED)
+    string_cls = store.types["std_msgs/msg/String"]
+    with Writer(tmp_path / "bag", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        conn = writer.add_connection("/chatter", "std_msgs/msg/String", typestore=store)
+        for i in range(5):
+            writer.write(conn, 1_000 + i * 1_000_000, store.serialize_cdr(string_cls(data=f"m{i}"), "std_msgs/msg/String"))
+    node = ReplayNode(str(tmp_path / "bag"), wait_for=["/chatter"], context=ros_context)
+    reader = Child(["-c", SUBSCRIBER], ros_env)
+    try:
+        assert node.wait_until_heard(threading.Event())  # the reader's subscription is matched to the replay
+        time.sleep(0.5)  # and the reader's side has matched the replay's writer too
+        os.kill(reader.process.pid, signal.SIGSTOP)
+        assert node.play(threading.Event()) == 5
+        start = time.monotonic()
+        assert not node.wait_for_delivery(0.5)
+        assert time.monotonic() - start >= 0.45
+        os.kill(reader.process.pid, signal.SIGCONT)
+        assert node.wait_for_delivery(20.0)
+    finally:
+        os.kill(reader.process.pid, signal.SIGCONT)
+        node.destroy_node()
+        reader.stop()
 
 
 def test_replay_publishes_with_the_recorded_qos_so_latched_topics_reach_late_subscribers(
@@ -302,3 +347,6 @@ def test_missing_topic_and_unknown_type_are_clear_errors(tmp_path, episode_bag, 
     for bad in (["--rate", "nan"], ["--rate", "0"], ["--clock-hz", "inf"]):
         assert replay_main([str(episode_bag), *bad]) == 1
         assert "--rate and --clock-hz must be positive finite numbers" in capsys.readouterr().err
+    for bad in ("-1", "nan", "inf"):
+        assert replay_main([str(episode_bag), "--ack-timeout", bad]) == 1
+        assert "--ack-timeout must be a finite number of seconds, 0 or more" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Replay a rosbag2 onto live topics with the bag's timing, so the VLA node can be evaluated on recorded episodes.
 
 `oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...]
-[--wait-for-subscribers T ...] [--delay S] [--allow-partial]`
+[--wait-for-subscribers T ...] [--delay S] [--ack-timeout S] [--allow-partial]`
 
 Messages are republished as the raw CDR bytes stored in the bag (never deserialized), each at
 `start + (log_time - first_log_time) / rate` on the monotonic clock; one plain thread does the scheduling because
@@ -9,7 +9,9 @@ publishing from outside the executor is safe and a timer per message would add e
 published with the QoS its publishers offered when it was recorded (`offered_qos_profiles`, see `bag_qos`), so a
 latched topic such as `instruction` stays transient local. A bag recorded without QoS gets a fallback: camera-like
 types sensor-data QoS (best effort), topics with a single message latched, everything else reliable. `--clock`
-publishes rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time.
+publishes rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time. At the end the
+replay waits (up to `--ack-timeout` seconds) until every reliable subscriber has acknowledged what was published,
+so a process that exits right after its last message does not take that message's delivery with it.
 
 Before anything is published the whole bag is read once and counted against its metadata: a damaged or
 truncated bag is refused (exit 1) unless `--allow-partial` is given, which replays what is readable with a
@@ -31,6 +33,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from rclpy.duration import Duration
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.utilities import remove_ros_args
@@ -154,6 +157,20 @@ class ReplayNode(Node):
                 break
         return self.published
 
+    def wait_for_delivery(self, timeout: float) -> bool:
+        """Block until every matched reliable subscriber has acknowledged all messages published (best-effort
+        publishers count as delivered), or `timeout` seconds have passed in all; False (with a warning naming the
+        topics) if some were not acknowledged in time."""
+        deadline = time.monotonic() + timeout
+        late = []
+        for topic, publisher in self._topic_publishers.items():
+            left = max(0.0, deadline - time.monotonic())
+            if not publisher.wait_for_all_acked(Duration(nanoseconds=int(left * 1e9))):
+                late.append(topic)
+        if late:
+            self.get_logger().warning(f"not acknowledged by every subscriber within {timeout:g} s: {late}")
+        return not late
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("replay", __doc__)
@@ -170,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the node's outputs a recorder subscribes to")
     parser.add_argument("--delay", type=float, default=0.5,
                         help="seconds to wait (after --wait-for) so subscribers finish matching")
+    parser.add_argument("--ack-timeout", type=float, default=2.0,
+                        help="seconds to wait at the end for reliable subscribers to acknowledge every message")
     parser.add_argument("--allow-partial", action="store_true",
                         help="replay a damaged bag's readable messages (warning) instead of refusing it")
     return parser
@@ -180,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(remove_ros_args(argv))
     if not (0 < args.rate < math.inf and 0 < args.clock_hz < math.inf):  # NaN fails too
         print("error: --rate and --clock-hz must be positive finite numbers", file=sys.stderr)
+        return 1
+    if not 0 <= args.ack_timeout < math.inf:
+        print("error: --ack-timeout must be a finite number of seconds, 0 or more", file=sys.stderr)
         return 1
     with ros_process("replay", argv) as (context, stop):
         try:
@@ -194,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.get_logger().info(f"replaying {args.bag}: {node.topics} at rate {args.rate}")
             if node.wait_until_heard(stop) and not stop.wait(args.delay):
                 node.play(stop)
+                if not stop.is_set():
+                    node.wait_for_delivery(args.ack_timeout)
             node.get_logger().info(f"published {node.published} messages")
         return 1 if node.incomplete is not None and not args.allow_partial else 0
 
