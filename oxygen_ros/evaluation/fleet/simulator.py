@@ -167,11 +167,13 @@ def replay(frames: Sequence[ActionFrame], gpu_of: dict[str, int], schedulers: Se
 
 
 def simulate(robots: list[RobotSpec], gpu_of: dict[str, int], lut: ProfileTable, config: SimConfig = SimConfig(),
-             keep_log: bool = False) -> SimResult:
-    """Run the fleet until every frame sent in ``[0, duration_s)`` has finished or been dropped."""
+             keep_log: bool = False, frames: Sequence[ActionFrame] | None = None) -> SimResult:
+    """Run the fleet until every frame sent in ``[0, duration_s)`` has finished or been dropped. `frames`: the
+    arrivals to serve (fresh frames, not yet scheduled) instead of ``make_arrivals(robots, config)``, e.g. those of
+    a real run as its server received them."""
     n_gpus = max(gpu_of.values(), default=-1) + 1
     schedulers = [make_scheduler(config, lut) for _ in range(n_gpus)]
-    frames = make_arrivals(robots, config)
+    frames = make_arrivals(robots, config) if frames is None else list(frames)
     jobs, arrivals = replay(frames, gpu_of, schedulers, config.interference, config.duration_factors, keep_log)
     return summarize(robots, frames, jobs, arrivals)
 
