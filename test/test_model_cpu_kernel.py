@@ -604,16 +604,36 @@ def test_auto_on_and_off(monkeypatch):
 
 
 def test_built_once_into_the_user_cache_then_loaded(tmp_path):
-    """A fresh user cache: the first process compiles the library into it, the next one loads that file."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    """A fresh user cache and two processes starting together: one runs the compiler, once, with the kernel's flags,
+    into a temporary file it then renames into the cache; the other waits for that file instead of building its
+    own; a later process loads it without running the compiler. The compiler here ($CXX, which `compiler()` takes
+    first) records its call, takes its time, and writes the library this run has already built (compiling it again
+    would take a CPU-minute on a fresh machine; the build itself is what every other test of the kernel loads)."""
+    built_here = cpu_kernel.load()._name
+    calls = tmp_path / "calls"
+    cxx = tmp_path / "cxx"
+    cxx.write_text("#!/bin/sh\n"
+                   f'echo "$*" >> "{calls}"\n'
+                   'while [ "$#" -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+                   f'sleep 3; cp "{built_here}" "$out"\n')
+    cxx.chmod(0o755)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "CXX": str(cxx)}
     script = "from oxygen_ros.model import cpu_kernel; print(cpu_kernel.load()._name)"
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    path = first.stdout.strip()
-    assert path.startswith(str(tmp_path / "oxygen_ros" / "cpu_kernel-")) and path.endswith(".so")
+    together = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    paths = {process.communicate(timeout=300)[0].strip() for process in together}
+    assert [process.returncode for process in together] == [0, 0] and len(paths) == 1
+    [path] = paths
+    assert path.startswith(str(tmp_path / "cache" / "oxygen_ros" / "cpu_kernel-")) and path.endswith(".so")
+    [call] = calls.read_text().splitlines()
+    assert call.startswith(" ".join(cpu_kernel.flags("native")) + " -o ")
+    assert call.endswith(".tmp " + str(cpu_kernel.SOURCE)) and os.path.basename(path) in call
     built = os.stat(path).st_mtime_ns
-    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert second.stdout.strip() == path and os.stat(path).st_mtime_ns == built
-    assert [p.name for p in (tmp_path / "oxygen_ros").iterdir()] == [os.path.basename(path)]  # no temporary left
+    later = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert later.stdout.strip() == path and os.stat(path).st_mtime_ns == built
+    assert len(calls.read_text().splitlines()) == 1  # loaded, not built again
+    # neither a temporary file nor the lock is left
+    assert [p.name for p in (tmp_path / "cache" / "oxygen_ros").iterdir()] == [os.path.basename(path)]
 
 
 @torch.inference_mode()

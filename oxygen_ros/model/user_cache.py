@@ -1,12 +1,14 @@
 """Files built once per user and reused: the stand-in tokenizer, the compiled CPU kernel.
 
 They live in `$XDG_CACHE_HOME/oxygen_ros`, else `~/.cache/oxygen_ros`. Each is written under a temporary name and
-renamed into place, so processes starting together never read a half-written file (two that build the same file
-at once both succeed; the last rename wins with identical contents).
+renamed into place, so no process ever reads a half-written file. One process makes it at a time (a lock file
+beside it while it is made): processes that start together on a fresh machine wait for the first one's file
+instead of each making their own (a kernel build takes a CPU-minute there).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from collections.abc import Callable
@@ -24,12 +26,20 @@ def cached_file(name: str, write: Callable[[str], None]) -> Path:
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    lock_path = path.parent / f"{name}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.is_file():  # made while this process waited
+            return path
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            # Whoever waits on this lock finds the file once it has it; a process that comes later finds the file
+            # before it looks for the lock.
+            lock_path.unlink(missing_ok=True)
     return path
