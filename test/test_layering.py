@@ -161,3 +161,15 @@ def test_serving_code_imports_no_command_simulator_or_benchmark():
     offenders = [f"{path.relative_to(PACKAGE)}: {name}" for path in paths for name in _imports(path)
                  if name.startswith(NOT_FOR_SERVING)]
     assert not offenders, offenders
+
+
+def test_the_nodes_without_a_model_start_without_torch_or_lerobots_format():
+    """The replay, record and sim nodes run no model: importing them loads neither torch (two CPU-seconds per
+    process) nor what LeRobot's format needs (pyarrow, PyAV; `oxygen_ros.data` imports its names on first use)."""
+    heavy = ("torch", "transformers", "pyarrow", "av")
+    code = ("import sys\n"
+            "import oxygen_ros.nodes.replay_node, oxygen_ros.nodes.record_node, oxygen_ros.nodes.sim_node\n"
+            f"print(sorted(name for name in {heavy!r} if name in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

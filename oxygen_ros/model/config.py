@@ -47,6 +47,13 @@ class VisionConfig:
         return (self.image_size // self.patch_size) ** 2
 
 
+def resized_shape(height: int, width: int, size: int) -> tuple[int, int]:
+    """(height, width) of an image inside the size x size model input, aspect ratio kept (0 when too thin). Here,
+    apart from the resizing itself (`preprocess.py`), so that a node can check an image's size without torch."""
+    ratio = max(height / size, width / size)
+    return int(height / ratio), int(width / ratio)
+
+
 @dataclass(frozen=True)
 class Pi05Config:
     """The whole Mixture-of-Transformers model plus the prompt and action shapes it was trained with."""

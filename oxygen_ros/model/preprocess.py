@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import Pi05Config
+from .config import Pi05Config, resized_shape
 from .inputs import ModelInputs
 from .prompt import tokenize_prompt
 from .tokenizer import Tokenizer
@@ -33,12 +33,6 @@ class Observation:
     images: dict[str, np.ndarray]
     state: np.ndarray
     task: str
-
-
-def resized_shape(height: int, width: int, size: int) -> tuple[int, int]:
-    """(height, width) of an image inside the size x size model input, aspect ratio kept (0 when too thin)."""
-    ratio = max(height / size, width / size)
-    return int(height / ratio), int(width / ratio)
 
 
 def resize_with_pad(image: np.ndarray | torch.Tensor, size: int) -> torch.Tensor:

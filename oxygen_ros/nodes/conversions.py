@@ -19,7 +19,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.data.jpeg import decode_image
 from oxygen_ros.data.stamps import split_ns
-from oxygen_ros.model.preprocess import resized_shape
+from oxygen_ros.model.config import resized_shape
 
 # encoding -> (channels, index of R, G, B within a pixel); mono8 is replicated to three channels.
 _ENCODINGS = {
