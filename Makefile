@@ -13,19 +13,22 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check oxygen_ros test test_gpu launch
 
-# Two tiers, each one pytest run that prints its wall time: the unit tier, then the system tier (`-m system`: processes,
-# DDS, the simulator, colcon). `make test` (what CI runs) is ruff and both tiers; `make test-fast` the unit tier alone.
-define pytest_tier
-	@start=$$(date +%s); $(PY) -m pytest -q -m "$(2)"; status=$$?; \
-	echo "$(1) tier: $$(($$(date +%s) - start)) s"; exit $$status
+# The suite in two tiers: unit, and system (`-m system`: processes, DDS, the simulator, colcon). `make test` (what
+# CI runs) is ruff, then both tiers in one pytest run on TEST_WORKERS pytest-xdist workers (the tests spend much of
+# their time waiting on processes and DDS), then by themselves the tests marked `alone`, which compare this machine's
+# speed with itself minutes apart. `make test-fast` is ruff and the unit tier. Each run ends with its wall time.
+TEST_WORKERS ?= 2
+define pytest_run
+	@start=$$(date +%s); $(PY) -m pytest -q $(3) -m "$(2)"; status=$$?; \
+	echo "$(1): $$(($$(date +%s) - start)) s"; exit $$status
 endef
 
 test: lint
-	$(call pytest_tier,unit,not system)
-	$(call pytest_tier,system,system)
+	$(call pytest_run,unit and system tiers,not alone,-n $(TEST_WORKERS) --dist worksteal)
+	$(call pytest_run,alone,alone)
 
 test-fast: lint
-	$(call pytest_tier,unit,not system)
+	$(call pytest_run,unit tier,not system,-n $(TEST_WORKERS) --dist worksteal)
 
 # Generated ALOHA episode -> rosbag2 -> tiny policy trained on it (cached in out/cache) -> replay into the VLA node
 # loading that checkpoint + recorder -> report (out/demo).

@@ -28,8 +28,12 @@ from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for eve
 
 # Candidates for domain_coordinator, which maps them into 1..100 (ids above 101 put DDS ports into the ephemeral
 # range). One counter for the whole run: consecutive tests get different domains, so nothing a finished test left
-# behind can be discovered by the next one.
-_domain_candidates = itertools.count()
+# behind can be discovered by the next one. Under pytest-xdist (`make test` runs two workers) each worker counts from
+# its own part of the range (gw0 from 1, gw1 from 51), so a worker does not take the domain the other one has just
+# let go; a domain still held is skipped either way.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+_workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+_domain_candidates = itertools.count(int(_worker.removeprefix("gw") or 0) * 100 // _workers)
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +74,9 @@ def ros_context(ros_domain_id):
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items):
     """Every test that needs a DDS domain is a system test; tests that start processes, the simulator or a build
-    without DDS carry `@pytest.mark.system` themselves."""
+    without DDS carry `@pytest.mark.system` themselves. The system tests run first: they are the suite's longest,
+    and on parallel workers (`make test`) the short unit tests then fill in at the end."""
     for item in items:
         if "ros_domain_id" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.system)
+    items.sort(key=lambda item: item.get_closest_marker("system") is None)  # stable: files keep their order

@@ -164,6 +164,7 @@ def compare_one_run(profiler) -> tuple[bool, dict]:
 
 
 @pytest.mark.system  # real serving on the wall clock
+@pytest.mark.alone  # compares this machine's speed minutes apart: nothing of the suite's own may run beside it
 def test_simulator_matches_a_real_run_with_the_measured_lut(profiler):
     """Real Robion serving of 2 co-located tiny models by a fleet server vs the simulator fed the table just
     measured on the same models, with the measured co-run slowdown as its interference factor and the same
