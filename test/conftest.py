@@ -34,6 +34,11 @@ from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for eve
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 _workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 _domain_candidates = itertools.count(int(_worker.removeprefix("gw") or 0) * 100 // _workers)
+# Tests that run a node's `main` in their own process to see it refuse to start take no domain fixture: they run on
+# one reserved for this process (each worker its own) for the whole run, not on the shell's (0 when unset), which the
+# other worker, or a ROS graph of the user's, would share. Children started with `os.environ` get it too.
+_process_domain = domain_id(selector=lambda: next(_domain_candidates) % 100 + 1)
+os.environ["ROS_DOMAIN_ID"] = str(_process_domain.__enter__())  # held (its port bound) until this process exits
 
 
 @pytest.fixture(scope="session")

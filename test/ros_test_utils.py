@@ -1,5 +1,6 @@
 """Helpers for tests that talk to other processes over real DDS."""
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,17 @@ def start_python(code: str, env: dict) -> subprocess.Popen:
 
 
 stop_process = stop  # SIGINT first (what Ctrl-C and ros2 launch send), SIGKILL if it does not exit in time
+
+# Fast DDS's own log lines (`[RTPS_TRANSPORT_SHM Error] Failed init_port ...`): on a heavily loaded machine its
+# shared-memory transport can time out taking a port's lock (two seconds) and says so on stderr, then goes on
+# (eProsima/Fast-DDS#6117). They are the middleware's, not the node's.
+_FASTDDS_LOG = re.compile(r"\[RTPS_[A-Z_]+ (Error|Warning|Info)\]")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Fast DDS colours its lines on a terminal and in a captured stderr alike
+
+
+def node_lines(err: str) -> list[str]:
+    """A node process's non-empty stderr lines, less Fast DDS's own (above)."""
+    return [line for line in err.splitlines() if line.strip() and not _FASTDDS_LOG.search(_COLOUR.sub("", line))]
 
 
 def spin_until(node, condition, timeout: float) -> bool:

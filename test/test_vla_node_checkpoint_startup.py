@@ -17,6 +17,8 @@ from oxygen_ros.model.pi05 import build_model
 from oxygen_ros.model.tokenizer import train_tokenizer
 from oxygen_ros.nodes.vla_node import main as vla_node_main
 
+from ros_test_utils import node_lines
+
 ALOHA = Path(__file__).resolve().parents[1] / "config" / "aloha.yaml"
 CFG = get_preset("tiny")
 LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
@@ -48,7 +50,7 @@ def test_truncated_weights_end_the_node_process_with_one_line(tmp_path, tokenize
     child = Child(["-m", "oxygen_ros.nodes.vla_node", *node_args(folder, tokenizer)], ros_env)
     code, output = child.wait(timeout=120.0)
     assert code == 1, output
-    lines = [line for line in output.splitlines() if line.strip()]
+    lines = node_lines(output)
     assert len(lines) == 1, output
     assert "[FATAL]" in lines[0] and f"cannot start: model.checkpoint '{folder}' cannot be loaded: model.safetensors" \
         " (1000 bytes) is not a readable safetensors file" in lines[0], output
@@ -88,7 +90,7 @@ def test_each_corrupt_file_is_one_clear_start_up_error(case, tmp_path, tokenizer
     assert vla_node_main(node_args(folder, tokenizer)) == 1
     err = capfd.readouterr().err
     assert f"cannot start: model.checkpoint '{folder}' cannot be loaded: {expected}" in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and len(node_lines(err)) == 1, err
 
 
 HUB_CASES = {  # model.checkpoint (and model.tokenizer) -> the line
@@ -114,7 +116,7 @@ def test_hub_ids_that_cannot_be_used_are_one_start_up_line(case, tmp_path, hub_c
     assert vla_node_main(node_args(source, small if tokenizer else "", "-p", "model.dtype:=float32")) == 1
     err = capfd.readouterr().err
     assert expected.format(cache=hub_cache, small=small) in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and len(node_lines(err)) == 1, err
 
 
 def test_stats_narrower_than_the_robot_stop_start_up(tmp_path, tokenizer, capfd, monkeypatch):
@@ -171,7 +173,7 @@ def test_a_profile_the_checkpoint_was_not_trained_in_stops_start_up_unless_overr
     err = capfd.readouterr().err
     assert ("cannot start: embodiment absolute does not fit model.checkpoint: the checkpoint was trained in "
             "embodiment aloha (set embodiment to the profile it was trained in, or embodiment_override: true)") in err
-    assert len(err.strip().splitlines()) == 1, err
+    assert len(node_lines(err)) == 1, err
     context = rclpy.Context()
     rclpy.init(args=["vla_node", *node_args(folder, tokenizer, "-p", "embodiment:=absolute",
                                             "-p", "embodiment_override:=true")], context=context,
