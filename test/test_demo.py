@@ -44,7 +44,10 @@ def test_demo_trains_a_policy_whose_chunks_and_narration_follow_the_episode(tmp_
     report, status, training = summary["report"], summary["engine_status"], summary["training"]
     assert report["action_chunks"] >= 30  # 10 Hz for ~5 s of replay
     assert report["action_latency"]["available"] and report["action_latency"]["p50_ms"] < 1000
-    assert status["state"] == "running" and status["actions_published"] > 0  # (its last report came earlier)
+    # its last report (it came before the end): acting, or on a loaded machine skipping a frame that arrived too late,
+    # which it must then have counted
+    assert status["actions_published"] > 0, status
+    assert status["state"] == "running" or (status["state"] == "stale_frame" and status["dropped_frames"] > 0), status
     assert status["kv_slots_total"] > 0 and status["language_tokens_per_s"] > 0
     assert Path(summary["checkpoint"]).parent == cache and training["train_config"]["steps"] == TRAINING_STEPS
     # trained and served in the aloha embodiment (deltas from each frame's state): the transforms run end to end
