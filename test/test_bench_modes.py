@@ -1,5 +1,7 @@
 """The OxyGen benchmark's five modes on the real tiny model: sharing and batching change speed, never results."""
 
+import threading
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from oxygen_ros.engine.language import decode_batch, start_request
 from oxygen_ros.engine.model_runner import PriorityStreams
 from oxygen_ros.evaluation.bench import modes
 from oxygen_ros.evaluation.bench.modes import RUNNERS, SETTINGS, Workload
+from oxygen_ros.evaluation.bench.part_threads import PartThreads, probe
 from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import build_model
@@ -109,3 +112,45 @@ def test_a_fixed_plus_per_item_cost_fit_predicts_batch_sizes_it_has_not_seen():
     for batch in (1, 2, 8, 16):
         cost.observe(batch, 0.002 + 0.0005 * batch)
     assert abs(cost.predict(10) - 0.007) < 1e-3
+
+
+@pytest.mark.parametrize("setting", ["action_only", "baseline", "shared_kv", "parallel"])
+def test_a_sequential_setting_runs_each_part_of_its_action_frame_on_the_threads_it_is_given(model, monkeypatch,
+                                                                                             setting):
+    """The ceiling (and every sequential setting) may denoise on fewer threads than the process has, as
+    continuous batching with overlap does; the caller's count is back afterwards."""
+    calls = []
+    for name in ("prefill", "sample_actions"):
+        original = getattr(model, name)
+
+        def spy(*args, _original=original, _name=name, **kwargs):
+            if threading.current_thread() is threading.main_thread():  # not `parallel`'s language worker
+                calls.append((_name, torch.get_num_threads()))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(model, name, spy)
+    frames, noises = synthetic_frames(CONFIG, 3, seed=5)
+    caller = torch.get_num_threads()
+    workload = Workload(frames, noises, arrivals("every_frame", 3), decode_len=2, num_steps=2,
+                        part_threads=PartThreads(prefill=caller + 1, denoise=caller + 2))
+    run = RUNNERS[setting](model, workload)
+    assert sorted(run.actions) == [0, 1, 2]
+    assert [threads for name, threads in calls if name == "sample_actions"] == [caller + 2] * 3
+    # the action's own prefill on its count; baseline's second prefill (the text's) keeps the caller's
+    prefills = [threads for name, threads in calls if name == "prefill"]
+    assert prefills.count(caller + 1) == 3 and set(prefills) <= {caller + 1, caller}
+    assert torch.get_num_threads() == caller
+
+
+def test_the_thread_probe_times_each_part_at_every_count_and_picks_the_fastest(model):
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        best, medians = probe(model, CONFIG, "cpu", seed=1, num_steps=2, frames=2, rounds=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)
+    assert set(medians) == {"prefill", "denoise"}
+    for part, chosen in (("prefill", best.prefill), ("denoise", best.denoise)):
+        assert set(medians[part]) == {1, 2} and all(ms > 0 for ms in medians[part].values())
+        assert medians[part][chosen] == min(medians[part].values())

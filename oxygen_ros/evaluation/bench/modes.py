@@ -15,7 +15,9 @@ model weights, so the only thing that differs is how work is shared and schedule
 - `continuous_batching_overlap`: the same with `RuntimeConfig.overlap_threads` (`Workload.overlap_threads`,
   default 1): a frame's decode steps run beside its denoising, on their own intra-op threads.
 
-The first four are the baselines the paper compares against; they are written here, not in the engine.
+The first four are the baselines the paper compares against; they are written here, not in the engine. Their action
+frame runs its prefill and its denoising each on the thread count `Workload.part_threads` gives (the benchmark
+probes for the fastest, `part_threads.py`), so the ceiling has every advantage a narrated setting has.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ...engine.model_runner import PriorityStreams
 from ...engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from ...engine.scheduler import SchedulerConfig
 from ...model.inputs import ModelInputs
+from .part_threads import PartThreads, intra_op_threads
 
 SETTINGS = ("action_only", "baseline", "shared_kv", "parallel", "continuous_batching")  # the full matrix's
 OVERLAP = "continuous_batching_overlap"  # also run where a sweep point names it
@@ -56,6 +59,8 @@ class Workload:
     warmup_frames: int = 0  # processed first but not measured (continuous batching reaches steady state there)
     energy_j: Callable[[], float] | None = None  # an energy counter (joules so far), read around the measured window
     overlap_threads: int = 1  # `continuous_batching_overlap`: the language worker's threads beside a denoising
+    # the sequential settings' action frame: intra-op threads for its prefill and its denoising (`part_threads`)
+    part_threads: PartThreads = field(default_factory=PartThreads)
 
     @property
     def num_frames(self) -> int:
@@ -79,6 +84,17 @@ class SettingRun:
     floor_steps: int = 0  # continuous batching with adaptive k: floor steps past the tick, measured window
     floor_action_s: float = 0.0  # and the action time they took
     requests_dropped: int = 0  # continuous batching: requests refused or evicted, whole run
+
+
+def _action_frame(model, cache, slot: Tensor, inputs: ModelInputs, noise: Tensor, workload: Workload,
+                  want_hidden: bool = False):
+    """A sequential setting's prefill and denoising, each on the thread count `workload.part_threads` gives it.
+    Returns the prefill's output and the chunk [horizon, action_dim]."""
+    with intra_op_threads(workload.part_threads.prefill):
+        prefill = model.prefill(inputs, cache, slot, want_hidden=want_hidden)
+    with intra_op_threads(workload.part_threads.denoise):
+        actions = model.sample_actions(cache, slot, noise, workload.num_steps)[0]
+    return prefill, actions
 
 
 def _eos(model, workload: Workload) -> int:
@@ -148,8 +164,8 @@ def run_action_only(model, workload: Workload) -> SettingRun:
     window = _Window(workload)
     for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
         t0 = window.begin(frame)
-        model.prefill(inputs, pool.cache, slot)
-        _record_action(run, window, frame, model.sample_actions(pool.cache, slot, noise, workload.num_steps)[0], t0)
+        _, actions = _action_frame(model, pool.cache, slot, inputs, noise, workload)
+        _record_action(run, window, frame, actions, t0)
     window.close(run)
     return run
 
@@ -163,8 +179,7 @@ def run_baseline(model, workload: Workload) -> SettingRun:
     window = _Window(workload)
     for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
         t0 = window.begin(frame)
-        model.prefill(inputs, action_pool.cache, slot)
-        actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
+        _, actions = _action_frame(model, action_pool.cache, slot, inputs, noise, workload)
         _record_action(run, window, frame, actions, t0)
         if workload.narrate[frame]:
             prefill = model.prefill(inputs, language_pool.cache, slot, want_hidden=True)
@@ -184,8 +199,8 @@ def run_shared_kv(model, workload: Workload) -> SettingRun:
     for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
         t0 = window.begin(frame)
         narrate = workload.narrate[frame]
-        prefill = model.prefill(inputs, pool.cache, slot, want_hidden=narrate)
-        _record_action(run, window, frame, model.sample_actions(pool.cache, slot, noise, workload.num_steps)[0], t0)
+        prefill, actions = _action_frame(model, pool.cache, slot, inputs, noise, workload, want_hidden=narrate)
+        _record_action(run, window, frame, actions, t0)
         if narrate:
             request = _decode_alone(model, pool.cache, 0, frame, int(prefill.num_valid[0]), prefill.hidden[0],
                                     workload)
@@ -252,8 +267,7 @@ def run_parallel(model, workload: Workload) -> SettingRun:
         for frame, (inputs, noise) in enumerate(zip(workload.inputs, workload.noises)):
             t0 = window.begin(frame)
             with streams.control():
-                model.prefill(inputs, action_pool.cache, slot)
-                actions = model.sample_actions(action_pool.cache, slot, noise, workload.num_steps)[0]
+                _, actions = _action_frame(model, action_pool.cache, slot, inputs, noise, workload)
                 _record_action(run, window, frame, actions, t0)
             with progress:
                 newest_frame = frame

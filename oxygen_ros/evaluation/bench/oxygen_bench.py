@@ -25,6 +25,7 @@ from ...model.pi05 import build_model
 from ...model.precision import DTYPE_NAMES, default_dtype, resolve_dtype
 from .energy import EnergyMeter, cuda_uuid, open_energy_meter, per_unit
 from .modes import OVERLAP, RUNNERS, SETTINGS, SettingRun, Workload
+from .part_threads import ALL_THREADS, PartThreads, probe
 from .workloads import arrivals, synthetic_frames
 
 MB = 2**20
@@ -114,10 +115,11 @@ def summarize(runs: list[SettingRun], workload: Workload, model_bytes: int) -> d
 
 def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control_period_s: float, seed: int,
               device: str, rounds: int, energy: EnergyMeter | None = None, min_steps: int = 1,
-              overlap_threads: int = 1) -> list[dict]:
+              overlap_threads: int = 1, part_threads: PartThreads = ALL_THREADS) -> list[dict]:
     """Every setting of `point`, rounds interleaved (the order reversed every other round, so a drift in the
     machine's speed over the run weighs on every setting alike); adaptive k decodes at least `min_steps` steps a
-    frame; `continuous_batching_overlap` decodes beside the denoising on `overlap_threads` threads."""
+    frame; `continuous_batching_overlap` decodes beside the denoising on `overlap_threads` threads; the sequential
+    settings run an action frame's parts on `part_threads`."""
     k = point.tokens_per_frame
     adaptive = k == "adaptive"
     tokens_per_frame = 64 if adaptive else max(1, k)  # adaptive: a cap the slack never reaches
@@ -135,13 +137,13 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
                         num_steps=point.num_steps, tokens_per_frame=tokens_per_frame, adaptive_k=adaptive,
                         min_steps_per_frame=min_steps, control_period_s=control_period_s, warmup_frames=warmup,
                         pool_slots=pool_slots, energy_j=energy.read_j if energy else None,
-                        overlap_threads=overlap_threads)
+                        overlap_threads=overlap_threads, part_threads=part_threads)
     # Only continuous batching needs a long warm-up (its pool fills over decode_len / k frames); the others measure
     # the same last `frames` frames after a short one.
     short = warmup - 2
     quick_start = Workload(inputs[short:], noises[short:], narrate[short:], point.decode_len,
                            num_steps=point.num_steps, control_period_s=control_period_s, warmup_frames=2,
-                           energy_j=energy.read_j if energy else None)
+                           energy_j=energy.read_j if energy else None, part_threads=part_threads)
     model_bytes = model.memory_bytes()
     runs: dict[str, list[SettingRun]] = {setting: [] for setting in point.settings}
     cuda_peak: dict[str, float] = {}
@@ -169,13 +171,14 @@ def run_point(model, config: Pi05Config, point: SweepPoint, frames: int, control
     return records
 
 
-def measure_action_only_period(model, config, device, seed) -> float:
-    """The control period the deadline counts against: 1.25x the action-only frame time (80% of its rate).
+def measure_action_only_period(model, config, device, seed, part_threads: PartThreads = ALL_THREADS) -> float:
+    """The control period the deadline counts against: 1.25x the action-only frame time (80% of its rate), with
+    the action frame's parts on `part_threads` as action_only runs them.
 
     The median over 12 frames after 4 warm-up ones, so one slow frame (a cold cache, another process) does not
     stretch the period every later point is judged by."""
     inputs, noises = synthetic_frames(config, 16, seed=seed, device=device, dtype=model.dtype)
-    workload = Workload(inputs, noises, [False] * 16, 1, warmup_frames=4)
+    workload = Workload(inputs, noises, [False] * 16, 1, warmup_frames=4, part_threads=part_threads)
     run = RUNNERS["action_only"](model, workload)
     return 1.25 * percentile(run.action_latency_s, 0.5)
 
@@ -264,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                         "worker's intra-op threads beside a denoising (the control path keeps the rest)")
     parser.add_argument("--frames", type=int, help="measured frames per setting and point")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--part-threads", choices=("best", "all"), default="best", help="the sequential settings' "
+                        "action frame (action_only, the ceiling, included): best = its prefill and its denoising "
+                        "each on the thread count (1 .. --threads) a probe before the run finds fastest; all = both "
+                        "on every thread")
     parser.add_argument("--rounds", type=int, help="rounds per point; settings are interleaved round by round")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, frames and noise")
     parser.add_argument("--out", required=True, help="output folder")
@@ -295,20 +302,28 @@ def main(argv: list[str] | None = None) -> int:
             model.use_cuda_graphs()
         kernel = cpu_kernel.apply(model, args.cpu_kernel)
         print(f"cpu kernel: {kernel}", flush=True)
-        period = measure_action_only_period(model, config, args.device, args.seed)
+        part_threads, probe_ms = ALL_THREADS, {}
+        if args.part_threads == "best" and torch.get_num_threads() > 1 and not cuda:
+            part_threads, probe_ms = probe(model, config, args.device, args.seed, num_steps=10)
+            print("action frame, median ms by intra-op threads: " + "; ".join(
+                f"{part} " + ", ".join(f"{n}: {ms:.2f}" for n, ms in by_count.items())
+                for part, by_count in probe_ms.items()) + f" -> {part_threads.describe()}", flush=True)
+        period = measure_action_only_period(model, config, args.device, args.seed, part_threads)
         meta = {"preset": preset, "device": args.device, "dtype": str(choice.dtype).removeprefix("torch."),
                 "compiled": args.compile, "cuda_graphs": args.cuda_graphs, "cpu_kernel": kernel,
                 "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "cpu": platform.processor() or platform.machine(), "control_period_ms": 1e3 * period,
                 "frames_per_round": frames, "rounds": rounds, "min_steps_per_frame": args.min_steps,
                 "overlap_threads": args.overlap_threads,
+                "part_threads": {"prefill": part_threads.prefill, "denoise": part_threads.denoise,
+                                 "probe_ms": probe_ms},
                 "energy": energy_note}
         print(f"oxygen bench: {meta}", flush=True)
         for point in progress(list(matrix(args.quick, args.goals)), desc="bench points"):
             print(f"[{point.sweep}] decode_len={point.decode_len} k={point.tokens_per_frame} steps={point.num_steps} "
                   f"arrival={point.arrival}", flush=True)
             for record in run_point(model, config, point, frames, period, args.seed, args.device, rounds, meter,
-                                    args.min_steps, args.overlap_threads):
+                                    args.min_steps, args.overlap_threads, part_threads):
                 records.append({**meta, **record, "load_average": os.getloadavg()[0]})
         del model
     (out / "results.json").write_text(json.dumps(records, indent=2) + "\n")
