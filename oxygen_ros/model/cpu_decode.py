@@ -1,7 +1,8 @@
 """The CPU's decode back end: what a model's decode steps on the CPU keep from one step to the next.
 
 - the logits buffer: a [rows, vocab] block reused step after step (a fresh [50, 257152] float32 block each step
-  costs its page faults, 20 ms a step here: docs/benchmarks.md);
+  costs its page faults: a float32 batch-50 head product took 38 ms into a new tensor, 17 ms into a kept one,
+  docs/results/2026-11-benchmarks.md);
 - the text head's largest row norm, which bounds every logit (`decode._nonfinite_rows`);
 - with the compiled kernel on (`Pi05Model.use_cpu_kernel`, `model/cpu_kernel.py`): its RoPE tables, the weights it
   reads (`cpu_kernel.StepWeights`) and the float32 head's bfloat16 screening copy.
