@@ -10,7 +10,6 @@ import torch
 from oxygen_ros.commands import fleet_sim
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.planners import Stage
-from oxygen_ros.evaluation.fleet.baselines import InterGpuPlanner, Link, OmniPlanner, attach_hop_costs
 from oxygen_ros.evaluation.fleet.ipc import (
     HOPS,
     WAYS,
@@ -19,8 +18,9 @@ from oxygen_ros.evaluation.fleet.ipc import (
     kv_bytes_per_request,
     measure_hops,
 )
-from oxygen_ros.evaluation.fleet.simulator import SimConfig, simulate
+from oxygen_ros.fleet.baselines import InterGpuPlanner, Link, OmniPlanner, attach_hop_costs
 from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import RobotSpec
 from oxygen_ros.model.config import get_preset
 

@@ -9,8 +9,8 @@ import pytest
 
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.planners import Stage
-from oxygen_ros.evaluation.fleet.baselines import LINKS, attach_hop_costs
-from oxygen_ros.evaluation.fleet.capacity import (
+from oxygen_ros.fleet.baselines import LINKS, attach_hop_costs
+from oxygen_ros.fleet.capacity import (
     Point,
     SloSafeLoads,
     bisect_robots,
@@ -18,8 +18,8 @@ from oxygen_ros.evaluation.fleet.capacity import (
     place_slo_safe,
     robots_at_target,
 )
-from oxygen_ros.evaluation.fleet.simulator import DESIGNS, SimConfig, make_arrivals, make_scheduler, simulate
 from oxygen_ros.fleet.profile_table import ProfileCost, ProfileTable, synthetic_table
+from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, make_arrivals, make_scheduler, simulate
 from oxygen_ros.fleet.traffic import InfeasibleAssignment, RobotSpec
 
 MEASURED = ProfileTable.load(Path(__file__).parent / "data" / "fleet_cpu_lut.json")  # fleet-profile, 2 tiny models

@@ -18,11 +18,11 @@ import torch
 
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
-from oxygen_ros.evaluation.fleet.simulator import SimConfig, make_arrivals, simulate
 from oxygen_ros.fleet.co_run import planning_guard
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.server import FleetServer, ServedRobot
+from oxygen_ros.fleet.simulator import SimConfig, make_arrivals, simulate
 from oxygen_ros.fleet.traffic import RobotSpec
 
 from engine_fixtures import observation, tokenizer  # noqa: F401 - pytest fixture

@@ -9,7 +9,6 @@ import pytest
 
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.planners import Stage
-from oxygen_ros.evaluation.fleet.simulator import SimConfig
 from oxygen_ros.fleet.co_run import (
     ASSUMED_INTERFERENCE,
     DEFAULT_GUARD,
@@ -20,6 +19,7 @@ from oxygen_ros.fleet.co_run import (
 from oxygen_ros.fleet.designs import DEFAULT_DESIGN
 from oxygen_ros.fleet.lockstep import MIN_SPLIT_GAIN, LockstepPlanner, batch_ends, split_pays
 from oxygen_ros.fleet.profile_table import ProfileTable, synthetic_table
+from oxygen_ros.fleet.simulator import SimConfig
 
 LUT = synthetic_table({"m0": 1.0, "m1": 1.0})
 
@@ -48,7 +48,7 @@ def test_one_design_default_everywhere():
     import yaml
 
     from oxygen_ros.commands.fleet_assign import build_parser
-    from oxygen_ros.evaluation.fleet.capacity import TARGET
+    from oxygen_ros.fleet.capacity import TARGET
     from oxygen_ros.nodes.fleet_controller import DEFAULTS as CONTROLLER
     from oxygen_ros.nodes.fleet_node import DEFAULTS
 

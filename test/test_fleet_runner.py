@@ -15,10 +15,10 @@ from oxygen_ros.commands.fleet_profile import main as profile_main
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.planners import Stage
 from oxygen_ros.evaluation.bench.workloads import synthetic_frames
-from oxygen_ros.evaluation.fleet.simulator import SimConfig, SimResult, cycle_factors, make_arrivals, simulate
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.profiler import StageProfiler
+from oxygen_ros.fleet.simulator import SimConfig, SimResult, cycle_factors, make_arrivals, simulate
 from oxygen_ros.fleet.traffic import RobotSpec, robot_loads
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model

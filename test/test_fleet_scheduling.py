@@ -6,9 +6,9 @@ import pytest
 
 from oxygen_ros.engine.frames import ActionFrame, power_of_two_buckets
 from oxygen_ros.engine.planners import Stage
-from oxygen_ros.evaluation.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.lockstep import LockstepPlanner, choose_partition, split_candidates
 from oxygen_ros.fleet.profile_table import synthetic_table
+from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import RobotSpec
 
 LUT = synthetic_table({f"m{k}": 1.0 for k in range(4)})

@@ -3,8 +3,8 @@
 import time
 
 from oxygen_ros.evaluation.fleet.fleets import make_fleet, model_scales
-from oxygen_ros.evaluation.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.profile_table import synthetic_table
+from oxygen_ros.fleet.simulator import SimConfig, simulate
 from oxygen_ros.fleet.traffic import assign_milp_relaxed, robot_loads
 
 LUT8 = synthetic_table(model_scales(8))

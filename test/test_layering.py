@@ -163,13 +163,29 @@ def test_serving_code_imports_no_command_simulator_or_benchmark():
     assert not offenders, offenders
 
 
+def loaded_after_importing(modules: list[str], watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` (modules, or packages: their submodules count) a fresh process has loaded once it has
+    imported `modules`."""
+    code = ("import sys, importlib\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            f"watched = {watched!r}\n"
+            "print(sorted({w for w in watched for name in sys.modules if name == w or name.startswith(w + '.')}))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+
+
 def test_the_nodes_without_a_model_start_without_torch_or_lerobots_format():
     """The replay, record and sim nodes run no model: importing them loads neither torch (two CPU-seconds per
     process) nor what LeRobot's format needs (pyarrow, PyAV; `oxygen_ros.data` imports its names on first use)."""
-    heavy = ("torch", "transformers", "pyarrow", "av")
-    code = ("import sys\n"
-            "import oxygen_ros.nodes.replay_node, oxygen_ros.nodes.record_node, oxygen_ros.nodes.sim_node\n"
-            f"print(sorted(name for name in {heavy!r} if name in sys.modules))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]", result.stdout
+    nodes = ["oxygen_ros.nodes.replay_node", "oxygen_ros.nodes.record_node", "oxygen_ros.nodes.sim_node"]
+    assert loaded_after_importing(nodes, ("torch", "transformers", "pyarrow", "av")) == []
+
+
+def test_the_fleet_controller_starts_without_torch_the_runtime_or_evaluation():
+    """The fleet controller places robots and runs no model: what it plans with (the simulator on the profile
+    table, the SLO-safe loads, the controller's messages) lies in `fleet/` and imports neither torch nor the
+    engine's runtime, and nothing of `evaluation/` (which serves nothing)."""
+    watched = ("torch", "transformers", "oxygen_ros.engine.runtime", "oxygen_ros.evaluation")
+    assert loaded_after_importing(["oxygen_ros.nodes.fleet_controller"], watched) == []

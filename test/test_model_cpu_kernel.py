@@ -129,8 +129,8 @@ def test_the_one_call_steps_tables_and_weights_follow_the_model(dtype):
     caches = [random_cache(config, dtype, num_slots=2, max_len=700, seed=2) for _ in range(2)]
     assert_close_logits(kernel.decode_step(caches[1], *args), eager.decode_step(caches[0], *args), dtype)
     copied = copy.deepcopy(kernel)  # a copy (the benchmark's language model) reads its own weights
-    assert copied._step_weights.backbone is copied.backbone
-    assert copied._step_weights.embed.data_ptr() == copied.backbone.embed_tokens.weight.data_ptr()
+    assert copied._cpu.step_weights.backbone is copied.backbone
+    assert copied._cpu.step_weights.embed.data_ptr() == copied.backbone.embed_tokens.weight.data_ptr()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

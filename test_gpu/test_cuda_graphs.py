@@ -10,6 +10,7 @@ from oxygen_ros.evaluation.bench.modes import RUNNERS, Workload
 from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.cuda_graphs import _padded
+from oxygen_ros.model.decode import decode_logits
 from oxygen_ros.model.kv_cache import DecodeIndex, KVCache
 from oxygen_ros.model.pi05 import build_model
 
@@ -62,7 +63,7 @@ def test_decode_replay_is_the_eager_step(dtype):
     for step in range(4):
         index, positions = P + offsets + step, num_valid + offsets + step
         expected = eager.decode_step(plain, slots, tokens, index, positions)
-        replayed = graphed._decode_logits(fast, DecodeIndex(fast, slots, index, positions), tokens)[0].clone()
+        replayed = decode_logits(graphed, fast, DecodeIndex(fast, slots, index, positions), tokens)[0].clone()
         # the function the graph captured (4 rows, the first repeated), run eagerly on a third cache: the same
         # kernels on the same inputs, so the same bits
         args = [_padded(t.to(DEVICE), 4) for t in (slots, slots, tokens, index, positions)]

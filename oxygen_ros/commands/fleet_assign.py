@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, existing_file
-from oxygen_ros.evaluation.fleet.capacity import SloSafeLoads, place_slo_safe
-from oxygen_ros.evaluation.fleet.simulator import SimConfig
+from oxygen_ros.fleet.capacity import SloSafeLoads, place_slo_safe
 from oxygen_ros.fleet.co_run import DEFAULT_GUARD, interference_source, planning_guard, planning_interference
 from oxygen_ros.fleet.designs import DEFAULT_DESIGN, DESIGNS
 from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.simulator import SimConfig
 from oxygen_ros.fleet.traffic import (
     Assignment,
     RobotSpec,

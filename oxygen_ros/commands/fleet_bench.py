@@ -35,8 +35,13 @@ from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
-from oxygen_ros.evaluation.fleet.capacity import TARGET, robots_at_target
-from oxygen_ros.evaluation.fleet.simulator import (
+from oxygen_ros.fleet.capacity import TARGET, robots_at_target
+from oxygen_ros.fleet.co_run import planning_guard
+from oxygen_ros.fleet.models import ModelSpec
+from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
+from oxygen_ros.fleet.profiler import StageProfiler
+from oxygen_ros.fleet.server import FleetServer, ServedRobot
+from oxygen_ros.fleet.simulator import (
     JobRecord,
     SimConfig,
     SimResult,
@@ -45,11 +50,6 @@ from oxygen_ros.evaluation.fleet.simulator import (
     simulate,
     summarize,
 )
-from oxygen_ros.fleet.co_run import planning_guard
-from oxygen_ros.fleet.models import ModelSpec
-from oxygen_ros.fleet.profile_table import ProfileTable, mean_table
-from oxygen_ros.fleet.profiler import StageProfiler
-from oxygen_ros.fleet.server import FleetServer, ServedRobot
 from oxygen_ros.fleet.traffic import RobotSpec
 
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, claim_output_dir, progress
 from oxygen_ros.commands.processes import add_user_domain_argument, demo_env, python_command, stop
-from oxygen_ros.evaluation.fleet.capacity import TARGET
 from oxygen_ros.evaluation.fleet.robot_load import frames_from_rows, pool, score
+from oxygen_ros.fleet.capacity import TARGET
 
 FLEET_NODE = "oxygen_ros.nodes.fleet_node"
 ROBOT_CLIENT = "oxygen_ros.nodes.robot_client"

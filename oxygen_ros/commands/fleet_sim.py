@@ -28,11 +28,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from oxygen_ros.command_line import CommandParser, progress
-from oxygen_ros.evaluation.fleet.baselines import LINKS, attach_hop_costs
-from oxygen_ros.evaluation.fleet.capacity import CRITERIA, TARGET, Point, capacity
 from oxygen_ros.evaluation.fleet.fleets import make_fleet, model_scales
 from oxygen_ros.evaluation.fleet.ipc import WAYS, hop_seconds
-from oxygen_ros.evaluation.fleet.simulator import BASELINES, DESIGNS, SimConfig, simulate
+from oxygen_ros.fleet.baselines import LINKS, attach_hop_costs
+from oxygen_ros.fleet.capacity import CRITERIA, TARGET, Point, capacity
 from oxygen_ros.fleet.co_run import (
     ASSUMED_INTERFERENCE,
     DEFAULT_GUARD,
@@ -41,6 +40,7 @@ from oxygen_ros.fleet.co_run import (
     planning_interference,
 )
 from oxygen_ros.fleet.profile_table import ProfileTable, SyntheticLatencyModel, synthetic_table
+from oxygen_ros.fleet.simulator import BASELINES, DESIGNS, SimConfig, simulate
 from oxygen_ros.fleet.traffic import (
     RobotSpec,
     assign_even_split,

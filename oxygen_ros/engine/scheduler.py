@@ -22,13 +22,16 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cost_models import CostModel, LearnedCost
 from .frames import ActionFrame
-from .language import LanguageRequest
 from .planners import MonolithicPlanner, StageJob, StagePlanner
 from .queues import QUEUE_POLICIES
+
+if TYPE_CHECKING:  # a request's type only: the plans name requests, and the scheduler and what simulates with it
+    # (the fleet controller) run without torch, which the requests' tensors need
+    from .language import LanguageRequest
 
 ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")
 

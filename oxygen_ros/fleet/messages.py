@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .server import ServedRobot
+from .specs import ServedRobot
 
 ASSIGNMENT = "/fleet/assignment"
 HEARTBEAT = "/fleet/heartbeat"

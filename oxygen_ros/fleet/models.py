@@ -18,27 +18,7 @@ from ..engine.frames import power_of_two_buckets
 from ..engine.runtime import Served
 from ..model.cpu_kernel import apply as apply_cpu_kernel
 from ..model.loading import load_model_source, tokenizer_for
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A served model: ``source`` is a preset name, a model config JSON file or a LeRobot pi05 checkpoint folder;
-    ``seed`` picks the random weights of a preset or config (ignored for a checkpoint)."""
-
-    model_id: str
-    source: str
-    seed: int = 0
-
-    @classmethod
-    def parse(cls, text: str) -> ModelSpec:
-        """``id=source[:seed]`` or ``source[:seed]`` (then the id is the whole text), e.g. ``a=tiny:1``."""
-        model_id, _, rest = text.partition("=")
-        if not rest:
-            model_id, rest = text, text
-        source, _, seed = rest.rpartition(":") if ":" in rest else (rest, "", "0")
-        if not model_id or not source:
-            raise ValueError(f"bad model spec {text!r}; expected id=source[:seed]")
-        return cls(model_id, source, int(seed or 0))
+from .specs import ModelSpec
 
 
 class UsesModel(Protocol):

@@ -1,7 +1,7 @@
 """The fleet controller's placement, without ROS: which server serves which robot, kept current as robots join and
 leave and servers come and go.
 
-A robot's load is its fraction of one server (`load_of(robot)`, e.g. `evaluation.fleet.capacity.SloSafeLoads`:
+A robot's load is its fraction of one server (`load_of(robot)`, e.g. `fleet.capacity.SloSafeLoads`:
 1 / the robots like it one device serves at the target attainment in the simulator on the profile table); a
 server holds at most `capacity` of load. Placement is a MILP over binary robot -> server choices (`solve`) with a
 lexicographic objective: robots stay where they are (a move costs more than any number of resident models),

@@ -45,20 +45,14 @@ from ..model.preprocess import Observation
 from .co_run import DEFAULT_GUARD, planning_guard
 from .designs import DEFAULT_DESIGN, DESIGNS, make_planner
 from .device import device_partitions, device_shares
-from .models import ModelSpec, check_graph_device, load_served, models_to_load
+from .models import check_graph_device, load_served, models_to_load
 from .profile_table import ProfileCost, ProfileTable
 from .profiler import profile_runners
+from .specs import ModelSpec, ServedRobot
 
 
 class NotServed(KeyError):
     """A frame of a robot this server does not serve (never assigned here, or removed)."""
-
-
-@dataclass(frozen=True)
-class ServedRobot:
-    robot_id: str
-    model_id: str
-    slo_s: float
 
 
 def served_robots(robots: Sequence[str], robot_models: Sequence[str], slo_s: float,

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .actions import denoise
+
 WARMUP_RUNS = 2
 CAPTURE_LOCK = threading.Lock()  # one capture (with its warm-up) at a time in the process
 
@@ -153,7 +155,7 @@ class CudaGraphs:
 
     def denoise(self, x: Tensor, conds: Tensor, prefix_k: Tensor, prefix_v: Tensor, bias: Tensor, cos: Tensor,
                 sin: Tensor) -> Tensor | None:
-        """`Pi05Model._denoise` by replay: actions [B, H, A] float32 (a fresh tensor); None when B exceeds every
+        """`actions.denoise` by replay: actions [B, H, A] float32 (a fresh tensor); None when B exceeds every
         bucket."""
         batch = x.shape[0]
         bucket = self.bucket(batch)
@@ -165,7 +167,7 @@ class CudaGraphs:
         captured = self._denoise.get(key)
         if captured is None:
             static = tuple(v.clone() for v in values)
-            captured = self._denoise[key] = self._capture("denoise", lambda: self.model._denoise(*static), static)
+            captured = self._denoise[key] = self._capture("denoise", lambda: denoise(self.model, *static), static)
         else:
             for buffer, value in zip(captured.inputs, values):
                 buffer.copy_(value)

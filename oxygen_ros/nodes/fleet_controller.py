@@ -2,7 +2,7 @@
 current as robots join and leave and servers come and go.
 
 The placement is `fleet.placement.FleetPlacement` (no ROS): a robot's load is its SLO-safe share of a server from
-the profile table (`evaluation.fleet.capacity.SloSafeLoads`: the simulator on the table, with the table's measured
+the profile table (`fleet.capacity.SloSafeLoads`: the simulator on the table, with the table's measured
 co-run slowdown, `fleet.co_run`), and a server about to change is checked in the simulator at the target
 (`DeviceCheck`). Topics (`fleet.messages`: JSON in std_msgs/String, and why no new interface):
 
@@ -50,15 +50,15 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 
-from oxygen_ros.evaluation.fleet.capacity import DeviceCheck, SloSafeLoads
-from oxygen_ros.evaluation.fleet.simulator import SimConfig
 from oxygen_ros.fleet import messages
+from oxygen_ros.fleet.capacity import DeviceCheck, SloSafeLoads
 from oxygen_ros.fleet.co_run import planning_guard, planning_interference
 from oxygen_ros.fleet.designs import DESIGNS
 from oxygen_ros.fleet.metrics import serve_metrics
-from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.placement import FleetPlacement
 from oxygen_ros.fleet.profile_table import ProfileTable
+from oxygen_ros.fleet.simulator import SimConfig
+from oxygen_ros.fleet.specs import ModelSpec
 from oxygen_ros.fleet.traffic import RobotSpec
 
 from .lifecycle import ros_process, spinning

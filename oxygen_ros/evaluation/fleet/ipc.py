@@ -1,6 +1,6 @@
 """``oxygen-ros fleet-ipc``: the measured cost of handing a stage's output from one process to another, per batch
 bucket, for the designs that run the VLM and action stages in separate processes
-(``evaluation/fleet/baselines.py``).
+(``fleet/baselines.py``).
 
 Three hops per request batch, with their real payloads for a model config (tensors in the model dtype, plus the
 batch's request metadata: ids, robot, model, arrival, deadline):

@@ -22,9 +22,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from ...fleet.profile_table import ProfileTable
-from ...fleet.traffic import Assignment, InfeasibleAssignment, RobotSpec, assign_milp
+from .profile_table import ProfileTable
 from .simulator import SimConfig, simulate
+from .traffic import Assignment, InfeasibleAssignment, RobotSpec, assign_milp
 
 TARGET = 0.98
 

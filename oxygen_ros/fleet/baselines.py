@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ...engine.frames import ActionFrame, bucket_for, power_of_two_buckets
-from ...engine.planners import Stage, StageBatch, StageJob
-from ...engine.queues import Remaining
-from ...fleet.profile_table import ProfileTable
-from ...fleet.static_split import best_static_share
-from ...fleet.two_stage import TwoStagePlanner
+from ..engine.frames import ActionFrame, bucket_for, power_of_two_buckets
+from ..engine.planners import Stage, StageBatch, StageJob
+from ..engine.queues import Remaining
+from .profile_table import ProfileTable
+from .static_split import best_static_share
+from .two_stage import TwoStagePlanner
 
 
 @dataclass(eq=False)

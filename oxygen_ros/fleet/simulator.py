@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...engine.frames import ActionFrame
-from ...engine.planners import StageJob
-from ...engine.scheduler import Scheduler, SchedulerConfig
-from ...engine.stats import percentile
-from ...fleet.co_run import ASSUMED_INTERFERENCE, DEFAULT_GUARD
-from ...fleet.designs import DEFAULT_DESIGN, make_planner
-from ...fleet.profile_table import ProfileCost, ProfileTable
-from ...fleet.traffic import RobotSpec
+from ..engine.frames import ActionFrame
+from ..engine.planners import StageJob
+from ..engine.scheduler import Scheduler, SchedulerConfig
+from ..engine.stats import percentile
 from .baselines import InterGpuPlanner, OmniPlanner
+from .co_run import ASSUMED_INTERFERENCE, DEFAULT_GUARD
+from .designs import DEFAULT_DESIGN, make_planner
+from .profile_table import ProfileCost, ProfileTable
+from .traffic import RobotSpec
 
 BASELINES = {"omni": OmniPlanner, "intergpu": InterGpuPlanner}
 DESIGNS = ("monolithic", "disaggregated", "robion", *BASELINES)
