@@ -52,6 +52,7 @@ HOLD_EMPTY = "empty"  # a trajectory without points
 HOLD_ZERO = "zero"  # a velocity group's: every joint's velocity 0
 HOLD_MODES = {TRAJECTORY: (HOLD_POSITION, HOLD_EMPTY), VELOCITY: (HOLD_ZERO,)}  # by the group's interface
 LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
+MAX_UNIT_FACTOR = 1e6  # the largest |scale| and |offset| of a group: beyond it, a change of units overflows
 # 1920 x 1200: a 1080p or WUXGA colour stream, the largest that robot cameras commonly send (ALOHA's are
 # 640 x 480); larger cameras raise it. Decoding happens off the control path, but a bomb still costs a decoder.
 MAX_PIXELS = 1920 * 1200
@@ -323,8 +324,13 @@ def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[
         scale = p.per_joint(f"{key}.scale", len(joints), 1.0)
         if 0.0 in scale:
             raise ParameterError(f"{key}.scale must not be 0 (a joint that never moves), got {list(scale)}")
-        groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale,
-                                 p.per_joint(f"{key}.offset", len(joints), 0.0), interface))
+        offset = p.per_joint(f"{key}.offset", len(joints), 0.0)
+        for field, numbers in (("scale", scale), ("offset", offset)):
+            if max(abs(v) for v in numbers) > MAX_UNIT_FACTOR:
+                raise ParameterError(f"{key}.{field} must be within +-{MAX_UNIT_FACTOR:g} (a change of units), got "
+                                     f"{list(numbers)}")
+        groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale, offset,
+                                 interface))
     return tuple(groups)
 
 
