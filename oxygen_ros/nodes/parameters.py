@@ -39,6 +39,7 @@ from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
+from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("auto", "cpu", "cuda")
@@ -47,10 +48,6 @@ REQUIRED = object()  # marks a parameter without a default (robot-specific: come
 OPTIONAL = object()  # marks a string array that may stay unset
 GROUP_FIELDS = ("joints", "interface", "topic", "scale", "offset", "hold", "lower", "upper", "max_velocity",
                 "max_jump")
-HOLD_POSITION = "position"  # a one-point trajectory at the measured position
-HOLD_EMPTY = "empty"  # a trajectory without points
-HOLD_ZERO = "zero"  # a velocity group's: every joint's velocity 0
-HOLD_MODES = {TRAJECTORY: (HOLD_POSITION, HOLD_EMPTY), VELOCITY: (HOLD_ZERO,)}  # by the group's interface
 LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
 MAX_UNIT_FACTOR = 1e6  # the largest |scale| and |offset| of a group: beyond it, a change of units overflows
 # 1920 x 1200: a 1080p or WUXGA colour stream, the largest that robot cameras commonly send (ALOHA's are
