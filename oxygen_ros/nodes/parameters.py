@@ -40,6 +40,7 @@ from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
+from oxygen_ros.robots.inputs import MAX_PIXELS
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("auto", "cpu", "cuda")
@@ -50,9 +51,6 @@ GROUP_FIELDS = ("joints", "interface", "topic", "scale", "offset", "hold", "lowe
                 "max_jump")
 LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
 MAX_UNIT_FACTOR = 1e6  # the largest |scale| and |offset| of a group: beyond it, a change of units overflows
-# 1920 x 1200: a 1080p or WUXGA colour stream, the largest that robot cameras commonly send (ALOHA's are
-# 640 x 480); larger cameras raise it. Decoding happens off the control path, but a bomb still costs a decoder.
-MAX_PIXELS = 1920 * 1200
 GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
