@@ -103,3 +103,26 @@ def test_limits_and_holds_come_from_the_parameters_and_the_urdf():
     for groups, changes, message in bad:
         with pytest.raises(ParameterError, match=message):
             read_parameters(group_values(groups, **changes))
+
+
+def test_limits_that_admit_no_finite_position_are_refused_at_start_up():
+    """Issue 45 H1: lower = upper = -inf once passed (-inf > -inf is false) and made every command -inf."""
+    for fields in (dict(lower=[-INF, -INF], upper=[-INF, INF]), dict(lower=[INF, -INF], upper=[INF, INF])):
+        with pytest.raises(ValueError, match=r"position range admits no finite position for a"):
+            limits(**fields)
+    cases = (
+        ({"arm": {"joints": ["a"], "lower": -INF, "upper": -INF}, "hand": {"joints": ["b"], "max_velocity": 1000.0}},
+         {}, r"position range admits no finite position for a \(-inf .. -inf\)"),
+        ({"arm": {"joints": ["a"], "lower": -INF, "upper": -INF}}, {},  # no other limit: once silently dropped
+         r"position range admits no finite position for a"),
+        ({"arm": {"joints": ["a"]}}, {"robot_description": URDF.replace('lower="-1.5" upper="1.25"',
+                                                                        'lower="-inf" upper="-inf"')},
+         r"robot_description: revolute joint a has limits -inf .. -inf, not a finite range"),
+        ({"arm": {"joints": ["a"]}}, {"robot_description": URDF.replace('upper="1.25"', 'upper="inf"')},
+         r"revolute joint a has limits -1.5 .. inf, not a finite range"),
+        ({"arm": {"joints": ["a"], "scale": 1e308}}, {}, r"output.arm.scale must be within \+-1e\+06"),
+        ({"arm": {"joints": ["a"], "offset": -1e300}}, {}, r"output.arm.offset must be within \+-1e\+06"),
+    )
+    for groups, changes, message in cases:
+        with pytest.raises(ParameterError, match=message):
+            read_parameters(group_values(groups, **changes))

@@ -95,6 +95,7 @@ LEVELS = {
     "engine": 2,  # scheduler, model runner, runtime
     "data": 3, "fleet": 3,  # episodes and bags (their reports use the engine's percentiles); serving many robots
     "sim": 4, "evaluation": 4,  # the simulator (it records episodes); benchmarks and the fleet simulator
+    "robots": 4,  # what every commanded robot goes through: the command path, the state check
     "nodes": 5, "serving": 5,  # ROS nodes (the robot client scores with evaluation's robot side); openpi's protocol
     "commands": 6,  # the oxygen-ros command and the commands that are only that
 }

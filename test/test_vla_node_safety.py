@@ -171,7 +171,8 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
         assert values["state"] == "limit_rejected" and values["limits_rejected_joints"].startswith(f"{WAIST}: ")
         assert "jump limit" in robot.diagnostics[-1].message, robot.diagnostics[-1].message
         waist_hold, rest_hold = holds_of(heard)["waist"][0], holds_of(heard)["rest"][0]
-        assert list(waist_hold.joint_names) == [WAIST] and [p.positions[0] for p in waist_hold.points] == [3.0]
+        # held at the measured 3.0 clamped into the URDF's range (+-0.01), never outside the limits
+        assert list(waist_hold.joint_names) == [WAIST] and [p.positions[0] for p in waist_hold.points] == [0.01]
         assert list(rest_hold.joint_names) == REST and not rest_hold.points  # `hold: empty`
         assert feed(20, until=lambda: len(plans_of(heard, "rest")) > refused_at + 2)
 
@@ -385,3 +386,93 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
     assert int(values["language_errors"]) > 0 and robot.narrations and all(n.num_tokens == 0 for n in robot.narrations)
     assert any(d.message.startswith("language model error: narration") for d in robot.diagnostics)
     assert "the text head gave non-finite logits" in output
+
+
+GRIPPER = "right_gripper"
+
+
+def test_implausible_states_out_of_range_and_non_finite_holds_never_reach_a_controller(ros_context, ros_env,
+                                                                                       model_cache, tmp_path):
+    """Issue 45 H2, H3 and the storm: a joint state that jumped further than the velocity limit allows is dropped
+    and counted, so neither the plans nor the holds use it (once a +10 rad state gave plans at 10 rad past max_jump
+    4.0, and a hold at 9.0 outside the limits); a hold from a 1e308 gripper state (offset + 2.1123 * 1e308) is refused
+    rather than sent as +inf; an activate/deactivate storm logs the "active" line at most once per 5 s."""
+    rest = [j for j in REST if j != GRIPPER]
+    topics = {"waist": TOPICS["waist"], "rest": TOPICS["rest"], "gripper": "gripper_controller/joint_trajectory"}
+    output = {"groups": ["waist", "rest", "gripper"],
+              "waist": {"joints": [WAIST], "topic": topics["waist"], "lower": -1.0, "upper": 1.0,
+                        "max_velocity": 2.0, "max_jump": 4.0},
+              "rest": {"joints": rest, "topic": topics["rest"], "hold": "empty"},
+              "gripper": {"joints": [GRIPPER], "topic": topics["gripper"], "scale": 2.1123, "offset": -0.6213}}
+    params = tmp_path / "storm.yaml"
+    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"output": output}}}))
+    robot = Robot(ros_context)
+    heard = Trajectories(robot.node, list(topics.values()))
+    lifecycle = Lifecycle(robot.node)
+    spinner = Spinner(ros_context, [robot.node])
+    child = start_node(ros_env, model_cache, "--params-file", str(params), "-p", "control.rate_hz:=10.0",
+                       "-p", "control.time_step:=0.1", "-p", "control.max_state_age_s:=0.5")
+    good = [0.0] * len(ALOHA_JOINT_NAMES)
+
+    def frame(state, images: bool = True, joints: bool = True) -> None:
+        stamp = robot.node.get_clock().now().nanoseconds
+        if images:
+            for index, pub in enumerate(robot.sensors.image_pubs):
+                pub.publish(robot.sensors.image_msg(index, stamp))
+        if joints:
+            robot.sensors.joint_pub.publish(robot.sensors.joint_msg(stamp, state))
+
+    def feed(seconds: float, until=None, state=None, **kwargs) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            frame(good if state is None else state, **kwargs)
+            time.sleep(1 / 30)
+            if until is not None and until():
+                return True
+        return until is None or until()
+
+    def plans(group: str) -> list:
+        return [m for m in heard.get(topics[group]) if not is_hold(m)]
+
+    jumped = list(good)
+    jumped[ALOHA_JOINT_NAMES.index(WAIST)] = 10.0
+    huge = list(good)
+    huge[ALOHA_JOINT_NAMES.index(GRIPPER)] = 1e308
+    try:
+        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        child.note_shm()
+        assert feed(60, until=lambda: len(plans("waist")) >= 3), robot.last_values()
+        # H2: +10 rad states among good ones at 30 Hz, each 33 ms after a state at 0 (2 rad/s allows 0.07 rad)
+        for _ in range(20):
+            frame(jumped)
+            time.sleep(1 / 30)
+            frame(good)
+            time.sleep(1 / 30)
+        assert wait_until(lambda: robot.counter("dropped_implausible_state") >= 20, 10, child), robot.last_values()
+        assert feed(30, until=lambda: len(plans("waist")) >= 6)
+        # H3: the gripper's state at 1e308 (no velocity limit on it: plausible), then no joint state at all
+        feed(1.5, state=huge)
+        assert feed(20, until=lambda: robot.counter("holds_refused") >= 1, joints=False), robot.last_values()
+        assert feed(30, until=lambda: len(plans("waist")) >= 9), robot.last_values()  # good states again
+        # the storm: 15 deactivate/activate pairs
+        storm_from = time.monotonic()
+        for _ in range(15):
+            assert lifecycle.transition(Transition.TRANSITION_DEACTIVATE)
+            assert lifecycle.transition(Transition.TRANSITION_ACTIVATE)
+        storm_s = time.monotonic() - storm_from
+        values = robot.last_values()
+    finally:
+        rc, output = child.stop()
+        spinner.close([robot.node])
+    assert rc == 0, output
+    for group, topic in topics.items():
+        for msg in heard.get(topic):
+            for point in msg.points:
+                assert np.isfinite(point.positions).all(), (group, list(point.positions))
+                if group == "waist":  # plans and holds within the range, never the jumped state
+                    assert -1.0 <= point.positions[0] <= 1.0, list(point.positions)
+    assert any(is_hold(m) for m in heard.get(topics["waist"]))
+    assert "implausible_state" in output and "no hold sent to gripper" in output, output[-3000:]
+    actives = output.count("active: acting on the inputs")
+    assert 1 <= actives <= 2 + storm_s / 5.0, (actives, storm_s)  # the first, then at most one per 5 s
+    assert int(values["holds_refused"]) >= 1, values

@@ -854,7 +854,7 @@ def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_pa
         assert abs(offset + scale * toward_zero) < 1e-3 and abs(offset) > max_jump
         tick(0.0)
         assert node.actions_published == 1 and node.state == "limit_rejected", node.detail
-        assert node.limits_rejected == {"left_gripper": 1} and "jump limit" in node.detail
+        assert node.path.limits_rejected == {"left_gripper": 1} and "jump limit" in node.detail
         hold = sent[-1]
         assert stamp_to_ns(hold.header.stamp) == 0 and len(sent) == 2
         assert list(hold.joint_names) == ["left_gripper"] and len(hold.points) == 1
@@ -865,7 +865,7 @@ def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_pa
             tick(held_open)
             command(-0.5476)
             tick(0.0)
-        assert node.actions_published == 4 and node.holds.sent == 4 and node.limits_rejected == {"left_gripper": 4}
+        assert node.actions_published == 4 and node.path.holds_sent == 4 and node.path.limits_rejected == {"left_gripper": 4}
         assert [stamp_to_ns(m.header.stamp) == 0 for m in sent] == [False, True] * 4
         lines = [line for line in capfd.readouterr().err.splitlines() if "holding gripper" in line]
         assert len(lines) == 1 and lines[0].endswith("holding gripper: limit_rejected"), lines

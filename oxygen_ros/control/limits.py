@@ -15,7 +15,8 @@ Per joint:
   far-away state safe.
 
 A refused plan names its joints; what the node does then (publish nothing, hold) is the caller's. Unlimited is
-infinity, so a robot may limit some joints and not others.
+infinity (lower -inf, upper +inf), so a robot may limit some joints and not others; a range that admits no finite
+position (lower +inf, upper -inf) is refused, as is a lower limit above the upper.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class JointLimits:
             if bad:
                 raise ValueError(f"{name} is NaN for {bad}")
             object.__setattr__(self, name, values)
+        # unlimited is lower -inf / upper +inf; a lower bound of +inf or an upper of -inf admits no position at all
+        empty = [f"{j} ({lo:g} .. {hi:g})" for j, lo, hi in zip(self.joints, self.lower, self.upper, strict=True)
+                 if lo == math.inf or hi == -math.inf]
+        if empty:
+            raise ValueError(f"position range admits no finite position for {', '.join(empty)}")
         crossed = [f"{j} ({lo:g} > {hi:g})" for j, lo, hi in zip(self.joints, self.lower, self.upper, strict=True)
                    if lo > hi]
         if crossed:
@@ -183,5 +189,9 @@ def urdf_limits(xml: str, joints: tuple[str, ...]) -> dict[str, UrdfLimit]:
         if joint.type == "continuous":
             limits[name] = UrdfLimit(-math.inf, math.inf, velocity)
         else:
-            limits[name] = UrdfLimit(float(joint.limit.lower or 0.0), float(joint.limit.upper or 0.0), velocity)
+            lower, upper = float(joint.limit.lower or 0.0), float(joint.limit.upper or 0.0)
+            if not (math.isfinite(lower) and math.isfinite(upper) and lower <= upper):
+                raise ValueError(f"robot_description: {joint.type} joint {name} has limits {lower:g} .. {upper:g}, "
+                                 "not a finite range")
+            limits[name] = UrdfLimit(lower, upper, velocity)
     return limits

@@ -105,6 +105,7 @@ from oxygen_ros.fleet.traffic import load_assignment
 from oxygen_ros.model.loading import tokenizer_for
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
+from oxygen_ros.robots.inputs import MAX_PIXELS
 
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
 from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
@@ -133,7 +134,7 @@ DEFAULTS = {
     "max_image_age_s": 0.0,
     "max_state_age_s": 0.0,
     "future_tolerance_s": 0.1,
-    "max_pixels": 2_304_000,  # 1920 x 1200, as the VLA node's cameras.max_pixels
+    "max_pixels": MAX_PIXELS,  # as the VLA node's cameras.max_pixels
     "narrate_every": 10,
     "max_new_tokens": 32,
     "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)

@@ -8,7 +8,8 @@ the control path; one message per camera waits at most, so a camera faster than 
 it does not need. Rules, in the order a tick applies them:
 
 - a message that fails its checks or its decoding (encoding, size, over the pixel budget, too thin for the model's
-  input, corrupt compressed data, missing, duplicated or non-finite joint) is dropped and counted by reason;
+  input, corrupt compressed data, missing, duplicated or non-finite joint, a joint state that moved faster than
+  its velocity limit allows: `implausible_state`) is dropped and counted by reason;
   whatever the decoder raises is such a drop, never an error of the tick. The camera (or the state) keeps its last
   good value, so one bad message among good ones does not stop the robot; the age checks below bound how old a
   kept value can be;
@@ -45,6 +46,7 @@ from torch import Tensor
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.model.preprocess import normalized_state, resize_with_pad
 from oxygen_ros.model.prompt import tokenize_prompt
+from oxygen_ros.robots.state_check import StateCheck
 
 from .conversions import (
     ConversionError,
@@ -126,7 +128,10 @@ class FrameInputs:
     """Newest camera images and joint state; `next_frame` applies the rules in the module docstring."""
 
     def __init__(self, camera_topics: tuple[str, ...], camera_keys: tuple[str, ...], compressed: tuple[bool, ...],
-                 state_names: tuple[str, ...], limits: InputLimits):
+                 state_names: tuple[str, ...], limits: InputLimits, state_check: StateCheck | None = None):
+        """`state_check`: drops a joint state that moved faster than the velocity limits allow (`implausible_state`,
+        `oxygen_ros.robots.state_check`)."""
+        self.state_check = state_check
         self.cameras = [_Camera(topic, key, c) for topic, key, c in
                         zip(camera_topics, camera_keys, compressed, strict=True)]
         self.state_names = state_names
@@ -184,7 +189,10 @@ class FrameInputs:
         try:
             if (err := self._out_of_order(newest, stamp_ns, now_ns)) is not None:
                 raise err
-            self.state = joint_positions(msg, self.state_names)
+            state = joint_positions(msg, self.state_names)
+            if self.state_check is not None and (why := self.state_check.check(state, stamp_ns, now_ns)):
+                raise ConversionError("implausible_state", why)
+            self.state = state
         except ConversionError as err:
             if err.reason != "out_of_order":
                 self.states_rejected += 1

@@ -39,6 +39,8 @@ from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
+from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
+from oxygen_ros.robots.inputs import MAX_PIXELS
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("auto", "cpu", "cuda")
@@ -47,14 +49,8 @@ REQUIRED = object()  # marks a parameter without a default (robot-specific: come
 OPTIONAL = object()  # marks a string array that may stay unset
 GROUP_FIELDS = ("joints", "interface", "topic", "scale", "offset", "hold", "lower", "upper", "max_velocity",
                 "max_jump")
-HOLD_POSITION = "position"  # a one-point trajectory at the measured position
-HOLD_EMPTY = "empty"  # a trajectory without points
-HOLD_ZERO = "zero"  # a velocity group's: every joint's velocity 0
-HOLD_MODES = {TRAJECTORY: (HOLD_POSITION, HOLD_EMPTY), VELOCITY: (HOLD_ZERO,)}  # by the group's interface
 LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
-# 1920 x 1200: a 1080p or WUXGA colour stream, the largest that robot cameras commonly send (ALOHA's are
-# 640 x 480); larger cameras raise it. Decoding happens off the control path, but a bomb still costs a decoder.
-MAX_PIXELS = 1920 * 1200
+MAX_UNIT_FACTOR = 1e6  # the largest |scale| and |offset| of a group: beyond it, a change of units overflows
 GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
@@ -323,8 +319,13 @@ def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[
         scale = p.per_joint(f"{key}.scale", len(joints), 1.0)
         if 0.0 in scale:
             raise ParameterError(f"{key}.scale must not be 0 (a joint that never moves), got {list(scale)}")
-        groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale,
-                                 p.per_joint(f"{key}.offset", len(joints), 0.0), interface))
+        offset = p.per_joint(f"{key}.offset", len(joints), 0.0)
+        for field, numbers in (("scale", scale), ("offset", offset)):
+            if max(abs(v) for v in numbers) > MAX_UNIT_FACTOR:
+                raise ParameterError(f"{key}.{field} must be within +-{MAX_UNIT_FACTOR:g} (a change of units), got "
+                                     f"{list(numbers)}")
+        groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale, offset,
+                                 interface))
     return tuple(groups)
 
 

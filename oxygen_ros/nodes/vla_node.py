@@ -20,13 +20,14 @@ the log and on `/diagnostics`. `engine_status` and `/diagnostics` go out in ever
 
 Output: every acted chunk is first made the robot's absolute command by the `embodiment` profile
 (`oxygen_ros.control.embodiment`: deltas added to and velocities integrated from the state of the frame the model
-saw, signs and units), then becomes one plan (`output.handover`: the chunk as computed, or the blend of the
-received chunks from the present control step on, `oxygen_ros.control.handover`), published whole on
-`action_chunk` and, per declared `output.groups`, as one JointTrajectory per controller with that group's joints in
-the controller's units (`oxygen_ros.control.joint_groups`), within the joint limits (`oxygen_ros.control.limits`:
-clamped or refused). A chunk the hand-over cannot use (every point already past) is counted and logged, and nothing
-is published for it. When the node stops commanding the groups (inputs stale, a model error, a plan refused by the
-limits, deactivation, shutdown) each group's controller gets one hold (`holds`, `docs/safety.md`).
+saw, signs and units), then goes through the one command path (`oxygen_ros.robots.command_path`): one plan
+(`output.handover`: the chunk as computed, or the blend of the received chunks from the present control step on),
+published whole on `action_chunk` and, per declared `output.groups`, as one JointTrajectory per controller with that
+group's joints in the controller's units, within the joint limits (clamped or refused). A chunk the hand-over cannot
+use (every point already past) is counted and logged, and nothing is published for it. When the node stops
+commanding the groups (inputs stale, a model error, a plan refused by the limits, deactivation, shutdown) each
+group's controller gets one hold (`holds`, `docs/safety.md`). A joint state that moved faster than its velocity
+limit allows is dropped and counted (`oxygen_ros.robots.state_check`).
 
 Inputs stamped on another clock than the node's (a bag played without `--clock`, wall-clock stamps under
 `use_sim_time`) are named once per source and condition in the log, with the fix; ticks they make skip report
@@ -66,15 +67,15 @@ from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 from visualization_msgs.msg import MarkerArray
 
-from oxygen_ros.control.handover import Handover, Plan
 from oxygen_ros.control.joint_groups import TRAJECTORY
-from oxygen_ros.control.limits import Limited, apply_limits, first_ahead
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
+from oxygen_ros.robots.command_path import LIMITS, NONFINITE, UNUSED, Command, CommandPath, Refusal
+from oxygen_ros.robots.state_check import StateCheck
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
 from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
@@ -90,7 +91,7 @@ from .frame_inputs import (
     InputLimits,
     Instruction,
 )
-from .holds import Holds
+from .holds import hold_message
 from .lifecycle import ros_process, spinning
 from .log_throttle import LogThrottle
 from .markers import TOPIC as MARKER_TOPIC
@@ -125,17 +126,13 @@ class VlaNode(LifecycleNode):
         self.state = "unconfigured"
         self.detail = ""
         self.model_errors = 0
-        self.nonfinite_chunks = 0
         self.language_errors = 0  # narrations ended by non-finite logits
         self.language_error: str | None = None  # the last one's, until a narration ends well
         self._log = LogThrottle(LOG_THROTTLE_S)
         self.actions_published = 0
         self.narrations_published = 0
-        self.chunks_unused = 0  # acted chunks the hand-over could not use (nothing published for them)
-        self.limits_clamped = 0  # published plans with positions moved into range
-        self.limits_slowed = 0  # published plans whose time grid was stretched
-        self.limits_rejected: dict[str, int] = {}  # joint -> plans refused for it
-        self.holds = Holds(list(zip(p.groups, p.holds, strict=True)), p.state_names, p.time_step_s)
+        self.path = CommandPath(p.groups, p.holds, p.limits, p.limit_policy, p.state_names, p.action_names,
+                                p.time_step_s, p.embodiment.has_velocity, p.handover, p.ensemble_m, p.rtc_overlap)
         self.clock_check = ClockCheck()
         self.instruction = Instruction(p.default_instruction, p.max_chars)
         self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
@@ -162,11 +159,10 @@ class VlaNode(LifecycleNode):
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.lifecycle, self.state, self.detail = "active", WAITING_FOR_CAMERA, ""
-        p = self.params  # the plan's columns: positions, then velocities when the embodiment has them (blended alike)
-        columns = len(p.action_names) * (2 if p.embodiment.has_velocity else 1)
-        self.handover = Handover(p.handover, columns, p.time_step_s, p.ensemble_m, p.rtc_overlap)  # nothing before
+        self.path.start()  # nothing planned before this activation is blended into what comes after
         self.control_timer = self.create_timer(self.params.period_s, self._control_tick)
-        self.get_logger().info("active: acting on the inputs")
+        if (suffix := self._throttled("active")) is not None:  # a transition storm logs one line per period
+            self.get_logger().info(f"active: acting on the inputs{suffix}")
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -231,7 +227,8 @@ class VlaNode(LifecycleNode):
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
-        self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits)
+        self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits,
+                                  StateCheck(p.groups, p.limits, p.state_names))
         self._acted = 0
         self._narrated_version = -1
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
@@ -380,107 +377,72 @@ class VlaNode(LifecycleNode):
         self._acted += 1  # narration cadence counts frames the model ran on, published or not
         if narrate:
             self._narrated_version = self.instruction.version
-        finite = np.isfinite(actions)
-        if not finite.all():  # never sent to a robot
-            self.nonfinite_chunks += 1
-            per_joint = finite.reshape(len(finite), -1, len(self.params.action_names)).all(axis=(0, 1))
-            bad_joints = [name for name, ok in zip(self.params.action_names, per_joint, strict=True) if not ok]
-            self.state, self.detail = MODEL_ERROR, (
-                f"action chunk has {finite.size - finite.sum()} non-finite values of {finite.size} (joints "
-                f"{', '.join(bad_joints)}); not published")
-            if (suffix := self._throttled("nonfinite")) is not None:
-                self.get_logger().error(f"{self.detail} ({self.nonfinite_chunks} such chunks so far){suffix}")
-            self._hold(MODEL_ERROR)
+        step_ns = self.path.step_ns  # point i of the chunk is for its frame's time + (i + 1) steps
+        command = self.path.command(actions[:self.horizon], frame.stamp_ns + step_ns,
+                                    self.get_clock().now().nanoseconds, self.inputs.state)
+        if isinstance(command, Refusal):
+            self._refused(command)
             return
-        step_ns = self.handover.step_ns  # point i of the chunk is for its frame's time + (i + 1) steps
-        plan = self.handover.add(actions[:self.horizon], frame.stamp_ns + step_ns, self.get_clock().now().nanoseconds)
-        if isinstance(plan, str):
-            self.chunks_unused += 1
-            if (suffix := self._throttled("unused")) is not None:
-                self.get_logger().warning(f"acted chunk not published ({self.params.handover}): {plan} "
-                                          f"({self.chunks_unused} so far){suffix}")
-            return
-        if not self._publish_plan(plan, now_ns):
-            self._hold(self.state)
-            return
+        self._publish(command)
         self.actions_published += 1
         self._act_times.append(chunk.latency_s)
         self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
         self._tick_times.append(time.perf_counter() - start)
 
-    def _publish_plan(self, plan: Plan, now_ns: int) -> bool:
-        """`action_chunk` (every action joint, the robot's absolute command), then each group's joints in its
-        controller's units within the joint limits; header.stamp one step before the first point, point i at (i + 1)
-        steps (times the limits' stretch for the groups), as `chunk_to_trajectory` lays them out; velocities where
-        the embodiment has them. All or nothing: False (nothing published) if a value in a controller's units is
-        not finite or the limits refuse the plan."""
-        stamp_ns, time_step, count = plan.first_ns - plan.step_ns, self.params.time_step_s, len(plan.values)
-        joints = len(self.params.action_names)
-        positions = plan.values[:, :joints]
-        velocities = plan.values[:, joints:] if plan.values.shape[1] > joints else None
-        groups = [(pub, group.joints, group.to_robot(positions),
-                   None if velocities is None else group.velocities_to_robot(velocities))
-                  for group, pub in self.group_pubs]
-        if not all(np.isfinite(p).all() and (v is None or np.isfinite(v).all()) for _, _, p, v in groups):
-            self.nonfinite_chunks += 1  # a scale beyond float range
-            self.state, self.detail = MODEL_ERROR, "a plan overflows in robot units (output.*.scale / offset); " \
-                                                   "not published"
-            if (suffix := self._throttled("overflow")) is not None:
-                self.get_logger().error(f"{self.detail}{suffix}")
-            return False
-        group_step, first = time_step, first_ahead(plan.first_ns, plan.step_ns, now_ns, count)
-        if self.params.limits is not None:
-            planned = np.concatenate([values for _, _, values, _ in groups], axis=1)
-            limited = self._limited(planned, first)
-            if limited is None:
-                return False
-            group_step = time_step * limited.time_scale
-            ends = np.cumsum([len(joints) for _, joints, _, _ in groups])[:-1]
-            moved = np.split(limited.values != planned, ends, axis=1)  # clamped into range: no velocity there
-            groups = [(pub, names, values, None if rates is None else np.where(held, 0.0, rates / limited.time_scale))
-                      for (pub, names, _, rates), values, held in
-                      zip(groups, np.split(limited.values, ends, axis=1), moved, strict=True)]
-        self.chunk_pub.publish(chunk_to_trajectory(positions, self.params.action_names, stamp_ns, time_step, count,
-                                                   velocities))
-        for (group, _), (publisher, names, values, rates) in zip(self.group_pubs, groups, strict=True):
-            if group.interface == TRAJECTORY:
-                publisher.publish(chunk_to_trajectory(values, names, stamp_ns, group_step, count, rates))
-            else:  # a velocity controller: the velocities of the step that executes now, until the next tick
-                publisher.publish(Float64MultiArray(data=[float(v) for v in rates[first]]))
-        self.markers.plan(positions, time_step, stamp_ns)
-        self.holds.commanded()
-        return True
+    def _refused(self, refusal: Refusal) -> None:
+        """A chunk the command path did not pass: logged (throttled per kind), state set, and the groups held,
+        except for a chunk the hand-over could not use (the previous plan still stands)."""
+        path = self.path
+        if refusal.kind == UNUSED:
+            if (suffix := self._throttled("unused")) is not None:
+                self.get_logger().warning(f"acted chunk not published ({self.params.handover}): {refusal.detail} "
+                                          f"({path.chunks_unused} so far){suffix}")
+            return
+        if refusal.kind == LIMITS:
+            self.state, self.detail = LIMIT_REJECTED, refusal.detail
+            if (suffix := self._throttled(("limits", refusal.limit))) is not None:
+                self.get_logger().warning(f"{self.detail} ({sum(path.limits_rejected.values())} refusals so far, "
+                                          f"by joint){suffix}")
+        else:  # non-finite actions, or a plan that overflows in a controller's units
+            self.state, self.detail = MODEL_ERROR, refusal.detail
+            if (suffix := self._throttled(refusal.kind)) is not None:
+                count = f" ({path.nonfinite_chunks} such chunks so far)" if refusal.kind == NONFINITE else ""
+                self.get_logger().error(f"{self.detail}{count}{suffix}")
+        self._hold(self.state)
 
-    def _limited(self, values: np.ndarray, first: int) -> Limited | None:
-        """The groups' plan [n, joints] within the limits, or None (state and log say why) if they refuse it."""
-        p = self.params
-        # in the controller's units, as the plan; a joint without a measured position has no jump limit
-        # (`parameters.read_limits`): its NaN never exceeds one
-        measured = np.concatenate([g.measured_to_robot(self.inputs.state, p.state_names) for g in p.groups])
-        result = apply_limits(values, p.limits, measured, p.time_step_s, first, p.limit_policy)
-        if isinstance(result, Limited):
-            self.limits_clamped += bool(result.clamped)
-            self.limits_slowed += result.time_scale > 1.0
-            return result
-        for joint in result.joints:
-            self.limits_rejected[joint] = self.limits_rejected.get(joint, 0) + 1
-        self.state, self.detail = LIMIT_REJECTED, f"plan refused ({result.limit} limit, {p.limit_policy}): " \
-                                                  f"{result.detail}"
-        if (suffix := self._throttled(("limits", result.limit))) is not None:
-            self.get_logger().warning(f"{self.detail} ({sum(self.limits_rejected.values())} refusals so far, "
-                                      f"by joint){suffix}")
-        return None
+    def _publish(self, command: Command) -> None:
+        """`action_chunk` (every action joint, the robot's absolute command), then each group's joints in its
+        controller's units; header.stamp one step before the first point, point i at (i + 1) steps (times the
+        limits' stretch for the groups), as `chunk_to_trajectory` lays them out; velocities where the embodiment
+        has them."""
+        plan = command.plan
+        stamp_ns, time_step, count = plan.first_ns - plan.step_ns, self.params.time_step_s, len(plan.values)
+        self.chunk_pub.publish(chunk_to_trajectory(command.positions, self.params.action_names, stamp_ns, time_step,
+                                                   count, command.velocities))
+        for (group, publisher), out in zip(self.group_pubs, command.groups, strict=True):
+            if group.interface == TRAJECTORY:
+                publisher.publish(chunk_to_trajectory(out.positions, group.joints, stamp_ns, out.step_s, count,
+                                                      out.velocities))
+            else:  # a velocity controller: the velocities of the step that executes now, until the next tick
+                publisher.publish(Float64MultiArray(data=[float(v) for v in out.velocities[command.first]]))
+        self.markers.plan(command.positions, time_step, stamp_ns)
 
     def _hold(self, reason: str) -> None:
         """One hold to each group's controller that was being commanded (`holds`); nothing if none was. Logged at
         most once per LOG_THROTTLE_S per reason: plans refused every other tick hold at control rate (every hold
         is counted in `holds_sent`)."""
-        due = self.holds.stop(reason, self.inputs.state)
-        for index, msg in due:
-            self.group_pubs[index][1].publish(msg)
-        if due and (suffix := self._throttled(("hold", reason))) is not None:
-            self.get_logger().info(f"holding {', '.join(self.params.groups[i].name for i, _ in due)}: {reason}"
+        due = self.path.stop(reason, self.inputs.state)
+        sent = [hold for hold in due if not hold.refused]
+        for hold in sent:
+            self.group_pubs[hold.group][1].publish(hold_message(self.params.groups[hold.group].joints, hold.mode,
+                                                                hold.positions, self.params.time_step_s))
+        if sent and (suffix := self._throttled(("hold", reason))) is not None:
+            self.get_logger().info(f"holding {', '.join(self.params.groups[h.group].name for h in sent)}: {reason}"
                                    f"{suffix}")
+        for hold in due:
+            if hold.refused and (suffix := self._throttled(("hold refused", hold.group))) is not None:
+                self.get_logger().error(f"no hold sent to {self.params.groups[hold.group].name} ({reason}): "
+                                        f"{hold.refused} ({self.path.holds_refused} refused so far){suffix}")
 
     def _act(self, frame: InputFrame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
@@ -557,13 +519,15 @@ class VlaNode(LifecycleNode):
         safety = {
             "lifecycle": self.lifecycle,
             "configure_error": self.failure or "none",
-            "holds_sent": self.holds.sent,
-            "last_hold_reason": self.holds.last_reason,
+            "holds_sent": self.path.holds_sent,
+            "holds_clamped": self.path.holds_clamped,
+            "holds_refused": self.path.holds_refused,
+            "last_hold_reason": self.path.last_hold_reason,
             "limits": "none" if self.params.limits is None else self.params.limit_policy,
-            "limits_clamped": self.limits_clamped,
-            "limits_slowed": self.limits_slowed,
-            "limits_rejected": sum(self.limits_rejected.values()),
-            "limits_rejected_joints": ", ".join(f"{j}: {n}" for j, n in self.limits_rejected.items()) or "none",
+            "limits_clamped": self.path.limits_clamped,
+            "limits_slowed": self.path.limits_slowed,
+            "limits_rejected": sum(self.path.limits_rejected.values()),
+            "limits_rejected_joints": ", ".join(f"{j}: {n}" for j, n in self.path.limits_rejected.items()) or "none",
         }
         if self.runtime is None:  # not configured: no engine to report on
             return Health(state=self.state, detail=self.detail, stats=NO_STATS, target_rate_hz=self.params.rate_hz,
@@ -591,9 +555,9 @@ class VlaNode(LifecycleNode):
                 "image_age_ms": f"{image_age / 1e6:.2f}" if image_age is not None else "none",
                 "state_age_ms": f"{state_age / 1e6:.2f}" if state_age is not None else "none",
                 "model_errors": self.model_errors,
-                "nonfinite_chunks": self.nonfinite_chunks,
+                "nonfinite_chunks": self.path.nonfinite_chunks + self.path.overflows,
                 "handover": self.params.handover,
-                "chunks_unused": self.chunks_unused,
+                "chunks_unused": self.path.chunks_unused,
                 "clock_mismatch": self.clock_check.hint() or "none",
                 "instructions_ignored": self.instruction.ignored,
                 "instructions_truncated": self.instruction.truncated,

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from oxygen_ros.robots.inputs import MAX_PIXELS
+
 SECTIONS = ("/**", "vla_node", "/vla_node")
 ENGINE_DEFAULTS: dict[str, Any] = {
     "model.preset": "tiny",
@@ -29,7 +31,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "model.cpu_kernel": "auto",
     "model.seed": 0,
     "model.cpu_threads": 0,
-    "cameras.max_pixels": 1920 * 1200,
+    "cameras.max_pixels": MAX_PIXELS,
     "embodiment": "absolute",
     "embodiment_override": False,
     "control.rate_hz": 10.0,
