@@ -202,21 +202,32 @@ def evaluate(model: Pi05Model, data: TrainingSet, tokenizer: Tokenizer, stats: N
     """Chunks and greedy captions on `frames`: mean absolute chunk error per joint against the recorded actions,
     in the robot's units (the prediction made absolute by the profile, as the node does), and the share of captions
     decoded exactly."""
-    cfg = model.config
     index = torch.tensor(frames)
     inputs = data.batch(index)[0]
-    cache = KVCache(cfg, len(frames), cfg.prefix_len + 16, model.dtype)
-    slots = torch.arange(len(frames))
-    prefill = model.prefill(inputs, cache, slots, want_logits=True)
-    noise = torch.randn(len(frames), cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
-    predicted = data.embodiment.actions_to_robot(robot_actions(model.sample_actions(cache, slots, noise), robot_dim,
-                                                               stats), data.robot_state[frames]).positions
+    predicted, cache, slots, prefill = predict_chunks(model, inputs, stats, data.embodiment, data.robot_state[frames],
+                                                      robot_dim, seed, text_tokens=16)
     recorded = data.robot_chunks[frames]
     texts = [tokenizer.decode(ids) for ids in greedy_decode(model, cache, slots, prefill, 16)]
     per_joint = np.abs(predicted - recorded).mean(axis=(0, 1))
     correct = sum(text == data.captions[t] for text, t in zip(texts, frames))
     return {"action_error": float(per_joint.mean()), "action_error_per_joint": per_joint.tolist(),
             "caption_accuracy": correct / len(frames), "sample_captions": texts[:: max(1, len(texts) // 8)]}
+
+
+@torch.inference_mode()
+def predict_chunks(model: Pi05Model, inputs: ModelInputs, stats: NormStats, embodiment: Embodiment,
+                   robot_state: np.ndarray, robot_dim: int, seed: int = 0, text_tokens: int = 0) -> tuple:
+    """Action chunks for a batch of prepared inputs, in the robot's absolute units [B, horizon, robot_dim] (the
+    profile undoing its action space against each frame's `robot_state`, as the node does), with the cache, slots
+    and prefill result (room for `text_tokens` more, to decode text from)."""
+    cfg = model.config
+    count = inputs.images.shape[0]
+    cache = KVCache(cfg, count, cfg.prefix_len + text_tokens, model.dtype)
+    slots = torch.arange(count)
+    prefill = model.prefill(inputs, cache, slots, want_logits=text_tokens > 0)
+    noise = torch.randn(count, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
+    actions = robot_actions(model.sample_actions(cache, slots, noise), robot_dim, stats)
+    return embodiment.actions_to_robot(actions, robot_state).positions, cache, slots, prefill
 
 
 def episode_content_hash(episode: Episode) -> str:
@@ -313,20 +324,21 @@ def resume_folder(out: Path) -> Path:
 
 
 def train(episodes: Episode | Sequence[Episode], out: str | Path, config: TrainConfig = TrainConfig(),
-          tokenizer_path: str | None = None, log=print, threads: int = 1) -> dict:
+          tokenizer_path: str | None = None, log=print, threads: int = 1, about: dict | None = None) -> dict:
     """Train on `episodes` and write the checkpoint folder `out`; returns training.json's data.
 
     When `out` already holds a run on the same data (content hash) with the same settings, that run's data is
     returned and nothing is trained; another `out` that exists is refused. A run stopped part-way resumes from
     its last saved state (every `config.save_every` steps) when started again with the same data and settings.
     One thread by default: the tiny model's matrices are too small for a second thread to pay for its
-    synchronisation, and on a busy machine it costs several times over.
+    synchronisation, and on a busy machine it costs several times over. `about` (what the data is, e.g. the seeds
+    a simulated dataset used) goes into training.json as it is.
     """
     episodes = [episodes] if isinstance(episodes, Episode) else list(episodes)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(episodes, Path(out), config, tokenizer_path, log)
+        return _train(episodes, Path(out), config, tokenizer_path, log, about or {})
     finally:
         torch.set_num_threads(previous)
 
@@ -355,7 +367,8 @@ def _load_resume(folder: Path, key: dict, log) -> tuple[Progress, dict] | None:
     return saved["progress"], saved["model"]
 
 
-def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_path: str | None, log) -> dict:
+def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_path: str | None, log,
+           about: dict) -> dict:
     check_episodes(episodes)
     key = _run_key(episodes, config)
     cached = _cached(out, key)
@@ -408,7 +421,7 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
                 "cameras": {cam: list(episodes[0].images[cam].shape[1:3]) for cam in episodes[0].cameras},
                 "train_seconds": seconds, "resumed_from_step": resumed_from,
                 "joint_names": list(episodes[0].joint_names), "evaluation_frames": frames, "before": before,
-                "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history]}
+                "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history], **about}
         (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
         plot_loss(history, folder / LOSS_PLOT)
     shutil.rmtree(resume, ignore_errors=True)
@@ -447,6 +460,17 @@ def read_episodes(src: str, task: str = "", count: int | None = None) -> list[Ep
     return episodes
 
 
+def sim_seeds(src: str) -> dict:
+    """{"sim_seeds": every seed a `sim-record` dataset tried} (what an evaluation must not reuse), or {}."""
+    path = Path(src) / "meta" / "sim.json"
+    if not path.is_file():
+        return {}
+    try:
+        return {"sim_seeds": [int(a["seed"]) for a in json.loads(path.read_text())["attempts"]]}
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path}: no list of attempts with seeds ({err!r})") from err
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("train-tiny", __doc__)
     parser.add_argument("src", help="ALOHA episode (.hdf5) or LeRobot v3 dataset folder (all its episodes)")
@@ -478,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
                          save_every=args.save_every)
     try:
         episodes = read_episodes(args.src, args.task, args.episodes)
-        info = train(episodes, args.out, config, args.tokenizer, threads=args.threads)
+        info = train(episodes, args.out, config, args.tokenizer, threads=args.threads, about=sim_seeds(args.src))
     except (DataError, OSError, ValueError) as err:
         print(f"train-tiny failed: {err}", file=sys.stderr)
         return 1
