@@ -1,19 +1,21 @@
-"""`oxygen-ros train-tiny EPISODE OUT_CKPT`: fit the `tiny` pi0.5 on one ALOHA episode and save it as a checkpoint.
+"""`oxygen-ros train-tiny SRC OUT_CKPT`: fit the `tiny` (or `small`) pi0.5 on one ALOHA episode or on the episodes of a
+LeRobot v3 dataset, and save it as a checkpoint.
 
-The policy learns what a real one would from that episode, through the same preprocessing the node applies:
+The policy learns what a real one would from those episodes, through the same preprocessing the node applies:
 - state and actions in an embodiment profile's space (`control.embodiment`; `--embodiment`, default `aloha`:
   openpi's ALOHA conventions, so each chunk holds the joints' deltas from its frame's state in pi's signs and the
   grippers in pi's units), exactly what the node undoes on the way out;
 - actions: the flow-matching loss on the chunk of recorded actions that starts at each frame (`actions[t : t +
-  horizon]`, the last action repeated past the end), in the profile's space, quantile-normalised with stats
-  computed from those chunks (as openpi computes its norm stats after its transforms);
+  horizon]`, the last action of its episode repeated past the end), in the profile's space, quantile-normalised
+  with stats computed from all episodes' chunks (as openpi computes its norm stats after its transforms);
 - text: the caption of each frame (`data.captions`: which arm moves, in which phase) after the prompt, tokenized
   with the same SentencePiece tokenizer the checkpoint ships with.
 OUT_CKPT is a LeRobot-layout folder (`model.checkpoint.save_checkpoint`: weights, config marked with the profile,
 the stats as `observation.state` / `action` q01/q99/mean/std/min/max) plus `tokenizer.model` and `training.json`
-(the settings, the episode's content hash, the loss curve, and the chunk error, in the robot's units through the
-profile, and caption accuracy of the weights before and after training on a fixed set of frames). The folder appears
-only when complete.
+(the settings, the data's content hash, the loss curve, and the chunk error, in the robot's units through the
+profile, and caption accuracy of the weights before and after training on a fixed set of frames) and `loss.png`.
+The folder appears only when complete; the state saved every `--save-every` steps lets a stopped run resume, and a
+folder that already holds the same training is reused.
 """
 
 from __future__ import annotations
