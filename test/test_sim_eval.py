@@ -63,6 +63,7 @@ def test_record_train_and_evaluate_end_to_end_on_held_out_seeds(tmp_path, monkey
     result = json.loads((tmp_path / "eval" / "sim_eval.json").read_text())
     assert result["seeds"] == [max(tried) + 1, max(tried) + 2] and not set(result["seeds"]) & set(tried)
     assert [e["steps"] for e in result["episodes"]] == [12, 12] and result["trials"] == 2
+    assert result["steps_per_second"] > 0 and result["chunk_ms"]["p99"] >= result["chunk_ms"]["p50"] > 0
     assert result["successes"] == sum(e["max_reward"] == 4 for e in result["episodes"])
     assert f"sim-eval: {result['successes']}/2 transferred" in printed and f"{len(tried)} training seeds avoided" in printed
     # a checkpoint that says it acts in another embodiment: one line, nothing evaluated

@@ -7,7 +7,8 @@ ALOHA example executes chunks), for gym-aloha's 300 steps. Success is gym-aloha'
 reached at some step. The evaluation seeds are the first M integers from `--seed` that the training data did not
 use: a checkpoint trained on a `sim-record` dataset lists every seed that dataset tried (its `training.json`,
 `sim_seeds`), and a seed among them is skipped. It prints the success rate with a 95 % (Wilson) interval, the
-histogram of each episode's best reward stage, the mean episode length to success, and writes `sim_eval.json`
+histogram of each episode's best reward stage, the mean episode length to success, the steps per second of wall
+time (in process the sim waits for each chunk) and each chunk's time (p50 / p99), and writes `sim_eval.json`
 (every episode's seed, best stage and length) under `--out`. A checkpoint trained in another embodiment than
 gym-aloha's (ALOHA) is refused in one line; an episode whose physics diverges is one line, counts as a failure,
 and the evaluation goes on.
@@ -75,9 +76,11 @@ class CheckpointPolicy:
             raise DataError(f"{folder}: cameras {unknown} do not map to the model's image keys")
         self.training_seeds = {int(s) for s in info.get("sim_seeds", [])}
         self.calls = 0
+        self.seconds: list[float] = []  # each chunk's wall time (preprocessing and model)
 
     def chunk(self, images: dict[str, np.ndarray], qpos: np.ndarray, task: str) -> np.ndarray:
         """[horizon, 14] absolute joint targets for this frame."""
+        started = time.perf_counter()
         state = self.embodiment.state_to_model(qpos[None])[0]
         observation = Observation(images={ALOHA_CAMERA_KEYS[cam]: images[cam] for cam in self.cameras},
                                   state=state, task=task)
@@ -85,6 +88,7 @@ class CheckpointPolicy:
         self.calls += 1
         positions = predict_chunks(self.model, inputs, self.stats, self.embodiment, qpos[None], len(qpos),
                                    self.seed + self.calls)[0]
+        self.seconds.append(time.perf_counter() - started)
         return positions[0]
 
 
@@ -124,11 +128,14 @@ def evaluate_policy(policy: CheckpointPolicy, seeds: list[int], execute: int, ma
     histogram = {stages[level]: sum(1 for e in episodes if int(e["max_reward"]) >= level)
                  for level in range(1, len(stages))}
     lengths = [e["success_step"] for e in episodes if e["success"]]
-    return {"episodes": episodes, "successes": successes, "trials": len(episodes),
+    wall = time.monotonic() - started
+    chunk_ms = 1000 * np.asarray(policy.seconds or [0.0])
+    return {"steps_per_second": sum(e["steps"] for e in episodes) / wall,
+            "chunk_ms": {"p50": float(np.median(chunk_ms)), "p99": float(np.quantile(chunk_ms, 0.99))},"episodes": episodes, "successes": successes, "trials": len(episodes),
             "success_rate": successes / len(episodes), "interval_95": wilson_interval(successes, len(episodes)),
             "reached_stage": histogram, "mean_steps_to_success": float(np.mean(lengths)) if lengths else None,
             "diverged": sum(e["diverged"] for e in episodes), "seeds": seeds, "execute": execute,
-            "wall_seconds": time.monotonic() - started}
+            "wall_seconds": wall}
 
 
 def build_parser() -> CommandParser:
@@ -167,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     for stage, count in result["reached_stage"].items():
         print(f"  reached {stage:<32} {count}/{result['trials']}")
     mean = result["mean_steps_to_success"]
-    print(f"  mean steps to success         {mean:.0f}" if mean is not None else "  mean steps to success  -")
+    print(f"  mean steps to success            {mean:.0f}" if mean is not None else "  mean steps to success            -")
+    print(f"  steps per second (wall)          {result['steps_per_second']:.1f} (the sim waits for each chunk)")
+    print(f"  chunk time p50 / p99             {result['chunk_ms']['p50']:.1f} / {result['chunk_ms']['p99']:.1f} ms")
     return 0
 
 
