@@ -2,6 +2,7 @@
 and the checkpoint folder loads the way the node loads one."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,15 +12,20 @@ from oxygen_ros.commands.train_tiny import (
     TOKENIZER_FILE,
     TrainConfig,
     action_chunks,
+    dataset_content_hash,
     episode_content_hash,
     fit,
-    norm_stats_from_episode,
+    norm_stats_from_episodes,
+    read_episodes,
+    resume_folder,
+    train,
     training_set,
 )
 from oxygen_ros.commands.train_tiny import main as train_main
 from oxygen_ros.control.embodiment import load_embodiment
 from oxygen_ros.data.aloha import write_aloha
 from oxygen_ros.data.captions import STILL, frame_captions
+from oxygen_ros.data.lerobot import write_lerobot
 from oxygen_ros.data.synthetic import synthetic_episode
 from oxygen_ros.model.checkpoint import load_checkpoint
 from oxygen_ros.model.config import get_preset
@@ -42,7 +48,8 @@ def episode():
 
 @pytest.fixture(scope="module")
 def data(episode, tokenizer):
-    return training_set(episode, TINY, tokenizer, norm_stats_from_episode(episode, ALOHA, TINY.action_horizon), ALOHA)
+    return training_set([episode], TINY, tokenizer, norm_stats_from_episodes([episode], ALOHA, TINY.action_horizon),
+                        ALOHA)
 
 
 def test_captions_name_the_moving_arm_and_phase(episode):
@@ -105,7 +112,7 @@ def test_train_tiny_writes_a_checkpoint_folder_that_loads_like_a_real_one(tmp_pa
     assert f"wrote {tmp_path / 'ckpt'}: 3 steps" in capsys.readouterr().out
     loaded = load_checkpoint(tmp_path / "ckpt")
     assert loaded.model.config == TINY and loaded.trained_on.embodiment == "aloha"
-    stats = norm_stats_from_episode(episode, ALOHA, TINY.action_horizon)
+    stats = norm_stats_from_episodes([episode], ALOHA, TINY.action_horizon)
     for key in (STATE_KEY, ACTION_KEY):
         for stat in ("q01", "q99", "mean", "std"):
             np.testing.assert_allclose(loaded.norm_stats[key][stat], stats[key][stat], rtol=1e-6, atol=1e-6)
@@ -118,3 +125,78 @@ def test_train_tiny_writes_a_checkpoint_folder_that_loads_like_a_real_one(tmp_pa
 def test_train_tiny_names_a_bad_episode_and_writes_nothing(tmp_path, capsys):
     assert train_main([str(tmp_path / "missing.hdf5"), str(tmp_path / "ckpt")]) == 1
     assert "missing.hdf5" in capsys.readouterr().err and not (tmp_path / "ckpt").exists()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A LeRobot v3 dataset of three short episodes (each its own motion), with the sim's camera name."""
+    episodes = []
+    for seconds, motion in ((1.0, "handover"), (1.2, "handover"), (0.8, "sinusoids")):
+        episode = synthetic_episode(seconds=seconds, fps=50, cameras=("cam_high",), task=TASK, motion=motion)
+        episode.images = {"top": episode.images["cam_high"]}
+        episodes.append(episode)
+    return write_lerobot(tmp_path_factory.mktemp("data") / "demos", episodes, robot_type="aloha"), episodes
+
+
+def test_train_tiny_trains_on_every_episode_of_a_dataset_into_a_cached_checkpoint(tmp_path, dataset, capsys):
+    root, episodes = dataset
+    out = tmp_path / "ckpt"
+    assert train_main([str(root), str(out), "--steps", "4", "--batch-size", "4"]) == 0
+    assert f"wrote {out}: 4 steps on 3 episodes (150 frames)" in capsys.readouterr().out
+    written = json.loads((out / "training.json").read_text())
+    assert written["episodes"] == 3 and written["cameras"] == {"top": list(episodes[0].images["top"].shape[1:3])}
+    assert len(written["loss"]) == 4 and (out / "loss.png").stat().st_size > 0
+    # the stats cover every episode's frames: the third episode's motion widens the action range
+    episodes = read_episodes(str(root))
+    loaded = load_checkpoint(out)
+    only_two = norm_stats_from_episodes(episodes[:2], ALOHA, TINY.action_horizon)
+    all_three = norm_stats_from_episodes(episodes, ALOHA, TINY.action_horizon)
+    np.testing.assert_allclose(loaded.norm_stats[ACTION_KEY]["q99"], all_three[ACTION_KEY]["q99"], rtol=1e-6)
+    assert not np.allclose(all_three[ACTION_KEY]["q99"], only_two[ACTION_KEY]["q99"])
+    # the same data and settings again: the checkpoint is reused, not retrained
+    weights = (out / "model.safetensors").stat().st_mtime_ns
+    assert train_main([str(root), str(out), "--steps", "4", "--batch-size", "4"]) == 0
+    assert "already holds this training" in capsys.readouterr().out
+    assert (out / "model.safetensors").stat().st_mtime_ns == weights
+    assert written["episode_sha256"] == dataset_content_hash(read_episodes(str(root)))  # as read: videos are lossy
+    # other settings into the same folder: refused, the folder kept
+    assert train_main([str(root), str(out), "--steps", "5", "--batch-size", "4"]) == 1
+    assert "already exists" in capsys.readouterr().err and (out / "model.safetensors").stat().st_mtime_ns == weights
+
+
+def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(tmp_path, dataset, monkeypatch):
+    from oxygen_ros.commands import train_tiny
+
+    _, episodes = dataset
+    config = TrainConfig(steps=6, batch_size=4, warmup_steps=2, save_every=3)
+    straight = train(episodes, tmp_path / "straight", config, log=lambda line: None)
+    real_evaluate, calls = train_tiny.evaluate, []
+
+    def evaluate_then_stop(*args, **kwargs):  # the run dies after its last step, before the checkpoint is written
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_tiny, "evaluate", evaluate_then_stop)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        train(episodes, out, config, log=lambda line: None)
+    assert not out.exists() and (resume_folder(out) / "state.pt").is_file()
+    monkeypatch.setattr(train_tiny, "evaluate", real_evaluate)
+    lines = []
+    resumed = train(episodes, out, config, log=lines.append)
+    assert resumed["resumed_from_step"] == 3 and any("resuming from step 3" in line for line in lines)
+    assert not resume_folder(out).exists()
+    assert resumed["loss"] == straight["loss"]  # the same batches, noise and optimizer state from step 3 on
+    a, b = load_checkpoint(tmp_path / "straight").model, load_checkpoint(out).model
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+
+
+def test_train_tiny_names_episodes_that_do_not_fit_together(tmp_path, dataset):
+    _, episodes = dataset
+    odd = synthetic_episode(seconds=0.5, fps=50, cameras=("cam_high",), task=TASK, motion="handover")
+    with pytest.raises(Exception, match="episode 1 has cameras"):
+        train([episodes[0], odd], tmp_path / "ckpt", TrainConfig(steps=1), log=lambda line: None)
+    assert not Path(tmp_path / "ckpt").exists()

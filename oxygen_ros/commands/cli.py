@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("oxygen_ros.data.report", "rates, action latency, narration timeline and plots from a bag"),
     "demo": ("oxygen_ros.commands.demo", "end-to-end demo: synthetic ALOHA episode -> bag -> replay + vla_node -> report"),
     "train-tiny": ("oxygen_ros.commands.train_tiny", "fit the tiny pi0.5 on one ALOHA episode -> checkpoint folder"),
+    "sim-record": ("oxygen_ros.commands.sim_record", "scripted gym-aloha transfer-cube demonstrations -> LeRobot v3 dataset"),
+    "sim-eval": ("oxygen_ros.commands.sim_eval", "a trained checkpoint on gym-aloha transfer-cube in process: success rate over held-out seeds"),
     "sim-demo": ("oxygen_ros.commands.sim_demo", "closed loop: gym-aloha sim_node + the VLA node on sim time, timing report"),
     "fleet-sim-demo": ("oxygen_ros.commands.fleet_sim_demo", "closed loop: several gym-aloha sim_node robots on one fleet_node"),
     "fleet-sim": ("oxygen_ros.commands.fleet_sim", "fleet simulator: SLO attainment vs robots per design"),

@@ -1,19 +1,21 @@
-"""`oxygen-ros train-tiny EPISODE OUT_CKPT`: fit the `tiny` pi0.5 on one ALOHA episode and save it as a checkpoint.
+"""`oxygen-ros train-tiny SRC OUT_CKPT`: fit the `tiny` (or `small`) pi0.5 on one ALOHA episode or on the episodes of a
+LeRobot v3 dataset, and save it as a checkpoint.
 
-The policy learns what a real one would from that episode, through the same preprocessing the node applies:
+The policy learns what a real one would from those episodes, through the same preprocessing the node applies:
 - state and actions in an embodiment profile's space (`control.embodiment`; `--embodiment`, default `aloha`:
   openpi's ALOHA conventions, so each chunk holds the joints' deltas from its frame's state in pi's signs and the
   grippers in pi's units), exactly what the node undoes on the way out;
 - actions: the flow-matching loss on the chunk of recorded actions that starts at each frame (`actions[t : t +
-  horizon]`, the last action repeated past the end), in the profile's space, quantile-normalised with stats
-  computed from those chunks (as openpi computes its norm stats after its transforms);
+  horizon]`, the last action of its episode repeated past the end), in the profile's space, quantile-normalised
+  with stats computed from all episodes' chunks (as openpi computes its norm stats after its transforms);
 - text: the caption of each frame (`data.captions`: which arm moves, in which phase) after the prompt, tokenized
   with the same SentencePiece tokenizer the checkpoint ships with.
 OUT_CKPT is a LeRobot-layout folder (`model.checkpoint.save_checkpoint`: weights, config marked with the profile,
 the stats as `observation.state` / `action` q01/q99/mean/std/min/max) plus `tokenizer.model` and `training.json`
-(the settings, the episode's content hash, the loss curve, and the chunk error, in the robot's units through the
-profile, and caption accuracy of the weights before and after training on a fixed set of frames). The folder appears
-only when complete.
+(the settings, the data's content hash, the loss curve, and the chunk error, in the robot's units through the
+profile, and caption accuracy of the weights before and after training on a fixed set of frames) and `loss.png`.
+The folder appears only when complete; the state saved every `--save-every` steps lets a stopped run resume, and a
+folder that already holds the same training is reused.
 """
 
 from __future__ import annotations
@@ -26,18 +28,21 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..command_line import CommandParser
+from ..command_line import CommandParser, UsageError
+from ..command_line import progress as progress_bar
 from ..control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
 from ..data.aloha import read_aloha
 from ..data.atomic import atomic_output
 from ..data.captions import frame_captions
 from ..data.episode import DataError, Episode
+from ..data.lerobot import lerobot_episodes, read_lerobot
 from ..model.checkpoint import save_checkpoint
 from ..model.config import Pi05Config, get_preset
 from ..model.generate import greedy_decode
@@ -55,12 +60,15 @@ from ..model.preprocess import (
 )
 from ..model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from ..model.train import training_losses
+from .sim_demo import MODEL_CAMERA_KEYS as SIM_CAMERA_KEYS
 
 TOKENIZER_FILE = "tokenizer.model"
 INFO_FILE = "training.json"
-# ALOHA camera -> pi0.5 image key, as config/aloha.yaml maps the camera topics.
+LOSS_PLOT = "loss.png"
+EVAL_FRAMES = 128
+# ALOHA camera -> pi0.5 image key, as config/aloha.yaml maps the camera topics; the sim's cameras as sim-demo maps them.
 ALOHA_CAMERA_KEYS = {"cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_rgb",
-                     "cam_right_wrist": "right_wrist_0_rgb"}
+                     "cam_right_wrist": "right_wrist_0_rgb", **SIM_CAMERA_KEYS}
 
 
 @dataclass(frozen=True)
@@ -72,15 +80,16 @@ class TrainConfig:
     warmup_steps: int = 30
     text_weight: float = 0.5
     seed: int = 0
-    eval_every: int = 10  # evaluation frames: every n-th frame of the episode
+    eval_every: int = 10  # evaluation frames: every n-th frame of the episodes (at most EVAL_FRAMES of them)
     embodiment: str = "aloha"  # the profile the model acts in (a shipped name or a YAML file)
+    save_every: int = 100  # steps between saves of the training state (what a rerun resumes from)
 
 
 @dataclass
 class TrainingSet:
-    """Every frame of the episode in model space, and what it is in the robot's."""
+    """Every frame of the episodes in model space, and what it is in the robot's."""
 
-    inputs: ModelInputs  # [N, ...] all frames, CPU float32
+    inputs: ModelInputs  # [N, ...] all frames, CPU; images in float16 (half the memory of many episodes' frames)
     actions: torch.Tensor  # [N, horizon, action_dim] normalised chunks, zero-padded dims
     caption: torch.Tensor  # [N, C] caption token ids, PAD after the caption
     caption_mask: torch.Tensor  # [N, C] bool
@@ -90,8 +99,8 @@ class TrainingSet:
     robot_chunks: np.ndarray  # [N, horizon, A] each frame's recorded absolute actions, robot units
 
     def batch(self, index: torch.Tensor) -> tuple[ModelInputs, torch.Tensor, torch.Tensor, torch.Tensor]:
-        inputs = ModelInputs(self.inputs.images[index], self.inputs.image_masks[index], self.inputs.tokens[index],
-                             self.inputs.token_masks[index])
+        inputs = ModelInputs(self.inputs.images[index].float(), self.inputs.image_masks[index],
+                             self.inputs.tokens[index], self.inputs.token_masks[index])
         return inputs, self.actions[index], self.caption[index], self.caption_mask[index]
 
 
@@ -115,12 +124,14 @@ def model_space(episode: Episode, embodiment: Embodiment, horizon: int) -> tuple
             embodiment.actions_to_model(action_chunks(episode.actions.astype(np.float64), horizon), episode.state))
 
 
-def norm_stats_from_episode(episode: Episode, embodiment: Embodiment, horizon: int) -> NormStats:
-    """LeRobot-style stats of the episode's state and action chunks in the model's space (what `preprocess`
-    normalises with)."""
-    states, chunks = model_space(episode, embodiment, horizon)
+def norm_stats_from_episodes(episodes: Sequence[Episode], embodiment: Embodiment, horizon: int) -> NormStats:
+    """LeRobot-style stats of the episodes' states and action chunks in the model's space (what `preprocess`
+    normalises with); chunks never cross from one episode into the next."""
+    spaces = [model_space(episode, embodiment, horizon) for episode in episodes]
+    states = np.concatenate([state for state, _ in spaces])
+    chunks = np.concatenate([chunk.reshape(-1, chunk.shape[-1]) for _, chunk in spaces])
     stats = {}
-    for key, values in ((STATE_KEY, states), (ACTION_KEY, chunks.reshape(-1, chunks.shape[-1]))):
+    for key, values in ((STATE_KEY, states), (ACTION_KEY, chunks)):
         stats[key] = {"q01": np.quantile(values, 0.01, axis=0), "q99": np.quantile(values, 0.99, axis=0),
                       "mean": values.mean(axis=0), "std": values.std(axis=0), "min": values.min(axis=0),
                       "max": values.max(axis=0)}
@@ -143,13 +154,35 @@ def action_chunks(actions: np.ndarray, horizon: int) -> np.ndarray:
     return actions[index]
 
 
-def training_set(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, stats: NormStats,
+def training_set(episodes: Sequence[Episode], config: Pi05Config, tokenizer: Tokenizer, stats: NormStats,
                  embodiment: Embodiment) -> TrainingSet:
+    """All frames of `episodes` (one after the other) as model inputs, normalised action chunks and captions."""
+    parts = [_episode_part(episode, config, tokenizer, stats, embodiment) for episode in episodes]
+    width = max(part[2].shape[1] for part in parts)
+    caption = torch.full((sum(len(part[1]) for part in parts), width), config.pad_id, dtype=torch.long)
+    mask = torch.zeros(caption.shape, dtype=torch.bool)
+    row = 0
+    for _, chunks, ids, valid, _ in parts:
+        caption[row: row + len(chunks), : ids.shape[1]] = ids
+        mask[row: row + len(chunks), : ids.shape[1]] = valid
+        row += len(chunks)
+    inputs = ModelInputs(*(torch.cat([getattr(part[0], field) for part in parts]) for field in
+                           ("images", "image_masks", "tokens", "token_masks")))
+    return TrainingSet(inputs, torch.cat([part[1] for part in parts]), caption, mask,
+                       [text for part in parts for text in part[4]], embodiment,
+                       np.concatenate([e.state.astype(np.float64) for e in episodes]),
+                       np.concatenate([action_chunks(e.actions.astype(np.float64), config.action_horizon)
+                                       for e in episodes]))
+
+
+def _episode_part(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, stats: NormStats,
+                  embodiment: Embodiment) -> tuple:
     cameras = model_cameras(episode, config)
     states, model_chunks = model_space(episode, embodiment, config.action_horizon)
     observations = [Observation(images={key: episode.images[cam][t] for cam, key in cameras.items()},
                                 state=states[t], task=episode.task) for t in range(episode.length)]
     inputs = prepare_inputs(observations, config, tokenizer, stats)
+    inputs = ModelInputs(inputs.images.half(), inputs.image_masks, inputs.tokens, inputs.token_masks)
     dim = episode.actions.shape[1]
     if dim > config.action_dim:
         raise DataError(f"the episode has {dim} action dims, the model only {config.action_dim}")
@@ -162,9 +195,7 @@ def training_set(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, sta
     for t, ids in enumerate(encoded):
         caption[t, : len(ids)] = torch.tensor(ids)
     mask = torch.arange(width)[None, :] < torch.tensor([len(ids) for ids in encoded])[:, None]
-    return TrainingSet(inputs, torch.from_numpy(chunks), caption, mask, captions, embodiment,
-                       episode.state.astype(np.float64), action_chunks(episode.actions.astype(np.float64),
-                                                                       config.action_horizon))
+    return inputs, torch.from_numpy(chunks), caption, mask, captions
 
 
 @torch.inference_mode()
@@ -173,21 +204,32 @@ def evaluate(model: Pi05Model, data: TrainingSet, tokenizer: Tokenizer, stats: N
     """Chunks and greedy captions on `frames`: mean absolute chunk error per joint against the recorded actions,
     in the robot's units (the prediction made absolute by the profile, as the node does), and the share of captions
     decoded exactly."""
-    cfg = model.config
     index = torch.tensor(frames)
     inputs = data.batch(index)[0]
-    cache = KVCache(cfg, len(frames), cfg.prefix_len + 16, model.dtype)
-    slots = torch.arange(len(frames))
-    prefill = model.prefill(inputs, cache, slots, want_logits=True)
-    noise = torch.randn(len(frames), cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
-    predicted = data.embodiment.actions_to_robot(robot_actions(model.sample_actions(cache, slots, noise), robot_dim,
-                                                               stats), data.robot_state[frames]).positions
+    predicted, cache, slots, prefill = predict_chunks(model, inputs, stats, data.embodiment, data.robot_state[frames],
+                                                      robot_dim, seed, text_tokens=16)
     recorded = data.robot_chunks[frames]
     texts = [tokenizer.decode(ids) for ids in greedy_decode(model, cache, slots, prefill, 16)]
     per_joint = np.abs(predicted - recorded).mean(axis=(0, 1))
     correct = sum(text == data.captions[t] for text, t in zip(texts, frames))
     return {"action_error": float(per_joint.mean()), "action_error_per_joint": per_joint.tolist(),
             "caption_accuracy": correct / len(frames), "sample_captions": texts[:: max(1, len(texts) // 8)]}
+
+
+@torch.inference_mode()
+def predict_chunks(model: Pi05Model, inputs: ModelInputs, stats: NormStats, embodiment: Embodiment,
+                   robot_state: np.ndarray, robot_dim: int, seed: int = 0, text_tokens: int = 0) -> tuple:
+    """Action chunks for a batch of prepared inputs, in the robot's absolute units [B, horizon, robot_dim] (the
+    profile undoing its action space against each frame's `robot_state`, as the node does), with the cache, slots
+    and prefill result (room for `text_tokens` more, to decode text from)."""
+    cfg = model.config
+    count = inputs.images.shape[0]
+    cache = KVCache(cfg, count, cfg.prefix_len + text_tokens, model.dtype)
+    slots = torch.arange(count)
+    prefill = model.prefill(inputs, cache, slots, want_logits=text_tokens > 0)
+    noise = torch.randn(count, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
+    actions = robot_actions(model.sample_actions(cache, slots, noise), robot_dim, stats)
+    return embodiment.actions_to_robot(actions, robot_state).positions, cache, slots, prefill
 
 
 def episode_content_hash(episode: Episode) -> str:
@@ -207,15 +249,31 @@ def _learning_rate(config: TrainConfig, step: int) -> float:
     return config.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print) -> list[dict]:
-    """Train `model` in place; returns the loss of every step ({"step", "action", "text"})."""
+@dataclass
+class Progress:
+    """Where a training run is: the steps done, their losses, and the state to go on from (`fit` updates it)."""
+
+    step: int = 0
+    history: list[dict] = dataclasses.field(default_factory=list)
+    optimizer: dict | None = None
+    generator: torch.Tensor | None = None
+
+
+def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print, progress: Progress | None = None,
+        save=None) -> list[dict]:
+    """Train `model` in place from `progress` (default: the start); returns the loss of every step ({"step",
+    "action", "text"}). Every `config.save_every` steps `save(progress)` is called with the state so far."""
+    progress = progress or Progress()
     generator = torch.Generator().manual_seed(config.seed)
+    if progress.generator is not None:
+        generator.set_state(progress.generator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=1e-4)
+    if progress.optimizer is not None:
+        optimizer.load_state_dict(progress.optimizer)
     model.train()
-    history = []
     started = time.monotonic()
     count = data.actions.shape[0]
-    for step in range(config.steps):
+    for step in progress_bar(range(progress.step, config.steps), total=config.steps - progress.step, desc="train"):
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step)
         index = torch.randint(count, (min(config.batch_size, count),), generator=generator)
@@ -225,35 +283,109 @@ def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print) -> 
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        history.append({"step": step, "action": losses.action.item(), "text": losses.text.item()})
+        progress.history.append({"step": step, "action": losses.action.item(), "text": losses.text.item()})
+        progress.step = step + 1
         if step % 100 == 0 or step == config.steps - 1:
             log(f"step {step:4d}  action loss {losses.action.item():.4f}  text loss {losses.text.item():.3f}  "
                 f"({time.monotonic() - started:.0f} s)")
+        if save is not None and progress.step % config.save_every == 0 and progress.step < config.steps:
+            progress.optimizer, progress.generator = optimizer.state_dict(), generator.get_state()
+            save(progress)
     model.eval()
-    return history
+    return progress.history
 
 
-def train(episode: Episode, out: str | Path, config: TrainConfig = TrainConfig(), tokenizer_path: str | None = None,
-          log=print, threads: int = 1) -> dict:
-    """Train on `episode` and write the checkpoint folder `out` (must not exist); returns training.json's data.
+def dataset_content_hash(episodes: Sequence[Episode]) -> str:
+    """SHA-256 over the episodes' content hashes in order (one episode: its own hash)."""
+    if len(episodes) == 1:
+        return episode_content_hash(episodes[0])
+    return hashlib.sha256(" ".join(episode_content_hash(e) for e in episodes).encode()).hexdigest()
 
+
+def check_episodes(episodes: Sequence[Episode]) -> None:
+    """Every episode has the first one's cameras, image sizes, rate and state / action widths; DataError naming the
+    first that differs otherwise."""
+    if not episodes:
+        raise DataError("no episodes to train on")
+    first = episodes[0]
+    for i, episode in enumerate(episodes):
+        shapes = {cam: episode.images[cam].shape[1:] for cam in episode.cameras}
+        expected = {cam: first.images[cam].shape[1:] for cam in first.cameras}
+        if shapes != expected:
+            raise DataError(f"episode {i} has cameras {shapes}, episode 0 {expected}")
+        if (episode.state.shape[1], episode.actions.shape[1], episode.fps) != (
+                first.state.shape[1], first.actions.shape[1], first.fps):
+            raise DataError(f"episode {i} has state / action widths and rate {episode.state.shape[1]}, "
+                            f"{episode.actions.shape[1]}, {episode.fps:g} Hz; episode 0 {first.state.shape[1]}, "
+                            f"{first.actions.shape[1]}, {first.fps:g} Hz")
+
+
+def resume_folder(out: Path) -> Path:
+    """Where a run writing `out` keeps what it resumes from: beside `out`, hidden, removed when `out` is written."""
+    return out.parent / f".{out.name}.resume"
+
+
+def train(episodes: Episode | Sequence[Episode], out: str | Path, config: TrainConfig = TrainConfig(),
+          tokenizer_path: str | None = None, log=print, threads: int = 1, about: dict | None = None) -> dict:
+    """Train on `episodes` and write the checkpoint folder `out`; returns training.json's data.
+
+    When `out` already holds a run on the same data (content hash) with the same settings, that run's data is
+    returned and nothing is trained; another `out` that exists is refused. A run stopped part-way resumes from
+    its last saved state (every `config.save_every` steps) when started again with the same data and settings.
     One thread by default: the tiny model's matrices are too small for a second thread to pay for its
-    synchronisation, and on a busy machine it costs several times over.
+    synchronisation, and on a busy machine it costs several times over. `about` (what the data is, e.g. the seeds
+    a simulated dataset used) goes into training.json as it is.
     """
+    episodes = [episodes] if isinstance(episodes, Episode) else list(episodes)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(episode, Path(out), config, tokenizer_path, log)
+        return _train(episodes, Path(out), config, tokenizer_path, log, about or {})
     finally:
         torch.set_num_threads(previous)
 
 
-def _train(episode: Episode, out: Path, config: TrainConfig, tokenizer_path: str | None, log) -> dict:
+def _run_key(episodes: Sequence[Episode], config: TrainConfig) -> dict:
+    return {"train_config": dataclasses.asdict(config), "episode_sha256": dataset_content_hash(episodes)}
+
+
+def _cached(out: Path, key: dict) -> dict | None:
+    try:
+        info = json.loads((out / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    same = isinstance(info, dict) and all(info.get(k) == v for k, v in key.items())
+    return info if same else None
+
+
+def _load_resume(folder: Path, key: dict, log) -> tuple[Progress, dict] | None:
+    try:
+        saved = torch.load(folder / "state.pt", weights_only=False)
+    except (OSError, RuntimeError, EOFError):
+        return None
+    if saved.get("key") != key:
+        log(f"{folder}: saved state of other data or settings; starting afresh")
+        return None
+    return saved["progress"], saved["model"]
+
+
+def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_path: str | None, log,
+           about: dict) -> dict:
+    check_episodes(episodes)
+    key = _run_key(episodes, config)
+    cached = _cached(out, key)
+    if cached is not None:
+        log(f"{out} already holds this training (data {key['episode_sha256'][:12]}, same settings): reused")
+        return cached
     model_config = get_preset(config.preset)
     torch.manual_seed(config.seed)
+    resume = resume_folder(out)
     with atomic_output(out) as folder:
         folder.mkdir()
-        if tokenizer_path:
+        saved = _load_resume(resume, key, log)
+        if saved is not None:
+            shutil.copyfile(resume / TOKENIZER_FILE, folder / TOKENIZER_FILE)
+        elif tokenizer_path:
             shutil.copyfile(tokenizer_path, folder / TOKENIZER_FILE)
         else:
             train_tokenizer(folder / TOKENIZER_FILE, model_config.vocab_size)
@@ -261,36 +393,101 @@ def _train(episode: Episode, out: Path, config: TrainConfig, tokenizer_path: str
         if tokenizer.vocab_size > model_config.vocab_size:
             raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model only "
                             f"{model_config.vocab_size}")
-        embodiment = episode_embodiment(episode, config.embodiment)
-        stats = norm_stats_from_episode(episode, embodiment, model_config.action_horizon)
-        data = training_set(episode, model_config, tokenizer, stats, embodiment)
+        embodiment = episode_embodiment(episodes[0], config.embodiment)
+        stats = norm_stats_from_episodes(episodes, embodiment, model_config.action_horizon)
+        data = training_set(episodes, model_config, tokenizer, stats, embodiment)
         model = build_model(model_config, seed=config.seed)
-        frames = list(range(0, episode.length, config.eval_every))
-        robot_dim = episode.actions.shape[1]
+        total = data.actions.shape[0]
+        frames = list(range(0, total, config.eval_every))
+        frames = [frames[i] for i in np.linspace(0, len(frames) - 1, min(len(frames), EVAL_FRAMES)).astype(int)]
+        robot_dim = episodes[0].actions.shape[1]
         before = evaluate(model, data, tokenizer, stats, frames, robot_dim, config.seed)
-        started = time.monotonic()
-        history = fit(model, data, config, log)
+        progress = Progress()
+        if saved is not None:
+            progress, weights = saved
+            model.load_state_dict(weights)
+            log(f"resuming from step {progress.step} ({resume})")
+
+        def save(state: Progress) -> None:
+            resume.mkdir(exist_ok=True)
+            shutil.copyfile(folder / TOKENIZER_FILE, resume / TOKENIZER_FILE)
+            torch.save({"key": key, "progress": state, "model": model.state_dict()}, resume / "state.tmp")
+            (resume / "state.tmp").replace(resume / "state.pt")
+
+        started, resumed_from = time.monotonic(), progress.step
+        history = fit(model, data, config, log, progress, save)
         seconds = time.monotonic() - started
         after = evaluate(model, data, tokenizer, stats, frames, robot_dim, config.seed)
         save_checkpoint(model, folder, stats, embodiment=embodiment.name)
-        info = {"train_config": dataclasses.asdict(config), "episode_sha256": episode_content_hash(episode),
-                "frames": episode.length, "train_seconds": seconds, "joint_names": list(episode.joint_names),
-                "evaluation_frames": frames, "before": before, "after": after,
-                "loss": [{k: round(v, 5) for k, v in h.items()} for h in history]}
+        info = {**key, "episodes": len(episodes), "frames": total,
+                "cameras": {cam: list(episodes[0].images[cam].shape[1:3]) for cam in episodes[0].cameras},
+                "train_seconds": seconds, "resumed_from_step": resumed_from,
+                "joint_names": list(episodes[0].joint_names), "evaluation_frames": frames, "before": before,
+                "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history], **about}
         (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+        plot_loss(history, folder / LOSS_PLOT)
+    shutil.rmtree(resume, ignore_errors=True)
     return info
+
+
+def plot_loss(history: list[dict], path: Path) -> None:
+    """The action and text losses against the step, on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    steps = [h["step"] for h in history]
+    for name in ("action", "text"):
+        axis.plot(steps, [h[name] for h in history], label=f"{name} loss", linewidth=0.8)
+    axis.set_yscale("log")
+    axis.set_xlabel("step")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def read_episodes(src: str, task: str = "", count: int | None = None) -> list[Episode]:
+    """An ALOHA .hdf5 episode, or the first `count` (default all) episodes of a LeRobot v3 dataset folder; `task`,
+    when given, replaces their instruction."""
+    if not Path(src).is_dir():
+        return [read_aloha(src, task=task)]
+    available = len(lerobot_episodes(src))
+    episodes = [read_lerobot(src, i) for i in progress_bar(range(min(count or available, available)),
+                                                            desc="reading episodes")]
+    for episode in episodes:
+        episode.task = task or episode.task
+    return episodes
+
+
+def sim_seeds(src: str) -> dict:
+    """{"sim_seeds": every seed a `sim-record` dataset tried} (what an evaluation must not reuse), or {}."""
+    path = Path(src) / "meta" / "sim.json"
+    if not path.is_file():
+        return {}
+    try:
+        return {"sim_seeds": [int(a["seed"]) for a in json.loads(path.read_text())["attempts"]]}
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path}: no list of attempts with seeds ({err!r})") from err
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("train-tiny", __doc__)
-    parser.add_argument("episode", help="ALOHA episode (.hdf5)")
-    parser.add_argument("out", help="checkpoint folder to write (must not exist)")
-    parser.add_argument("--task", default="", help="the instruction the episode shows (the prompt's task)")
+    parser.add_argument("src", help="ALOHA episode (.hdf5) or LeRobot v3 dataset folder (all its episodes)")
+    parser.add_argument("out", help="checkpoint folder to write (or that holds this very training already)")
+    parser.add_argument("--episodes", type=int, help="train on the dataset's first N episodes only")
+    parser.add_argument("--task", default="", help="the instruction the episodes show (default: their own)")
     parser.add_argument("--tokenizer", help="SentencePiece file (default: the stand-in tokenizer, trained here)")
     defaults = TrainConfig()
+    parser.add_argument("--preset", default=defaults.preset, choices=("tiny", "small"), help="model shapes")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="frames per step")
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate, help="peak learning rate")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="weights, batches and flow-matching noise")
+    parser.add_argument("--save-every", type=int, default=defaults.save_every,
+                        help="steps between saves of the state a rerun resumes from")
     parser.add_argument("--embodiment", default=defaults.embodiment,
                         help=f"the action space to train in: {' | '.join(shipped_names())} or a profile YAML file")
     parser.add_argument("--threads", type=int, default=1,
@@ -300,17 +497,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, embodiment=args.embodiment)
+    if min(args.steps, args.batch_size, args.save_every, args.episodes or 1) <= 0:
+        raise UsageError("--steps, --batch-size, --save-every and --episodes must be positive")
+    config = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size,
+                         learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
+                         save_every=args.save_every)
     try:
-        episode = read_aloha(args.episode, task=args.task)
-        info = train(episode, args.out, config, args.tokenizer, threads=args.threads)
+        episodes = read_episodes(args.src, args.task, args.episodes)
+        info = train(episodes, args.out, config, args.tokenizer, threads=args.threads, about=sim_seeds(args.src))
     except (DataError, OSError, ValueError) as err:
         print(f"train-tiny failed: {err}", file=sys.stderr)
         return 1
     before, after = info["before"], info["after"]
-    print(f"wrote {args.out}: {config.steps} steps in {info['train_seconds']:.0f} s; chunk error "
-          f"{before['action_error']:.3f} -> {after['action_error']:.3f} (mean abs, robot units, embodiment "
-          f"{config.embodiment}), caption accuracy "
+    print(f"wrote {args.out}: {config.steps} steps on {info.get('episodes', 1)} episodes ({info['frames']} frames) "
+          f"in {info['train_seconds']:.0f} s; chunk error {before['action_error']:.3f} -> {after['action_error']:.3f} "
+          f"(mean abs, robot units, embodiment {config.embodiment}), caption accuracy "
           f"{before['caption_accuracy']:.0%} -> {after['caption_accuracy']:.0%}")
     return 0
 

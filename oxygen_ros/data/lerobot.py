@@ -14,10 +14,11 @@ row widths) before using it, so a dataset of another shape fails with one line n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -325,11 +326,16 @@ def _tasks_table(tasks: list[str]) -> pa.Table:
 
 
 def write_lerobot(root: str | os.PathLike, episodes: Sequence[Episode], codec: str = "h264",
-                  robot_type: str = "unknown") -> Path:
+                  robot_type: str = "unknown", extra_meta: Mapping[str, dict] | None = None) -> Path:
     """Write episodes as a LeRobot v3.0 dataset in one data file and one video file per camera.
 
-    `codec` is "h264" (default), "av1" or "mpeg4"; the dataset appears at `root` only once complete.
+    `codec` is "h264" (default), "av1" or "mpeg4"; `extra_meta` maps names to JSON objects written as
+    `meta/<name>.json` (how the episodes were made, say; LeRobot's loader ignores such files). The dataset appears
+    at `root` only once complete.
     """
+    for name in extra_meta or {}:
+        if not name.isidentifier() or name in ("info", "stats"):
+            raise DataError(f"extra metadata name {name!r} must be a plain name other than info and stats")
     _check_compatible(episodes)
     first = episodes[0]
     fps = first.fps
@@ -411,4 +417,21 @@ def write_lerobot(root: str | os.PathLike, episodes: Sequence[Episode], codec: s
         }
         (out / "meta" / "info.json").write_text(json.dumps(info, indent=4))
         (out / "meta" / "stats.json").write_text(json.dumps(stats, indent=4))
+        for name, value in (extra_meta or {}).items():
+            (out / "meta" / f"{name}.json").write_text(json.dumps(value, indent=1) + "\n")
     return Path(root)
+
+
+def dataset_checksums(root: str | os.PathLike) -> dict[str, str]:
+    """SHA-256 of every file of a dataset folder, by path relative to it (sorted), and of the whole under "*"
+    (each path and its digest in turn): what to compare when two runs should have written the same dataset."""
+    root = Path(root)
+    sums = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        sums[path.relative_to(root).as_posix()] = digest.hexdigest()
+    whole = hashlib.sha256("".join(f"{name} {value}\n" for name, value in sums.items()).encode())
+    return {**sums, "*": whole.hexdigest()}

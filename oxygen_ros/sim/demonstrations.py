@@ -1,0 +1,213 @@
+"""Scripted transfer_cube demonstrations that succeed, made the way ACT made its simulated data.
+
+1. The plan is written in the end effectors' space: timed waypoints (grasp point position, orientation as a
+   quaternion, normalized gripper command) for each arm, interpolated linearly at the sim's 50 Hz (orientations
+   normalized after blending). The right gripper goes above the cube, down, closes, carries the cube to a meeting
+   point in the air and opens once the left gripper, turned to face it, has closed on the cube; then both back away.
+2. It is rolled out in gym-aloha's end-effector task (`TransferCubeEndEffectorTask`: mocap bodies pull each
+   gripper to the commanded pose), and each step's joint positions are recorded as joint targets, the gripper
+   columns replaced by the gripper command (the fingers lag their command; a replay must command, not follow).
+3. Those targets are replayed in the joint-space task (`AlohaSimEnv`, the task every policy here is evaluated in)
+   and recorded there, images included. A demonstration is kept only when the replay reaches gym-aloha's top
+   reward stage (4: the left gripper holds the cube off the table).
+
+Episode `seed` places the cube with gym-aloha's own sampler, in both tasks, so demonstration i is reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oxygen_ros.data.episode import Episode
+from oxygen_ros.sim.aloha_env import DT, MAX_EPISODE_STEPS, SimulationDiverged
+from oxygen_ros.sim.recording import EpisodeRecorder
+from oxygen_ros.sim.scripted import CLOSED, GRASP_POINT, OPEN
+
+END_EFFECTOR_XML = "bimanual_viperx_end_effector_transfer_cube.xml"
+EPISODE_STEPS = MAX_EPISODE_STEPS  # the plan ends well inside gym-aloha's time limit
+MEET = np.array([0.0, 0.5, 0.25])  # where the cube changes hands, in the world frame (m)
+ARMS = ("left", "right")  # the order of gym-aloha's action halves
+REPLAN_STEP = 200  # the right arm holds the cube still at the meeting point: the left arm looks where it is
+LEFT_GRASP_STEP = 230  # until then the left arm follows where the cube is
+LEFT_REACH = 0.05  # the left grasp point this far past the held cube's centre (m): the arm lags its target
+GRASP_BELOW = np.array([0.0, 0.0, -0.02])  # aim under the cube's centre: the weld lets the gripper ride high
+PITCH_DEGREES = 50.0  # the right gripper's tilt below the horizontal when it picks
+
+
+def _rotation_about(axis: str, degrees: float) -> np.ndarray:
+    """A 3x3 rotation about a world axis."""
+    c, s = np.cos(np.radians(degrees)), np.sin(np.radians(degrees))
+    i, j = {"x": (1, 2), "y": (2, 0), "z": (0, 1)}[axis]
+    rotation = np.eye(3)
+    rotation[i, i], rotation[i, j], rotation[j, i], rotation[j, j] = c, -s, s, c
+    return rotation
+
+
+# Gripper orientations (columns: the gripper link's axes in the world; x points along the fingers, the fingers
+# close along y). The right gripper picks pointing towards -x and down; the left one meets it pointing towards +x,
+# turned a quarter about its pointing axis so that its fingers close across the right gripper's.
+PICK = _rotation_about("y", -PITCH_DEGREES) @ np.diag([-1.0, -1.0, 1.0])
+FACE = _rotation_about("x", 90.0)
+
+
+@dataclass(frozen=True)
+class Waypoint:
+    step: int
+    point: np.ndarray  # the grasp point (between the fingertips) in the world, m
+    rotation: np.ndarray  # the gripper link's orientation, 3x3
+    gripper: float  # normalized command, 0 closed .. 1 open
+
+
+def transfer_plan(cube: np.ndarray, start: dict[str, tuple[np.ndarray, np.ndarray]],
+                  held: np.ndarray | None = None) -> dict[str, list[Waypoint]]:
+    """The two arms' waypoints for a cube centred at `cube`, from each gripper's start (grasp point, rotation).
+
+    The left gripper takes the cube where it is held (`held`, its centre once the right arm has brought it to the
+    meeting point; until then the meeting point itself): the grasp in the right gripper is never quite centred.
+    """
+    held = MEET if held is None else held
+    left_wait = held + np.array([-0.10, 0.0, 0.0])
+    left_grasp = held + np.array([LEFT_REACH, 0.0, 0.0])
+    right_point, right_rotation = start["right"]
+    left_point, left_rotation = start["left"]
+    return {
+        "left": [
+            Waypoint(0, left_point, left_rotation, CLOSED),
+            Waypoint(80, left_wait, FACE, OPEN),
+            Waypoint(REPLAN_STEP, left_wait, FACE, OPEN),
+            Waypoint(LEFT_GRASP_STEP, left_grasp, FACE, OPEN),
+            Waypoint(245, left_grasp, FACE, CLOSED),
+            Waypoint(285, left_wait, FACE, CLOSED),
+        ],
+        "right": [
+            Waypoint(0, right_point, right_rotation, CLOSED),
+            Waypoint(70, cube + np.array([0.0, 0.0, 0.08]), PICK, OPEN),
+            Waypoint(100, cube + GRASP_BELOW, PICK, OPEN),
+            Waypoint(125, cube + GRASP_BELOW, PICK, CLOSED),
+            Waypoint(150, MEET + np.array([0.05, 0.0, 0.0]), PICK, CLOSED),
+            Waypoint(165, MEET, PICK, CLOSED),
+            Waypoint(250, MEET, PICK, CLOSED),
+            Waypoint(262, MEET, PICK, OPEN),
+            Waypoint(285, MEET + np.array([0.1, 0.0, 0.0]), PICK, OPEN),
+        ],
+    }
+
+
+def pose_at(waypoints: list[Waypoint], step: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(grasp point, rotation, gripper) at `step`, linear between the waypoints around it (the rotation
+    re-orthonormalized), the last waypoint held after the plan ends."""
+    later = next((i for i, w in enumerate(waypoints) if w.step > step), len(waypoints) - 1)
+    before, after = waypoints[max(later - 1, 0)], waypoints[later]
+    span = after.step - before.step
+    f = float(np.clip((step - before.step) / span, 0.0, 1.0)) if span > 0 else 1.0
+    u, _, vt = np.linalg.svd((1 - f) * before.rotation + f * after.rotation)
+    return (1 - f) * before.point + f * after.point, u @ vt, (1 - f) * before.gripper + f * after.gripper
+
+
+class MocapWeld:
+    """Where to put a mocap body so that the gripper link welded to it sits at a pose: gym-aloha's welds hold the
+    link at a fixed pose relative to the mocap body (MuJoCo's `relpose`), which is undone here."""
+
+    def __init__(self, model, index: int):
+        import mujoco
+
+        self._mujoco = mujoco
+        self.offset = model.eq_data[index][3:6].copy()
+        self.turn = model.eq_data[index][6:10].copy()
+
+    def mocap(self, point: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+        """[x, y, z, qw, qx, qy, qz] of the mocap body for the link at `rotation` with its grasp point at `point`."""
+        mj = self._mujoco
+        link, inverse_turn, quat = np.zeros(4), np.zeros(4), np.zeros(4)
+        mj.mju_mat2Quat(link, np.ascontiguousarray(rotation).reshape(-1))
+        mj.mju_negQuat(inverse_turn, self.turn)
+        mj.mju_mulQuat(quat, link, inverse_turn)
+        origin = point - rotation @ GRASP_POINT
+        matrix = np.zeros(9)
+        mj.mju_quat2Mat(matrix, quat)
+        return np.concatenate([origin - matrix.reshape(3, 3) @ self.offset, quat])
+
+
+def end_effector_rollout(seed: int, steps: int = EPISODE_STEPS) -> np.ndarray:
+    """Roll the plan out in gym-aloha's end-effector task; returns [steps, 14] joint targets (ALOHA layout)."""
+    import os
+
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from dm_control import mujoco
+    from dm_control.rl import control
+    from gym_aloha import constants
+    from gym_aloha.tasks.sim_end_effector import TransferCubeEndEffectorTask
+    from gym_aloha.utils import sample_box_pose
+
+    class SeededTask(TransferCubeEndEffectorTask):
+        """gym-aloha's task with the cube placed from the episode seed and no rendering in its observation."""
+
+        def initialize_episode(self, physics):
+            self.initialize_robots(physics)
+            address = physics.model.jnt_qposadr[physics.model.name2id("red_box_joint", "joint")]
+            physics.data.qpos[address: address + 7] = sample_box_pose(seed)
+
+        def get_observation(self, physics):
+            return {"qpos": self.get_qpos(physics)}
+
+    physics = mujoco.Physics.from_xml_path(str(constants.ASSETS_DIR / END_EFFECTOR_XML))
+    env = control.Environment(physics, SeededTask(), time_limit=float("inf"), control_timestep=DT,
+                              flat_observation=False)
+    try:
+        env.reset()
+        model, data = physics.model.ptr, physics.data.ptr
+        welds, start = {}, {}
+        for side in ARMS:
+            body = model.body(f"vx300s_{side}/gripper_link").id
+            rotation = data.xmat[body].reshape(3, 3).copy()
+            start[side] = (data.xpos[body] + rotation @ GRASP_POINT, rotation)
+            welds[side] = MocapWeld(model, next(i for i in range(model.neq)
+                                                if model.eq_obj2id[i] == body))
+        plan = transfer_plan(sample_box_pose(seed)[:3], start)
+        targets = np.empty((steps, 14))
+        box = physics.model.jnt_qposadr[physics.model.name2id("red_box_joint", "joint")]
+        for t in range(steps):
+            if REPLAN_STEP <= t <= LEFT_GRASP_STEP:
+                plan = transfer_plan(sample_box_pose(seed)[:3], start, physics.data.qpos[box: box + 3].copy())
+            action = []
+            for side in ARMS:
+                point, rotation, gripper = pose_at(plan[side], t)
+                action += [welds[side].mocap(point, rotation), [gripper]]
+            try:
+                timestep = env.step(np.concatenate(action))
+            except control.PhysicsError as err:
+                raise SimulationDiverged(f"end-effector rollout of seed {seed} diverged at step {t + 1}") from err
+            targets[t] = timestep.observation["qpos"]
+            targets[t, 6], targets[t, 13] = action[1][0], action[3][0]  # the command, not where the fingers lag
+        return targets
+    finally:
+        physics.free()
+
+
+@dataclass
+class Demonstration:
+    seed: int
+    episode: Episode  # the joint-space replay as recorded (cameras, qpos, qvel, targets, reward)
+    max_reward: float  # the best reward stage the replay reached
+    success: bool
+
+
+def replay(env, seed: int, targets: np.ndarray, task: str) -> Demonstration:
+    """Replay joint targets in `env` (an `AlohaSimEnv`) from `reset(seed)`, recording what its cameras see."""
+    recorder = EpisodeRecorder(env.cameras, task=task)
+    observation = env.reset(seed)
+    for action in targets:
+        recorder.add(observation.images, observation.qpos, observation.qvel, action)
+        result = env.step(action)
+        recorder.add_reward(result.reward)
+        observation = result.observation
+    return Demonstration(seed, recorder.episode(max_reward=env.max_reward), env.episode_max_reward, env.success)
+
+
+def demonstration(env, seed: int) -> Demonstration:
+    """Demonstration `seed`: the end-effector rollout, replayed and recorded in `env` (transfer_cube)."""
+    if env.task != "transfer_cube":
+        raise ValueError(f"scripted demonstrations exist for transfer_cube only, not {env.task!r}")
+    return replay(env, seed, end_effector_rollout(seed, env.max_steps), env.instruction)

@@ -1,0 +1,82 @@
+"""Scripted transfer_cube demonstrations: an end-effector rollout in gym-aloha's mocap task, replayed as joint targets
+in the joint-space task, reaches the top reward stage; `sim-record` writes them as a LeRobot v3 dataset that the
+package's own reader and converter take."""
+
+import json
+
+import numpy as np
+import pytest
+
+from oxygen_ros.commands.sim_record import main as record_main
+from oxygen_ros.data.bag import bag_topics
+from oxygen_ros.data.convert import main as convert_main
+from oxygen_ros.data.lerobot import dataset_checksums, lerobot_info, read_lerobot
+from oxygen_ros.sim.aloha_env import REWARD_STAGES, AlohaSimEnv
+from oxygen_ros.sim.demonstrations import EPISODE_STEPS, demonstration, end_effector_rollout
+
+TRANSFERRED = REWARD_STAGES["transfer_cube"].index("cube transferred")
+LIFTED = REWARD_STAGES["transfer_cube"].index("cube lifted")
+
+pytestmark = pytest.mark.system  # MuJoCo physics
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    sim = AlohaSimEnv("transfer_cube", cameras=("top",), height=16, width=16, max_steps=EPISODE_STEPS)
+    yield sim
+    sim.close()
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_seeded_demonstration_transfers_the_cube_in_the_joint_space_task(env, seed):
+    demo = demonstration(env, seed)
+    reward = demo.episode.reward
+    assert TRANSFERRED == 4 and demo.success and demo.max_reward == TRANSFERRED == reward.max()
+    # in order: the right gripper lifts the cube before the left one takes it, nothing happens on the way down
+    assert (reward[:80] == 0).all()
+    assert np.argmax(reward >= LIFTED) < np.argmax(reward >= TRANSFERRED)
+    assert demo.episode.length == EPISODE_STEPS and demo.episode.images["top"].shape == (EPISODE_STEPS, 16, 16, 3)
+    # the recorded actions are the rollout's joint targets, and the replay reached them
+    np.testing.assert_allclose(demo.episode.actions, end_effector_rollout(seed), atol=1e-6)
+    tracking = np.abs(demo.episode.state[1:, :6] - demo.episode.actions[:-1, :6])
+    assert np.median(tracking) < 0.01 and np.quantile(tracking, 0.95) < 0.05
+
+
+def test_demonstration_i_is_reproducible_and_seeds_differ():
+    first, again, other = end_effector_rollout(1), end_effector_rollout(1), end_effector_rollout(2)
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first - other).max() > 0.05  # another cube pose, another reach
+
+
+def test_sim_record_writes_a_dataset_the_reader_and_convert_take(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    out = tmp_path / "demos"
+    assert record_main([str(out), "--episodes", "2", "--seed", "3", "--height", "24", "--width", "32"]) == 0
+    printed = capsys.readouterr().out
+    sim = json.loads((out / "meta" / "sim.json").read_text())
+    tried = len(sim["attempts"])
+    assert f"scripted success 2/{tried} " in printed and sim["seeds"][0] == 3 and len(sim["seeds"]) == 2
+    assert all(a["max_reward"] == 4 for a in sim["attempts"] if a["seed"] in sim["seeds"])
+    sums = dataset_checksums(out)
+    for name in ("data/chunk-000/file-000.parquet", "meta/info.json", "*"):
+        assert f"sha256 {sums[name]}  {name}" in printed
+    assert lerobot_info(out)["total_episodes"] == 2 and lerobot_info(out)["robot_type"] == "aloha"
+    for index, seed in enumerate(sim["seeds"]):
+        episode = read_lerobot(out, index)
+        assert episode.length == EPISODE_STEPS and episode.cameras == ("top",)
+        assert episode.images["top"].shape == (EPISODE_STEPS, 24, 32, 3)
+        assert episode.task == "Pick up the cube with the right arm and transfer it to the left arm."
+        np.testing.assert_allclose(episode.actions, end_effector_rollout(seed), atol=1e-6)
+    bag = tmp_path / "episode_1"
+    assert convert_main(["lerobot", str(out), str(bag), "--episode", "1"]) == 0
+    assert "camera/top/image_raw" in {topic.name.lstrip("/") for topic in bag_topics(bag)}
+
+
+def test_sim_record_refuses_a_bad_request_in_one_line(tmp_path, capsys):
+    from oxygen_ros.commands.cli import main as cli_main
+
+    assert cli_main(["sim-record", str(tmp_path / "d"), "--episodes", "3", "--max-attempts", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-attempts 2 is fewer than --episodes 3" in err[0]
+    assert not (tmp_path / "d").exists()

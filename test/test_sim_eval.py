@@ -1,0 +1,78 @@
+"""sim-eval's bookkeeping in process: success is gym-aloha's reward, evaluation seeds avoid the training seeds, and
+the reduced pipeline (sim-record -> train-tiny -> sim-eval) runs end to end on real files, model and physics."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from oxygen_ros.commands.sim_eval import evaluation_seeds, run_episode, wilson_interval
+from oxygen_ros.commands.sim_eval import main as eval_main
+from oxygen_ros.commands.sim_record import main as record_main
+from oxygen_ros.commands.train_tiny import main as train_main
+from oxygen_ros.sim.aloha_env import AlohaSimEnv
+from oxygen_ros.sim.demonstrations import EPISODE_STEPS, demonstration
+
+pytestmark = pytest.mark.system  # MuJoCo physics
+
+
+def test_evaluation_seeds_skip_the_training_seeds_and_the_interval_is_wilsons():
+    assert evaluation_seeds(3, 4, {0, 1, 2, 4, 6}) == [3, 5, 7, 8]
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-3) and high == pytest.approx(0.9433, abs=1e-3)
+    assert wilson_interval(0, 5)[0] == 0.0 and wilson_interval(5, 5)[1] == 1.0
+
+
+class ReplayPolicy:
+    """Chunks cut from a demonstration's joint targets at the sim's current step (a policy that knows the plan)."""
+
+    def __init__(self, env, targets):
+        self.env, self.targets = env, targets
+
+    def chunk(self, images, qpos, task):
+        return self.targets[self.env.steps: self.env.steps + 8]
+
+
+def test_an_episode_counts_success_at_gym_alohas_top_reward(monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    env = AlohaSimEnv("transfer_cube", cameras=("top",), height=16, width=16, max_steps=EPISODE_STEPS)
+    try:
+        demo = demonstration(env, 0)
+        first = int(np.argmax(demo.episode.reward >= 4)) + 1  # steps taken when the reward first reached 4
+        done = run_episode(env, ReplayPolicy(env, demo.episode.actions), 0, execute=8)
+        held_still = run_episode(env, ReplayPolicy(env, np.repeat(demo.episode.actions[:1], 400, axis=0)), 0, 8)
+    finally:
+        env.close()
+    assert done == {"seed": 0, "max_reward": 4.0, "success": True, "success_step": first, "steps": EPISODE_STEPS,
+                    "diverged": False}
+    assert held_still["success"] is False and held_still["max_reward"] == 0.0
+
+
+def test_record_train_and_evaluate_end_to_end_on_held_out_seeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    data, ckpt = tmp_path / "demos", tmp_path / "ckpt"
+    assert record_main([str(data), "--episodes", "2", "--seed", "0", "--height", "32", "--width", "32"]) == 0
+    tried = [a["seed"] for a in json.loads((data / "meta" / "sim.json").read_text())["attempts"]]
+    assert train_main([str(data), str(ckpt), "--steps", "2", "--batch-size", "2"]) == 0
+    assert json.loads((ckpt / "training.json").read_text())["sim_seeds"] == tried
+    capsys.readouterr()
+    assert eval_main([str(ckpt), "--episodes", "2", "--seed", "0", "--steps", "12", "--execute", "5",
+                      "--out", str(tmp_path / "eval")]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "eval" / "sim_eval.json").read_text())
+    assert result["seeds"] == [max(tried) + 1, max(tried) + 2] and not set(result["seeds"]) & set(tried)
+    assert [e["steps"] for e in result["episodes"]] == [12, 12] and result["trials"] == 2
+    assert result["steps_per_second"] > 0 and result["chunk_ms"]["p99"] >= result["chunk_ms"]["p50"] > 0
+    assert result["successes"] == sum(e["max_reward"] == 4 for e in result["episodes"])
+    assert f"sim-eval: {result['successes']}/2 transferred" in printed and f"{len(tried)} training seeds avoided" in printed
+    # a checkpoint that says it acts in another embodiment: one line, nothing evaluated
+    other = tmp_path / "other"
+    shutil.copytree(ckpt, other)
+    config = json.loads((other / "config.json").read_text())
+    config["oxygen_ros_embodiment"] = "droid"
+    (other / "config.json").write_text(json.dumps(config))
+    assert eval_main([str(other), "--episodes", "1", "--out", str(tmp_path / "eval2")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trained in embodiment 'droid'" in err[0]
+    assert not (tmp_path / "eval2").exists()
