@@ -16,7 +16,8 @@ from test_model_pi05 import BATCH, CFG, P, reference_velocity, select
 from oxygen_ros.model.inputs import ModelInputs
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
-from oxygen_ros.model.rtc import Committed, GuidedSampler, RtcConfig, Schedule, prefix_weights
+from oxygen_ros.model.rtc import Committed, GuidedSampler, RtcConfig
+from oxygen_ros.rtc_mask import Schedule, prefix_weights
 
 H, A = CFG.action_horizon, CFG.action_dim
 EXECUTION_HORIZON = 6  # the paper's H - s: s = 2 actions executed between chunks
@@ -137,10 +138,10 @@ def test_guided_chunk_continues_the_committed_actions(model, cache):
         assert guided_gap < 0.1 * plain_gap, (row, guided_gap, plain_gap)
 
 
-def test_prefix_weights_follow_eq_5(model):
+def test_prefix_weights_follow_eq_5():
     for schedule in Schedule:
         for d in range(EXECUTION_HORIZON):
-            torch.testing.assert_close(prefix_weights(schedule, d, EXECUTION_HORIZON, H),
+            torch.testing.assert_close(torch.from_numpy(prefix_weights(schedule, d, EXECUTION_HORIZON, H)),
                                        paper_mask(schedule, d, H - EXECUTION_HORIZON))
 
 

@@ -4,7 +4,8 @@ While a chunk is being computed the robot keeps executing the previous one, so w
 d actions (d = the delay in control steps) are already committed, and the actions after them should continue the
 previous chunk's plan. RTC treats this as inpainting: at every Euler step the expert's velocity is corrected so that
 the step's estimate of the finished chunk moves toward the previous chunk's left-over Y, weighted per action by a
-prefix mask W (1 over the d committed actions, then decaying to 0 at the end of the left-over's useful part):
+prefix mask W (`rtc_mask.py`: 1 over the d committed actions, then decaying to 0 at the end of the left-over's
+useful part):
 
     A1 = x_t - t v(x_t)                         the finished chunk as estimated at time t
     g  = (W * (Y - A1))^T dA1/dx_t              a vector-Jacobian product through the action expert only
@@ -25,29 +26,18 @@ in `GuidedSampler.fallbacks` and logged: never an exception on the control path.
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 from torch import Tensor
 
+from ..rtc_mask import Schedule, prefix_weights
 from .expert_inputs import expert_inputs
 from .kv_cache import KVCache
 
 logger = logging.getLogger(__name__)
-
-
-class Schedule(StrEnum):
-    """How the prefix mask falls from the committed actions to the end of the soft region (the paper's eq. 5 is
-    EXP; LeRobot's `RTCAttentionSchedule` has the same four)."""
-
-    ZEROS = "zeros"  # only the d committed actions are guided
-    ONES = "ones"  # every action up to the execution horizon counts fully
-    LINEAR = "linear"  # 1 over the committed actions, then linearly down to 0 at the execution horizon
-    EXP = "exp"  # as LINEAR, each weight c then bent to c (e^c - 1) / (e - 1)
 
 
 @dataclass(frozen=True)
@@ -76,23 +66,6 @@ class Committed:
 
     left_over: Tensor
     delay: int
-
-
-def prefix_weights(schedule: Schedule, delay: int, end: int, horizon: int) -> Tensor:
-    """The mask W [horizon] float64: 1 for i < delay, the schedule's decay for delay <= i < end, 0 from end on.
-
-    The decay is c_i = (end - i) / (end - delay + 1) (eq. 5), so it starts below 1 and stays above 0."""
-    index = torch.arange(horizon, dtype=torch.float64)
-    committed = (index < delay).double()
-    if schedule is Schedule.ZEROS:
-        return committed
-    soft = (index >= delay) & (index < end)
-    if schedule is Schedule.ONES:
-        return committed + soft.double()
-    c = (end - index) / (end - delay + 1)
-    if schedule is Schedule.EXP:
-        c = c * torch.expm1(c) / (math.e - 1)
-    return committed + torch.where(soft, c, torch.zeros_like(c))
 
 
 def guidance_weight(t: float, max_guidance_weight: float) -> float:
@@ -172,7 +145,7 @@ class GuidedSampler:
                 continue
             end = min(self.config.execution_horizon, horizon, len(request.left_over))
             targets[row, :end] = request.left_over[:end].float().cpu()
-            weights[row, :, 0] = prefix_weights(self.config.schedule, request.delay, end, horizon).float()
+            weights[row, :, 0] = torch.from_numpy(prefix_weights(self.config.schedule, request.delay, end, horizon))
             guided = True
         if not guided:
             return None, None
