@@ -168,3 +168,19 @@ def test_requests_that_cannot_be_guided_are_sampled_plainly_counted_and_logged(m
     assert len(lines) == len(bad) and all("without guidance" in line for line in lines)
     # a batch where every request is refused is the plain sampler's
     torch.testing.assert_close(sampler.sample(model, cache, slots[:2], x[:2], bad[:2]), plain[:2], **TOL)
+
+
+def test_guidance_runs_the_same_from_inference_mode(model, cache):
+    """Callers sample in inference mode (the model's own calls do); the guided sampler steps out of it for its
+    backward pass, also for a cache allocated in inference mode."""
+    sampler = GuidedSampler(RtcConfig(EXECUTION_HORIZON))
+    committed = [Committed(previous_chunk(model, cache, 1), 2)]
+    want = sampler.sample(model, cache, torch.tensor([1]), noise(4), committed)
+    with torch.inference_mode():
+        inference_cache = KVCache(CFG, num_slots=3, max_len=P)
+        model.prefill(BATCH, inference_cache, torch.arange(3))
+        for kv in (cache, inference_cache):
+            got = sampler.sample(model, kv, torch.tensor([1]), noise(4), committed)
+            torch.testing.assert_close(got, want, **TOL)
+    with torch.no_grad():
+        torch.testing.assert_close(sampler.sample(model, cache, torch.tensor([1]), noise(4), committed), want, **TOL)

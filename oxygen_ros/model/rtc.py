@@ -112,19 +112,23 @@ class GuidedSampler:
         horizon, action_dim = cfg.action_horizon, cfg.action_dim
         if len(committed) != len(slots):
             raise ValueError(f"{len(committed)} previous chunks for {len(slots)} slots")
-        targets, weights = self._guidance(committed, horizon, action_dim, model.device)
-        if weights is None:
-            return model.sample_actions(cache, slots, noise, num_steps)
-        expected = (len(slots), horizon, action_dim)
-        if tuple(noise.shape) != expected:
-            raise ValueError(f"noise must have shape {expected}, got {tuple(noise.shape)}")
-        steps = cfg.num_steps if num_steps is None else num_steps
-        inputs = expert_inputs(model, cache, slots, steps)
-        x = noise.to(model.device, torch.float32)
-        dt = -1.0 / steps
-        for step, t in enumerate(inputs.times.tolist()):
-            velocity, correction = _velocity_and_correction(model, inputs, x, step, t, targets, weights)
-            x = x + dt * (velocity - guidance_weight(t, self.config.max_guidance_weight) * correction)
+        # whatever mode the caller is in: tensors made in inference mode cannot be saved for the backward pass
+        with torch.inference_mode(False):
+            targets, weights = self._guidance(committed, horizon, action_dim, model.device)
+            if weights is None:
+                return model.sample_actions(cache, slots, noise, num_steps)
+            expected = (len(slots), horizon, action_dim)
+            if tuple(noise.shape) != expected:
+                raise ValueError(f"noise must have shape {expected}, got {tuple(noise.shape)}")
+            steps = cfg.num_steps if num_steps is None else num_steps
+            inputs = expert_inputs(model, cache, slots, steps)
+            if inputs.prefix_k.is_inference():  # a cache allocated in inference mode: its prefixes copied once
+                inputs.prefix_k, inputs.prefix_v = inputs.prefix_k.clone(), inputs.prefix_v.clone()
+            x = noise.to(model.device, torch.float32)
+            dt = -1.0 / steps
+            for step, t in enumerate(inputs.times.tolist()):
+                velocity, correction = _velocity_and_correction(model, inputs, x, step, t, targets, weights)
+                x = x + dt * (velocity - guidance_weight(t, self.config.max_guidance_weight) * correction)
         return x
 
     def _guidance(self, committed: Sequence[Committed | None], horizon: int, action_dim: int, device
@@ -156,7 +160,7 @@ def _velocity_and_correction(model, inputs, x: Tensor, step: int, t: float, targ
                              ) -> tuple[Tensor, Tensor]:
     """The expert's velocity at x [B, H, A] and the guidance vector-Jacobian product
     (W * (Y - A1))^T dA1/dx with A1 = x - t v(x), one forward and one backward pass for the whole batch."""
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch.enable_grad():
         x = x.detach().clone().requires_grad_(True)
         velocity = inputs.velocity(model, x, step)
         finished = x - t * velocity
