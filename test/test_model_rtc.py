@@ -9,6 +9,7 @@ robot, float64 weights and autograd for the vector-Jacobian product. Its velocit
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 from test_model_pi05 import BATCH, CFG, P, reference_velocity, select
@@ -111,7 +112,9 @@ def test_one_robot_matches_the_paper(model, model64, cache, schedule):
 
 def test_a_batch_with_different_delays_equals_each_robot_alone(model, model64, cache):
     sampler = GuidedSampler(RtcConfig(EXECUTION_HORIZON, Schedule.EXP, BETA))
-    committed = [Committed(previous_chunk(model, cache, 0), 1), None, Committed(previous_chunk(model, cache, 2), 4)]
+    # the last delay a NumPy integer, as a node may compute it
+    committed = [Committed(previous_chunk(model, cache, 0), 1), None,
+                 Committed(previous_chunk(model, cache, 2), np.int64(4))]
     x = noise(7, rows=3)
     batch = sampler.sample(model, cache, torch.arange(3), x, committed, num_steps=5)
     for row, request in enumerate(committed):

@@ -29,6 +29,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 from torch import Tensor
@@ -83,7 +84,7 @@ def refusal(committed: Committed, config: RtcConfig, horizon: int, action_dim: i
     if not isinstance(left_over, Tensor) or left_over.ndim != 2 or left_over.shape[1] != action_dim:
         shape = tuple(left_over.shape) if isinstance(left_over, Tensor) else type(left_over).__name__
         return "width", f"left-over must be [L, {action_dim}], got {shape}"
-    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+    if isinstance(delay, bool) or not isinstance(delay, Integral) or delay < 0:
         return "delay", f"delay must be a whole number >= 0, got {delay!r}"
     end = min(config.execution_horizon, horizon)
     if delay >= end:
@@ -149,7 +150,7 @@ class GuidedSampler:
                 continue
             end = min(self.config.execution_horizon, horizon, len(request.left_over))
             targets[row, :end] = request.left_over[:end].float().cpu()
-            weights[row, :, 0] = torch.from_numpy(prefix_weights(self.config.schedule, request.delay, end, horizon))
+            weights[row, :, 0] = torch.from_numpy(prefix_weights(self.config.schedule, int(request.delay), end, horizon))
             guided = True
         if not guided:
             return None, None
