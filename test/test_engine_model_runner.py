@@ -12,6 +12,8 @@ from oxygen_ros.engine.stage_workers import Stage, StageWorkers
 from oxygen_ros.evaluation.bench.workloads import synthetic_frames
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import Pi05Model, build_model
+from oxygen_ros.model.rtc import Committed, GuidedSampler, RtcConfig
+from oxygen_ros.rtc_mask import Schedule
 
 TINY = get_preset("tiny")
 
@@ -158,3 +160,29 @@ def test_a_stage_job_on_a_cuda_worker_waits_for_what_its_submitter_had_queued(mo
     finally:
         workers.close()
     assert calls == [("record", "submitter"), ("wait", "worker", "submitter"), ("job",), ("synchronize", "worker")]
+
+
+def test_frames_that_bring_their_previous_chunk_are_denoised_with_guidance_beside_plain_ones():
+    model = build_model(TINY, seed=0)
+    rtc = RtcConfig(execution_horizon=6, schedule=Schedule.LINEAR)
+    runner = ModelRunner(model, 0, 0, max_batch=4, frame_slots=8, stage_split=True, rtc=rtc)
+    frames, noises = synthetic_frames(TINY, 3, seed=3)
+    plain = runner.act(frames, noises, 4, [False] * 3)
+    left_over = plain.actions[0, 2:]
+    committed = [Committed(left_over, 2), None, Committed(left_over[:, :5], 1)]  # the last one too narrow
+    guided = runner.act(frames, noises, 4, [False] * 3, committed=committed)
+    # what the guided sampler gives for these slots, padding row aside; the plain frame is untouched
+    want = GuidedSampler(rtc).sample(model, runner.pool.cache, torch.tensor(guided.slots), torch.cat(noises), committed)
+    torch.testing.assert_close(guided.actions, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(guided.actions[1:], plain.actions[1:], rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(guided.actions[0], plain.actions[0], atol=1e-3)
+    assert runner.rtc_fallbacks == {"width": 1}
+    # the action stage alone, on the same prefixes
+    staged = runner.denoise_stage(guided.slots, noises, 4, committed=committed)
+    torch.testing.assert_close(staged, guided.actions, rtol=1e-4, atol=1e-5)
+    runner.free(plain.slots + guided.slots)
+    # a runner without real-time chunking settings refuses such frames before touching its pool
+    bare = ModelRunner(model, 0, 0, max_batch=4)
+    with pytest.raises(ValueError, match="no real-time chunking settings"):
+        bare.act(frames, noises, 4, [False] * 3, committed=committed)
+    assert bare.slots_in_use == 0

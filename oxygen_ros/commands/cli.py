@@ -18,6 +18,7 @@ PASSIVE_OPENMP_COMMANDS = {"fleet-profile", "fleet-bench", "serve", "serve-bench
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("oxygen_ros.evaluation.bench.oxygen_bench", "OxyGen benchmark matrix (five settings side by side)"),
     "model-bench": ("oxygen_ros.evaluation.bench.model_bench", "parameter counts and per-call model timings"),
+    "rtc-bench": ("oxygen_ros.evaluation.bench.rtc_bench", "a chunk's denoising with and without real-time chunking's guidance"),
     "download": ("oxygen_ros.commands.download", "fetch a pi05 checkpoint by hub id and its tokenizer ahead of time"),
     "convert": ("oxygen_ros.data.convert", "ALOHA HDF5 / LeRobot v3 episode -> rosbag2"),
     "replay": ("oxygen_ros.nodes.replay_node", "publish a rosbag2 with its timing (raw CDR, optional /clock)"),

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..rtc_mask import Schedule, prefix_weights
+
 BLENDING_MODES = ("newest_wins", "temporal_ensemble", "rtc")
 _EPS = 1e-6  # steps: stamps built from integer nanoseconds land within this of a control step
 
@@ -102,18 +104,12 @@ class _Segment:
 
 
 def rtc_prefix_weights(delay: int, end: int, total: int) -> np.ndarray:
-    """RTC's soft mask (eq. 5, exponential schedule) over chunk indices 0..total-1.
+    """RTC's soft mask (eq. 5, exponential schedule, `rtc_mask.py`) over chunk indices 0..total-1.
 
     Indices before `delay` were executed while the model ran (weight 1), indices from `end` on do not overlap the
     committed plan (weight 0), and in between a linear ramp w is shaped to w * (e^w - 1) / (e - 1).
     """
-    delay = min(delay, end)
-    i = np.arange(total, dtype=np.float64)
-    ramp = np.clip((delay - 1 - i) / (end - delay + 1) + 1, 0.0, 1.0)
-    weights = ramp * np.expm1(ramp) / (math.e - 1)
-    weights[i < delay] = 1.0
-    weights[i >= end] = 0.0
-    return weights
+    return prefix_weights(Schedule.EXP, delay, end, total)
 
 
 class ChunkExecutor:

@@ -5,6 +5,9 @@
   frame's prefill keeps its last token's last-layer output, from which the request's first decode step chooses the
   first token (the text head never runs on the control path), and the valid lengths are read back before the
   denoising is launched.
+- Real-time chunking: a frame may bring its robot's previous chunk and delay (`Committed`); with `rtc` set, a
+  batch holding such frames is denoised by the guided sampler (`model/rtc.py`), the other frames of the batch
+  plainly in the same pass; requests it cannot guide fall back to plain sampling, counted in `rtc_fallbacks`.
 - `decode`: one batched decode step over any set of requests of this model.
 - `resume`: a preempted request gets a slot again, its prefix recomputed and its tokens replayed, so its text is
   what it would have been without the preemption.
@@ -29,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..model.inputs import ModelInputs
+from ..model.rtc import Committed, GuidedSampler, RtcConfig
 from .frames import bucket_for
 from .kv_pool import KVPool
 from .language import LanguageRequest, decode_batch
@@ -97,10 +101,12 @@ class ModelRunner:
     or a disaggregated device runs them (possibly side by side on two stage workers, `stage_workers`):
     `prefill_stage` writes a batch's prefixes into slots that stay allocated, `denoise_stage` denoises a batch of
     such slots (any grouping, padded to a bucket). Its padding rows read slots of their own, prefilled once with
-    zero-filled inputs, so a VLM batch and an action batch of the same model never touch each other's padding."""
+    zero-filled inputs, so a VLM batch and an action batch of the same model never touch each other's padding.
+    `rtc`: real-time chunking's settings, for frames that bring their previous chunk (`act`'s and `denoise_stage`'s
+    `committed`); without it such frames are refused (ValueError)."""
 
     def __init__(self, model, language_slots: int, max_new_tokens: int, max_batch: int = 1, num_steps: int | None = None,
-                 frame_slots: int | None = None, stage_split: bool = False):
+                 frame_slots: int | None = None, stage_split: bool = False, rtc: RtcConfig | None = None):
         if language_slots < 0:
             raise ValueError("language_slots must be >= 0")
         frame_slots = max_batch if frame_slots is None else frame_slots
@@ -111,6 +117,7 @@ class ModelRunner:
         self.num_steps = num_steps
         self.language_slots = language_slots
         self.frame_slots = frame_slots
+        self._guided = GuidedSampler(rtc) if rtc is not None else None
         padding = max(bucket_for(n, max_batch) - n for n in range(1, max_batch + 1))
         action_padding = max_batch if stage_split else 0
         self.pool = KVPool(model.config, language_slots + frame_slots + padding + action_padding, max_new_tokens,
@@ -156,27 +163,50 @@ class ModelRunner:
             raise ValueError("every prefix needs at least one valid token")
         return num_valid, [prefill.hidden[i] if n else None for i, n in enumerate(narrate)]
 
-    def _denoise(self, slot_ids: list[int], noises: list[Tensor]) -> Tensor:
-        """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros."""
+    @property
+    def rtc_fallbacks(self) -> dict[str, int]:
+        """Frames that brought a previous chunk the guided sampler could not use, by kind (`model/rtc.py`)."""
+        return dict(self._guided.fallbacks) if self._guided is not None else {}
+
+    def _check_committed(self, committed: list[Committed | None] | None, frames: int) -> None:
+        if committed is None:
+            return
+        if len(committed) != frames:
+            raise ValueError(f"{len(committed)} previous chunks for {frames} frames")
+        if self._guided is None and any(c is not None for c in committed):
+            raise ValueError("frames bring previous chunks but this runner has no real-time chunking settings (rtc)")
+
+    def _denoise(self, slot_ids: list[int], noises: list[Tensor], committed: list[Committed | None] | None = None
+                 ) -> Tensor:
+        """`noises`: one [1, horizon, action_dim] per real row; the padding rows after them start from zeros.
+        `committed`: each real row's previous chunk or None (checked by `_check_committed`)."""
         cfg, device = self.model.config, self.model.device
         pad = len(slot_ids) - len(noises)
         rows = [n.to(device) for n in noises]  # and the padding made there too, not on the host
         noise = torch.cat(rows + [torch.zeros(pad, cfg.action_horizon, cfg.action_dim, device=device)] if pad else rows)
-        actions = self.model.sample_actions(self.pool.cache, torch.tensor(slot_ids), noise, self.num_steps)
+        slots = torch.tensor(slot_ids)
+        if committed is not None and any(c is not None for c in committed):
+            actions = self._guided.sample(self.model, self.pool.cache, slots, noise, list(committed) + [None] * pad,
+                                          self.num_steps)
+        else:
+            actions = self.model.sample_actions(self.pool.cache, slots, noise, self.num_steps)
         return actions[: len(noises)]
 
     def act(self, inputs: list[ModelInputs], noises: list[Tensor], bucket: int, narrate: list[bool],
-            denoise_window: Callable[[], AbstractContextManager] | None = None) -> ActOutput:
+            denoise_window: Callable[[], AbstractContextManager] | None = None,
+            committed: list[Committed | None] | None = None) -> ActOutput:
         """Prefill + denoise the frames together; their slots stay allocated (the caller hands them over or frees
         them). The denoising runs inside `denoise_window()` when given (the runtime lets decode steps run beside
-        it there). Raises after giving the slots back if the model fails."""
+        it there). `committed`: each frame's previous chunk and delay for real-time chunking, or None. Raises
+        after giving the slots back if the model fails."""
+        self._check_committed(committed, len(inputs))
         start = time.perf_counter()
         slots = self._allocate(len(inputs))
         slot_ids = slots + self._pad_slots[: bucket - len(inputs)]
         try:
             num_valid, first = self._prefill(inputs, bucket, slot_ids, narrate)
             with denoise_window() if denoise_window is not None else nullcontext():
-                actions = self._denoise(slot_ids, [n.float() for n in noises])
+                actions = self._denoise(slot_ids, [n.float() for n in noises], committed)
         except Exception:
             self.free(slots)
             raise
@@ -197,15 +227,19 @@ class ModelRunner:
             raise
         return Prefilled(slots, num_valid, first)
 
-    def denoise_stage(self, slots: list[int], noises: list[Tensor], bucket: int) -> Tensor:
+    def denoise_stage(self, slots: list[int], noises: list[Tensor], bucket: int,
+                      committed: list[Committed | None] | None = None) -> Tensor:
         """The action stage of a batch whose prefixes are in `slots` (read in place, left allocated), padded to
-        `bucket` with rows of the action padding slots: [frames, horizon, action_dim], model space."""
+        `bucket` with rows of the action padding slots: [frames, horizon, action_dim], model space. `committed`:
+        as `act`'s."""
         if len(slots) > bucket or bucket > len(self._action_pad_slots):
             raise ValueError(f"a batch of {len(slots)} in bucket {bucket} needs a runner built with stage_split "
                              f"and max_batch >= {bucket}")
         if len(noises) != len(slots):
             raise ValueError("one noise per slot")
-        return self._denoise(slots + self._action_pad_slots[: bucket - len(slots)], [n.float() for n in noises])
+        self._check_committed(committed, len(slots))
+        return self._denoise(slots + self._action_pad_slots[: bucket - len(slots)], [n.float() for n in noises],
+                             committed)
 
     # ---- language path ----------------------------------------------------------------------------------------
 
