@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .gemma import prefix_attention_bias, rope_cos_sin
-from .kv_cache import KVCache, slot_index
+from .expert_inputs import expert_inputs
+from .kv_cache import KVCache
 
 
 @torch.inference_mode()
@@ -20,40 +20,21 @@ def sample_actions(model, cache: KVCache, slots: Tensor, noise: Tensor, num_step
     """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim] float32.
 
     Reads each slot's prefix K/V in place and never writes the cache: for one slot or a contiguous range of
-    slots the expert attends to views of the cache (zero copy); other slot sets are gathered once per call.
+    slots the expert attends to views of the cache (zero copy); other slot sets are gathered once per call
+    (`expert_inputs`: what every step reads, shared with the guided sampler).
     """
     cfg = model.config
-    steps = cfg.num_steps if num_steps is None else num_steps
-    if steps < 1:
-        raise ValueError("num_steps must be at least 1")
+    inputs = expert_inputs(model, cache, slots, cfg.num_steps if num_steps is None else num_steps)
     expected = (len(slots), cfg.action_horizon, cfg.action_dim)
     if tuple(noise.shape) != expected:
         raise ValueError(f"noise must have shape {expected}, got {tuple(noise.shape)}")
-    length, horizon = cfg.prefix_len, cfg.action_horizon
-    idx = slot_index(slots, cache.num_slots)
-    dtype, device = model.dtype, model.device
-
-    # Actions see the valid prefix and each other; the prefix rows are not computed at all.
-    prefix_valid = cache.valid[idx, :length]
-    num_valid = prefix_valid.sum(dim=1)
-    prefix_k = cache.k[:, idx, :, :length]
-    prefix_v = cache.v[:, idx, :, :length]
-    if prefix_k.dtype != dtype:  # a cache kept in another precision than the weights
-        prefix_k, prefix_v = prefix_k.to(dtype), prefix_v.to(dtype)
-    positions = num_valid[:, None].to(device) + torch.arange(horizon, device=device)
-    cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta, dtype)
-    group = cfg.expert.num_heads // cfg.expert.num_kv_heads
-    bias = prefix_attention_bias(prefix_valid.to(device), group, horizon, dtype)
-
-    times = 1.0 + (-1.0 / steps) * torch.arange(steps, device=device, dtype=torch.float64)
-    conds = model.time_condition(times)  # [steps, W], same time for every sample
-    x = noise.to(device, torch.float32)
+    fixed = (inputs.conds, inputs.prefix_k, inputs.prefix_v, inputs.bias, inputs.cos, inputs.sin)
+    x = noise.to(model.device, torch.float32)
     if model._graphs is not None:
-        graphed = model._graphs.denoise(x, conds, prefix_k, prefix_v, bias, cos, sin)
+        graphed = model._graphs.denoise(x, *fixed)
         if graphed is not None:
             return graphed
-    return denoise(model, x, conds, prefix_k, prefix_v, bias, cos, sin)
-
+    return denoise(model, x, *fixed)
 
 def denoise(model, x: Tensor, conds: Tensor, prefix_k: Tensor, prefix_v: Tensor, bias: Tensor,
             cos: Tensor, sin: Tensor) -> Tensor:
