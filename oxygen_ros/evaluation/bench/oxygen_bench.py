@@ -21,7 +21,7 @@ from ...engine.frames import deadline_missed
 from ...engine.stats import percentile, percentile_ms
 from ...model import cpu_kernel
 from ...model.config import PRESETS, Pi05Config, get_preset
-from ...model.pi05 import build_model
+from ...model.loading import build_on_device
 from ...model.precision import DTYPE_NAMES, default_dtype, resolve_dtype
 from .energy import EnergyMeter, cuda_uuid, open_energy_meter, per_unit
 from .modes import OVERLAP, RUNNERS, SETTINGS, SettingRun, Workload
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         choice = resolve_dtype(requested, args.device, config)
         print(f"model dtype: {choice}", flush=True)
         built = time.perf_counter()
-        model = build_model(config, device=args.device, dtype=choice.dtype, seed=args.seed)
+        # made on the device itself (on a GPU no float32 copy on the CPU first; on the CPU build_model's weights)
+        model = build_on_device(config, args.device, choice.dtype, seed=args.seed)
         print(f"model built in {time.perf_counter() - built:.1f} s", flush=True)
         if args.compile:
             model.compile_steps()
