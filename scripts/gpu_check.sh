@@ -17,9 +17,10 @@
 #   summary       15  summary.md: the figures above beside the published ones they are compared with
 # The whole run keeps within GPU_CHECK_BUDGET_S (default 540 s, 9 minutes): a step gets its limit or what is left,
 # whichever is less, and one that would get under 30 s (or its whole limit, if smaller) is skipped, said in one
-# line. A step past its limit gets SIGINT first, so its log ends where it was. The run goes on after a failed step;
-# the exit status is the number of failed steps. Where the driver makes no SM partitions (device.txt says why), the
-# partition tests (marker sm_partitions) and the fleet profile are left out.
+# line. A step past its limit gets SIGINT first, so its log ends where it was, and SIGKILL 10 s later; the budget
+# counts from the script's start, so only the last step can overrun it, by those 10 s. The run goes on after a
+# failed step; the exit status is the number of failed steps. Where the driver makes no SM partitions (device.txt
+# says why), the partition tests (marker sm_partitions) and the fleet profile are left out.
 set -u
 cd "$(dirname "$0")/.."
 archive_dir=""
@@ -72,7 +73,7 @@ step() {  # step NAME SECONDS COMMAND...
     [ "$seconds" -le "$left" ] || seconds=$left
     say "=== $name (limit ${seconds} s)"
     local start=$SECONDS status=0
-    timeout -s INT -k 20 "$seconds" "$@" >"$out/$name.log" 2>&1 || status=$?
+    timeout -s INT -k 10 "$seconds" "$@" >"$out/$name.log" 2>&1 || status=$?
     if [ "$status" = 0 ]; then
         say "=== $name: ok in $((SECONDS - start)) s"
     elif [ "$status" = 124 ]; then
