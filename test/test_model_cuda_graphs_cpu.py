@@ -2,8 +2,7 @@
 model refuses graphs and keeps running eagerly, a bucket's padding repeats the batch's first row, and the capture
 logic (one capture at a time in the process, stream order without events on the calling stream, decode graphs
 that do not keep their cache alive, a denoise replay's inputs copied once into its buffers) with torch's CUDA calls
-replaced by recording stand-ins: the captured
-function runs eagerly on the CPU, a replay does nothing."""
+replaced by recording stand-ins: the captured function runs eagerly on the CPU, a replay does nothing."""
 
 import gc
 import threading
