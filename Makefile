@@ -43,13 +43,15 @@ sim-demo: setup
 bench: setup
 	$(VENV)/bin/oxygen-ros bench --preset small --quick --out out/bench
 
-# On a machine with a CUDA GPU (no ROS needed): the CUDA test suite, which fails without a GPU, and the whole set of
-# GPU checks and figures (tests, benchmarks, fleet profile) into out/gpu. The interpreter is the first of GPU_PY,
-# .venv/bin/python and python3 whose torch is a CUDA build that sees a device (scripts/gpu_python.sh says which);
-# without one, one line and status 1.
+# On a machine with a CUDA GPU (no ROS, no setup: a GPU machine's own python3 will do): the CUDA test suite, which
+# fails without a GPU, and the GPU checks and figures, the most telling first, within 9 minutes, into out/gpu and
+# packed into out/gpu/gpu_check.tar.gz (ARCHIVE=DIR: the archive into DIR instead). The interpreter is the first of
+# GPU_PY, .venv/bin/python and python3 that has every package the checks import and whose torch is a CUDA build that
+# sees a device (scripts/gpu_python.sh says which); without one, one line naming what each lacks, and status 1.
 GPU_PY ?=
+ARCHIVE ?=
 test-gpu:
 	@py=$$(GPU_PY="$(GPU_PY)" bash scripts/gpu_python.sh) && $$py -m pytest -q test_gpu
 
 gpu-check:
-	GPU_PY="$(GPU_PY)" bash scripts/gpu_check.sh out/gpu
+	GPU_PY="$(GPU_PY)" bash scripts/gpu_check.sh $(if $(ARCHIVE),--archive "$(ARCHIVE)") out/gpu

@@ -1,94 +1,106 @@
 #!/usr/bin/env bash
-# The GPU checks and figures in one run: the CUDA test suite, the OxyGen benchmark on `small` and `pi05` (bf16), and
-# a green-context fleet profile (with and without CUDA graphs). Needs a python whose torch is a CUDA build (chosen by
-# scripts/gpu_python.sh: $GPU_PY, else .venv/bin/python, else python3) with this package's dependencies and the
-# `gpu` extra (cuda-bindings for the SM partitions, nvidia-ml-py for the energy figures); no ROS.
-# Usage: bash scripts/gpu_check.sh [OUT_DIR [STEP ...]]   (default out/gpu, every step in this order:
-# test_gpu bench_pi05 bench_small fleet_profile bench_goals bench_small_graphs fleet_profile_graphs).
-# The whole run keeps within GPU_CHECK_BUDGET_S (default 480 s: a machine lent for a short while must have time left
-# to start and to rerun): each step gets its own limit (3-5x its estimate; none of it has run on a GPU yet) or what
-# is left of the budget, whichever is less, and a step that would get under 30 s is skipped, said in one line. The
-# run goes on after a failed step, so one slow step does not lose the others' results; a step past its limit gets
-# SIGINT first, so its log ends with where it was (pytest's summary, Python's traceback). The exit status is the
-# number of failed steps; without a usable GPU it stops at once with one line. Where the driver makes no SM
-# partitions (no green contexts, no cuda-bindings: the preflight's lines in device.txt say which), the run
-# goes on without what needs them: the partition tests (marker sm_partitions) and both fleet profiles.
+# The GPU checks and figures in one run, the most telling first, on a GPU machine's own python3 with no setup (no
+# apt, no virtual environment, no ROS: the package is imported from the checkout; scripts/gpu_env.py lists what it
+# imports, and a python lacking any of it is refused in one line naming every missing package).
+# Usage: bash scripts/gpu_check.sh [--archive DIR] [OUT_DIR [STEP ...]]
+# OUT_DIR (default out/gpu) gets each step's log and results; after every step, and after the preflight, all of
+# OUT_DIR is packed again into DIR/gpu_check.tar.gz (DIR defaults to OUT_DIR), written beside and then renamed, so a
+# run cut at any point, even killed, leaves an archive holding every step finished before the cut. The steps, in
+# this order (each with its limit in seconds):
+#   test_gpu      90  the CUDA suite
+#   pi05_graphs  150  pi05 in bfloat16 with CUDA graphs at the goal points: one frame without narration
+#                     (action_only) and with it (baseline, continuous batching), 50 tokens a request, one request
+#                     a frame; action Hz, tokens/s, NVML energy per frame (one request a frame: per request)
+#   pi05_eager   120  the same without CUDA graphs
+#   goals         90  the goal points on the real vocabulary (fullvocab), float32 and bfloat16, CUDA graphs on
+#   fleet_profile 75  the fleet's stage table on green-context SM partitions, stage graphs on
+#   summary       15  summary.md: the figures above beside the published ones they are compared with
+# The whole run keeps within GPU_CHECK_BUDGET_S (default 540 s, 9 minutes): a step gets its limit or what is left,
+# whichever is less, and one that would get under 30 s (or its whole limit, if smaller) is skipped, said in one
+# line. A step past its limit gets SIGINT first, so its log ends where it was, and SIGKILL 10 s later; the budget
+# counts from the script's start, so only the last step can overrun it, by those 10 s. The run goes on after a
+# failed step; the exit status is the number of failed steps. Where the driver makes no SM partitions (device.txt
+# says why), the partition tests (marker sm_partitions) and the fleet profile are left out.
 set -u
 cd "$(dirname "$0")/.."
+archive_dir=""
+if [ "${1:-}" = --archive ]; then
+    archive_dir=${2:?--archive needs a folder}
+    shift 2
+fi
 out=${1:-out/gpu}
 shift || true
-steps=" ${*:-test_gpu bench_pi05 bench_small fleet_profile bench_goals bench_small_graphs fleet_profile_graphs} "
-budget=${GPU_CHECK_BUDGET_S:-480}
+steps=" ${*:-test_gpu pi05_graphs pi05_eager goals fleet_profile summary} "
+budget=${GPU_CHECK_BUDGET_S:-540}
 py=$(bash scripts/gpu_python.sh) || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-mkdir -p "$out"
+mkdir -p "$out" "${archive_dir:=$out}"
+archive=$(cd "$archive_dir" && pwd)/gpu_check.tar.gz
+say() {  # on the console and in gpu_check.log, which goes into the archive
+    echo "$@" | tee -a "$out/gpu_check.log"
+}
+
+pack() {  # status 1 of GNU tar: a file changed while read (the folder, as the archive is written into it)
+    local status=0
+    tar -czf "$archive.part" -C "$out" --warning=no-file-changed --exclude=gpu_check.tar.gz \
+        --exclude=gpu_check.tar.gz.part . || status=$?
+    [ "$status" -gt 1 ] || mv -f "$archive.part" "$archive"
+}
+
 partitions=yes
 "$py" scripts/gpu_env.py --driver >"$out/device.txt" 2>&1 || partitions=no
 if [ "$partitions" = no ]; then
-    echo "preflight failed: no SM partitions here; skipping the partition tests and the fleet profiles" \
+    echo "preflight failed: no SM partitions here; leaving out the partition tests and the fleet profile" \
         >>"$out/device.txt"
 fi
-cat "$out/device.txt"
-# bench_pi05 is the only source of real GPU memory figures for the released shapes, and it writes them only when it
-# ends: cut by the budget it leaves nothing. So it runs second, and until it has run the steps before it keep
-# `reserve` seconds of the budget for it (half the budget, at most 240 s: its ~200 s estimate with a margin); the
-# CUDA tests stay first, as the proof that the CUDA paths work at all, within what the reserve leaves them.
-reserve=0
-[[ $steps != *" bench_pi05 "* ]] || reserve=$((budget / 2 < 240 ? budget / 2 : 240))
+tee -a "$out/gpu_check.log" <"$out/device.txt"
+pack
 failed=0
 
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2
     shift 2
     [[ $steps == *" $name "* ]] || return 0
-    if [ "$partitions" = no ] && [[ $name == fleet_profile* ]]; then
-        echo "=== $name: skipped, no SM partitions here (device.txt)"
+    if [ "$partitions" = no ] && [ "$name" = fleet_profile ]; then
+        say "=== $name: skipped, no SM partitions here (device.txt)"
         return 0
     fi
-    local left=$((budget - SECONDS - reserve))
-    if [ "$left" -lt 30 ]; then
-        local kept=""
-        [ "$reserve" = 0 ] || kept=", besides the ${reserve} s kept for bench_pi05"
-        echo "=== $name: skipped, ${left} s of the ${budget} s budget left (GPU_CHECK_BUDGET_S$kept)"
+    local left=$((budget - SECONDS)) least=$((seconds < 30 ? seconds : 30))
+    if [ "$left" -lt "$least" ]; then
+        say "=== $name: skipped, ${left} s of the ${budget} s budget left (GPU_CHECK_BUDGET_S)"
         return 0
     fi
     [ "$seconds" -le "$left" ] || seconds=$left
-    echo "=== $name (limit ${seconds} s)"
+    say "=== $name (limit ${seconds} s)"
     local start=$SECONDS status=0
-    timeout -s INT -k 30 "$seconds" "$@" >"$out/$name.log" 2>&1 || status=$?
+    timeout -s INT -k 10 "$seconds" "$@" >"$out/$name.log" 2>&1 || status=$?
     if [ "$status" = 0 ]; then
-        echo "=== $name: ok in $((SECONDS - start)) s"
+        say "=== $name: ok in $((SECONDS - start)) s"
     elif [ "$status" = 124 ]; then
-        echo "=== $name: FAILED, stopped at its limit after $((SECONDS - start)) s (the log ends where it was)"
+        say "=== $name: FAILED, stopped at its limit after $((SECONDS - start)) s (the log ends where it was)"
     else
-        echo "=== $name: FAILED (status $status) after $((SECONDS - start)) s"
+        say "=== $name: FAILED (status $status) after $((SECONDS - start)) s"
     fi
     [ "$status" = 0 ] || failed=$((failed + 1))
-    tail -n 25 "$out/$name.log"
+    tail -n 15 "$out/$name.log" | tee -a "$out/gpu_check.log"
+    pack
 }
 
 # -v: one line per test as it passes, so a stopped run shows which test it was in; -rA: what passed tests printed
 # (the figures they report rather than assert, e.g. a product's time on an SM partition)
 partition_tests=()
 [ "$partitions" = yes ] || partition_tests=(-m "not sm_partitions")
-step test_gpu 300 "$py" -m pytest -v -rA -p no:cacheprovider "${partition_tests[@]}" test_gpu
-reserve=0
-# 3.35 B parameters initialised on the CPU, then the reduced matrix (about 200 s by estimate)
-step bench_pi05 420 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset pi05 --device cuda --quick --frames 6 \
-    --out "$out/bench_pi05"
-step bench_small 240 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset small --device cuda --quick --out "$out/bench_small"
-# every share the driver makes, buckets 1-4: 2 models x 2 stages x 3 buckets x ~10 shares x 4 runs, then the
-# co-run rounds (about 30 s by estimate); fails rather than profile plain streams if there are no SM partitions
-step fleet_profile 150 "$py" -m oxygen_ros.commands.fleet_profile --models a=small:0,b=small:1 --device cuda \
-    --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --out "$out/fleet_lut_small.json"
-# the real vocabulary at the goal point, float32 and bfloat16 side by side, with energy where NVML is installed
-step bench_goals 300 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset fullvocab --device cuda --goals \
-    --dtype float32 bfloat16 --cuda-graphs --out "$out/bench_goals"
-step bench_small_graphs 240 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset small --device cuda --quick --cuda-graphs \
-    --out "$out/bench_small_graphs"
-# the same table with the action stage replayed from CUDA graphs per SM partition (a capture per stream and bucket)
-step fleet_profile_graphs 180 "$py" -m oxygen_ros.commands.fleet_profile --models a=small:0,b=small:1 --device cuda \
-    --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --cuda-graphs \
-    --out "$out/fleet_lut_small_graphs.json"
-echo "=== $failed failed step(s); logs in $out"
+step test_gpu 90 "$py" -m pytest -v -rA -p no:cacheprovider "${partition_tests[@]}" test_gpu
+pi05=(-m oxygen_ros.evaluation.bench.oxygen_bench --preset pi05 --device cuda --dtype bfloat16 --goals --frames 8
+      --rounds 2)
+step pi05_graphs 150 "$py" "${pi05[@]}" --cuda-graphs --out "$out/pi05_graphs"
+step pi05_eager 120 "$py" "${pi05[@]}" --out "$out/pi05_eager"
+step goals 90 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset fullvocab --device cuda --goals \
+    --dtype bfloat16 float32 --cuda-graphs --out "$out/goals"
+# two models' stages, buckets 1-4, every share the driver makes; fails rather than profile plain streams
+step fleet_profile 75 "$py" -m oxygen_ros.commands.fleet_profile --models a=small:0,b=small:1 --device cuda \
+    --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --cuda-graphs --out "$out/fleet_lut_small.json"
+step summary 15 "$py" scripts/gpu_summary.py "$out"
+say "=== $failed failed step(s); everything in $archive"
+pack
 exit "$failed"

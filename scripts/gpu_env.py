@@ -1,16 +1,53 @@
 """Is this interpreter fit for the GPU checks? One line a check; status 0 or 1, never a traceback.
 
-    python scripts/gpu_env.py            torch is a CUDA build and sees a device (what `gpu_python.sh` asks of
-                                         each interpreter it tries)
+    python scripts/gpu_env.py            every package the checks import is there (all that is missing said in
+                                         one line, with the names pip knows them by), then torch is a CUDA build
+                                         and sees a device (what `gpu_python.sh` asks of each interpreter it tries)
     python scripts/gpu_env.py --driver   that, and the `gpu` extra works on this driver: NVML's energy counter
                                          (nvidia-ml-py; missing only costs the energy figures) and green-context
                                          SM partitions through cuda-bindings (the project's own SmPartitions);
                                          status 1 without partitions, after the lines it could say
 
-Run from the repository root (the package is imported from the checkout).
+Needs nothing but the interpreter: no install of this package (it is imported from the checkout), no virtual
+environment, no ROS, so a GPU machine's own `python3` can be checked before anything runs on it.
 """
 
+import importlib
+import importlib.util
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's package, whatever the cwd
+
+# what the checks import (test_gpu, the benchmarks, the fleet profile, the energy counter, the SM partitions):
+# module -> the package pip installs it from
+NEEDED = {
+    "torch": "torch", "numpy": "numpy", "yaml": "pyyaml", "safetensors": "safetensors",
+    "sentencepiece": "sentencepiece", "huggingface_hub": "huggingface_hub", "PIL": "pillow", "tqdm": "tqdm",
+    "matplotlib": "matplotlib", "msgpack": "msgpack", "pytest": "pytest", "pynvml": "nvidia-ml-py",
+    "cuda.bindings.driver": "cuda-bindings",
+}
+# the modules the steps run, imported once the packages above are found: whatever else they need is said too
+STEP_MODULES = ("oxygen_ros.evaluation.bench.oxygen_bench", "oxygen_ros.commands.fleet_profile",
+                "oxygen_ros.fleet.server", "oxygen_ros.fleet.sm_partition", "oxygen_ros.evaluation.bench.energy")
+
+
+def found(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a missing parent package (cuda of cuda.bindings)
+        return False
+
+
+def imports() -> None:
+    missing = [f"{package} ({module})" for module, package in NEEDED.items() if not found(module)]
+    if missing:
+        raise SystemExit(f"missing {', '.join(missing)}")
+    for module in STEP_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            raise SystemExit(f"missing {error.name} (imported by {module})") from None
 
 
 def device() -> str:
@@ -52,6 +89,8 @@ def sm_partitions() -> str:
 
 def main(argv: list[str]) -> int:
     # each line as soon as it is known: a failed check below still leaves the device's line (and NVML's) said
+    if "--driver" not in argv:
+        imports()
     print(device(), flush=True)
     if "--driver" in argv:
         print(energy(), flush=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The interpreter for the GPU checks: $GPU_PY if set, else the first of .venv/bin/python and python3 whose torch
-# is a CUDA build that sees a device (scripts/gpu_env.py). Prints its path on stdout and, on stderr, which it took
-# and what it found there; without one, one line on stderr saying what each candidate lacks, and status 1.
+# The interpreter for the GPU checks: $GPU_PY if set, else the first of .venv/bin/python and python3 that has every
+# package the checks import and whose torch is a CUDA build that sees a device (scripts/gpu_env.py). Prints its path
+# on stdout and, on stderr, which it took and what it found there; without one, one line on stderr saying what each
+# candidate lacks (every missing package by its pip name), and status 1.
 set -u
 cd "$(dirname "$0")/.."
 lacking=""
@@ -16,5 +17,5 @@ for py in ${GPU_PY:-.venv/bin/python python3}; do
         lacking+="; $py: ${found##*$'\n'}"
     fi
 done
-echo "no python with CUDA torch and a GPU here (${lacking#; }); set GPU_PY=/path/to/python" >&2
+echo "no python fit for the GPU checks here (${lacking#; }); set GPU_PY=/path/to/python" >&2
 exit 1

@@ -1,8 +1,8 @@
 """What of the CUDA-graph path can be checked without a GPU (the graphs themselves are tested in test_gpu/): a CPU
 model refuses graphs and keeps running eagerly, a bucket's padding repeats the batch's first row, and the capture
 logic (one capture at a time in the process, stream order without events on the calling stream, decode graphs
-that do not keep their cache alive) with torch's CUDA calls replaced by recording stand-ins: the captured
-function runs eagerly on the CPU, a replay does nothing."""
+that do not keep their cache alive, a denoise replay's inputs copied once into its buffers) with torch's CUDA calls
+replaced by recording stand-ins: the captured function runs eagerly on the CPU, a replay does nothing."""
 
 import gc
 import threading
@@ -131,3 +131,47 @@ def test_captures_take_turns_keep_stream_order_and_let_their_cache_go(monkeypatc
     del caches[0]
     gc.collect()
     assert kept() is None and len(side._decode) == 0
+
+
+class Denoiser:
+    """A stand-in model for the denoise graph: what the captured function returns is the noise's shape."""
+
+    def _denoise(self, x, conds, prefix_k, prefix_v, bias, cos, sin):
+        return x.float() * 2
+
+
+def denoise_inputs(batch: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """The denoise graph's inputs for `batch` rows, shaped as the model's (the prefix K/V's batch on dim 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((batch, 5, 2), (10, 8), (2, batch, 4, 6, 8), (2, batch, 4, 6, 8), (batch, 1, 5, 11), (batch, 11, 8),
+              (batch, 11, 8))
+    return tuple(torch.randn(shape, generator=gen) for shape in shapes)
+
+
+@torch.no_grad()
+def test_a_denoise_replay_copies_its_inputs_straight_into_the_static_buffers(monkeypatch):
+    """The prefix K/V, the replay's largest inputs, go into the graph's buffers once: no padded copy first."""
+    captures = Captures(monkeypatch)
+    captures.current.stream = Stream(7)
+    graphs = CudaGraphs.__new__(CudaGraphs)
+    graphs._setup(Denoiser(), (4,), torch.device("cpu"))
+    first = denoise_inputs(3, seed=1)
+    assert torch.equal(graphs.denoise(*first), first[0] * 2)  # captured (run eagerly here): bucket 4
+    (captured,) = graphs._denoise.values()
+
+    def no_cat(*args, **kwargs):
+        raise AssertionError("a replay made a padded copy of an input")
+
+    monkeypatch.setattr(torch, "cat", no_cat)
+    for batch, seed in ((2, 2), (4, 3), (1, 4)):  # padded, full, padded again
+        inputs = denoise_inputs(batch, seed)
+        graphs.denoise(*inputs)
+        for buffer, value, dim in zip(captured.inputs, inputs, (0, None, 1, 1, 0, 0, 0)):
+            assert torch.equal(buffer, value if dim is None else _padded_rows(value, 4, dim))
+    assert graphs.captures == 1
+
+
+def _padded_rows(value: torch.Tensor, rows: int, dim: int) -> torch.Tensor:
+    """The padding `_padded` makes (its first row repeated), built by indexing: torch.cat is refused in that test."""
+    index = torch.tensor(list(range(value.shape[dim])) + [0] * (rows - value.shape[dim]))
+    return value.index_select(dim, index)

@@ -14,6 +14,7 @@ from oxygen_ros.model.pi05 import build_model
 
 from engine_fixtures import TINY as CONFIG
 from engine_fixtures import observation
+from gpu_precision import assert_texts_agree
 
 DEVICE = torch.device("cuda")
 
@@ -31,8 +32,8 @@ def test_every_setting_gives_the_same_actions_and_text_on_cuda():
                                        msg=f"{setting}, frame {frame}")
     texts = runs["baseline"].texts
     assert len(texts) == 7 and len(set(map(tuple, texts.values()))) > 1
-    for setting in ("shared_kv", "continuous_batching"):
-        assert runs[setting].texts == texts, setting
+    for setting in ("shared_kv", "continuous_batching"):  # other batch sizes: float32's agreement rate
+        assert_texts_agree(runs[setting].texts, texts, model.dtype)
 
 
 def test_threaded_runtime_on_two_streams_matches_isolated_execution(tokenizer):
@@ -68,6 +69,7 @@ def test_threaded_runtime_on_two_streams_matches_isolated_execution(tokenizer):
     finally:
         runtime.close()
     assert runtime.worker_error is None and sorted(chunks) == sorted(finals) == list(range(12))
+    alone = {}
     for i in range(12):
         pool = KVPool(CONFIG, 1, 10, model.dtype, DEVICE)
         slot = torch.tensor([0])
@@ -77,4 +79,5 @@ def test_threaded_runtime_on_two_streams_matches_isolated_execution(tokenizer):
         request = start_request(1, 0, 0, 0, CONFIG.prefix_len, int(prefill.num_valid[0]), prefill.logits[0], 10, -1)
         while not request.done:
             decode_batch(model, pool.cache, [request])
-        assert finals[i] == request.tokens, i
+        alone[i] = request.tokens
+    assert_texts_agree(finals, alone, model.dtype)

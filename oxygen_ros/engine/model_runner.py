@@ -54,8 +54,14 @@ class PriorityStreams:
         high = HIGHEST_PRIORITY if prioritized else LOWEST_PRIORITY
         self.control_stream = torch.cuda.Stream(device, priority=high) if self.enabled else None
         self.language_stream = torch.cuda.Stream(device, priority=LOWEST_PRIORITY) if self.enabled else None
+        self.device = device
+        self.settle()
+
+    def settle(self) -> None:
+        """Wait for the work queued on the device so far (a new pool's zero fill, uploaded weights): neither stream
+        waits for it by itself. Nothing on a CPU."""
         if self.enabled:
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(self.device)
 
     def control(self):
         return torch.cuda.stream(self.control_stream) if self.enabled else nullcontext()

@@ -134,11 +134,12 @@ class Runtime:
                            sched.num_steps, frame_slots, stage_split=self._stage_split)
 
     def add_model(self, model_id: str, served: Served) -> None:
-        """Serve one more model from now on (a fleet node's first robot of a model); its pool is made before the
-        threads see it."""
+        """Serve one more model from now on (a fleet node's first robot of a model); its pool is made, and on a GPU
+        zero-filled, before the threads see it (their streams do not wait for the fill by themselves)."""
         if model_id in self.served:
             raise ValueError(f"model {model_id!r} is already served")
         runner = self._runner(served.model)
+        self.streams.settle()
         with self.parts.frames_lock, self.parts.state_lock:
             self.served[model_id] = served
             self.runners[model_id] = runner

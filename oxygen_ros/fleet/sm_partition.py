@@ -18,6 +18,7 @@ fresh split, so two of them overlap instead of dividing the device.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,6 +121,9 @@ class SmPartitions:
         self.granularity = SmGranularity(max(table.min_count, int(getattr(sm, "minSmPartitionSize", 0))),
                                          max(table.alignment, int(getattr(sm, "smCoscheduledAlignment", 0))))
         self._splits: dict[float, _Split] = {}
+        # stage workers ask for their streams from their own threads: one lock, so a share's green contexts are
+        # made once (two threads making them at once would leak a pair and hand the stages different streams)
+        self._lock = threading.Lock()
 
     def _device_resource(self):
         drv = self._cu.driver
@@ -147,19 +151,24 @@ class SmPartitions:
 
     def _split(self, vlm_share: float) -> _Split:
         key = round(vlm_share, 6)
-        if key not in self._splits:
-            drv, check = self._cu.driver, self._cu.check
-            first, remaining = self._driver_split(key)
-            streams, contexts = [], []
-            for group in (first, remaining):
-                desc = check(drv.cuDevResourceGenerateDesc([group], 1))
-                context = check(drv.cuGreenCtxCreate(desc, self._cu_device,
-                                                     drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
-                handle = check(drv.cuGreenCtxStreamCreate(context, drv.CUstream_flags.CU_STREAM_NON_BLOCKING, 0))
-                contexts.append(context)
-                streams.append(torch.cuda.get_stream_from_external(int(handle), self.device))
-            self._splits[key] = _Split(streams[0], streams[1], tuple(contexts))
-        return self._splits[key]
+        with self._lock:
+            if key not in self._splits:
+                self._splits[key] = self._make_split(key)
+            return self._splits[key]
+
+    def _make_split(self, vlm_share: float) -> _Split:
+        """The two green contexts of the driver's split at ``vlm_share``, each with its stream."""
+        drv, check = self._cu.driver, self._cu.check
+        first, remaining = self._driver_split(vlm_share)
+        streams, contexts = [], []
+        for group in (first, remaining):
+            desc = check(drv.cuDevResourceGenerateDesc([group], 1))
+            context = check(drv.cuGreenCtxCreate(desc, self._cu_device,
+                                                 drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
+            handle = check(drv.cuGreenCtxStreamCreate(context, drv.CUstream_flags.CU_STREAM_NON_BLOCKING, 0))
+            contexts.append(context)
+            streams.append(torch.cuda.get_stream_from_external(int(handle), self.device))
+        return _Split(streams[0], streams[1], tuple(contexts))
 
     def stream(self, stage: Stage, share: float) -> torch.cuda.Stream | None:
         """The stream a stage issues on at ``share`` (None: the whole device, any plain stream will do)."""

@@ -64,6 +64,16 @@ def _padded(t: Tensor, rows: int, dim: int = 0) -> Tensor:
     return torch.cat([t, first.expand(*[extra if d == dim else -1 for d in range(t.dim())])], dim=dim)
 
 
+def _copy_padded(buffer: Tensor, value: Tensor, dim: int = 0) -> None:
+    """`buffer.copy_(_padded(value, rows, dim))` without making the padded tensor first: the rows of `value`, then
+    its first row into the rest (a replay's inputs are copied into its static buffers once, not twice)."""
+    rows = value.shape[dim]
+    buffer.narrow(dim, 0, rows).copy_(value)
+    rest = buffer.narrow(dim, rows, buffer.shape[dim] - rows)
+    if rest.numel():
+        rest.copy_(value.narrow(dim, 0, 1).expand_as(rest))
+
+
 class CudaGraphs:
     """Graphs of one model's decode step (per cache and bucket) and denoising loop (per bucket and step count)."""
 
@@ -161,16 +171,20 @@ class CudaGraphs:
         bucket = self.bucket(batch)
         if bucket is None:
             return None
-        values = (_padded(x, bucket), conds, _padded(prefix_k, bucket, dim=1), _padded(prefix_v, bucket, dim=1),
-                  _padded(bias, bucket), _padded(cos, bucket), _padded(sin, bucket))
+        # each input and the dimension its batch is on (the time conditions are the same for every row)
+        values = ((x, 0), (conds, None), (prefix_k, 1), (prefix_v, 1), (bias, 0), (cos, 0), (sin, 0))
         key = (bucket, conds.shape[0], prefix_k.dtype)
         captured = self._denoise.get(key)
         if captured is None:
-            static = tuple(v.clone() for v in values)
+            static = tuple(v.clone() if dim is None else _padded(v, bucket, dim).clone() for v, dim in values)
             captured = self._denoise[key] = self._capture("denoise", lambda: denoise(self.model, *static), static)
         else:
-            for buffer, value in zip(captured.inputs, values):
-                buffer.copy_(value)
+            # straight into the static buffers: the prefix K/V, the largest inputs, are copied once per replay
+            for buffer, (value, dim) in zip(captured.inputs, values):
+                if dim is None:
+                    buffer.copy_(value)
+                else:
+                    _copy_padded(buffer, value, dim)
         captured.graph.replay()
         return captured.output[:batch].clone()  # the static output is overwritten by the next replay
 

@@ -158,3 +158,19 @@ def _file_in(folder: Path) -> Path | None:
 def _no_file(folder: Path, what: str = "") -> NoReturn:
     raise ValueError(f"{what}{folder} holds no tokenizer file ({', '.join(TOKENIZER_FILES)}, at its top or in "
                      f"tokenizer/)")
+
+
+def build_on_device(config: Pi05Config, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> Pi05Model:
+    """A randomly initialised model made on `device` itself, then cast to `dtype` there: on a GPU the initialisers
+    run on the GPU (pi05's 3.35 B parameters never pass through host memory, where `build_model` makes them in
+    float32 on the CPU first). The same seed gives the same weights on the same kind of device; a GPU's generator is
+    not the CPU's, so they are not `build_model`'s weights."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    forked = [device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked, device_type=device.type if forked else "cuda"):
+        torch.manual_seed(seed)
+        with device:
+            model = Pi05Model(config)
+    return model.to(dtype=dtype).eval()

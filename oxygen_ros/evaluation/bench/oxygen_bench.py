@@ -21,7 +21,7 @@ from ...engine.frames import deadline_missed
 from ...engine.stats import percentile, percentile_ms
 from ...model import cpu_kernel
 from ...model.config import PRESETS, Pi05Config, get_preset
-from ...model.pi05 import build_model
+from ...model.loading import build_on_device
 from ...model.precision import DTYPE_NAMES, default_dtype, resolve_dtype
 from .energy import EnergyMeter, cuda_uuid, open_energy_meter, per_unit
 from .modes import OVERLAP, RUNNERS, SETTINGS, SettingRun, Workload
@@ -183,6 +183,13 @@ def measure_action_only_period(model, config, device, seed, part_threads: PartTh
     return 1.25 * percentile(run.action_latency_s, 0.5)
 
 
+def write_json(path: Path, records: list[dict]) -> None:
+    """The records so far, written beside and renamed: a cut mid-write leaves the last whole file."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(records, indent=2) + "\n")
+    part.replace(path)
+
+
 def write_markdown(records: list[dict], path: Path, header: str) -> None:
     lines = [header, "", "| dtype | sweep | decode len | k | steps | arrival | setting | action Hz | p50 ms | p99 ms | "
              "misses | tok/s | speedup Hz | speedup tok/s | memory MB | J/frame | J/token |", "|" + "---|" * 17]
@@ -294,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         choice = resolve_dtype(requested, args.device, config)
         print(f"model dtype: {choice}", flush=True)
         built = time.perf_counter()
-        model = build_model(config, device=args.device, dtype=choice.dtype, seed=args.seed)
+        # made on the device itself (on a GPU no float32 copy on the CPU first; on the CPU build_model's weights)
+        model = build_on_device(config, args.device, choice.dtype, seed=args.seed)
         print(f"model built in {time.perf_counter() - built:.1f} s", flush=True)
         if args.compile:
             model.compile_steps()
@@ -325,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             for record in run_point(model, config, point, frames, period, args.seed, args.device, rounds, meter,
                                     args.min_steps, args.overlap_threads, part_threads):
                 records.append({**meta, **record, "load_average": os.getloadavg()[0]})
+            # after every point, so a run cut by a time limit keeps the points it finished
+            write_json(out / "results.json", records)
         del model
-    (out / "results.json").write_text(json.dumps(records, indent=2) + "\n")
+    write_json(out / "results.json", records)
     header = (f"OxyGen benchmark: preset {preset}, {args.device}, torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads, {rounds} interleaved rounds x {frames} measured frames per setting "
               f"and point, {time.perf_counter() - started:.0f} s, load average {load_start:.1f} at the start and "
