@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from oxygen_ros.model import cuda_graphs
+from oxygen_ros.model.actions import denoise
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.cuda_graphs import CudaGraphs, _padded
 from oxygen_ros.model.kv_cache import KVCache
@@ -134,10 +135,11 @@ def test_captures_take_turns_keep_stream_order_and_let_their_cache_go(monkeypatc
 
 
 class Denoiser:
-    """A stand-in model for the denoise graph: what the captured function returns is the noise's shape."""
+    """A stand-in model for the denoise graph: the expert's velocity is minus the noisy actions, so the captured
+    Euler loop (`actions.denoise`) returns the noise's shape, scaled."""
 
-    def _denoise(self, x, conds, prefix_k, prefix_v, bias, cos, sin):
-        return x.float() * 2
+    def _velocity(self, x, cond, prefix_k, prefix_v, bias, cos, sin):
+        return -x.float()
 
 
 def denoise_inputs(batch: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -156,7 +158,7 @@ def test_a_denoise_replay_copies_its_inputs_straight_into_the_static_buffers(mon
     graphs = CudaGraphs.__new__(CudaGraphs)
     graphs._setup(Denoiser(), (4,), torch.device("cpu"))
     first = denoise_inputs(3, seed=1)
-    assert torch.equal(graphs.denoise(*first), first[0] * 2)  # captured (run eagerly here): bucket 4
+    assert torch.equal(graphs.denoise(*first), denoise(Denoiser(), *first))  # captured (run eagerly): bucket 4
     (captured,) = graphs._denoise.values()
 
     def no_cat(*args, **kwargs):
