@@ -4,7 +4,6 @@ Also holds the child-process helpers the record tests use (start with the test's
 remove any Fast DDS shared-memory files a killed child leaves behind).
 """
 
-import csv
 import os
 import signal
 import subprocess
@@ -119,34 +118,28 @@ class Receiver:
         self.node.destroy_node()
 
 
-def read_schedule(path: Path) -> list[dict]:
-    """The replay's own record (`--schedule-report`): one dict of ints (and the topic) per published message."""
-    with open(path, newline="") as report:
-        return [{k: v if k == "topic" else int(v) for k, v in row.items()} for row in csv.DictReader(report)]
+def timing_errors(received: list[tuple[float, bytes]], log_times_ns: list[int], rate: float) -> np.ndarray:
+    """Per message, in seconds: how far its receive time lies from the bag's schedule (log time / rate), the
+    schedule placed where the median message puts it. Measured from the median, one message that a loaded
+    machine delivers late (the first one, say) costs its own error and does not shift everyone else's."""
+    recv = np.array([t for t, _ in received])
+    bag = np.array(log_times_ns, dtype=np.float64) / 1e9
+    offsets = recv - bag / rate
+    return np.abs(offsets - np.median(offsets))
 
 
-def assert_kept_the_schedule(schedule: list[dict], rate: float) -> None:
-    """The replay's record of its own playback against the bag: each message was due exactly at its log time
-    (from the first message, divided by the rate) and none went out early. The first two are exact: they read the
-    replay's monotonic clock, not the machine's delivery. How late a publish was depends on the machine; the bounds
-    on that are loose (a replay that ignores the log times publishes early, one that sleeps wrong piles up whole
-    periods)."""
-    first = schedule[0]
-    for row in schedule:
-        due = (row["log_time_ns"] - first["log_time_ns"]) / rate
-        assert abs(row["due_ns"] - first["due_ns"] - due) < 1_000, row  # 1 us: float rounding of the target
-        assert row["published_ns"] >= row["due_ns"] - 1_000, row
-    late_s = np.array([row["published_ns"] - row["due_ns"] for row in schedule]) / 1e9
-    assert np.median(late_s) < 0.2 and late_s.max() < 2.0, late_s
+def assert_on_schedule(errors: np.ndarray) -> None:
+    """Messages land on the bag's schedule (20 ms apart in both tests): typically within 10 ms, nine in ten within
+    40 ms. The slack is the scheduling jitter of two processes on a loaded 2-core machine (90th percentiles of
+    25 ms seen at load 4; 10 ms when idle); a replay that bursts or ignores the log times misses by hundreds."""
+    assert np.median(errors) < 0.010 and np.percentile(errors, 90) < 0.040, errors
 
 
-def assert_received_after_publishing(received: list[tuple[float, bytes]], schedule: list[dict]) -> None:
-    """Each message arrived (in the bag's order, which the caller has checked) after the replay began publishing it,
-    and within seconds of that: both are read from the system's monotonic clock, in two processes."""
-    assert len(received) == len(schedule)
-    for (received_s, _), row in zip(received, schedule):
-        delivery_s = received_s - row["published_ns"] / 1e9
-        assert -1e-6 < delivery_s < 5.0, (delivery_s, row)  # (1 us: seconds as floats)
+def replay_rate(received: list[tuple[float, bytes]], log_times_ns: list[int]) -> float:
+    """Bag seconds replayed per wall second: the slope of a least-squares line through (receive time, log time)."""
+    recv = np.array([t for t, _ in received])
+    bag = np.array(log_times_ns, dtype=np.float64) / 1e9
+    return float(np.polyfit(recv - recv[0], bag - bag[0], 1)[0])
 
 
 @pytest.fixture(scope="module")
@@ -156,15 +149,14 @@ def episode_bag(tmp_path_factory):
     return bag
 
 
-def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episode_bag, tmp_path):
+def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episode_bag):
     receiver = Receiver(ros_context, {
         "joint_states": (JointState, QoSProfile(depth=100)),
         "camera/cam_high/image_raw": (Image, qos_profile_sensor_data),
         "instruction": (String, QoSProfile(depth=1)),
     })
     child = Child(["-m", "oxygen_ros.nodes.replay_node", str(episode_bag), "--wait-for", "joint_states",
-                   "camera/cam_high/image_raw", "instruction", "--delay", "0.3",
-                   "--schedule-report", str(tmp_path / "schedule.csv")], ros_env)
+                   "camera/cam_high/image_raw", "instruction", "--delay", "0.3"], ros_env)
     try:
         got = receiver.wait_for(lambda: len(receiver.received["joint_states"]) >= 50, timeout=20)
         child.note_shm()
@@ -177,11 +169,9 @@ def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episo
     expected = [raw for raw in iter_raw(episode_bag, ["joint_states"])]
     joints = receiver.received["joint_states"]
     assert [data for _, data in joints] == [raw.data for raw in expected]  # raw CDR passes through untouched
-    schedule = read_schedule(tmp_path / "schedule.csv")
-    assert len(schedule) == len(list(iter_raw(episode_bag)))  # every message of every topic, in log-time order
-    assert_kept_the_schedule(schedule, rate=1.0)
-    assert_received_after_publishing(joints, [row for row in schedule if row["topic"] == "joint_states"])
-    assert "late against the schedule: median" in output
+    errors = timing_errors(joints, [raw.log_time_ns for raw in expected], rate=1.0)
+    assert_on_schedule(errors)
+    assert replay_rate(joints, [raw.log_time_ns for raw in expected]) == pytest.approx(1.0, rel=0.05)
     assert len(receiver.received["camera/cam_high/image_raw"]) >= 45  # best effort: a rare drop is allowed
     instruction = [deserialize_message(d, String).data for _, d in receiver.received["instruction"]]
     assert instruction == ["pick up the red cube"]  # (the wire pads CDR to 4 bytes, so compare decoded)
@@ -201,8 +191,7 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     receiver = Receiver(ros_context, {"/chatter": (String, QoSProfile(depth=100)),
                                       "/clock": (Clock, QoSProfile(depth=100))})
     child = Child(["-m", "oxygen_ros.nodes.replay_node", str(tmp_path / "bag"), "--rate", "2", "--clock",
-                   "--wait-for", "/chatter", "--wait-for-subscribers", "/recorded", "--delay", "0.3",
-                   "--schedule-report", str(tmp_path / "schedule.csv")], ros_env)
+                   "--wait-for", "/chatter", "--wait-for-subscribers", "/recorded", "--delay", "0.3"], ros_env)
     try:
         assert receiver.wait_for(lambda: receiver.node.count_publishers("/chatter") > 0, timeout=60)
         time.sleep(1.0)  # the replay is up and /chatter has its subscriber; nothing subscribes to /recorded yet
@@ -219,14 +208,12 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     chatter = receiver.received["/chatter"]
     decoded = [deserialize_message(d, String).data for _, d in chatter]
     assert decoded == [f"hello {i}" for i in range(30)]
-    schedule = read_schedule(tmp_path / "schedule.csv")
-    assert [row["log_time_ns"] for row in schedule] == [start + i * 40_000_000 for i in range(30)]
-    assert_kept_the_schedule(schedule, rate=2.0)
-    assert_received_after_publishing(chatter, schedule)
+    errors = timing_errors(chatter, [start + i * 40_000_000 for i in range(30)], rate=2.0)
+    assert_on_schedule(errors)
+    assert replay_rate(chatter, [start + i * 40_000_000 for i in range(30)]) == pytest.approx(2.0, rel=0.05)
     clocks = [deserialize_message(d, Clock).clock for _, d in receiver.received["/clock"]]
     clock_ns = [c.sec * 10**9 + c.nanosec for c in clocks]
     assert clock_ns == sorted(clock_ns) and clock_ns[-1] == start + 29 * 40_000_000
-    assert {start + i * 40_000_000 for i in range(30)} <= set(clock_ns)  # the bag time at each message, exactly
     assert len(clock_ns) > 30  # ticks between messages too, not only at them
     assert all(start <= c for c in clock_ns)
 

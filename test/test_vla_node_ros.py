@@ -226,12 +226,10 @@ def test_namespaced_nodes_act_at_rate_narrate_report_and_exit_cleanly(ros_contex
     assert not robot2.narrations and robot1.narrations
 
     # The timer paces the node (frames come at 30 Hz): at 20 Hz where the machine lets it, slower only with the
-    # deadline misses that say why (a busy machine stretches the ticks past the period), never faster. Measured on
-    # receive times, which a loaded machine bunches (a first chunk delivered late shortens the span): the upper
-    # bound is loose, yet a timer at the frames' 30 Hz, or unpaced, breaks it.
+    # deadline misses that say why (a busy machine stretches the ticks past the period), never faster.
     measured_rate = (len(measured) - 1) / (measured[-1][0] - measured[0][0])
     misses = robot1.statuses[-1].deadline_misses
-    assert measured_rate <= 1.25 * rate and (measured_rate >= 0.9 * rate or misses > 0), (measured_rate, misses)
+    assert measured_rate <= 1.1 * rate and (measured_rate >= 0.9 * rate or misses > 0), (measured_rate, misses)
     for _, chunk in robot1.chunks:
         assert chunk.joint_names == list(ALOHA_JOINT_NAMES)
         assert len(chunk.points) == 6

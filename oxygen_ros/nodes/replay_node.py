@@ -1,7 +1,7 @@
 """Replay a rosbag2 onto live topics with the bag's timing, so the VLA node can be evaluated on recorded episodes.
 
 `oxygen-ros replay BAG [--rate R] [--loop] [--clock] [--topics T ...] [--wait-for T ...]
-[--wait-for-subscribers T ...] [--delay S] [--ack-timeout S] [--allow-partial] [--schedule-report CSV]`
+[--wait-for-subscribers T ...] [--delay S] [--ack-timeout S] [--allow-partial]`
 
 Messages are republished as the raw CDR bytes stored in the bag (never deserialized), each at
 `start + (log_time - first_log_time) / rate` on the monotonic clock; one plain thread does the scheduling because
@@ -12,12 +12,6 @@ types sensor-data QoS (best effort), topics with a single message latched, every
 publishes rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time. At the end the
 replay waits (up to `--ack-timeout` seconds) until every reliable subscriber has acknowledged what was published,
 so a process that exits right after its last message does not take that message's delivery with it.
-
-At the end the replay logs how late its publishes were against the schedule (median, 99th percentile, worst), and
-with `--schedule-report` writes its own record, one row per published message (topic, log time, when it was due
-and when it was published, in nanoseconds of the system's monotonic clock, CLOCK_MONOTONIC, which every process on
-the machine reads alike), so the schedule the replay kept can be checked without trusting how fast the machine then
-delivered the messages.
 
 Before anything is published the whole bag is read once and counted against its metadata: a damaged or
 truncated bag is refused (exit 1) unless `--allow-partial` is given, which replays what is readable with a
@@ -34,13 +28,10 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
     sys.exit(run("replay_node"))
 
 import argparse
-import csv
 import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 from rclpy.duration import Duration
 from rclpy.node import Node
@@ -50,7 +41,6 @@ from rclpy.utilities import remove_ros_args
 from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.bag import TopicInfo, bag_problem, bag_topics, iter_raw
 from oxygen_ros.data.episode import DataError
-from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.nodes.bag_qos import replay_profile
 from oxygen_ros.nodes.conversions import ns_to_stamp
 from oxygen_ros.nodes.lifecycle import ros_process, spinning
@@ -84,41 +74,6 @@ def qos_for(info: TopicInfo) -> QoSProfile:
     return QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 
 
-@dataclass(frozen=True)
-class Published:
-    """One publish of the playback: its topic and log time, and when it was due and when its publish call began
-    (nanoseconds of the system's monotonic clock)."""
-
-    topic: str
-    log_time_ns: int
-    due_ns: int
-    published_ns: int
-
-    @property
-    def late_s(self) -> float:
-        return (self.published_ns - self.due_ns) / 1e9
-
-
-SCHEDULE_COLUMNS = ("topic", "log_time_ns", "due_ns", "published_ns")
-
-
-def write_schedule(path: str | Path, record: Sequence[Published]) -> None:
-    """The playback's own record as CSV, one row per published message (`SCHEDULE_COLUMNS`)."""
-    with open(path, "w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(SCHEDULE_COLUMNS)
-        writer.writerows((p.topic, p.log_time_ns, p.due_ns, p.published_ns) for p in record)
-
-
-def lateness_summary(record: Sequence[Published]) -> str:
-    """How late the publishes were against the schedule: median, 99th percentile and worst, in milliseconds."""
-    late = [p.late_s for p in record]
-    if not late:
-        return "nothing published"
-    return (f"late against the schedule: median {percentile_ms(late, 0.5):.1f} ms, p99 {percentile_ms(late, 0.99):.1f}"
-            f" ms, worst {1e3 * max(late):.1f} ms")
-
-
 class ReplayNode(Node):
     """Publishers for a bag's topics plus the playback loop (`play`), run from the caller's thread."""
 
@@ -146,7 +101,6 @@ class ReplayNode(Node):
         self._clock_pub = self.create_publisher(clock_class, "/clock", QoSProfile(depth=1)) if clock else None
         self._clock_period = 1.0 / clock_hz
         self.published = 0
-        self.record: list[Published] = []  # the playback's own schedule record (`Published`)
         self.incomplete = problem  # a one-line integrity problem, if the bag has one
         if problem is not None:
             self.get_logger().warning(f"replaying a partial bag: {problem}")
@@ -197,11 +151,8 @@ class ReplayNode(Node):
                     return self.published
                 if self._clock_pub is not None:
                     self._publish_clock(raw.log_time_ns)
-                published_ns = time.monotonic_ns()  # as the call begins: a subscriber may have it before it returns
                 self._topic_publishers[raw.topic].publish(raw.data)
                 self.published += 1
-                if not self.loop:  # a looping replay runs for hours: keep no record that grows with it
-                    self.record.append(Published(raw.topic, raw.log_time_ns, round(target * 1e9), published_ns))
             if not self.loop:
                 break
         return self.published
@@ -240,9 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to wait at the end for reliable subscribers to acknowledge every message")
     parser.add_argument("--allow-partial", action="store_true",
                         help="replay a damaged bag's readable messages (warning) instead of refusing it")
-    parser.add_argument("--schedule-report", metavar="CSV",
-                        help="write the playback's own record: per message its topic, log time, and when it was due "
-                        "and published (ns of the system's monotonic clock); not with --loop")
     return parser
 
 
@@ -254,9 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if not 0 <= args.ack_timeout < math.inf:
         print("error: --ack-timeout must be a finite number of seconds, 0 or more", file=sys.stderr)
-        return 1
-    if args.schedule_report and args.loop:
-        print("error: --schedule-report records one pass of the bag; it does not go with --loop", file=sys.stderr)
         return 1
     with ros_process("replay", argv) as (context, stop):
         try:
@@ -273,9 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 node.play(stop)
                 if not stop.is_set():
                     node.wait_for_delivery(args.ack_timeout)
-            summary = "" if args.loop else f"; {lateness_summary(node.record)}"
-            node.get_logger().info(f"published {node.published} messages{summary}")
-            if args.schedule_report:
-                write_schedule(args.schedule_report, node.record)
+            node.get_logger().info(f"published {node.published} messages")
         return 1 if node.incomplete is not None and not args.allow_partial else 0
 
