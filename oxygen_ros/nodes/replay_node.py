@@ -4,14 +4,15 @@
 [--wait-for-subscribers T ...] [--delay S] [--ack-timeout S] [--allow-partial] [--schedule-report FILE]`
 
 Messages are republished as the raw CDR bytes stored in the bag (never deserialized), each at
-`start + ceil((log_time - first_log_time) / rate)` nanoseconds on the monotonic clock, never before; one plain thread does the scheduling because
-publishing from outside the executor is safe and a timer per message would add executor latency. Each topic is
-published with the QoS its publishers offered when it was recorded (`offered_qos_profiles`, see `bag_qos`), so a
-latched topic such as `instruction` stays transient local. A bag recorded without QoS gets a fallback: camera-like
-types sensor-data QoS (best effort), topics with a single message latched, everything else reliable. `--clock`
-publishes rosgraph_msgs/Clock on /clock with the bag time, for nodes running with use_sim_time. At the end the
-replay waits (up to `--ack-timeout` seconds) until every reliable subscriber has acknowledged what was published,
-so a process that exits right after its last message does not take that message's delivery with it.
+`start + ceil((log_time - first_log_time) / rate)` nanoseconds on the monotonic clock, never before; one plain
+thread does the scheduling because publishing from outside the executor is safe and a timer per message would add
+executor latency. Each topic is published with the QoS its publishers offered when it was recorded
+(`offered_qos_profiles`, see `bag_qos`), so a latched topic such as `instruction` stays transient local. A bag
+recorded without QoS gets a fallback: camera-like types sensor-data QoS (best effort), topics with a single message
+latched, everything else reliable. `--clock` publishes rosgraph_msgs/Clock on /clock with the bag time, for nodes
+running with use_sim_time. At the end the replay waits (up to `--ack-timeout` seconds) until every reliable
+subscriber has acknowledged what was published (/clock's last value too), so a process that exits right after its
+last message does not take that message's delivery with it.
 `--schedule-report FILE` writes the replay's own record of when it published each message and /clock value
 (`data/replay_schedule.py`) and logs how late the messages went out.
 
