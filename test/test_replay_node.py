@@ -1,4 +1,5 @@
-"""Replay over real DDS: a subscriber in this process measures when the replay process's messages arrive.
+"""Replay over real DDS: the replay's own record of its schedule (--schedule-report) against the bag, and what a
+subscriber in this process takes in (bytes, order, counts; when, only loosely).
 
 Also holds the child-process helpers the record tests use (start with the test's DDS domain, stop with SIGINT,
 remove any Fast DDS shared-memory files a killed child leaves behind).
@@ -128,41 +129,45 @@ def read_schedule(path: Path) -> tuple[dict, list[dict], list[dict]]:
 
 
 def assert_kept_schedule(path: Path, bag: list[tuple[str, int]], rate: float) -> dict:
-    """The replay's own record of its schedule against the bag's (topic, log time) list, exactly: every message
-    once, in the bag's order, due `ceil((log - first) / rate)` ns after time zero and published no earlier. How
-    late it went out is the replay's own scheduling (one thread waking at its due times, no second process, no DDS
-    in between): the median within 20 ms and none a second late. A replay that bursts publishes early; one at the
-    wrong rate or one whose delays add up falls behind by hundreds of ms in these bags. Returns the report."""
+    """The replay's own record of its schedule (run with --clock) against the bag's (topic, log time) list, exactly:
+    every message once, in the bag's order, due `ceil((log - first) / rate)` ns after time zero and published no
+    earlier, each right after /clock at its log time; and the replay never idle while a message was due: each
+    /clock value it sent between messages went out before the next message's due time, carrying the bag time of
+    that instant (`first + elapsed * rate`). How late a message went out is how long this machine kept the
+    replay's thread from running (under a millisecond at the median on a calm machine, tens of ms at load 13 to 16
+    on two cores, a few at over 0.3 s), so only seconds are bounded there. A replay that bursts publishes early; one sleeping on the wrong rate, or
+    adding up delays, sends /clock values while a message is due. Returns the report."""
     report, messages, _ = read_schedule(path)
     first = bag[0][1]
     assert [(r["loop"], r["topic"], r["bag_time_ns"]) for r in messages] == [(0, t, log) for t, log in bag]
     assert [r["due_ns"] for r in messages] == [math.ceil((log - first) / rate) for _, log in bag]
     lateness = np.array([r["at_ns"] - r["due_ns"] for r in messages]) / 1e9
-    assert lateness.min() >= 0, lateness  # never early: the due time is a floor
-    assert np.median(lateness) < 0.020 and lateness.max() < 1.0, lateness
+    assert lateness.min() >= 0 and lateness.max() < 2.0, lateness  # never early
     assert report["messages"] == len(bag) and report["lateness_ms"]["max"] == pytest.approx(1e3 * lateness.max(),
                                                                                            abs=1e-3)
+    rows, ticks = report["publications"], 0
+    assert rows[0]["topic"] == "/clock"
+    for before, row in zip(rows, rows[1:]):
+        if row["topic"] != "/clock":  # a message: /clock at its log time just before it, in the same instant
+            assert before["topic"] == "/clock" and (before["bag_time_ns"], before["due_ns"], before["at_ns"]) == (
+                row["bag_time_ns"], row["due_ns"], row["at_ns"]), (before, row)
+    for index, row in enumerate(rows):
+        if row["topic"] == "/clock" and row["due_ns"] is None:  # a value between messages
+            ticks += 1
+            following = next(r for r in rows[index:] if r["topic"] != "/clock")
+            assert row["at_ns"] < following["due_ns"], (row, following)
+            assert row["bag_time_ns"] == first + int(row["at_ns"] * rate) < following["bag_time_ns"], row
+    assert ticks > 0, "no /clock values between the messages"
     return report
 
 
-def assert_clock_kept_bag_time(path: Path, bag: list[tuple[str, int]], rate: float, received: list[int]) -> None:
-    """/clock against the bag's log times, exactly: in the replay's record each message goes out with /clock at its
-    log time, and each value between messages is the bag time of the instant it went out (`first + elapsed * rate`,
-    below the next message's log time); the values a subscriber took in are some of those, in order, the last
-    message's log time last (the replay waits for its acknowledgement)."""
-    _, _, clocks = read_schedule(path)
-    first, logs = bag[0][1], [log for _, log in bag]
-    at_message = [c for c in clocks if c["due_ns"] is not None]
-    between = [c for c in clocks if c["due_ns"] is None]
-    assert [c["bag_time_ns"] for c in at_message] == logs
-    assert between, "no /clock values between the messages"
-    for c in between:
-        assert c["bag_time_ns"] == first + int(c["at_ns"] * rate), c
-        following = [log for log in logs if log > c["bag_time_ns"]]
-        assert following, c  # published while a message was still due
+def assert_clock_received(path: Path, received: list[int]) -> None:
+    """The /clock values a subscriber took in are some of those the replay recorded, in order, the last message's log
+    time last (the replay waits for its acknowledgement before it exits)."""
+    _, messages, clocks = read_schedule(path)
     values = [c["bag_time_ns"] for c in clocks]
     assert values == sorted(values)
-    assert received == sorted(received) and set(received) <= set(values) and received[-1] == logs[-1]
+    assert received == sorted(received) and set(received) <= set(values) and received[-1] == messages[-1]["bag_time_ns"]
 
 
 def assert_received_after_publication(report: dict, published: list[dict], received: list[tuple[float, bytes]]):
@@ -185,9 +190,10 @@ def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episo
         "joint_states": (JointState, QoSProfile(depth=100)),
         "camera/cam_high/image_raw": (Image, qos_profile_sensor_data),
         "instruction": (String, QoSProfile(depth=1)),
+        "/clock": (Clock, QoSProfile(depth=100)),
     })
     report_path = tmp_path / "schedule.json"
-    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(episode_bag), "--wait-for", "joint_states",
+    child = Child(["-m", "oxygen_ros.nodes.replay_node", str(episode_bag), "--clock", "--wait-for", "joint_states",
                    "camera/cam_high/image_raw", "instruction", "--delay", "0.3", "--schedule-report",
                    str(report_path)], ros_env)
     try:
@@ -210,6 +216,8 @@ def test_replay_keeps_bag_timing_and_bytes_at_rate_1(ros_context, ros_env, episo
     assert len(receiver.received["camera/cam_high/image_raw"]) >= 45  # best effort: a rare drop is allowed
     instruction = [deserialize_message(d, String).data for _, d in receiver.received["instruction"]]
     assert instruction == ["pick up the red cube"]  # (the wire pads CDR to 4 bytes, so compare decoded)
+    clocks = [deserialize_message(d, Clock).clock for _, d in receiver.received["/clock"]]
+    assert_clock_received(report_path, [c.sec * 10**9 + c.nanosec for c in clocks])
 
 
 def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path):
@@ -249,7 +257,7 @@ def test_foreign_sqlite3_bag_at_rate_2_with_clock(ros_context, ros_env, tmp_path
     _, published, _ = read_schedule(report_path)
     assert_received_after_publication(report, published, chatter)
     clocks = [deserialize_message(d, Clock).clock for _, d in receiver.received["/clock"]]
-    assert_clock_kept_bag_time(report_path, bag, 2.0, [c.sec * 10**9 + c.nanosec for c in clocks])
+    assert_clock_received(report_path, [c.sec * 10**9 + c.nanosec for c in clocks])
 
 
 SUBSCRIBER = """
