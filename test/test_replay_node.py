@@ -134,9 +134,10 @@ def assert_kept_schedule(path: Path, bag: list[tuple[str, int]], rate: float) ->
     earlier, each right after /clock at its log time; and the replay never idle while a message was due: each
     /clock value it sent between messages went out before the next message's due time, carrying the bag time of
     that instant (`first + elapsed * rate`). How late a message went out is how long this machine kept the
-    replay's thread from running (under a millisecond at the median on a calm machine, tens of ms at load 13 to 16
-    on two cores, a few at over 0.3 s), so only seconds are bounded there. A replay that bursts publishes early; one sleeping on the wrong rate, or
-    adding up delays, sends /clock values while a message is due. Returns the report."""
+    replay's thread from running (about a millisecond at the median beside other test runs, tens of ms at load 13
+    to 16 on two cores, a few over 0.3 s), so only seconds are bounded there. A replay that bursts publishes early;
+    one sleeping on the wrong rate, or adding up delays, sends /clock values while a message is due. Returns the
+    report."""
     report, messages, _ = read_schedule(path)
     first = bag[0][1]
     assert [(r["loop"], r["topic"], r["bag_time_ns"]) for r in messages] == [(0, t, log) for t, log in bag]

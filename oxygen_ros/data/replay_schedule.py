@@ -7,8 +7,9 @@ pass is due `ceil((log_time_i - first_log_time) / rate)` after that pass's zero.
 them on the machine's CLOCK_MONOTONIC, the clock other processes on the host read too.
 
 Row fields: `loop` (the pass through the bag: 0, then 1, ... with --loop), `topic` (`/clock` for clock values),
-`bag_time_ns` (the message's log time, or the clock value), `due_ns` (when the message was due; null for a /clock value published between
-messages) and `at_ns` (when it was published: the monotonic time read just before the publish call).
+`bag_time_ns` (the message's log time, or the clock value), `due_ns` (when the message was due; null for a /clock
+value published between messages) and `at_ns` (when it was published: the monotonic time read just before the
+publish call).
 """
 
 from __future__ import annotations
