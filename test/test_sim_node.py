@@ -14,7 +14,7 @@ from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import JointState
 from sim_chunk_responder import ChunkResponder, target
 from std_msgs.msg import String
-from test_replay_node import Child, replay_rate
+from test_replay_node import Child
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.data.aloha import read_aloha
@@ -88,13 +88,14 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     assert code == 0, output
     summary = summary_of(output)
 
-    # Rate: paced to the wall clock at 50 Hz. Sim seconds per wall second (measured here, on the observations'
-    # stamps and receive times) and the sim's own rate over its last 100 ticks reach 1.0 and 50 Hz, never more.
-    # No lower bound: busy cores make the loop slower than its target (34 Hz at load 9, 10 Hz at load 12 seen),
-    # which says nothing about the sim. Unpaced, this sim steps at several times 50 Hz on calm cores.
+    # Rate: paced to the wall clock at 50 Hz, told by the sim's own monotonic clock: its tick k comes no earlier
+    # than k periods after its start, so the sim time it reached never exceeds the wall time it ran, and its rate
+    # over its last 100 ticks exceeds 50 Hz only by its catch-up of at most one step (99 intervals in 98 periods,
+    # 50.5 Hz). Not from receive times here: a starved listener takes a backlog in a burst, which looks faster than
+    # the sim. No lower bound: busy cores make the loop slower than its target (34 Hz at load 9, 10 Hz at load 12
+    # seen), which says nothing about the sim. Unpaced, this sim steps at several times 50 Hz on calm cores.
     assert summary["step"] == steps and len(ticks) >= steps // 2, len(ticks)
-    sim_speed = replay_rate([(t, None) for t, _ in ticks], [stamp for _, stamp in ticks])
-    assert sim_speed <= 1.05 and summary["achieved_rate_hz"] <= 52.5, (sim_speed, summary)
+    assert summary["sim_time"] <= summary["wall_s"] + 1e-6 and summary["achieved_rate_hz"] <= 52.5, summary
     # Latency: chunks arrive `delay` steps after their source frame, more when a loaded machine makes the answer
     # miss its tick (how many steps depends on the machine, not on the sim; the count is exact in
     # test_chunk_executor, and the recording check below proves alignment regardless of arrival); none counts
