@@ -5,6 +5,7 @@ progress bars on long work."""
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -57,6 +58,28 @@ def existing_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     return text
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 0 to 65535, got {text}")
+    return value
 
 
 def progress(iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterable[T]:

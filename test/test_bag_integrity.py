@@ -1,8 +1,8 @@
 """Damaged bags are refused with one line (or read partially on request), never half-read in silence.
 
 Real rosbag2 folders written by the converter and by rosbags, then damaged on disk the way a failed copy or a
-killed recorder leaves them: metadata.yaml missing, a chunk in the middle of the MCAP file broken, a message
-whose bytes do not decode as its type. The command-line checks run the real `oxygen-ros` entry point in a child
+killed recorder leaves them: metadata.yaml missing, a chunk in the middle of the MCAP file broken, bytes inside a
+chunk changed, a message whose bytes do not decode as its type, metadata that lists fewer messages than stored. The command-line checks run the real `oxygen-ros` entry point in a child
 process, so the exit status and every line the user would see are what is asserted.
 """
 
@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from oxygen_ros.data import (
     write_episode_bag,
 )
 from oxygen_ros.data.episode import DataError
+from oxygen_ros.data.mcap_chunks import CRC_AT, chunks
 from oxygen_ros.data.msgtypes import bag_typestore
 from oxygen_ros.data.report import main as report_main
 
@@ -53,27 +55,19 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 
 def mcap_chunks(path: Path) -> list[tuple[int, int]]:
-    """(offset, content length) of every chunk record in an MCAP file, walking its records from the magic."""
-    data = path.read_bytes()
-    pos, chunks = 8, []
-    while pos < len(data):
-        op, (length,) = data[pos], struct.unpack_from("<Q", data, pos + 1)
-        if op == 0x06:
-            chunks.append((pos, length))
-        if op == 0x0F:  # data end: the summary follows
-            break
-        pos += 9 + length
-    return chunks
+    with open(path, "rb") as file:
+        return list(chunks(file))
 
 
 def break_middle_chunk(bag: Path, how: str) -> None:
     """Damage the first record inside the middle chunk: `skip` turns it into an unknown record spanning the
-    whole chunk (the reader silently skips every message in it), `truncate` gives it a length past the chunk's
-    end (the reader raises part way through)."""
+    whole chunk and unsets the chunk's CRC, as a writer without checksums leaves it (the reader silently skips
+    every message in it), `truncate` gives it a length past the chunk's end (the reader raises part way through),
+    `flip` changes one byte of the last message's body (its records keep their structure)."""
     mcap = next(bag.glob("*.mcap"))
-    chunks = mcap_chunks(mcap)
-    assert len(chunks) >= 3, chunks
-    offset, length = chunks[len(chunks) // 2]
+    found = mcap_chunks(mcap)
+    assert len(found) >= 3, found
+    offset, length = found[len(found) // 2]
     data = bytearray(mcap.read_bytes())
     compression_len = struct.unpack_from("<I", data, offset + 9 + 28)[0]
     assert compression_len == 0  # rosbags writes uncompressed chunks by default
@@ -82,6 +76,9 @@ def break_middle_chunk(bag: Path, how: str) -> None:
     if how == "skip":
         data[records] = 0x00
         struct.pack_into("<Q", data, records + 1, records_len - 9)
+        struct.pack_into("<I", data, offset + CRC_AT, 0)
+    elif how == "flip":
+        data[records + records_len - 100] ^= 0xFF  # a pixel of the chunk's last image, or a joint's byte
     else:
         struct.pack_into("<Q", data, records + 1, 10**9)
     mcap.write_bytes(bytes(data))
@@ -105,6 +102,33 @@ def damaged_copy(episode_bag: Path, tmp_path: Path, how: str) -> Path:
 def test_intact_bag_reads_fully(episode_bag):
     assert bag_problem(episode_bag) is None
     assert len(list(iter_raw(episode_bag))) == sum(t.count for t in bag_topics(episode_bag)) == 181
+    mcap = next(episode_bag.glob("*.mcap"))
+    data = mcap.read_bytes()
+    for offset, _ in mcap_chunks(mcap):  # every chunk carries the CRC-32 of its records
+        (crc,) = struct.unpack_from("<I", data, offset + CRC_AT)
+        (records_len,) = struct.unpack_from("<Q", data, offset + CRC_AT + 8)
+        assert crc == zlib.crc32(data[offset + CRC_AT + 16:offset + CRC_AT + 16 + records_len]) != 0
+
+
+def test_a_byte_changed_inside_a_chunk_is_a_damaged_bag(episode_bag, tmp_path):
+    bag = damaged_copy(episode_bag, tmp_path, "flip")
+    assert "storage read stopped: ReaderError: Chunk checksum mismatch" in bag_problem(bag)
+    with pytest.raises(IncompleteBagError, match=r"damaged or incomplete bag.*joint_states \d+ of 60"):
+        list(read_messages(bag))
+
+
+def test_more_messages_than_the_metadata_lists_are_refused(episode_bag, tmp_path):
+    bag = tmp_path / "bag"
+    shutil.copytree(episode_bag, bag)
+    text = (bag / "metadata.yaml").read_text()
+    assert "message_count: 60" in text  # the camera, joint_states and episode/action
+    (bag / "metadata.yaml").write_text(text.replace("message_count: 60", "message_count: 59", 1))
+    topic = next(t.name for t in bag_topics(bag) if t.count == 59)
+    line = f"the storage holds more messages than metadata.yaml lists, per topic: {topic} 60 where it lists 59"
+    with pytest.raises(IncompleteBagError, match=line):
+        list(iter_raw(bag))
+    assert line in bag_problem(bag)
+    assert_one_line_error(oxygen_ros("report", str(bag), "--out", str(tmp_path / "out")), line)
 
 
 @pytest.mark.parametrize("how", ["skip", "truncate"])

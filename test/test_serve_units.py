@@ -14,7 +14,7 @@ from oxygen_ros.control.embodiment import load_embodiment
 from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.serving.params import ENGINE_DEFAULTS, engine_parameters, read_file
 from oxygen_ros.serving.protocol import ProtocolError, pack, unpack
-from oxygen_ros.serving.requests import RequestError, RequestReader
+from oxygen_ros.serving.requests import MAX_ERROR_CHARS, RequestError, RequestReader
 
 REPO = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(0)
@@ -40,6 +40,31 @@ def array(dtype: str, shape, data: bytes) -> bytes:
     return msgpack.packb({"x": {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}})
 
 
+ISSUE_45_ITEMS = 31 * 2**20  # the issue's message: an array of 31 M empty maps
+
+
+@pytest.mark.parametrize("data", [
+    b"\xdd" + ISSUE_45_ITEMS.to_bytes(4, "big") + b"\x80" * ISSUE_45_ITEMS,  # refused from its header
+    b"\xdc\x01\xe0" + (b"\xdc\xff\xff" + b"\x80" * 0xFFFF) * 480,  # no array too long, all of them together
+    b"\xdc\x00\x20" + (b"\xdc\xff\xff" + b"\xa2ab" * 0xFFFF) * 32,  # two-character strings
+    b"\xdc\x01\x00" + (b"\xde\x10\x00" + b"".join(b"\xa3" + f"{i:03x}".encode() + b"\xc0"
+                                                   for i in range(4096))) * 256,  # maps of 4096 entries
+])
+def test_messages_that_decode_into_too_many_objects_are_refused(data):
+    with pytest.raises(ProtocolError, match="^the message is too large once decoded: (more than 262144 arrays, maps "
+                                            "and items|32505856 exceeds max_array_len.262144.)$"):
+        unpack(data)
+
+
+def test_the_object_budget_passes_what_openpi_clients_send():
+    message = {"observation/state": list(np.arange(1000.0)), "images": {"a": IMAGE, "b": IMAGE},
+               "nested": [[i, str(i)] for i in range(60_000)], "prompt": "p" * 65536}
+    back = unpack(msgpack_numpy.packb(message))
+    assert back["nested"][-1] == [59_999, "59999"] and back["observation/state"][-1] == 999.0
+    with pytest.raises(ProtocolError, match="more than 1000 arrays"):
+        unpack(msgpack_numpy.packb(message), max_objects=1000)
+
+
 @pytest.mark.parametrize("data, message", [
     (b"\xc1", "not a msgpack message"),
     (msgpack.packb([1, 2]) + b"\x00", "not a msgpack message: ExtraData"),
@@ -47,7 +72,11 @@ def array(dtype: str, shape, data: bytes) -> bytes:
     (array("<V8", [1], b"\x00" * 8), "dtype |V8 is not accepted"),
     (array("nonsense", [1], b""), "unknown dtype 'nonsense'"),
     (array("<f8", [2, 2], b"\x00" * 8), "needs 32 bytes, the message carries 8"),
-    (array("<f8", [-1], b""), "shape must be a list of sizes"),
+    (array("<f8", [-1], b""), "shape must be a list of at most 64 sizes"),
+    (array("<f8", [2**62] * 100_000, b""), "shape must be a list of at most 64 sizes, got a list of 100000 items"),
+    (array("x" * 10**5, [1], b""), "unknown dtype 'xxxx.*' *\\.\\.\\. \\(100000 characters\\)$"),
+    (msgpack.packb({"t": msgpack.ExtType(1, b"x")}), "^msgpack extension type 1 is not accepted"),
+    (b"\x91" * 100_000 + b"\xc0", "not a msgpack message: StackError"),  # nested 100,000 deep
     (msgpack.packb({"x": {b"__npgeneric__": True, b"data": 300, b"dtype": "|u1"}}), "cannot hold 300"),
 ])
 def test_malformed_messages_are_one_protocol_error(data, message):
@@ -116,6 +145,31 @@ BAD = {
     "bad narrate": (dict(DROID, narrate="yes"), "bad_flag", "narrate must be true or false"),
     "bad noise": (dict(DROID, noise=np.full((8, 16), np.nan)), "noise", "noise holds NaN"),
 }
+
+
+class NoRepr(list):
+    """A decoded list whose repr must never be built (it can be gigabytes)."""
+
+    def __repr__(self):
+        raise AssertionError("the whole repr was built")
+
+
+def test_refusals_describe_a_huge_value_in_a_few_words():
+    with pytest.raises(RequestError) as err:
+        reader("droid").read(dict(DROID, narrate=NoRepr(range(3_000_000))))
+    assert str(err.value) == "narrate must be true or false, got a NoRepr of 3000000 items"
+    state = np.zeros(1000, dtype=np.float16)
+    state[[7, 9]] = [np.nan, np.inf]
+    with pytest.raises(RequestError) as err:
+        reader("absolute").read({"observation/state": state, "observation/image": IMAGE, "prompt": ""})
+    assert (err.value.reason, str(err.value)) == ("nonfinite_state", "the state holds NaN or infinite values: 2 of "
+                                                                      "1000, the first at index 7")
+    with pytest.raises(RequestError) as err:  # 31 MB of float16: refused before any conversion
+        reader("absolute").read({"observation/state": np.zeros(15_700_000, np.float16), "observation/image": IMAGE})
+    assert (err.value.reason, str(err.value)) == ("state_shape", "the state holds 15700000 values, more than any "
+                                                                 "model reads (1024)")
+    long = RequestError("model_error", "x" * 10**6)  # whatever a message holds, it is cut
+    assert len(str(long)) == MAX_ERROR_CHARS and str(long).endswith("...")
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

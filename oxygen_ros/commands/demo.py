@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from ..command_line import CommandParser, UsageError, claim_output_dir
+from ..command_line import CommandParser, UsageError, claim_output_dir, positive_float
 from ..data.aloha import read_aloha, write_aloha
 from ..data.bag import read_messages
 from ..data.convert import main as convert_main
@@ -183,13 +183,6 @@ def summary_lines(report: dict, status: dict, seconds: float, training: dict | N
         expected = f" (caption {entry['expected']!r})" if "expected" in entry else ""
         lines.append(f"    [{entry['first_s']:5.2f} s] {entry['text'][:40]!r}{expected}")
     return lines
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
 
 
 def build_parser() -> CommandParser:

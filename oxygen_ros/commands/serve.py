@@ -7,6 +7,7 @@ robots batched on one device, and narration as an extra.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..command_line import CommandParser, existing_file
+from ..command_line import CommandParser, existing_file, port_number, positive_float
 from ..control.embodiment import load_embodiment
 from ..engine.runtime import RuntimeConfig
 from ..engine.scheduler import SchedulerConfig, node_decode_policy
@@ -109,7 +110,7 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     width = len(embodiment.kinds) if embodiment.kinds is not None else len(action_names or ()) or None
     if width is not None:
         metadata["action_dim"] = width
-    config = ServeConfig(config.host, config.port, config.api_key, config.max_message_bytes, width)
+    config = dataclasses.replace(config, action_dims=width)
     holder["server"] = server = OpenpiServer(fleet, reader, config, metadata)
     return server
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="auto | cpu | cuda: model.device")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface to listen on; 0.0.0.0 serves every interface (set an API key then)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
+    parser.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one, printed)")
     parser.add_argument("--api-key", help=f"refuse connections without `Authorization: Api-Key <key>` "
                                           f"(openpi-client's api_key=); unset: ${API_KEY_ENV}, if set")
     parser.add_argument("--max-clients", type=int, default=Capacity.max_clients,
@@ -148,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-ms", type=float, default=Capacity.slo_s * 1e3,
                         help="a request waiting longer than this for the model is refused as expired; one computed "
                              "later is sent, marked deadline_missed")
-    parser.add_argument("--max-message-mb", type=float, default=32.0,
+    parser.add_argument("--max-message-mb", type=positive_float, default=32.0,
                         help="larger messages close their connection (code 1009)")
+    parser.add_argument("--idle-timeout-s", type=positive_float, default=ServeConfig.idle_timeout_s,
+                        help="a connection that sends no request for this long is closed, freeing its slot")
     args = parser.parse_args(argv)
     args.api_key = api_key(args.api_key)
     shorthands = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer",
@@ -159,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
     p = engine_parameters(args.params_file, overrides)
-    server = build_server(p, ServeConfig(args.host, args.port, args.api_key,
-                                         int(args.max_message_mb * 2**20)),
+    server = build_server(p, ServeConfig(args.host, args.port, args.api_key, int(args.max_message_mb * 2**20),
+                                         idle_timeout_s=args.idle_timeout_s),
                           Capacity(args.max_clients, args.max_batch, args.slo_ms / 1e3))
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

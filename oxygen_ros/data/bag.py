@@ -5,8 +5,9 @@ messages. Types are resolved from the kilted standard set, our own .msg files, a
 itself carries; a type none of those know is reported with the topics that use it.
 
 A bag is only as good as its storage file: a damaged chunk can make the reading library stop early or skip
-messages without raising. Every read is therefore counted per topic against the counts metadata.yaml lists; a
-shortfall is an `IncompleteBagError` unless the caller accepts a partial bag (then it is reported to it).
+messages without raising (a chunk whose checksum is set and wrong makes it stop). Every read is therefore counted
+per topic against the counts metadata.yaml lists; a shortfall, or more messages than listed, is an
+`IncompleteBagError` unless the caller accepts a partial bag (then it is reported to it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class UnknownMessageTypeError(DataError):
 
 
 class IncompleteBagError(DataError):
-    """Fewer messages could be read from the storage than the bag's metadata lists."""
+    """The messages read from the storage are not those the bag's metadata lists: fewer (or the read stopped), or
+    more."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,9 @@ def iter_raw(path: str | os.PathLike, topics: Iterable[str] | None = None,
              on_incomplete: Callable[[str], None] | None = None) -> Iterator[RawMessage]:
     """Messages in log-time order as raw CDR bytes; `topics` limits them (a topic not in the bag is an error).
 
-    After the last message the counts read are checked against the metadata: a shortfall, or a storage error
-    that ends the reading early, raises IncompleteBagError, or is passed as one line to `on_incomplete`.
+    After the last message the counts read are checked against the metadata: a shortfall, more messages than
+    listed, or a storage error that ends the reading early raises IncompleteBagError, or is passed as one line to
+    `on_incomplete`.
     """
     reader = open_reader(path)
     try:
@@ -117,7 +120,7 @@ def iter_raw(path: str | os.PathLike, topics: Iterable[str] | None = None,
             conn, timestamp, data = item
             read[conn.id] += 1
             yield RawMessage(conn.topic, conn.msgtype, timestamp, bytes(data))
-        problem = _shortfall(path, conns, read, stopped_by)
+        problem = _count_problem(path, conns, read, stopped_by)
     finally:
         reader.close()
     if problem is not None:
@@ -126,18 +129,21 @@ def iter_raw(path: str | os.PathLike, topics: Iterable[str] | None = None,
         on_incomplete(problem)
 
 
-def _shortfall(path: str | os.PathLike, conns: list[Connection], read: dict[int, int],
-               stopped_by: str | None) -> str | None:
-    """One line naming each topic with fewer messages read than its metadata count, or None if none is short."""
+def _count_problem(path: str | os.PathLike, conns: list[Connection], read: dict[int, int],
+                   stopped_by: str | None) -> str | None:
+    """One line naming each topic with fewer (or more) messages read than its metadata count; None if all match."""
     expected: dict[str, int] = {}
     got: dict[str, int] = {}
     for conn in conns:
         expected[conn.topic] = expected.get(conn.topic, 0) + conn.msgcount
         got[conn.topic] = got.get(conn.topic, 0) + read[conn.id]
     short = [f"{topic} {got[topic]} of {n}" for topic, n in expected.items() if got[topic] < n]
-    if not short and stopped_by is None:
+    extra = [f"{topic} {got[topic]} where it lists {n}" for topic, n in expected.items() if got[topic] > n]
+    if extra and not short and stopped_by is None:
+        return f"{path}: the storage holds more messages than metadata.yaml lists, per topic: {', '.join(extra)}"
+    if not short and not extra and stopped_by is None:
         return None
-    detail = f"messages readable per topic: {', '.join(short)}" if short else "reading failed"
+    detail = f"messages readable per topic: {', '.join(short + extra)}" if short or extra else "reading failed"
     cause = f" (storage read stopped: {stopped_by})" if stopped_by else ""
     return f"{path}: damaged or incomplete bag, {detail}{cause}"
 

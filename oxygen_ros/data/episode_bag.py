@@ -13,6 +13,8 @@ Each topic carries the QoS a live robot would offer on it (`offered_qos_profiles
 `ros2 bag play` and `oxygen-ros replay` publish with): cameras the sensor-data profile (best effort, depth 5),
 `instruction` reliable and transient local (latched: a node that subscribes late still gets the task),
 `joint_states` and `episode/action` reliable.
+
+An MCAP bag's chunks carry their CRC-32 (`mcap_chunks.seal_chunks`), so damage inside a chunk stops its reading.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..command_line import progress
 from .atomic import atomic_output
 from .episode import DataError, Episode
 from .jpeg import encode_jpeg
+from .mcap_chunks import seal_chunks
 from .msgtypes import bag_typestore
 from .stamps import NS_PER_S, split_ns
 
@@ -104,35 +107,38 @@ def write_episode_bag(
     if stamps[0] < 0 or stamps[-1] // NS_PER_S > MAX_STAMP_S:
         raise DataError(f"stamps from {stamps[0] / 1e9:.3f} s to {stamps[-1] / 1e9:.3f} s do not fit a ROS time "
                         f"(0 to {MAX_STAMP_S} s); choose another base time")
-    with atomic_output(out) as tmp, Writer(tmp, version=9, storage_plugin=STORAGES[storage]) as writer:
-        image_type = "sensor_msgs/msg/CompressedImage" if compressed_images else "sensor_msgs/msg/Image"
-        cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store,
-                                           offered_qos_profiles=[SENSOR_QOS])
-                for cam in episode.cameras}
-        joints = writer.add_connection(JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
-                                       offered_qos_profiles=[STATE_QOS])
-        actions = writer.add_connection(ACTION_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
-                                        offered_qos_profiles=[STATE_QOS])
-        if episode.task:
-            conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store,
-                                         offered_qos_profiles=[LATCHED_QOS])
-            message = types["std_msgs/msg/String"](data=episode.task)
-            writer.write(conn, int(stamps[0]), store.serialize_cdr(message, "std_msgs/msg/String"))
-        for t, stamp in enumerate(progress(stamps.tolist(), desc="frames")):
-            for cam, conn in cams.items():
-                frame = episode.images[cam][t]
-                if compressed_images:
-                    msg = types[image_type](header=header(stamp, cam), format="jpeg",
-                                            data=np.frombuffer(encode_jpeg(frame, 90), dtype=np.uint8))
-                else:
-                    h, w = frame.shape[:2]
-                    msg = types[image_type](header=header(stamp, cam), height=h, width=w, encoding="rgb8",
-                                            is_bigendian=0, step=w * 3, data=frame.reshape(-1))
-                writer.write(conn, stamp, store.serialize_cdr(msg, image_type))
-            velocity = None if episode.velocity is None else episode.velocity[t]
-            effort = None if episode.effort is None else episode.effort[t]
-            msg = joint_state(stamp, episode.state[t], velocity, effort)
-            writer.write(joints, stamp, store.serialize_cdr(msg, "sensor_msgs/msg/JointState"))
-            msg = joint_state(stamp, episode.actions[t])
-            writer.write(actions, stamp, store.serialize_cdr(msg, "sensor_msgs/msg/JointState"))
+    with atomic_output(out) as tmp:
+        with Writer(tmp, version=9, storage_plugin=STORAGES[storage]) as writer:
+            image_type = "sensor_msgs/msg/CompressedImage" if compressed_images else "sensor_msgs/msg/Image"
+            cams = {cam: writer.add_connection(camera_topic(cam, compressed_images), image_type, typestore=store,
+                                               offered_qos_profiles=[SENSOR_QOS])
+                    for cam in episode.cameras}
+            joints = writer.add_connection(JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
+                                           offered_qos_profiles=[STATE_QOS])
+            actions = writer.add_connection(ACTION_TOPIC, "sensor_msgs/msg/JointState", typestore=store,
+                                            offered_qos_profiles=[STATE_QOS])
+            if episode.task:
+                conn = writer.add_connection(INSTRUCTION_TOPIC, "std_msgs/msg/String", typestore=store,
+                                             offered_qos_profiles=[LATCHED_QOS])
+                message = types["std_msgs/msg/String"](data=episode.task)
+                writer.write(conn, int(stamps[0]), store.serialize_cdr(message, "std_msgs/msg/String"))
+            for t, stamp in enumerate(progress(stamps.tolist(), desc="frames")):
+                for cam, conn in cams.items():
+                    frame = episode.images[cam][t]
+                    if compressed_images:
+                        msg = types[image_type](header=header(stamp, cam), format="jpeg",
+                                                data=np.frombuffer(encode_jpeg(frame, 90), dtype=np.uint8))
+                    else:
+                        h, w = frame.shape[:2]
+                        msg = types[image_type](header=header(stamp, cam), height=h, width=w, encoding="rgb8",
+                                                is_bigendian=0, step=w * 3, data=frame.reshape(-1))
+                    writer.write(conn, stamp, store.serialize_cdr(msg, image_type))
+                velocity = None if episode.velocity is None else episode.velocity[t]
+                effort = None if episode.effort is None else episode.effort[t]
+                msg = joint_state(stamp, episode.state[t], velocity, effort)
+                writer.write(joints, stamp, store.serialize_cdr(msg, "sensor_msgs/msg/JointState"))
+                msg = joint_state(stamp, episode.actions[t])
+                writer.write(actions, stamp, store.serialize_cdr(msg, "sensor_msgs/msg/JointState"))
+        for mcap in Path(tmp).glob("*.mcap"):  # rosbags leaves the chunk checksums unset
+            seal_chunks(mcap)
     return Path(out)

@@ -15,7 +15,8 @@ action_dim] or [1, horizon, action_dim] floats: the flow-matching noise, as open
 takes it, for a repeatable answer).
 
 Everything a request can get wrong is a `RequestError` with a short reason (a counter name) and a message for the
-client; nothing here raises anything else on any input.
+client of at most `MAX_ERROR_CHARS` characters (a refused value is described, never echoed whole); nothing here
+raises anything else on any input.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ import numpy as np
 
 from ..control.embodiment import Embodiment, OpenpiKeys
 from ..model.preprocess import Observation
+from .protocol import preview
 
 PROMPT_KEY = "prompt"
 MAX_PROMPT_CHARS = 65536  # far beyond any model's prompt; bounds the tokenizer's work on a hostile request
+MAX_STATE_VALUES = 1024  # far beyond any model's state (pi05's: 32); refused before any conversion
+MAX_ERROR_CHARS = 500  # of the message a refused request gets (and the log line that names it)
 _MISSING = object()
 
 
@@ -38,6 +42,8 @@ class RequestError(ValueError):
     what the client is told."""
 
     def __init__(self, reason: str, message: str):
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS - 3] + "..."
         super().__init__(message)
         self.reason = reason
 
@@ -104,9 +110,14 @@ class RequestReader:
             if width is not None and array.size != width:
                 raise RequestError("state_shape", f"{key} must hold {width} values, got shape {list(array.shape)}")
             parts.append(array)
-        state = np.concatenate(parts) if parts else np.zeros(0)
-        if not np.isfinite(state).all():
-            raise RequestError("nonfinite_state", f"the state holds NaN or infinite values: {state.tolist()}")
+        if sum(part.size for part in parts) > MAX_STATE_VALUES:
+            raise RequestError("state_shape", f"the state holds {sum(part.size for part in parts)} values, more "
+                                              f"than any model reads ({MAX_STATE_VALUES})")
+        state = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+        bad = np.flatnonzero(~np.isfinite(state))
+        if bad.size:
+            raise RequestError("nonfinite_state", f"the state holds NaN or infinite values: {bad.size} of "
+                                                  f"{state.size}, the first at index {bad[0]}")
         if self.embodiment.state_dims is not None and state.size != self.embodiment.state_dims:
             raise RequestError("state_shape", f"embodiment {self.embodiment.name} reads {self.embodiment.state_dims}"
                                               f" state values, got {state.size}")
@@ -162,7 +173,7 @@ class RequestReader:
     def _flag(self, obs: dict, key: str) -> bool:
         value = obs.get(key, False)
         if not isinstance(value, bool | np.bool_):
-            raise RequestError("bad_flag", f"{key} must be true or false, got {value!r}"[:200])
+            raise RequestError("bad_flag", f"{key} must be true or false, got {preview(value)}")
         return bool(value)
 
     def _noise(self, obs: dict) -> np.ndarray | None:
@@ -181,11 +192,12 @@ class RequestReader:
 
 
 def _numbers(key: str, value: Any) -> np.ndarray:
-    """A state part: numbers (a scalar counts as one value) as float64, flat."""
+    """A state part: numbers (a scalar counts as one value), flat, in the dtype they came in (converted once the
+    width is known to be sane)."""
     array = _array(value) if isinstance(value, np.ndarray | np.generic | list | int | float) \
         and not isinstance(value, bool) else None
     if array is not None and array.dtype.kind in "iuf":
-        return array.astype(np.float64).reshape(-1)
+        return array.reshape(-1)
     what = f"dtype {array.dtype}" if array is not None else type(value).__name__
     raise RequestError("state_dtype", f"{key} must hold numbers, got {what}")
 

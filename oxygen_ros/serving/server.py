@@ -19,7 +19,9 @@ and the client is told; a chunk computed late is still sent (marked ``deadline_m
 Refused before any model work, in the opening handshake: a connection without the API key when one is set (HTTP
 401), and one past `max_clients` (HTTP 503, or a close with code 1013 when two arrive at once for the last slot).
 A message over `max_message_bytes` closes its connection with code 1009 (the websockets library's limit, before
-the message is read). Every bad request is logged once per client and kind, counted, and summarized when the
+the message is read); one that decodes into too many objects is refused before it is built (`protocol.unpack`). A
+connection that sends no message for `idle_timeout_s` is closed (code 1000), so that idle or vanished clients do not
+hold their slots forever. Every bad request is logged once per client and kind, counted, and summarized when the
 client leaves; nothing a client sends stops the server or another client.
 """
 
@@ -59,6 +61,7 @@ class ServeConfig:
     api_key: str | None = None
     max_message_bytes: int = 32 * 2**20
     action_dims: int | None = None  # reply width for a profile of any width (None: the request's state width)
+    idle_timeout_s: float = 600.0  # a connection that sends no message this long is closed
 
 
 @dataclass
@@ -223,7 +226,12 @@ class OpenpiServer:
         previous_total_s = None
         while not self._stopping.is_set():
             try:
-                message = ws.recv()
+                message = ws.recv(timeout=self.config.idle_timeout_s)
+            except TimeoutError:
+                log.info(f"client {client.peer}: no message for {self.config.idle_timeout_s:g} s, closing the "
+                         "connection (--idle-timeout-s)")
+                ws.close(CloseCode.NORMAL_CLOSURE, f"idle for {self.config.idle_timeout_s:g} s")
+                return
             except ConnectionClosed as closed:
                 if closed.sent is not None and closed.sent.code == CloseCode.MESSAGE_TOO_BIG:
                     self._refuse(client, RequestError(
