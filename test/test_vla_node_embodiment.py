@@ -1,8 +1,8 @@
 """The VLA node with `config/droid.yaml` (embodiment droid) on a tiny checkpoint, over real DDS: what it publishes is
-the model's raw output (joint velocities) integrated from the frame's state on the 1/15 s grid, the velocities
-themselves in `velocities`. The raw output is recomputed here with the engine's own runtime, the same checkpoint,
+the model's raw output (DROID's normalized joint velocities: 0.2 x v rad per 1/15 s step) summed from the frame's
+state, the velocities in rad/s in `velocities`. The raw output is recomputed here with the engine's own runtime, the same checkpoint,
 inputs and noise seed, and asked of `oxygen-ros serve` on the same checkpoint and parameter file through the real
-`openpi-client` with DROID's observation keys: its replies are the velocities the node integrated. The arm also
+`openpi-client` with DROID's observation keys: its replies are the model's numbers the node turned into steps. The arm also
 goes to a velocity controller (std_msgs/Float64MultiArray, one velocity per joint each tick) and the gripper to a
 trajectory controller; at exit each gets its hold."""
 
@@ -67,6 +67,14 @@ def served_chunks(port: int, images: list[np.ndarray], state: np.ndarray, count:
     return metadata, replies
 
 
+def droid_velocities(raw: np.ndarray) -> np.ndarray:
+    """DROID's meaning of the model's 7 joint numbers, worked here apart from the profile: clipped to [-1, 1] (the
+    shipped profile's filter), the vector divided by max |v| past 1, 0.2 rad per 1/15 s step: rad/s."""
+    v = np.clip(raw[:, :7], -1.0, 1.0)
+    v = v / np.maximum(np.abs(v).max(axis=1, keepdims=True), 1.0)
+    return 0.2 * v / STEP
+
+
 def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_env, tmp_path):
     config = get_preset("tiny")
     stats = {"observation.state": {"q01": -np.ones(8), "q99": np.ones(8)},
@@ -122,19 +130,19 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
         offsets = [stamp_to_ns(p.time_from_start) for p in msg.points]
         assert offsets == [round(STEP * 1e9) * (i + 1) for i in range(8)]
         # each chunk is one of the node's model outputs, in order (the first may go out before DDS matched)
-        while not np.allclose(velocities[:, :7], raws[draw][:, :7], atol=1e-4):
+        while not np.allclose(velocities[:, :7], droid_velocities(raws[draw]), atol=1e-4):
             draw += 1
             assert draw < len(raws), (velocities, raws[0])
         raw = raws[draw]
-        np.testing.assert_allclose(positions[:, :7], state[:7] + STEP * np.cumsum(raw[:, :7], axis=0), atol=1e-4)
-        np.testing.assert_allclose(positions[:, 7], raw[:, 7], atol=1e-4)  # the gripper: a position, as it is
+        steps = droid_velocities(raw) * STEP  # rad per 1/15 s step
+        np.testing.assert_allclose(positions[:, :7], state[:7] + np.cumsum(steps, axis=0), atol=1e-4)
+        np.testing.assert_allclose(positions[:, 7], np.clip(raw[:, 7], -1, 1), atol=1e-4)  # the gripper: a position
         assert np.abs(raw[:, :7]).max() > 0.05 and not np.allclose(positions[:, :7], raw[:, :7], atol=1e-2)
-        # the server returns what openpi's DroidOutputs does: the velocities (and the gripper), not integrated
+        # the server returns what openpi's DroidOutputs does: the model's normalized velocities (and the gripper)
         served = replies[draw]
         assert served.shape == (8, 8) and np.isfinite(served).all()
-        np.testing.assert_allclose(velocities[:, :7], served[:, :7], atol=1e-4)
-        np.testing.assert_allclose(positions[:, :7], state[:7] + STEP * np.cumsum(served[:, :7], axis=0), atol=1e-4)
-        np.testing.assert_allclose(positions[:, 7], served[:, 7], atol=1e-4)
+        np.testing.assert_allclose(served[:, :7], raw[:, :7], atol=1e-4)
+        np.testing.assert_allclose(served[:, 7], raw[:, 7], atol=1e-4)
         draw += 1
     # each velocity command is a point of a published plan (the step executing when it went out), arm joints only
     rows = np.concatenate([velocities[:, :7] for _, velocities in chunks])
