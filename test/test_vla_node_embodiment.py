@@ -4,7 +4,8 @@ state, the velocities in rad/s in `velocities`. The raw output is recomputed her
 inputs and noise seed, and asked of `oxygen-ros serve` on the same checkpoint and parameter file through the real
 `openpi-client` with DROID's observation keys: its replies are the model's numbers the node turned into steps. The arm also
 goes to a velocity controller (std_msgs/Float64MultiArray, one velocity per joint each tick) and the gripper to a
-trajectory controller; at exit each gets its hold."""
+trajectory controller; at exit each gets its hold. The shipped file starts disarmed: the node stays unconfigured,
+commanding nothing, until the test configures and activates it."""
 
 import time
 from pathlib import Path
@@ -12,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import rclpy
 import torch
+from lifecycle_msgs.msg import Transition
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_process import ServeProcess
 from std_msgs.msg import Float64MultiArray
 from test_replay_node import Child
 from test_vla_node_ros import STARTUP_TIMEOUT_S, Spinner, wait_until
+from test_vla_node_safety import Lifecycle
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.trajectory_rules import ControllerSettings
@@ -108,6 +111,16 @@ def test_droid_velocities_are_integrated_from_the_frame_state(ros_context, ros_e
             time.sleep(1 / 20)
             return len(heard) >= 3 and len(arm) >= 3
 
+        # config/droid.yaml starts disarmed: unconfigured, nothing commanded while frames flow, until activated
+        lifecycle = Lifecycle(robot)
+        assert wait_until(lifecycle.get.service_is_ready, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        assert lifecycle.state() == "unconfigured"
+        for _ in range(40):
+            sensors.publish_frame()
+            time.sleep(1 / 20)
+        assert (heard, arm, hand) == ([], [], []) and lifecycle.state() == "unconfigured"
+        assert lifecycle.transition(Transition.TRANSITION_CONFIGURE), child.stop()[1]
+        assert lifecycle.transition(Transition.TRANSITION_ACTIVATE), child.stop()[1]
         assert wait_until(enough, STARTUP_TIMEOUT_S, child), child.stop()[1]
         rc, output = child.stop()
         # the holds of the exit: zero velocities for the arm, the gripper held where it was measured
