@@ -9,8 +9,9 @@ place that applies it:
 - robot -> model state (`state_to_model`): the robot state's dims picked in the model's order, signs flipped, units
   converted (the node then normalizes and pads it to the model's width);
 - model -> robot command (`actions_to_robot`): per action dim, `position` and `gripper` are absolute, `delta` is
-  added to the state of the frame the model saw, `velocity` is integrated from that state on the chunk's time
-  grid (point i at (i + 1) time steps, each velocity held for one step), then signs and units; the result is
+  added to the state of the frame the model saw, `velocity` is summed from that state in steps on the chunk's
+  time grid (point i at (i + 1) time steps; a step is the profile's `velocity.step` x v, DROID's normalized
+  velocities, or time step x v), then signs and units; the result is
   absolute positions in the robot's units, plus the velocities when the profile has velocity dims;
 - robot -> model actions (`actions_to_model`): the exact inverse, for training on recorded absolute actions;
 - model -> what openpi's policy server returns for this robot (`openpi_actions`): the same command with velocity
