@@ -29,7 +29,7 @@ def generate_launch_description():
         package="oxygen_ros",
         executable="vla_node",
         parameters=[PathJoinSubstitution([config, "aloha.yaml"]), PathJoinSubstitution([config, "demo_tiny.yaml"]),
-                    {"use_sim_time": True}],
+                    {"use_sim_time": True, "autostart": True}],  # a recorded bag, not a robot: act at once
         output="screen",
     )
     record = ExecuteProcess(cmd=["oxygen-ros", "record", LaunchConfiguration("out_bag"), "--topics",

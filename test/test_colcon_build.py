@@ -87,7 +87,7 @@ def test_readme_workspace_build_runs_as_written_and_colcon_test_runs_tests(tmp_p
     installed_init, text = result.stdout.split()
     assert installed_init.startswith(str(install)) and text == "hi"
     node = run_bash(setup + f"ROS_LOG_DIR=$PWD/log {install / 'lib' / 'oxygen_ros' / 'vla_node'} --ros-args "
-                    f"--params-file {share / 'config' / 'aloha.yaml'} -p model.preset:=no_such_preset "
+                    f"--params-file {share / 'config' / 'aloha.yaml'} -p model.preset:=no_such_preset -p autostart:=true "
                     "|| echo exit=$?", env, timeout=180)
     assert "exit=1" in node.stdout, node.stdout[-2000:] + node.stderr[-2000:]
     assert "no_such_preset" in node.stdout + node.stderr

@@ -43,21 +43,67 @@ def test_openpi_actions_are_the_robot_command_with_velocities_left_as_velocities
     np.testing.assert_array_equal(load_embodiment("absolute").openpi_actions(model[:, :5], state), model[:, :5])
 
 
-def test_droid_velocities_are_integrated_from_the_frame_state_on_the_chunk_grid():
+def test_droid_velocities_are_normalized_steps_of_0_2_rad_added_to_the_frame_state():
+    """DROID's `joint_velocity_to_delta`: v = 0.5 moves a joint 0.1 rad per 15 Hz step, so 15 steps (1 s) end
+    1.5 rad from the frame's joints at 1.5 rad/s (1.0 = 3 rad/s)."""
     droid = load_embodiment("droid")
     state = np.array([0.3, -0.2, 0.1, -1.5, 0.0, 1.2, 0.7, 0.25])
     model = np.zeros((15, 32))  # the model's padded width; the profile reads its first 8 dims
-    model[:, :7] = 0.1  # rad/s, for 15 steps of 1/15 s
+    model[:, :7] = 0.5
     model[:, 7] = 0.8  # gripper position, absolute
     chunk = droid.actions_to_robot(model, state)
-    np.testing.assert_allclose(chunk.positions[-1, :7], state[:7] + 0.1, atol=1e-12)  # 0.1 rad after 1 s
-    np.testing.assert_allclose(chunk.positions[0, :7], state[:7] + 0.1 / 15, atol=1e-12)  # point 0: one step on
-    np.testing.assert_allclose(chunk.velocities[:, :7], 0.1)
+    np.testing.assert_allclose(chunk.positions[-1, :7], state[:7] + 1.5, atol=1e-12)
+    np.testing.assert_allclose(chunk.positions[0, :7], state[:7] + 0.1, atol=1e-12)  # point 0: one step on
+    np.testing.assert_allclose(chunk.velocities[:, :7], 1.5)
     np.testing.assert_allclose(chunk.positions[:, 7], 0.8)
     np.testing.assert_allclose(chunk.velocities[:, 7], 0.0, atol=1e-12)  # a held gripper does not move
     assert chunk.stacked().shape == (15, 16)
     np.testing.assert_allclose(droid.actions_to_model(chunk.positions, state), model[:, :8], atol=1e-12)
     np.testing.assert_array_equal(droid.state_to_model(state), state)
+
+
+def test_droid_scales_a_velocity_vector_past_one_down_as_a_whole(tmp_path):
+    """max |v| = 2: the whole vector is divided by 2 (directions kept), as DROID does; the shipped profile clips
+    every dim to [-1, 1] first as openpi's example does, so the unclipped case is a profile without `clip`."""
+    text = open(load_embodiment("droid").source).read()
+    path = tmp_path / "droid_noclip.yaml"
+    path.write_text(text.replace("  clip: [-1, 1]", "  # no clip"))
+    droid = load_embodiment(str(path))
+    assert droid.action_filter is None
+    v = np.array([2.0, -1.0, 0.5, 0.0, 0.2, -2.0, 1.0])
+    model = np.zeros((1, 8))
+    model[0, :7] = v
+    chunk = droid.actions_to_robot(model, np.zeros(8))
+    np.testing.assert_allclose(chunk.positions[0, :7], 0.2 * v / 2.0, atol=1e-12)
+    np.testing.assert_allclose(chunk.velocities[0, :7], 3.0 * v / 2.0, atol=1e-12)
+    clipped = load_embodiment("droid").actions_to_robot(model, np.zeros(8))  # clip first: no dim past 1
+    np.testing.assert_allclose(clipped.positions[0, :7], 0.2 * np.clip(v, -1, 1), atol=1e-12)
+
+
+def test_droid_gripper_is_0_open_1_closed_and_binarized_only_when_the_profile_asks(tmp_path):
+    droid = load_embodiment("droid")
+    model = np.zeros((3, 8))
+    model[:, 7] = [0.3, 0.6, 1.2]  # closing; the last one past closed
+    np.testing.assert_allclose(droid.actions_to_robot(model, np.zeros(8)).positions[:, 7], [0.3, 0.6, 1.0])
+    path = tmp_path / "droid_binary.yaml"
+    path.write_text(open(droid.source).read().replace("  # binarize: 0.5", "  binarize: 0.5"))
+    binary = load_embodiment(str(path))
+    np.testing.assert_array_equal(binary.actions_to_robot(model, np.zeros(8)).positions[:, 7], [0.0, 1.0, 1.0])
+    # openpi's server returns the model's numbers; the filter is the client's (here: the node's) step
+    np.testing.assert_array_equal(binary.openpi_actions(model, np.zeros(8)), model)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("step: 0.2", "step: 0"), "velocity.step must be a positive number"),
+    (("limit: 1.0", "limit: -1"), "velocity.limit must be a positive number"),
+    (("clip: [-1, 1]", "clip: [1, -1]"), "action.clip must be [low, high]"),
+    (("  # binarize: 0.5", "  binarize: yes"), "action.binarize must be a number"),
+])
+def test_droid_velocity_and_filter_keys_are_checked(tmp_path, edit, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(open(load_embodiment("droid").source).read().replace(*edit))
+    with pytest.raises(EmbodimentError, match=message.replace("[", r"\[")):
+        load_embodiment(str(path))
 
 
 def test_aloha_state_in_flips_signs_and_converts_the_gripper_to_pi_angles():

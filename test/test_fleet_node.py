@@ -147,11 +147,12 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
             for msg in received[r]:
                 assert msg.joint_names == [f"{r}_j{j}" for j in range(count)]
                 assert len(msg.points) == 8 and len(msg.points[0].positions) == count  # tiny: horizon 8
-                if r == "robot3":  # droid: velocities integrated from the frame's state (0.3) on its 1/15 s grid
+                if r == "robot3":  # droid: steps (rad/s / 15) summed from the frame's state (0.3) on its grid
                     positions = np.array([p.positions for p in msg.points])
                     velocities = np.array([p.velocities for p in msg.points])
-                    np.testing.assert_allclose(positions[:, :7] - 0.3, np.cumsum(velocities[:, :7], axis=0) / 15,
-                                               atol=1e-9)
+                    np.testing.assert_allclose(positions[:-1, :7] - 0.3,
+                                               np.cumsum(velocities[:-1, :7], axis=0) / 15, atol=1e-9)
+                    assert not velocities[-1].any()  # the plan ends at rest (a trajectory controller's rule)
                     assert msg.points[0].time_from_start.nanosec == round(1e9 / 15)
                 else:
                     assert not msg.points[0].velocities

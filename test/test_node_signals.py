@@ -9,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-from test_vla_node_ros import ALOHA, TINY
+from test_vla_node_ros import ARMED, TINY
 
 REPO = Path(__file__).resolve().parents[1]
-NODE_ARGS = ["--ros-args", "--params-file", str(ALOHA), *TINY]
+NODE_ARGS = ["--ros-args", *ARMED, *TINY]
 ENTRIES = {  # how a node process is started: `python -m` and the console script's function
     "module": ["-m", "oxygen_ros.nodes.vla_node"],
     "console_script": ["-c", "import sys; from oxygen_ros.nodes.entry import vla_node; sys.exit(vla_node())"],

@@ -2,7 +2,6 @@
 of another vocabulary end start-up with exit code 1 and one clear line, a good one starts decoding with the text
 head its writer used, named in the start-up log."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import torch
 from hub_fixtures import cache_repo, checkpoint_files, hub_cache  # noqa: F401 - fixture
 from safetensors.torch import load_file, save_file
 from test_replay_node import Child
+from test_vla_node_ros import ARMED  # config/aloha.yaml, armed for a test robot
 
 from oxygen_ros.model.checkpoint import save_checkpoint
 from oxygen_ros.model.config import get_preset
@@ -19,7 +19,6 @@ from oxygen_ros.nodes.vla_node import main as vla_node_main
 
 from ros_test_utils import node_lines
 
-ALOHA = Path(__file__).resolve().parents[1] / "config" / "aloha.yaml"
 CFG = get_preset("tiny")
 LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
 OVERRIDES = ["-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
@@ -39,7 +38,7 @@ def checkpoint(path, state_width=14):
 
 def node_args(folder, tokenizer, *extra):
     tokenizer = ["-p", f"model.tokenizer:={tokenizer}"] if tokenizer else []
-    return ["--ros-args", "--params-file", str(ALOHA), "-p", f"model.checkpoint:={folder}", *tokenizer, *OVERRIDES,
+    return ["--ros-args", *ARMED, "-p", f"model.checkpoint:={folder}", *tokenizer, *OVERRIDES,
             *extra]
 
 

@@ -18,8 +18,10 @@ from test_vla_node_ros import (
 )
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.control.trajectory_rules import ControllerSettings
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.stamps import stamp_to_ns
+from oxygen_ros.nodes.conversions import trajectory_refusal
 from oxygen_ros.nodes.vla_node import main as vla_node_main
 
 CONTROLLERS = REPO / "config" / "aloha_controllers.yaml"
@@ -50,6 +52,14 @@ class Trajectories:
     def _keep(self, topic: str, msg: JointTrajectory) -> None:
         with self.lock:
             self.heard[topic].append(msg)
+
+    def refusals(self) -> list[tuple[str, str]]:
+        """(topic, why) for each message a joint_trajectory_controller with Jazzy's and Kilted's defaults, owning
+        exactly the message's joints, would refuse. Every rule but "ends in the past": whether a plan arrives
+        before its end depends on this machine's speed (test_control_trajectory_rules.py checks that rule)."""
+        with self.lock:
+            return [(topic, why) for topic, messages in self.heard.items() for msg in messages
+                    if (why := trajectory_refusal(msg, ControllerSettings(tuple(msg.joint_names)), 0)) is not None]
 
     def get(self, topic: str) -> list[JointTrajectory]:
         with self.lock:
@@ -128,6 +138,7 @@ def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_
             planned[int(t)] = value
     assert overlaps >= 10
     assert len({v.tobytes() for v in planned.values()}) > 1  # the model does move
+    assert heard.refusals() == []  # every plan and hold, on every topic
 
 
 def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_context, ros_env, model_cache):

@@ -33,6 +33,9 @@ from oxygen_ros.nodes.vla_node import main as vla_node_main
 
 REPO = Path(__file__).resolve().parents[1]
 ALOHA = REPO / "config" / "aloha.yaml"
+# The shipped file starts disarmed (autostart false); these nodes drive a test robot at once. A file, not `-p`, so a
+# parameter file given later (a test's own) still decides.
+ARMED = ["--params-file", str(ALOHA), "--params-file", str(REPO / "test" / "data" / "armed.yaml")]
 CAMERAS = ["camera/cam_high/image_raw", "camera/cam_left_wrist/image_raw"]
 TINY = ["-p", "model.preset:=tiny", "-p", f"cameras.topics:=[{','.join(CAMERAS)}]",
         "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "-p", "cameras.compressed:=[false,false]",
@@ -43,7 +46,7 @@ STARTUP_TIMEOUT_S = 240.0  # importing torch and building the model; minutes on 
 
 def start_node(env: dict, cache: Path, *overrides: str, namespace: str = "") -> Child:
     env = dict(env, XDG_CACHE_HOME=str(cache))
-    args = ["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(ALOHA), *TINY, *overrides]
+    args = ["-m", "oxygen_ros.nodes.vla_node", "--ros-args", *ARMED, *TINY, *overrides]
     if namespace:
         args += ["-r", f"__ns:={namespace}"]
     return Child(args, env)
@@ -410,15 +413,15 @@ def test_unknown_camera_key_is_a_clear_start_up_error(capfd, tmp_path, monkeypat
     # The ALOHA file as shipped maps three cameras; the tiny preset has only two image keys. The node's own main()
     # runs here (no process: it fails before it would build the model), with the arguments ros2 run would pass.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), "-p", "model.preset:=tiny"]) == 1
+    assert vla_node_main(["--ros-args", *ARMED, "-p", "model.preset:=tiny"]) == 1
     output = capfd.readouterr().err
     assert "cannot start: cameras.keys ['right_wrist_0_rgb'] are not image keys of this model" in output, output
-    assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), "-p", "model.checkpoint:=/nonexistent"]) == 1
+    assert vla_node_main(["--ros-args", *ARMED, "-p", "model.checkpoint:=/nonexistent"]) == 1
     assert "model.checkpoint '/nonexistent' cannot be loaded: '/nonexistent' is neither a checkpoint folder nor a " \
         "hub repo id" in capfd.readouterr().err
     threads = torch.get_num_threads()  # TINY sets one torch thread, in this process here
     try:
-        assert vla_node_main(["--ros-args", "--params-file", str(ALOHA), *TINY,
+        assert vla_node_main(["--ros-args", *ARMED, *TINY,
                               "-p", "cameras.topics:=[cam 1,cam2]"]) == 1
     finally:
         torch.set_num_threads(threads)

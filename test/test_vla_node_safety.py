@@ -234,6 +234,9 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
     assert int(values["limits_clamped"]) > 0 and int(values["limits_slowed"]) > 0, values
     assert int(values["holds_sent"]) == 6 and values["limits"] == "clamp", values  # the exit's two come after
     assert "limits clamp (14 joints)" in output and "waist -> /waist_controller/joint_trajectory" in output
+    # clamped, slowed (stretched grid) and held plans: a trajectory controller takes each, except the rest group's
+    # `hold: empty`, which docs/controllers.md says this controller refuses
+    assert [r for r in heard.refusals() if r != (TOPICS["rest"], "Empty trajectory received.")] == []
 
 
 def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(tmp_path, ros_domain_id, capfd):
@@ -386,6 +389,8 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
     assert int(values["language_errors"]) > 0 and robot.narrations and all(n.num_tokens == 0 for n in robot.narrations)
     assert any(d.message.startswith("language model error: narration") for d in robot.diagnostics)
     assert "the text head gave non-finite logits" in output
+    # the refused plans' holds and every plan before them (the rest group's `hold: empty` aside, as above)
+    assert [r for r in heard.refusals() if r != (TOPICS["rest"], "Empty trajectory received.")] == []
 
 
 GRIPPER = "right_gripper"

@@ -73,7 +73,7 @@ def node_command(args: argparse.Namespace, out: Path, checkpoint: Path | None = 
         if path is None:
             raise RuntimeError(f"config/{name} not found (source tree or share/oxygen_ros/config)")
         command += ["--params-file", str(path)]
-    overrides: dict = {"use_sim_time": True}
+    overrides: dict = {"use_sim_time": True, "autostart": True}  # a simulated robot: act at once
     if checkpoint is not None:
         overrides["model"] = {"checkpoint": str(checkpoint.resolve()),
                               "tokenizer": str((checkpoint / TOKENIZER_FILE).resolve())}

@@ -87,6 +87,7 @@ def policy_command(args: argparse.Namespace, out: Path) -> list[str]:
                  else [find_config(n) for n in ("aloha.yaml", "demo_tiny.yaml")])
         overrides = {
             "use_sim_time": True,
+            "autostart": True,  # a simulated robot: act at once (the shipped robot files start disarmed)
             "model": {"preset": args.preset},
             "cameras": {"topics": [f"camera/{cam}/image_raw" for cam in args.cameras],
                         "keys": [MODEL_CAMERA_KEYS.get(cam, cam) for cam in args.cameras],

@@ -17,8 +17,9 @@ from PIL.Image import DecompressionBombError, UnidentifiedImageError
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from oxygen_ros.control.trajectory_rules import ControllerSettings, TrajectoryPoint, refusal
 from oxygen_ros.data.jpeg import decode_image
-from oxygen_ros.data.stamps import split_ns
+from oxygen_ros.data.stamps import split_ns, stamp_to_ns
 from oxygen_ros.model.config import resized_shape
 
 # encoding -> (channels, index of R, G, B within a pixel); mono8 is replicated to three channels.
@@ -175,7 +176,9 @@ def joint_positions(msg: JointState, names: list[str] | tuple[str, ...]) -> np.n
 def chunk_to_trajectory(actions: np.ndarray, joint_names: list[str] | tuple[str, ...], stamp_ns: int,
                         time_step_s: float, horizon: int, velocities: np.ndarray | None = None) -> JointTrajectory:
     """The first `horizon` steps of an action chunk [H, D] -> JointTrajectory, point i at (i + 1) * time_step, with
-    each point's `velocities` when given (same shape), else none.
+    each point's `velocities` when given (same shape), else none. The last point's velocities are 0: a
+    joint_trajectory_controller with Jazzy's and Kilted's defaults refuses a whole trajectory that does not end at
+    rest (`control.trajectory_rules`), and the arm stops at the plan's end unless the next plan replaces it.
 
     header.stamp is the camera frame the chunk was computed from: a joint_trajectory_controller starts the
     trajectory at that time, so the chunk stays aligned with the observation that produced it.
@@ -191,9 +194,19 @@ def chunk_to_trajectory(actions: np.ndarray, joint_names: list[str] | tuple[str,
     msg.header.stamp = ns_to_stamp(stamp_ns)
     msg.joint_names = list(joint_names)
     step_ns = round(time_step_s * 1e9)
+    if velocities is not None:
+        velocities = np.array(velocities[:horizon], dtype=np.float64)
+        velocities[-1] = 0.0
     for i in range(horizon):
         sec, nanosec = split_ns((i + 1) * step_ns)
         msg.points.append(JointTrajectoryPoint(
             positions=actions[i].tolist(), velocities=[] if velocities is None else np.asarray(velocities[i]).tolist(),
             time_from_start=Duration(sec=sec, nanosec=nanosec)))
     return msg
+
+
+def trajectory_refusal(msg: JointTrajectory, settings: ControllerSettings, now_ns: int) -> str | None:
+    """Why a joint_trajectory_controller with `settings` refuses `msg` arriving at `now_ns`, or None."""
+    points = [TrajectoryPoint(stamp_to_ns(p.time_from_start), list(p.positions), list(p.velocities),
+                              list(p.accelerations), list(p.effort)) for p in msg.points]
+    return refusal(settings, list(msg.joint_names), points, stamp_to_ns(msg.header.stamp), now_ns)

@@ -84,3 +84,7 @@ def fleet_controller() -> int:
 
 def scripted_policy() -> int:
     return run("scripted_policy")
+
+
+def velocity_watchdog() -> int:
+    return run("velocity_watchdog")

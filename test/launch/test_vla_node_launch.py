@@ -34,6 +34,7 @@ def generate_test_description():
         package="oxygen_ros",
         executable="vla_node",
         parameters=[params_file, {
+            "autostart": True,  # the installed file starts disarmed; this test drives a test robot at once
             "model.preset": "tiny",
             "cameras.topics": CAMERAS,
             "cameras.keys": ["base_0_rgb", "left_wrist_0_rgb"],

@@ -42,7 +42,7 @@ def node_command(preset: str, params_file: Path, rate_hz: float, threads: int) -
                "-p", f"cameras.keys:=[{','.join(IMAGE_KEYS[:count])}]",
                "-p", f"cameras.compressed:=[{','.join(['false'] * count)}]",
                "-p", f"control.rate_hz:={float(rate_hz)}", "-p", f"control.horizon:={horizon}",
-               "-p", f"model.cpu_threads:={threads}"]
+               "-p", f"model.cpu_threads:={threads}", "-p", "autostart:=true"]  # a bench robot: act at once
     return command, topics
 
 
