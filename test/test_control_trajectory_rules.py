@@ -8,7 +8,7 @@ import pytest
 from oxygen_ros.control.trajectory_rules import ControllerSettings, TrajectoryPoint, refusal
 from oxygen_ros.nodes.conversions import chunk_to_trajectory, trajectory_refusal
 from oxygen_ros.nodes.holds import hold_message
-from oxygen_ros.nodes.parameters import HOLD_EMPTY, HOLD_POSITION
+from oxygen_ros.robots.command_path import HOLD_EMPTY, HOLD_POSITION
 
 JOINTS = ("a", "b")
 SETTINGS = ControllerSettings(JOINTS)
