@@ -750,6 +750,10 @@ class FleetNode(LifecycleNode):
                 if not hold.refused:
                     port.group_pubs[hold.group].publish(hold_message(groups[hold.group].joints, hold.mode,
                                                                      hold.positions, port.path.time_step_s))
+        sent = [groups[hold.group].name for hold in due if not hold.refused]
+        if sent:
+            self.get_logger().info(f"{port.namespace}: holding {', '.join(sent)}: {reason}",
+                                   throttle_duration_sec=LOG_THROTTLE_S)
         for hold in due:
             if hold.refused:
                 self.get_logger().error(f"{port.namespace}: no hold sent to {groups[hold.group].name} ({reason}): "
