@@ -4,18 +4,31 @@ now for two namespaced robots served by one fleet node. Nothing is commanded bef
 point is past `max_jump` is refused and the robot held; a robot whose cameras go silent is held within one control
 period (the fleet node's input check, every 1 / rate_hz) while the other robot goes on; deactivating holds every
 robot; the process's exit holds them again; the URDF's position range clamps every robot's plans, and its slow
-joint stretches them."""
+joint stretches them. And issue 45's implausible states and non-finite holds, per fleet robot."""
 
 import time
 
 import numpy as np
 import rclpy
+import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from test_replay_node import Child
 from test_vla_node_controllers import Trajectories, points
 from test_vla_node_ros import STARTUP_TIMEOUT_S, Spinner, diagnostic_values, wait_until
-from test_vla_node_safety import REST, SLOW, TOPICS, WAIST, Lifecycle, holds_of, plans_of, safety_file, urdf
+from test_vla_node_safety import (
+    GRIPPER,
+    REST,
+    SLOW,
+    TOPICS,
+    WAIST,
+    Lifecycle,
+    holds_of,
+    is_hold,
+    plans_of,
+    safety_file,
+    urdf,
+)
 
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.stamps import stamp_to_ns
@@ -169,3 +182,73 @@ def test_fleet_robots_get_the_vla_nodes_holds_and_limits(ros_context, ros_env, m
         assert int(robot.values["limits_clamped"]) > 0 and int(robot.values["limits_slowed"]) > 0, robot.values
         assert robot.values["limits"] == "clamp", robot.values
     assert int(one.values["holds_sent"]) == 6 and int(two.values["holds_sent"]) == 2, (one.values, two.values)
+
+
+def test_a_fleet_robots_implausible_states_and_non_finite_holds_never_reach_a_controller(ros_context, ros_env,
+                                                                                        model_cache, tmp_path):
+    """Issue 45 H2 and H3 for a fleet robot, as the VLA node's test of them (test_vla_node_safety.py): +10 rad waist
+    states among good ones are dropped, so no plan or hold leaves the waist's range; a hold from a 1e308 gripper
+    state (offset + 2.1123 * 1e308) is refused rather than sent as +inf."""
+    rest = [j for j in REST if j != GRIPPER]
+    topics = {"waist": TOPICS["waist"], "rest": TOPICS["rest"], "gripper": "gripper_controller/joint_trajectory"}
+    output = {"groups": ["waist", "rest", "gripper"],
+              "waist": {"joints": [WAIST], "topic": topics["waist"], "lower": -1.0, "upper": 1.0,
+                        "max_velocity": 2.0, "max_jump": 4.0},
+              "rest": {"joints": rest, "topic": topics["rest"], "hold": "empty"},
+              "gripper": {"joints": [GRIPPER], "topic": topics["gripper"], "scale": 2.1123, "offset": -0.6213}}
+    params = tmp_path / "storm.yaml"
+    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"output": output}}}))
+    robot = FleetRobot(ros_context, "robot1")
+    heard = Trajectories(robot.node, [topics["gripper"]])
+    spinner = Spinner(ros_context, [robot.node])
+    child = Child(["-m", "oxygen_ros.nodes.fleet_node", "--ros-args", "--params-file", str(params),
+                   "-p", "robots:=[robot1]", "-p", f"joint_names:={list(ALOHA_JOINT_NAMES)}", "-p", "slo_ms:=5000.0",
+                   "-p", "rate_hz:=10.0", "-p", "action_dt:=0.1", "-p", "max_state_age_s:=0.5",
+                   "-p", "narrate_every:=0", "-p", "cpu_threads:=1", "-p", "status_rate_hz:=10.0"],
+                  dict(ros_env, XDG_CACHE_HOME=str(model_cache)))
+    good = [0.0] * len(ALOHA_JOINT_NAMES)
+    jumped, huge = list(good), list(good)
+    jumped[ALOHA_JOINT_NAMES.index(WAIST)] = 10.0
+    huge[ALOHA_JOINT_NAMES.index(GRIPPER)] = 1e308
+
+    def feed(seconds: float, until=None, state=None, joints: bool = True) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            stamp = robot.node.get_clock().now().nanoseconds
+            for index, pub in enumerate(robot.sensors.image_pubs):
+                pub.publish(robot.sensors.image_msg(index, stamp))
+            if joints:
+                robot.sensors.joint_pub.publish(robot.sensors.joint_msg(stamp, good if state is None else state))
+            time.sleep(1 / 30)
+            if until is not None and until():
+                return True
+        return until is None or until()
+
+    try:
+        assert feed(STARTUP_TIMEOUT_S, until=lambda: robot.plans() >= 3 or child.process.poll() is not None), \
+            robot.values
+        assert robot.plans() >= 3, child.stop()[1]
+        child.note_shm()
+        # H2: +10 rad states among good ones at 30 Hz, each 33 ms after a state at 0 (2 rad/s allows 0.07 rad)
+        for _ in range(20):
+            for state in (jumped, good):
+                robot.sensors.joint_pub.publish(robot.sensors.joint_msg(robot.node.get_clock().now().nanoseconds,
+                                                                        state))
+                time.sleep(1 / 30)
+        plans = robot.plans()
+        assert feed(30, until=lambda: robot.plans() >= plans + 3), robot.values
+        # H3: the gripper's state at 1e308 (no velocity limit on it: plausible), then no joint state at all
+        feed(1.5, state=huge)
+        assert feed(20, until=lambda: int(robot.values.get("holds_refused", 0)) >= 1, joints=False), robot.values
+    finally:
+        rc, log = child.stop()
+        spinner.close([robot.node])
+    assert rc == 0, log
+    for group, topic in topics.items():
+        for msg in robot.heard.get(topic) if topic in robot.heard.heard else heard.get(topic):
+            for point in msg.points:
+                assert np.isfinite(point.positions).all(), (group, list(point.positions))
+                if group == "waist":  # plans and holds within the range, never the jumped state
+                    assert -1.0 <= point.positions[0] <= 1.0, list(point.positions)
+    assert any(is_hold(m) for m in robot.heard.get(topics["waist"]))
+    assert "moved faster than its velocity limit" in log and "no hold sent to gripper" in log, log[-3000:]
