@@ -1,7 +1,9 @@
 """The fleet node's configure in this process (its serving over DDS is test_fleet_node's): a robot's embodiment
 that does not fit what its model's checkpoint was trained in stops the configure with the reason unless
 `embodiment_override`; an `embodiments` list that is neither one for all nor one per robot is refused; the decode
-policy parameters reach the scheduler."""
+policy parameters reach the scheduler; the VLA node's output parameters give every robot its groups (in its
+namespace) and limits, and groups that do not fit the robots' joints, or a group topic outside the robots'
+namespaces, stop the configure with the reason."""
 
 import pytest
 import rclpy
@@ -70,3 +72,25 @@ def test_the_decode_policy_parameters_reach_the_scheduler(configured, tokens_per
     config = node.server.runtime.scheduler.config
     assert config.adaptive_k is adaptive and config.min_steps_per_frame == steps
     assert config.tokens_per_frame == (tokens_per_frame or 16)
+
+
+def test_output_groups_and_limits_reach_every_robot_or_stop_the_configure(configured):
+    joints = "joint_names:=[j0,j1,j2]"
+    node, result = configured("robots:=[r1,r2]", "robot_models:=[a,a]", joints, "output.groups:=[arm]",
+                              "output.arm.joints:=[j0,j1]", "output.arm.upper:=0.5", "limits.policy:=reject")
+    assert result == TransitionCallbackReturn.SUCCESS, node.failure
+    for robot, port in node.ports.items():
+        assert [g.joints for g in port.path.groups] == [("j0", "j1")] and port.path.policy == "reject"
+        assert list(port.path.limits.upper) == [0.5, 0.5]
+        assert [p.topic_name for p in port.group_pubs] == [f"/{robot}/arm_controller/joint_trajectory"]
+
+    node, result = configured("robots:=[r1]", "robot_models:=[a]", joints, "output.groups:=[arm]",
+                              "output.arm.joints:=[j0,j9]")
+    assert result == TransitionCallbackReturn.FAILURE and "robot r1: " in node.failure and "j9" in node.failure, \
+        node.failure
+
+    node, result = configured("robots:=[r1]", "robot_models:=[a]", joints, "output.groups:=[arm]",
+                              "output.arm.joints:=[j0]", "output.arm.topic:=/arm/joint_trajectory")
+    assert result == TransitionCallbackReturn.FAILURE
+    assert node.failure == "robot r1: output.arm.topic must be relative: each robot's goes in its namespace", \
+        node.failure

@@ -17,6 +17,12 @@ profile that names no rate). A profile that does not fit what a robot's checkpoi
 start-up unless ``embodiment_override``; one whose widths do not fit the robot's joints is checked at start-up when
 ``joint_names`` is given, else at the robot's first joint state (its frames are then refused, counted, logged).
 
+Each chunk then goes through the robot's command path (`oxygen_ros.robots.command_path`, as the VLA node's): the
+hand-over, one JointTrajectory per output group on ``/<ns>/<group topic>`` in the controller's units, the joint
+limits (clamped or refused); a robot no longer commanded (a refused plan, a model error, stale inputs found by the
+input check every 1 / ``rate_hz``, deactivation, exit) gets one hold per group. The output parameters are the VLA
+node's (``robot_description``, ``limits.policy``, ``output.*``), one setting for every robot (`docs/safety.md`).
+
 Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
 narration. ``design`` says how a batch uses the device (`fleet.server`): ``monolithic`` (default: prefill and
@@ -81,7 +87,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -89,10 +94,13 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
+from oxygen_ros.control.joint_groups import TRAJECTORY, VELOCITY
+from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.fleet import messages
@@ -105,12 +113,35 @@ from oxygen_ros.fleet.traffic import load_assignment
 from oxygen_ros.model.loading import tokenizer_for
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
+from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, UNUSED, CommandPath, Refusal
 from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.robots.state_check import StateCheck
 
-from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
+from .command_messages import plan_messages
+from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
-from .frame_inputs import MODEL_ERROR, WAITING_FOR_CAMERA, FrameInputs, InputLimits, Instruction
+from .frame_inputs import (
+    MODEL_ERROR,
+    SKIPPED_TICK_STATES,
+    WAITING_FOR_CAMERA,
+    FrameInputs,
+    InputLimits,
+    Instruction,
+)
+from .holds import hold_message
 from .lifecycle import ros_process, spinning
+from .parameters import (
+    GROUP_FIELDS,
+    GROUP_SPECS,
+    SPECS,
+    ParameterError,
+    Spec,
+    _declare,
+    _group_names,
+    _Reader,
+    read_groups,
+    read_limits,
+)
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
@@ -160,13 +191,50 @@ DEFAULTS = {
     "rate_burst": 2.0,  # frames a robot may send ahead of its rate before they are dropped at arrival
 }
 HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+# the VLA node's output parameters (`parameters.SPECS`, `output.<group>.*`), one setting for every robot
+OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
+                     "output.rtc_overlap", "output.groups")
+
+
+def declare_output_parameters(node) -> dict:
+    """Declare the VLA node's output parameters on `node` (and each named group's); name -> value."""
+    values = {spec.name: _declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
+    for group in _group_names(values["output.groups"]):
+        for field in GROUP_FIELDS:
+            default, description = GROUP_SPECS[field]
+            values[f"output.{group}.{field}"] = _declare(node, Spec(f"output.{group}.{field}", default, description))
+    return values
+
+
+def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
+                 ) -> CommandPath:
+    """One robot's command path from the output parameters, its joints (state and action alike: the fleet
+    node's robots command the joints they report) and its profile; ParameterError if they do not fit."""
+    groups = read_groups(values, joint_names)
+    velocity = [g.name for g in groups if g.interface == VELOCITY]
+    if velocity and not embodiment.has_velocity:
+        raise ParameterError(f"output.{velocity[0]}.interface velocity needs velocities, and embodiment "
+                             f"{embodiment.name} makes positions only")
+    absolute = [g.name for g in groups if g.topic.startswith("/")]
+    if absolute:
+        raise ParameterError(f"output.{absolute[0]}.topic must be relative: each robot's goes in its namespace")
+    holds, limits = read_limits(values, groups, joint_names)
+    p = _Reader(values)
+    return CommandPath(groups, holds, limits, p.choice("limits.policy", LIMIT_POLICIES), joint_names, joint_names,
+                       time_step_s, embodiment.has_velocity, p.choice("output.handover", BLENDING_MODES),
+                       p.number("output.temporal_ensemble_m"), p.integer("output.rtc_overlap"))
 
 
 class RobotPort:
     """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
     def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
-                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str, embodiment: Embodiment):
+                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str, embodiment: Embodiment,
+                 output: dict, time_step_s: float):
+        self.node = node
+        self.output, self.time_step_s = output, time_step_s
+        self.path: CommandPath | None = None  # made with the inputs, once the robot's joints are known
+        self.group_pubs: list = []
         self.namespace = namespace
         self.robot = robot
         self.embodiment = embodiment
@@ -194,17 +262,24 @@ class RobotPort:
 
     @property
     def publishers(self) -> list:
-        return [self.chunk_pub, self.narration_pub, self.status_pub]
+        return [self.chunk_pub, self.narration_pub, self.status_pub, *self.group_pubs]
 
     def camera_topic(self, camera: str) -> str:
         return f"{self.namespace}/camera/{camera}/image_raw"
 
     def frame_inputs(self, joint_names: tuple[str, ...]) -> FrameInputs:
         """The VLA node's input rules for this robot, its state picked by `joint_names` (checked against its
-        embodiment: EmbodimentError)."""
+        embodiment: EmbodimentError; against the output groups: ParameterError), and its command path with one
+        publisher per output group, in its namespace."""
         self.embodiment.check_joints(joint_names, joint_names)
+        path = command_path(self.output, joint_names, self.embodiment, self.time_step_s)
+        self.group_pubs = [self.node.create_publisher(JointTrajectory if g.interface == TRAJECTORY
+                                                      else Float64MultiArray, f"{self.namespace}/{g.topic}", 10)
+                           for g in path.groups]
+        self.path = path
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
-                           (self.compressed,) * len(self.cameras), joint_names, self.limits)
+                           (self.compressed,) * len(self.cameras), joint_names, self.limits,
+                           StateCheck(path.groups, path.limits, joint_names))
 
 
 class FleetNode(LifecycleNode):
@@ -216,6 +291,12 @@ class FleetNode(LifecycleNode):
         super().__init__(NODE_NAME, context=context)
         self.params = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
         self.autostart_param = bool(self.declare_parameter("autostart", True).value)
+        try:
+            self.output = declare_output_parameters(self)
+        except BaseException:
+            self.destroy_node()
+            raise
+        self._check_timer = None
         self.lifecycle = "unconfigured"
         self.failure = ""
         self.server: FleetServer | None = None
@@ -249,11 +330,16 @@ class FleetNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        for port in self.ports.values():
+            with port.lock:
+                if port.path is not None:  # nothing planned before this activation is blended into what follows
+                    port.path.start()
         self.lifecycle = "active"
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "inactive"
+        self.lifecycle = "inactive"  # first: no chunk is published after the holds
+        self._hold_all("deactivated")
         return TransitionCallbackReturn.SUCCESS
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -262,13 +348,15 @@ class FleetNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
         self.lifecycle = "finalized"
+        self._hold_all("shut down")
+        self._release()
         return TransitionCallbackReturn.SUCCESS
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
         self.lifecycle = "unconfigured"
+        self._hold_all("lifecycle error")
+        self._release()
         return TransitionCallbackReturn.SUCCESS
 
     def autostart(self) -> bool:
@@ -279,6 +367,9 @@ class FleetNode(LifecycleNode):
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
 
     def _release(self) -> None:
+        if self._check_timer is not None:
+            self.destroy_timer(self._check_timer)
+            self._check_timer = None
         if self._live_timer is not None:
             self.destroy_timer(self._live_timer)
             self._live_timer = None
@@ -365,6 +456,7 @@ class FleetNode(LifecycleNode):
             self.create_subscription(String, p["assignment_topic"], self._on_assignment, LATCHED_QOS)
             self._live_timer = self.create_timer(p["heartbeat_period_s"], self._live_tick)
             self.get_logger().info(f"server {self.server_name}: robots come from {p['assignment_topic']}")
+        self._check_timer = self.create_timer(1.0 / p["rate_hz"], self._check_inputs)
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
         self.get_logger().info(f"serving {sorted(self.ports)} with models {self.server.model_ids} on {device} "
@@ -382,8 +474,8 @@ class FleetNode(LifecycleNode):
                              images=ImageLimits(p["max_pixels"], model_size))
         try:
             port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
-                             embodiment)
-        except EmbodimentError as err:
+                             embodiment, self.output, embodiment.time_step or p["action_dt"])
+        except (EmbodimentError, ParameterError) as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
         self.ports[robot.robot_id] = port
         for index, camera in enumerate(cameras):
@@ -532,7 +624,7 @@ class FleetNode(LifecycleNode):
         if port.inputs is None:  # no joint_names given: this robot's joints are those of its first message
             try:
                 port.inputs = port.frame_inputs(tuple(msg.name))
-            except EmbodimentError as err:
+            except (EmbodimentError, ParameterError) as err:
                 with port.lock:
                     port.model_errors += 1
                     port.state, port.detail = MODEL_ERROR, f"its joints do not fit: {err}"
@@ -572,6 +664,7 @@ class FleetNode(LifecycleNode):
             self._warn_drop(port, f"{dropped.source}: {dropped.reason}: {dropped.message}")
         if frame is None:
             port.detail = decision.detail
+            self._hold(port, decision.state)
             return
         port.detail = ""
         model = self.server.model_config(port.robot.robot_id)
@@ -609,6 +702,8 @@ class FleetNode(LifecycleNode):
         return self.ports.get(robot_id) or self.draining.get(robot_id)
 
     def _publish_chunk(self, chunk: ActionChunk) -> None:
+        """The robot's absolute command through its command path (`robots.command_path`), as the VLA node's: a
+        chunk refused there is not published, and the robot is held (except for one the hand-over cannot use)."""
         port = self._port_of(chunk.robot_id)
         if port is None or self.lifecycle != "active":
             return  # a chunk still computing when the node was deactivated, or of a robot gone
@@ -617,24 +712,74 @@ class FleetNode(LifecycleNode):
                 port.model_errors += 1
                 port.state, port.detail = MODEL_ERROR, f"{type(chunk.error).__name__}: {chunk.error}"
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
+            self._hold(port, MODEL_ERROR)
             return
         _, joint_names, state = chunk.context
-        embodiment = port.embodiment
-        command = embodiment.actions_to_robot(self.server.robot_actions(chunk, len(joint_names)), state)
-        if not np.isfinite(command.stacked()).all():  # never sent to a robot
-            with port.lock:
-                port.model_errors += 1
-                port.state, port.detail = MODEL_ERROR, "action chunk has non-finite values; not published"
-            self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
-            return
-        trajectory = chunk_to_trajectory(command.positions, joint_names, chunk.stamp_ns,
-                                         embodiment.time_step or self.params["action_dt"], len(command.positions),
-                                         command.velocities)
+        command = port.embodiment.actions_to_robot(self.server.robot_actions(chunk, len(joint_names)), state)
         with port.lock:
-            if port.closed:
+            if port.closed or self.lifecycle != "active" or port.state in SKIPPED_TICK_STATES:
+                return  # deactivated meanwhile, or the robot's inputs went stale since its frame (it is held)
+            path = port.path
+            result = path.command(command.stacked(), chunk.stamp_ns + path.step_ns,
+                                  self.get_clock().now().nanoseconds, port.inputs.state)
+            if not isinstance(result, Refusal):
+                trajectory, outputs = plan_messages(result, joint_names, path.groups, path.time_step_s)
+                port.chunk_pub.publish(trajectory)
+                for publisher, msg in zip(port.group_pubs, outputs, strict=True):
+                    publisher.publish(msg)
+                port.actions_published += 1
                 return
-            port.chunk_pub.publish(trajectory)
-            port.actions_published += 1
+            if result.kind == UNUSED:  # the plan already published still stands
+                self.get_logger().warning(f"{port.namespace}: acted chunk not published: {result.detail}",
+                                          throttle_duration_sec=LOG_THROTTLE_S)
+                return
+            if result.kind != LIMITS:
+                port.model_errors += 1
+            port.state, port.detail = LIMIT_REJECTED if result.kind == LIMITS else MODEL_ERROR, result.detail
+        self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
+        self._hold(port, port.state)
+
+    def _hold(self, port: RobotPort, reason: str) -> None:
+        """One hold to each of the robot's groups being commanded (`holds`); nothing if none is."""
+        with port.lock:
+            if port.path is None or port.closed:
+                return
+            due = port.path.stop(reason, port.inputs.state)
+            groups = port.path.groups
+            for hold in due:
+                if not hold.refused:
+                    port.group_pubs[hold.group].publish(hold_message(groups[hold.group].joints, hold.mode,
+                                                                     hold.positions, port.path.time_step_s))
+        sent = [groups[hold.group].name for hold in due if not hold.refused]
+        if sent:
+            self.get_logger().info(f"{port.namespace}: holding {', '.join(sent)}: {reason}",
+                                   throttle_duration_sec=LOG_THROTTLE_S)
+        for hold in due:
+            if hold.refused:
+                self.get_logger().error(f"{port.namespace}: no hold sent to {groups[hold.group].name} ({reason}): "
+                                        f"{hold.refused}", throttle_duration_sec=LOG_THROTTLE_S)
+
+    def _hold_all(self, reason: str) -> None:
+        for port in [*self.ports.values(), *self.draining.values()]:
+            self._hold(port, reason)
+
+    def _check_inputs(self) -> None:
+        """Every control period (1 / rate_hz) while active: a robot whose inputs went stale is held, as the VLA
+        node's control tick holds its robot (frames come with images; a camera gone silent makes none)."""
+        if self.lifecycle != "active":
+            return
+        now_ns = self.get_clock().now().nanoseconds
+        for port in list(self.ports.values()):
+            if port.inputs is None:
+                continue
+            decision = port.inputs.next_frame(now_ns)
+            for dropped in decision.dropped:
+                self._warn_drop(port, f"{dropped.source}: {dropped.reason}: {dropped.message}")
+            if decision.state in SKIPPED_TICK_STATES:
+                with port.lock:
+                    port.state, port.detail = decision.state, decision.detail
+                self._warn_drop(port, f"not acting ({decision.state}): {decision.detail}")
+                self._hold(port, decision.state)
 
     def _publish_text(self, update: TextUpdate) -> None:
         port = self._port_of(update.robot_id)
@@ -679,13 +824,17 @@ class FleetNode(LifecycleNode):
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
                             "expired_in_queue": counts.expired_in_queue, "over_rate": port.over_rate,
                             "late_chunks_published": self.params["publish_late"],
-                            "batching": self.batching, "lifecycle": self.lifecycle})
+                            "batching": self.batching, "lifecycle": self.lifecycle,
+                            **(port.path.counts() if port.path else {}),
+                            "nonfinite_chunks": port.path.nonfinite_chunks + port.path.overflows if port.path
+                            else 0})
             port.status_pub.publish(engine_status(health, stamp))
             self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
                                                           self.device))
 
     def close(self) -> None:
-        """At process exit (after the executor stopped): the server's threads joined."""
+        """At process exit (after the executor stopped): every robot held, the server's threads joined."""
+        self._hold_all("shut down")
         self._release()
 
 
@@ -711,7 +860,11 @@ def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Seque
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     with ros_process(NODE_NAME, argv) as (context, stop):
-        node = FleetNode(context=context)
+        try:
+            node = FleetNode(context=context)
+        except ParameterError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         if node.autostart_param and not node.autostart():
             print(f"error: {node.failure}", file=sys.stderr)
             node.destroy_node()

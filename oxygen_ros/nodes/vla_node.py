@@ -74,11 +74,20 @@ from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.engine.stats import percentile_ms
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
-from oxygen_ros.robots.command_path import LIMITS, NONFINITE, UNUSED, Command, CommandPath, Refusal
+from oxygen_ros.robots.command_path import (
+    LIMIT_REJECTED,
+    LIMITS,
+    NONFINITE,
+    UNUSED,
+    Command,
+    CommandPath,
+    Refusal,
+)
 from oxygen_ros.robots.state_check import StateCheck
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
-from .conversions import ConversionError, ImageLimits, chunk_to_trajectory, ns_to_stamp
+from .command_messages import plan_messages, plan_stamp_ns
+from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
 from .frame_inputs import (
     JOINT_STATES,
@@ -102,7 +111,6 @@ from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
-LIMIT_REJECTED = "limit_rejected"  # engine_status.state: the last plan was refused by the joint limits
 WARM_UP_PIXELS = 224  # the warm-up frame's images (any size: they are resized to the model's input)
 
 
@@ -411,21 +419,13 @@ class VlaNode(LifecycleNode):
         self._hold(self.state)
 
     def _publish(self, command: Command) -> None:
-        """`action_chunk` (every action joint, the robot's absolute command), then each group's joints in its
-        controller's units; header.stamp one step before the first point, point i at (i + 1) steps (times the
-        limits' stretch for the groups), as `chunk_to_trajectory` lays them out; velocities where the embodiment
-        has them."""
-        plan = command.plan
-        stamp_ns, time_step, count = plan.first_ns - plan.step_ns, self.params.time_step_s, len(plan.values)
-        self.chunk_pub.publish(chunk_to_trajectory(command.positions, self.params.action_names, stamp_ns, time_step,
-                                                   count, command.velocities))
-        for (group, publisher), out in zip(self.group_pubs, command.groups, strict=True):
-            if group.interface == TRAJECTORY:
-                publisher.publish(chunk_to_trajectory(out.positions, group.joints, stamp_ns, out.step_s, count,
-                                                      out.velocities))
-            else:  # a velocity controller: the velocities of the step that executes now, until the next tick
-                publisher.publish(Float64MultiArray(data=[float(v) for v in out.velocities[command.first]]))
-        self.markers.plan(command.positions, time_step, stamp_ns)
+        """`action_chunk`, then each group's controller (`command_messages`); the markers' chart of the plan."""
+        chunk, outputs = plan_messages(command, self.params.action_names, self.params.groups,
+                                       self.params.time_step_s)
+        self.chunk_pub.publish(chunk)
+        for (_, publisher), msg in zip(self.group_pubs, outputs, strict=True):
+            publisher.publish(msg)
+        self.markers.plan(command.positions, self.params.time_step_s, plan_stamp_ns(command))
 
     def _hold(self, reason: str) -> None:
         """One hold to each group's controller that was being commanded (`holds`); nothing if none was. Logged at
@@ -516,19 +516,7 @@ class VlaNode(LifecycleNode):
     # ---- monitoring ---------------------------------------------------------------------------------------------
 
     def health(self) -> Health:
-        safety = {
-            "lifecycle": self.lifecycle,
-            "configure_error": self.failure or "none",
-            "holds_sent": self.path.holds_sent,
-            "holds_clamped": self.path.holds_clamped,
-            "holds_refused": self.path.holds_refused,
-            "last_hold_reason": self.path.last_hold_reason,
-            "limits": "none" if self.params.limits is None else self.params.limit_policy,
-            "limits_clamped": self.path.limits_clamped,
-            "limits_slowed": self.path.limits_slowed,
-            "limits_rejected": sum(self.path.limits_rejected.values()),
-            "limits_rejected_joints": ", ".join(f"{j}: {n}" for j, n in self.path.limits_rejected.items()) or "none",
-        }
+        safety = {"lifecycle": self.lifecycle, "configure_error": self.failure or "none", **self.path.counts()}
         if self.runtime is None:  # not configured: no engine to report on
             return Health(state=self.state, detail=self.detail, stats=NO_STATS, target_rate_hz=self.params.rate_hz,
                           actions_published=self.actions_published, dropped_frames=0, values=safety)

@@ -36,6 +36,7 @@ HOLD_ZERO = "zero"  # a velocity group's: every joint's velocity 0
 HOLD_MODES = {TRAJECTORY: (HOLD_POSITION, HOLD_EMPTY), VELOCITY: (HOLD_ZERO,)}  # by the group's interface
 
 NONFINITE, UNUSED, OVERFLOW, LIMITS = "nonfinite", "unused", "overflow", "limits"  # why a chunk is refused
+LIMIT_REJECTED = "limit_rejected"  # a front end's state (engine_status.state): its last plan was refused by the limits
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,20 @@ class CommandPath:
         self.holds_clamped = 0  # position holds moved into the position range
         self.holds_refused = 0  # holds not sent: not finite in the controller's units
         self.last_hold_reason = "none"
+
+    def counts(self) -> dict[str, int | str]:
+        """The holds' and the limits' counters, as engine_status and /diagnostics report them."""
+        return {
+            "holds_sent": self.holds_sent,
+            "holds_clamped": self.holds_clamped,
+            "holds_refused": self.holds_refused,
+            "last_hold_reason": self.last_hold_reason,
+            "limits": "none" if self.limits is None else self.policy,
+            "limits_clamped": self.limits_clamped,
+            "limits_slowed": self.limits_slowed,
+            "limits_rejected": sum(self.limits_rejected.values()),
+            "limits_rejected_joints": ", ".join(f"{j}: {n}" for j, n in self.limits_rejected.items()) or "none",
+        }
 
     @property
     def step_ns(self) -> int:
