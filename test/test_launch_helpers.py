@@ -118,8 +118,10 @@ def test_replay_of_absolute_bag_topics_lands_in_the_node_namespace(tmp_path, ros
 def test_later_parameter_files_override_earlier_ones_in_the_node(tmp_path, ros_env):
     """vla_node given the files as the launch file passes them: the tiny overlay's preset and cameras win."""
     files = parameter_files(f"{REPO / 'config' / 'aloha.yaml'},{REPO / 'config' / 'demo_tiny.yaml'}")
+    # the shipped robot files leave the node unconfigured until it is activated (autostart false); the launch file
+    # arms it the same way for the demo
     command = [sys.executable, "-m", "oxygen_ros.nodes.vla_node", "--ros-args",
-               *(word for path in files for word in ("--params-file", path))]
+               *(word for path in files for word in ("--params-file", path)), "-p", "autostart:=true"]
     log = tmp_path / "vla_node.log"
     with open(log, "w") as out:
         process = subprocess.Popen(command, env=ros_env, stdout=out, stderr=subprocess.STDOUT)

@@ -15,6 +15,7 @@ import yaml
 
 from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.nodes.replay_node import build_parser as replay_parser
+from oxygen_ros.robots.inputs import MAX_PIXELS
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_PARAMETERS = {spec.name for spec in SPECS} | {"use_sim_time"}
@@ -227,8 +228,11 @@ def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_p
 
 
 def node_defaults(module: str) -> dict:
+    """The node's DEFAULTS table read from its source (importing the node would load rclpy and torch): literals,
+    and the shared constants it names."""
     source = (REPO / "oxygen_ros" / "nodes" / f"{module}.py").read_text()
-    return ast.literal_eval(re.search(r"^DEFAULTS = (\{.*?\n\})", source, re.S | re.M).group(1))
+    table = re.search(r"^DEFAULTS = (\{.*?\n\})", source, re.S | re.M).group(1)
+    return eval(compile(ast.parse(table, mode="eval"), module, "eval"), {"__builtins__": {}, "MAX_PIXELS": MAX_PIXELS})
 
 
 def test_fleet_launch_starts_the_controller_and_fleet_nodes_with_the_installed_parameter_file():
