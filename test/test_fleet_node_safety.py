@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import rclpy
-import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from test_replay_node import Child
@@ -24,6 +23,7 @@ from test_vla_node_safety import (
     WAIST,
     Lifecycle,
     holds_of,
+    implausible_state_outputs,
     is_hold,
     plans_of,
     safety_file,
@@ -189,15 +189,7 @@ def test_a_fleet_robots_implausible_states_and_non_finite_holds_never_reach_a_co
     """Issue 45 H2 and H3 for a fleet robot, as the VLA node's test of them (test_vla_node_safety.py): +10 rad waist
     states among good ones are dropped, so no plan or hold leaves the waist's range; a hold from a 1e308 gripper
     state (offset + 2.1123 * 1e308) is refused rather than sent as +inf."""
-    rest = [j for j in REST if j != GRIPPER]
-    topics = {"waist": TOPICS["waist"], "rest": TOPICS["rest"], "gripper": "gripper_controller/joint_trajectory"}
-    output = {"groups": ["waist", "rest", "gripper"],
-              "waist": {"joints": [WAIST], "topic": topics["waist"], "lower": -1.0, "upper": 1.0,
-                        "max_velocity": 2.0, "max_jump": 4.0},
-              "rest": {"joints": rest, "topic": topics["rest"], "hold": "empty"},
-              "gripper": {"joints": [GRIPPER], "topic": topics["gripper"], "scale": 2.1123, "offset": -0.6213}}
-    params = tmp_path / "storm.yaml"
-    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"output": output}}}))
+    topics, params = implausible_state_outputs(tmp_path)
     robot = FleetRobot(ros_context, "robot1")
     heard = Trajectories(robot.node, [topics["gripper"]])
     spinner = Spinner(ros_context, [robot.node])

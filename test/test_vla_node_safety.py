@@ -5,6 +5,7 @@ joint named twice, frames out of order, use_sim_time switched at run time, instr
 Node processes as in test_vla_node_ros (tiny preset, the ALOHA file)."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -396,12 +397,9 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
 GRIPPER = "right_gripper"
 
 
-def test_implausible_states_out_of_range_and_non_finite_holds_never_reach_a_controller(ros_context, ros_env,
-                                                                                       model_cache, tmp_path):
-    """Issue 45 H2, H3 and the storm: a joint state that jumped further than the velocity limit allows is dropped
-    and counted, so neither the plans nor the holds use it (once a +10 rad state gave plans at 10 rad past max_jump
-    4.0, and a hold at 9.0 outside the limits); a hold from a 1e308 gripper state (offset + 2.1123 * 1e308) is refused
-    rather than sent as +inf; an activate/deactivate storm logs the "active" line at most once per 5 s."""
+def implausible_state_outputs(tmp_path) -> tuple[dict, Path]:
+    """The groups both nodes' implausible-state tests run with (the waist in [-1, 1] with a velocity limit of
+    2 rad/s and max_jump 4.0; the rest held empty; the gripper in ALOHA's units): their topics and parameter file."""
     rest = [j for j in REST if j != GRIPPER]
     topics = {"waist": TOPICS["waist"], "rest": TOPICS["rest"], "gripper": "gripper_controller/joint_trajectory"}
     output = {"groups": ["waist", "rest", "gripper"],
@@ -411,6 +409,16 @@ def test_implausible_states_out_of_range_and_non_finite_holds_never_reach_a_cont
               "gripper": {"joints": [GRIPPER], "topic": topics["gripper"], "scale": 2.1123, "offset": -0.6213}}
     params = tmp_path / "storm.yaml"
     params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"output": output}}}))
+    return topics, params
+
+
+def test_implausible_states_out_of_range_and_non_finite_holds_never_reach_a_controller(ros_context, ros_env,
+                                                                                       model_cache, tmp_path):
+    """Issue 45 H2, H3 and the storm: a joint state that jumped further than the velocity limit allows is dropped
+    and counted, so neither the plans nor the holds use it (once a +10 rad state gave plans at 10 rad past max_jump
+    4.0, and a hold at 9.0 outside the limits); a hold from a 1e308 gripper state (offset + 2.1123 * 1e308) is refused
+    rather than sent as +inf; an activate/deactivate storm logs the "active" line at most once per 5 s."""
+    topics, params = implausible_state_outputs(tmp_path)
     robot = Robot(ros_context)
     heard = Trajectories(robot.node, list(topics.values()))
     lifecycle = Lifecycle(robot.node)
