@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rclpy.qos import qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rosbags.rosbag2 import StoragePlugin, Writer
 from sensor_msgs.msg import JointState
 
@@ -103,8 +103,10 @@ def test_replay_of_absolute_bag_topics_lands_in_the_node_namespace(tmp_path, ros
                "--delay", "0.5", *replay_ros_arguments(topics, "robot3", "")]
     node = rclpy.create_node("namespace_listener", context=ros_context)
     received = []
+    # best effort as sensor data, but a history deep enough for all 20: with the sensor-data depth of 5, messages DDS
+    # had delivered were dropped while a loaded machine kept this spin waiting (seen beside two busy loops)
     node.create_subscription(JointState, "/robot3/joint_states", lambda m: received.append(m.position[0]),
-                             qos_profile_sensor_data)
+                             QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT))
     process = subprocess.Popen(command, env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert spin_until(node, lambda: len(received) == 20, timeout=60), (received, process.poll())
