@@ -8,10 +8,12 @@
 # run cut at any point, even killed, leaves an archive holding every step finished before the cut. The steps, in
 # this order (each with its limit in seconds):
 #   test_gpu      90  the CUDA suite
-#   pi05_graphs  150  pi05 in bfloat16 with CUDA graphs at the goal points: one frame without narration
+#   pi05_graphs  110  pi05 in bfloat16 with CUDA graphs at the goal points: one frame without narration
 #                     (action_only) and with it (baseline, continuous batching), 50 tokens a request, one request
 #                     a frame; action Hz, tokens/s, NVML energy per frame (one request a frame: per request)
-#   pi05_eager   120  the same without CUDA graphs
+#   frame_parts   60  where a pi05 frame's time goes: prefill, denoising and a decode step, eager and graphed,
+#                     wall clock beside device time, and the kernels taking the device time
+#   pi05_eager    90  the same as pi05_graphs without CUDA graphs (fewer frames: an eager frame is slow)
 #   goals         90  the goal points on the real vocabulary (fullvocab), float32 and bfloat16, CUDA graphs on
 #   fleet_profile 75  the fleet's stage table on green-context SM partitions, stage graphs on
 #   summary       15  summary.md: the figures above beside the published ones they are compared with
@@ -30,7 +32,7 @@ if [ "${1:-}" = --archive ]; then
 fi
 out=${1:-out/gpu}
 shift || true
-steps=" ${*:-test_gpu pi05_graphs pi05_eager goals fleet_profile summary} "
+steps=" ${*:-test_gpu pi05_graphs frame_parts pi05_eager goals fleet_profile summary} "
 budget=${GPU_CHECK_BUDGET_S:-540}
 py=$(bash scripts/gpu_python.sh) || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -91,10 +93,11 @@ step() {  # step NAME SECONDS COMMAND...
 partition_tests=()
 [ "$partitions" = yes ] || partition_tests=(-m "not sm_partitions")
 step test_gpu 90 "$py" -m pytest -v -rA -p no:cacheprovider "${partition_tests[@]}" test_gpu
-pi05=(-m oxygen_ros.evaluation.bench.oxygen_bench --preset pi05 --device cuda --dtype bfloat16 --goals --frames 8
-      --rounds 2)
-step pi05_graphs 150 "$py" "${pi05[@]}" --cuda-graphs --out "$out/pi05_graphs"
-step pi05_eager 120 "$py" "${pi05[@]}" --out "$out/pi05_eager"
+pi05=(-m oxygen_ros.evaluation.bench.oxygen_bench --preset pi05 --device cuda --dtype bfloat16 --goals)
+step pi05_graphs 110 "$py" "${pi05[@]}" --frames 8 --rounds 2 --cuda-graphs --out "$out/pi05_graphs"
+step frame_parts 60 "$py" -m oxygen_ros.evaluation.bench.frame_parts --preset pi05 --dtype bfloat16 \
+    --out "$out/frame_parts"
+step pi05_eager 90 "$py" "${pi05[@]}" --frames 4 --rounds 1 --out "$out/pi05_eager"
 step goals 90 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset fullvocab --device cuda --goals \
     --dtype bfloat16 float32 --cuda-graphs --out "$out/goals"
 # two models' stages, buckets 1-4, every share the driver makes; fails rather than profile plain streams

@@ -28,6 +28,20 @@ def rows(records: list[dict]) -> list[str]:
     return lines
 
 
+def frame_parts(out: Path) -> list[str]:
+    """The frame's parts (frame_parts.json, if that step left one): wall clock beside device time."""
+    path = out / "frame_parts" / "frame_parts.json"
+    if not path.exists():
+        return []
+    found = json.loads(path.read_text())
+    lines = ["", f"Where a frame's time goes ({found['preset']}, {found['dtype']}, {found['steps']} denoising steps; "
+             "median of the calls):", "", "| part | mode | wall ms | device ms |", "|---|---|---|---|"]
+    for key, row in found.get("parts", {}).items():
+        part, mode = key.rsplit(" ", 1)
+        lines.append(f"| {part} | {mode} | {row['wall_ms']:.2f} | {row['device_ms']:.2f} |")
+    return lines
+
+
 def main(out: Path) -> int:
     lines = ["# GPU run: the goal point (50 tokens a request, one request a frame, 10 denoising steps)", "",
              "| preset | dtype | CUDA graphs | setting | p50 ms a frame | action Hz | tokens/s | J a request |",
@@ -37,6 +51,7 @@ def main(out: Path) -> int:
         lines += rows(json.loads(path.read_text()))
     if not found:
         lines.append("| no results.json under this folder: no benchmark step finished a point | | | | | | | |")
+    lines += frame_parts(out)
     lines += ["", "One request a frame, so J a request is the NVML energy of one frame with its share of the text.",
               "", "Compared with:", *[f"- {line}" for line in PUBLISHED], ""]
     (out / "summary.md").write_text("\n".join(lines))

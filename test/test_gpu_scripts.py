@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ["test_gpu", "pi05_graphs", "pi05_eager", "goals", "fleet_profile", "summary"]
+STEPS = ["test_gpu", "pi05_graphs", "frame_parts", "pi05_eager", "goals", "fleet_profile", "summary"]
 sys.path.insert(0, str(REPO / "scripts"))
 from gpu_env import NEEDED  # noqa: E402 - the scripts folder is no package
 
@@ -152,10 +152,11 @@ def test_gpu_check_runs_every_step_in_order_and_packs_one_archive(tmp_path):
     recorded = calls.read_text().splitlines()
     assert [step_of(call) for call in recorded] == STEPS
     assert "sm_partitions" not in recorded[0]  # the whole CUDA suite
-    for call in recorded[1:3]:  # pi05 in bfloat16 at the goal points, with CUDA graphs, then without
+    for call in (recorded[1], recorded[3]):  # pi05 in bfloat16 at the goal points, with CUDA graphs, then without
         assert "--preset pi05 --device cuda --dtype bfloat16 --goals" in call
-    assert "--cuda-graphs" in recorded[1] and "--cuda-graphs" not in recorded[2]
-    assert "--cuda-graphs" in recorded[4]  # the fleet profile's stage graphs
+    assert "--cuda-graphs" in recorded[1] and "--cuda-graphs" not in recorded[3]
+    assert "frame_parts --preset pi05 --dtype bfloat16" in recorded[2]
+    assert "--cuda-graphs" in recorded[5]  # the fleet profile's stage graphs
     assert (tmp_path / "gpu" / "device.txt").read_text() == ("torch 2.13.0, CUDA 13.0, a stand-in GPU\n"
                                                              "green contexts: a stand-in\n")
     assert [p.name for p in (tmp_path / "back").iterdir()] == ["gpu_check.tar.gz"]  # one file comes back
@@ -188,7 +189,7 @@ def test_a_step_gets_what_is_left_of_the_budget_and_none_under_30_s(tmp_path):
     python, calls = stand_in_python(tmp_path, partitions=True)
     given = limits(gpu_check(tmp_path / "a", "test_gpu", "pi05_graphs", GPU_PY=str(python),
                              GPU_CHECK_BUDGET_S="100").stdout)
-    assert given["test_gpu"] == 90 and 90 <= given["pi05_graphs"] <= 100  # its 150, cut to what is left
+    assert given["test_gpu"] == 90 and 90 <= given["pi05_graphs"] <= 100  # its 110, cut to what is left
     # 20 s: too little for a step of 30 s or more, the summary's whole 15 s
     result = gpu_check(tmp_path / "b", GPU_PY=str(python), GPU_CHECK_BUDGET_S="20")
     assert limits(result.stdout) == {"summary": 15}
@@ -199,8 +200,8 @@ def test_a_step_gets_what_is_left_of_the_budget_and_none_under_30_s(tmp_path):
 
 @pytest.mark.parametrize("cut", STEPS)
 def test_a_run_killed_in_any_step_leaves_the_finished_steps_in_the_archive(tmp_path, cut):
-    slow = {"test_gpu": " test_gpu", "pi05_graphs": "pi05_graphs", "pi05_eager": "pi05_eager", "goals": "/goals",
-            "fleet_profile": "fleet_lut", "summary": "gpu_summary"}[cut]
+    slow = {"test_gpu": " test_gpu", "pi05_graphs": "pi05_graphs", "frame_parts": "frame_parts",
+            "pi05_eager": "pi05_eager", "goals": "/goals", "fleet_profile": "fleet_lut", "summary": "gpu_summary"}[cut]
     python, _ = stand_in_python(tmp_path, partitions=True, slow=slow)
     run = subprocess.Popen(["bash", "scripts/gpu_check.sh", str(tmp_path / "gpu")], cwd=REPO, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,

@@ -177,3 +177,43 @@ def _padded_rows(value: torch.Tensor, rows: int, dim: int) -> torch.Tensor:
     """The padding `_padded` makes (its first row repeated), built by indexing: torch.cat is refused in that test."""
     index = torch.tensor(list(range(value.shape[dim])) + [0] * (rows - value.shape[dim]))
     return value.index_select(dim, index)
+
+
+@torch.no_grad()
+def test_a_prefill_replay_writes_the_eager_prefix_and_belongs_to_its_cache(monkeypatch):
+    """The prefill graph (captured function run eagerly here) pads a batch to its bucket with the first row, writes
+    the eager prefill's K/V and validity into the slots, returns the rows' own outputs, and is kept per cache and
+    per kind of output; a cache that goes takes its graphs with it."""
+    from oxygen_ros.evaluation.bench.workloads import synthetic_frames
+    from oxygen_ros.model.inputs import ModelInputs
+
+    captures = Captures(monkeypatch)
+    captures.current.stream = Stream(9)
+    model = build_model(TINY, seed=0)
+    graphs = CudaGraphs.__new__(CudaGraphs)
+    graphs._setup(model, (4,), torch.device("cpu"))
+    frames, _ = synthetic_frames(TINY, 3, seed=2)
+    batch = ModelInputs(*(torch.cat([getattr(f, name) for f in frames]) for name in
+                          ("images", "image_masks", "tokens", "token_masks")))
+    eager_cache, graphed_cache = (KVCache(TINY, 5, TINY.prefix_len + 4) for _ in range(2))
+    slots = torch.tensor([4, 0, 2])
+    expected = model.prefill(batch, eager_cache, slots, want_hidden=True)
+    got = graphs.prefill(graphed_cache, slots, batch, True)
+    assert torch.equal(got.num_valid, expected.num_valid) and torch.equal(got.hidden, expected.hidden)
+    assert got.num_valid.shape == (3,) and got.logits is None
+    for name in ("k", "v", "valid"):
+        assert torch.equal(getattr(graphed_cache, name), getattr(eager_cache, name)), name
+    (captured,) = graphs._prefill[graphed_cache].values()
+    assert torch.equal(captured.inputs[0], torch.tensor([4, 0, 2, 4]))  # the first row's slot repeated
+    # a second call of the same bucket and kind replays (no capture); the other kind is a graph of its own
+    graphs.prefill(graphed_cache, torch.tensor([1]), ModelInputs(*(getattr(frames[0], n) for n in (
+        "images", "image_masks", "tokens", "token_masks"))), True)
+    assert graphs.captures == 1 and torch.equal(captured.inputs[0], torch.tensor([1, 1, 1, 1]))
+    assert graphs.prefill(graphed_cache, slots, batch, False).hidden is None
+    assert graphs.captures == 2
+    # five rows exceed every bucket: no graph
+    assert graphs.prefill(graphed_cache, torch.arange(5), batch, True) is None
+    kept = weakref.ref(graphed_cache)
+    del graphed_cache, captured
+    gc.collect()
+    assert kept() is None and len(graphs._prefill) == 0

@@ -6,6 +6,7 @@ the threaded runtime with graphs on gives the same chunks as without and the sam
 import pytest
 import torch
 
+from oxygen_ros.engine.model_runner import concat_inputs
 from oxygen_ros.evaluation.bench.modes import RUNNERS, Workload
 from oxygen_ros.evaluation.bench.workloads import arrivals, synthetic_frames
 from oxygen_ros.model.config import get_preset
@@ -120,6 +121,30 @@ def test_denoise_replay_matches_the_eager_loop(dtype):
     torch.testing.assert_close(graphed.sample_actions(cache5, torch.arange(5), big, 10),
                                eager.sample_actions(cache5, torch.arange(5), big, 10), **tolerance(dtype))
     assert graphed._graphs.captures == 2  # five rows exceed every bucket: eager
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.inference_mode()
+def test_prefill_replay_writes_the_eager_prefix(dtype):
+    """The prefill graph (no logits) writes the eager prefill's K/V and validity and returns its valid lengths and
+    last-token outputs, padded batch included; each (bucket, output kind) is captured once per cache."""
+    eager = build_model(CFG, device=DEVICE, dtype=dtype, seed=8)
+    graphed = build_model(CFG, device=DEVICE, dtype=dtype, seed=8).use_cuda_graphs(buckets=(1, 4))
+    frames, _ = synthetic_frames(CFG, 3, seed=9, device=DEVICE, dtype=dtype)
+    plain, fast = (KVCache(CFG, num_slots=5, max_len=P + 4, dtype=dtype, device=DEVICE) for _ in range(2))
+    for order in ([0, 1, 2], [2, 0, 1], [1]):  # bucket 4 (one padding row), replayed, bucket 1
+        batch = concat_inputs([frames[i] for i in order])
+        slots = torch.tensor([4, 0, 3][: len(order)])
+        expected = eager.prefill(batch, plain, slots, want_hidden=True)
+        got = graphed.prefill(batch, fast, slots, want_hidden=True)
+        assert torch.equal(got.num_valid, expected.num_valid)
+        torch.testing.assert_close(got.hidden.float(), expected.hidden.float(), **tolerance(dtype))
+        assert torch.equal(fast.valid, plain.valid)
+        torch.testing.assert_close(fast.k.float(), plain.k.float(), **tolerance(dtype))
+        torch.testing.assert_close(fast.v.float(), plain.v.float(), **tolerance(dtype))
+    assert graphed._graphs.captures == 2
+    assert graphed.prefill(batch, fast, torch.tensor([2]), want_logits=True).logits is not None  # eager
+    assert graphed._graphs.captures == 2
 
 
 def test_runtime_with_graphs_gives_the_eager_chunks_and_text():

@@ -77,11 +77,12 @@ def test_stage_graphs_replay_the_eager_actions_on_every_partition():
         captures = graphs.captures
         results = []
         for profiler in (eager, graphed):
+            # two batches of two between their stages: the profiler's 4 frame slots (max_batch) hold both
             prev = vlm(profiler, frames(2, first=1), 1.0 - share).result().slots
-            new_vlm = vlm(profiler, frames(3), share)
+            new_vlm = vlm(profiler, frames(2), share)
             prev_actions = action(profiler, prev, noises(2, 1), round(1 - share, 6)).result()
             new = new_vlm.result().slots
-            new_actions = action(profiler, new, noises(3), round(1 - share, 6)).result()
+            new_actions = action(profiler, new, noises(2), round(1 - share, 6)).result()
             profiler.runners["a"].free(prev + new)
             results.append((prev_actions, new_actions))
         for got, want in zip(results[1], results[0]):

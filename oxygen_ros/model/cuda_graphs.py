@@ -1,8 +1,12 @@
-"""CUDA graphs of the two hot loops on a GPU: the decode step and the denoising loop, one graph per batch bucket.
+"""CUDA graphs of the hot paths on a GPU: the prefill, the decode step and the denoising loop, one graph per batch
+bucket.
 
-A small model on a GPU spends much of a decode step or a denoise step launching kernels; a CUDA graph records the
+A model on a GPU spends much of a prefill, a decode step or a denoise step launching kernels; a CUDA graph records the
 launches once and replays them with one call. A graph replays fixed shapes at fixed addresses, so each bucket has
 static input buffers that a call copies into, and static outputs it reads from:
+- prefill (a frame's prefix without the text head's logits): slots, images, image and token masks, tokens
+  [bucket, ...]; it writes every layer's K/V into the cache in place, so each graph belongs to one cache (and to
+  whether the last token's output is kept). Rows past the batch repeat its first row, as in decode.
 - decode: slots, fed tokens, cache indices and RoPE positions [bucket]; the step attends over the cache's whole
   length (masked as eagerly, so the result is the eager step's up to rounding) and writes the cache in place, so
   each graph belongs to one cache. Rows past the batch repeat its first row: they write the same K/V to the same
@@ -12,9 +16,9 @@ static input buffers that a call copies into, and static outputs it reads from:
 
 A bucket is captured on its first call: a few warm-up runs on a side stream (they do the call's own work, which a
 replay repeats with the same result), then capture on that stream, as the torch.cuda.graphs documentation
-prescribes. Nothing in the captured code syncs with the host or copies from it. Decode graphs share one memory
-pool and side stream, denoise graphs another: the language worker replays the first kind while the control path
-may replay the second on its own stream, so they must not share intermediate memory; within a kind replays are
+prescribes. Nothing in the captured code syncs with the host or copies from it. Each kind (prefill, decode,
+denoise) has one memory pool and side stream of its own: the language worker replays decode graphs while the
+control path may replay the others on its own stream, so kinds must not share intermediate memory; within a kind replays are
 serial on one stream. Capture errors only on unsafe calls of the capturing thread (`thread_local`), as the other
 path keeps running; but only one capture may be under way in a process (torch 2.13, `torch/cuda/graphs.py`,
 `graph.__init__`), and both the language worker and the control path capture, so a process-wide lock holds each
@@ -27,17 +31,19 @@ an SM partition's stream (a green context) must run its graph there, so each str
 own graphs, warmed up, captured and replayed on that very stream, with pools of its own (a pool's captures share
 one stream). A graph is then found by (model, stage, bucket, partition): the model's `StreamGraphs`, the kind
 (denoise: the action stage; decode: the language path; the VLM stage's prefill has none and runs eagerly), the
-bucket, and the stream. Warm-up and capture then run on the calling stream itself, in stream order, with no
+bucket, and the stream. The VLM stage's prefill runs eagerly there. Warm-up and capture then run on the calling stream itself, in stream order, with no
 event between streams: torch makes its events in the device's primary context, and the driver records an event
 only on a stream of the event's own context (a green context's stream is not).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,7 +58,7 @@ CAPTURE_LOCK = threading.Lock()  # one capture (with its warm-up) at a time in t
 class _Captured:
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor, ...]
-    output: Tensor
+    output: Any  # a tensor, or the prefill's result (tensors in a dataclass)
 
 
 def _padded(t: Tensor, rows: int, dim: int = 0) -> Tensor:
@@ -94,8 +100,12 @@ class CudaGraphs:
         self.model = model
         self.buckets = tuple(sorted(set(buckets)))
         self.device = device
-        self._pools = {kind: torch.cuda.graph_pool_handle() for kind in ("decode", "denoise")}
-        self._streams = {kind: stream or torch.cuda.Stream(self.device) for kind in ("decode", "denoise")}  # capture
+        kinds = ("prefill", "decode", "denoise")
+        self._pools = {kind: torch.cuda.graph_pool_handle() for kind in kinds}
+        self._streams = {kind: stream or torch.cuda.Stream(self.device) for kind in kinds}  # capture
+        # cache -> (bucket, want_hidden) -> graph, held weakly as the decode graphs are
+        self._prefill: weakref.WeakKeyDictionary[object, dict[tuple[int, bool], _Captured]] = \
+            weakref.WeakKeyDictionary()
         # cache -> bucket -> graph; weak keys: a graph holds no reference to the cache it writes
         self._decode: weakref.WeakKeyDictionary[object, dict[int, _Captured]] = weakref.WeakKeyDictionary()
         self._denoise: dict[tuple[int, int, torch.dtype], _Captured] = {}
@@ -127,6 +137,40 @@ class CudaGraphs:
                 current.wait_stream(stream)
             self.captures += 1
         return _Captured(graph, inputs, output)
+
+    # ---- prefill ----------------------------------------------------------------------------------------------
+
+    def prefill(self, cache, slots: Tensor, batch, want_hidden: bool):
+        """`Pi05Model.prefill` (without logits) by replay: the prefix's K/V written into `cache` at `slots`, and a
+        `PrefillResult` of fresh tensors; None when the batch exceeds every bucket. The call has checked the slots
+        and the batch's shapes. Rows past the batch repeat its first row (same slot, same K/V), as in decode."""
+        rows = len(slots)
+        bucket = self.bucket(rows)
+        if bucket is None:
+            return None
+        values = (slots.to(self.device, torch.long), batch.images, batch.image_masks, batch.tokens,
+                  batch.token_masks)
+        graphs = self._prefill.get(cache)
+        if graphs is None:
+            graphs = self._prefill[cache] = {}
+        captured = graphs.get((bucket, want_hidden))
+        if captured is None:
+            static = tuple(_padded(v.to(self.device), bucket).clone() for v in values)
+            model = self.model
+
+            def run():
+                idx, images, image_masks, tokens, token_masks = static
+                inputs = type(batch)(images=images, image_masks=image_masks, tokens=tokens, token_masks=token_masks)
+                return model._prefill_layers(inputs, cache, idx, False, want_hidden)
+
+            captured = graphs[(bucket, want_hidden)] = self._capture("prefill", run, static)
+        else:
+            for buffer, value in zip(captured.inputs, values):
+                _copy_padded(buffer, value.to(self.device))
+        captured.graph.replay()
+        out = captured.output  # static: overwritten by this graph's next replay
+        return dataclasses.replace(out, num_valid=out.num_valid[:rows].clone(),
+                                   hidden=None if out.hidden is None else out.hidden[:rows].clone())
 
     # ---- decode -----------------------------------------------------------------------------------------------
 
@@ -238,6 +282,11 @@ class StreamGraphs:
     @property
     def captures(self) -> int:
         return sum(graphs.captures for graphs in self._by_stream.values())
+
+    def prefill(self, *args):
+        """None: the fleet's VLM stage runs its prefill eagerly on its partition (only the decode step and the
+        denoising loop have per-stream graphs)."""
+        return None
 
     def decode_logits(self, *args) -> Tensor | None:
         return self.for_stream(self._current()).decode_logits(*args)

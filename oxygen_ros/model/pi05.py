@@ -120,8 +120,8 @@ class Pi05Model(nn.Module):
 
     def use_cuda_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), per_stream: bool = False
                         ) -> Pi05Model:
-        """Opt in (a model on a CUDA device only) to replaying CUDA graphs of the decode step and of the denoising
-        loop, one per batch bucket, captured on the first call of each bucket (`model/cuda_graphs.py`). Call it
+        """Opt in (a model on a CUDA device only) to replaying CUDA graphs of the prefill (without logits), the
+        decode step and the denoising loop, one per batch bucket, captured on the first call of each bucket (`model/cuda_graphs.py`). Call it
         after the model is on its device. Batches larger than the largest bucket run eagerly. `per_stream`: graphs
         of their own for each stream the calls are issued on, captured there (SM partitions). Returns the model."""
         from .cuda_graphs import CudaGraphs, StreamGraphs
@@ -131,14 +131,19 @@ class Pi05Model(nn.Module):
 
     # ---- embeddings -------------------------------------------------------------------------------------------
 
-    def embed_prefix(self, batch: ModelInputs) -> tuple[Tensor, Tensor]:
-        """Prefix embeddings [B, prefix_len, W] and validity [B, prefix_len]: camera tokens, then prompt tokens."""
-        b, n_cams = batch.image_masks.shape
+    def check_prefix(self, batch: ModelInputs) -> None:
+        """Refuses a batch whose camera count or token length is not the model's (shapes only: no host read)."""
+        n_cams = batch.image_masks.shape[1]
         if n_cams != self.config.num_cameras or batch.tokens.shape[1] != self.config.max_token_len:
             raise ValueError(
                 f"expected {self.config.num_cameras} cameras and {self.config.max_token_len} tokens, "
                 f"got {n_cams} and {batch.tokens.shape[1]}"
             )
+
+    def embed_prefix(self, batch: ModelInputs) -> tuple[Tensor, Tensor]:
+        """Prefix embeddings [B, prefix_len, W] and validity [B, prefix_len]: camera tokens, then prompt tokens."""
+        self.check_prefix(batch)
+        b, n_cams = batch.image_masks.shape
         per_image = self.config.tokens_per_image
         images = self.vision(batch.images.flatten(0, 1).to(self.dtype))
         images = images.reshape(b, n_cams * per_image, -1)
@@ -167,12 +172,23 @@ class Pi05Model(nn.Module):
         be launched): a prefix without a valid token gets `num_valid` 0 and outputs that mean nothing, and callers
         that read the valid lengths refuse it (the engine's model runner does).
         """
+        idx = slot_index(slots, cache.num_slots)
+        self.check_prefix(batch)
+        if len(slots) != batch.images.shape[0]:
+            raise ValueError(f"{len(slots)} slots for a batch of {batch.images.shape[0]}")
+        if self._graphs is not None and not want_logits:
+            replayed = self._graphs.prefill(cache, slots, batch, want_hidden)
+            if replayed is not None:
+                return replayed
+        return self._prefill_layers(batch, cache, idx, want_logits, want_hidden)
+
+    def _prefill_layers(self, batch: ModelInputs, cache: KVCache, idx: slice | Tensor, want_logits: bool,
+                        want_hidden: bool) -> PrefillResult:
+        """`prefill` after its checks: device work only (no host read, no host tensor), so a CUDA graph captures it
+        with `idx` a tensor of slot indices on the device."""
         cfg = self.config
         length = cfg.prefix_len
-        idx = slot_index(slots, cache.num_slots)
         x, valid = self.embed_prefix(batch)
-        if len(slots) != x.shape[0]:
-            raise ValueError(f"{len(slots)} slots for a batch of {x.shape[0]}")
         positions = valid.long().cumsum(dim=1) - 1
         cos, sin = rope_cos_sin(positions, cfg.backbone.head_dim, cfg.rope_theta, x.dtype)
         # Bidirectional among valid tokens. Padding rows also see themselves so no softmax row is empty;
