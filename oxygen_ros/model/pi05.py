@@ -215,7 +215,8 @@ class Pi05Model(nn.Module):
             x = layer.finish(x, attend(q, k, v, mask), gate, None)
 
         cache.valid[idx, :length] = valid
-        cache.valid[idx, length:] = False
+        # a device scalar: a Python False would be copied from the host, which a CUDA graph cannot capture
+        cache.valid[idx, length:] = torch.zeros((), dtype=torch.bool, device=cache.device)
         logits = self.backbone.logits(x[:, -1]).float() if want_logits else None
         return PrefillResult(num_valid=valid.sum(dim=1), logits=logits, hidden=x[:, -1] if want_hidden else None)
 
