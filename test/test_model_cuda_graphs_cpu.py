@@ -217,3 +217,34 @@ def test_a_prefill_replay_writes_the_eager_prefix_and_belongs_to_its_cache(monke
     del graphed_cache, captured
     gc.collect()
     assert kept() is None and len(graphs._prefill) == 0
+
+
+@torch.no_grad()
+def test_the_runner_captures_every_graph_before_the_first_frame(monkeypatch):
+    """`capture_graphs` (the runtime's warm-up) captures each graph a batch of 1..max_batch frames or of
+    1..language_slots requests replays, on scratch slots it gives back; frames and decode steps after it capture
+    nothing mid-run."""
+    from oxygen_ros.engine.model_runner import ModelRunner
+    from oxygen_ros.evaluation.bench.workloads import synthetic_frames
+
+    captures = Captures(monkeypatch)
+    captures.current.stream = Stream(5)
+    model = build_model(TINY, seed=0)
+    model._graphs = CudaGraphs.__new__(CudaGraphs)
+    model._graphs._setup(model, (1, 2, 4), torch.device("cpu"))
+    runner = ModelRunner(model, language_slots=3, max_new_tokens=4, max_batch=3)
+    used = runner.pool.slots_used  # the padding slots
+    # batches of 1, 2 and 3 frames (buckets 1, 2, 4): two prefills (with and without the last output) and the
+    # denoising each; 1, 2 and 3 requests: a decode step each
+    assert runner.capture_graphs() == 3 * 3 + 3
+    assert runner.pool.slots_used == used  # the scratch slots given back
+    frames, noises = synthetic_frames(TINY, 3, seed=1)
+    for n in (1, 2, 3):
+        out = runner.act(frames[:n], noises[:n], n, [True] * n)
+        runner.free(out.slots)
+    p = TINY.prefix_len
+    model.decode_step(runner.pool.cache, torch.tensor([0, 1]), torch.tensor([3, 4]), torch.tensor([p, p]),
+                      torch.tensor([2, 2]))
+    assert model._graphs.captures == 12
+    # without graphs (a CPU model) nothing is captured
+    assert ModelRunner(build_model(TINY, seed=0), 2, 4, max_batch=2).capture_graphs() == 0

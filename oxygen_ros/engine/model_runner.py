@@ -272,6 +272,54 @@ class ModelRunner:
         for slot in slots:
             self.pool.free(slot)
 
+    # ---- CUDA graphs ------------------------------------------------------------------------------------------
+
+    def capture_graphs(self) -> int:
+        """Capture now every CUDA graph this runner's calls can replay, so none is captured mid-run (a capture
+        synchronizes the device and may free cached memory while the other path's work runs): the prefill with and
+        without the last token's output and the denoising loop for each graph bucket a batch of 1..max_batch
+        falls in, and the decode step for each bucket of 1..language_slots requests. Runs on scratch slots of the
+        free pool (a later prefill overwrites what they hold) and gives them back. Returns how many graphs were
+        captured; 0 for a model without graphs (a CPU) or with per-stream graphs (the fleet's stage workers, which
+        its profile runs at every share before serving)."""
+        graphs = self.model._graphs
+        if graphs is None or not hasattr(graphs, "bucket"):
+            return 0
+        before = graphs.captures
+        cfg, device = self.model.config, self.model.device
+
+        def largest_rows(limit: int) -> list[int]:
+            """For each graph bucket that batches of 1..limit rows use, the largest such batch."""
+            rows: dict[int, int] = {}
+            for n in range(1, limit + 1):
+                bucket = graphs.bucket(n)
+                if bucket is not None:
+                    rows[bucket] = n
+            return sorted(rows.values())
+
+        for n in largest_rows(self.max_batch):
+            slots = self._allocate(n)
+            try:
+                zeros = zero_inputs(cfg, n, device, self.model.dtype)
+                for want_hidden in (False, True):
+                    self.model.prefill(zeros, self.pool.cache, torch.tensor(slots), want_hidden=want_hidden)
+                noise = torch.zeros(n, cfg.action_horizon, cfg.action_dim, device=device)
+                self.model.sample_actions(self.pool.cache, torch.tensor(slots), noise, self.num_steps)
+            finally:
+                self.free(slots)
+        room = self.pool.cache.max_len > cfg.prefix_len  # a decode step writes after the prefix
+        for n in largest_rows(self.language_slots if room else 0):
+            slots = [self.pool.allocate("graph capture") for _ in range(n)]
+            try:
+                if None in slots:
+                    raise RuntimeError(f"no {n} free slots to capture the decode graphs with")
+                at = torch.full((n,), cfg.prefix_len)
+                self.model.decode_step(self.pool.cache, torch.tensor(slots), torch.zeros(n, dtype=torch.long), at,
+                                       torch.zeros(n, dtype=torch.long))
+            finally:
+                self.free([s for s in slots if s is not None])
+        return graphs.captures - before
+
     def hand_over(self, slot: int, request: LanguageRequest) -> None:
         self.pool.transfer(slot, f"request {request.request_id}")
 

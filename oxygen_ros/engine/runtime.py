@@ -256,11 +256,13 @@ class Runtime:
         return mine[0]
 
     def warm_up(self, inputs: ModelInputs, model_id: str = DEFAULT_MODEL) -> None:
-        """Act once on `inputs` and forget it. A process's first frame pays one-time costs (allocations, compiled
-        kernels' first calls, CUDA graph captures); a node pays them here, before it may act, not on its first
+        """Capture the model's CUDA graphs (`ModelRunner.capture_graphs`), then act once on `inputs` and forget it.
+        A process's first frame pays one-time costs (allocations, compiled kernels' first calls); a node pays them
+        here, before it may act, not on its first
         real chunk. The frame is in no counter, teaches the cost model nothing and takes no draw from the noise
         stream (so the chunks that follow are those a run without it gives)."""
         config = self.served[model_id].model.config
+        self.runners[model_id].capture_graphs()  # every CUDA graph now, none mid-run (no-op without graphs)
         noise = torch.zeros(1, config.action_horizon, config.action_dim)
         cost, self.scheduler.cost = self.scheduler.cost, LearnedCost()
         try:
