@@ -1,6 +1,7 @@
 """The recorder turns live topics (reliable, best effort, latched, our own Narration type) into a readable bag,
 with each publisher's offered QoS, and replay turns recorded offers back into a profile every subscriber matches."""
 
+import struct
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ from test_replay_node import Child
 
 from oxygen_ros.data import bag_topics, read_messages
 from oxygen_ros.data.episode_bag import LATCHED_QOS, SENSOR_QOS, STATE_QOS
+from oxygen_ros.data.mcap_chunks import CRC_AT, chunks
 from oxygen_ros.msg import Narration
 from oxygen_ros.nodes.bag_qos import offered_profile, replay_profile
 
@@ -39,8 +41,7 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
     }
     pubs["instruction"].publish(String(data="stack the cups"))  # before the recorder exists: latched
     out = tmp_path / "rec"
-    child = Child(["-m", "oxygen_ros.nodes.record_node", str(out), "--topics", *pubs, "--storage", "sqlite3"],
-                  ros_env)
+    child = Child(["-m", "oxygen_ros.nodes.record_node", str(out), "--topics", *pubs], ros_env)  # MCAP
     try:
         assert wait_until(lambda: all(p.get_subscription_count() > 0 for p in pubs.values()), timeout=20)
         time.sleep(0.3)
@@ -61,6 +62,13 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
         node.destroy_node()
     assert rc == 0, output
     assert not [p for p in tmp_path.iterdir() if p.name != "rec"]  # no staging folder left
+    (mcap,) = out.glob("*.mcap")
+    with open(mcap, "rb") as file:  # every chunk sealed with its CRC-32 (0 means "not set")
+        found = list(chunks(file))
+        for offset, _ in found:
+            file.seek(offset + CRC_AT)
+            assert struct.unpack("<I", file.read(4))[0] != 0
+    assert found
 
     infos = {t.name: t for t in bag_topics(out)}
     topics = {name: (t.msgtype, t.count) for name, t in infos.items()}

@@ -9,7 +9,8 @@ publisher's offered QoS is stored in the bag (`offered_qos_profiles`, as rosbag2
 latched topics latched and sensor streams best effort, as they were. The bag's type names and message
 definitions come from the kilted standard set plus our msg/ files; a topic whose type is unknown there is
 reported and skipped. Log times are this node's clock (ROS time, so with use_sim_time they are
-bag time). The bag is written under a temporary name and moved to OUT_BAG when closed on SIGINT/SIGTERM.
+bag time). The bag is written under a temporary name and moved to OUT_BAG when closed on SIGINT/SIGTERM; an MCAP
+bag's chunks carry their CRC-32 (`data/mcap_chunks.py`), so damage inside a chunk stops its reading.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
 import argparse
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -34,6 +36,7 @@ from oxygen_ros.command_line import CommandParser
 from oxygen_ros.data.atomic import atomic_output
 from oxygen_ros.data.episode import DataError
 from oxygen_ros.data.episode_bag import STORAGES
+from oxygen_ros.data.mcap_chunks import seal_chunks
 from oxygen_ros.data.msgtypes import bag_typestore
 from oxygen_ros.nodes.bag_qos import offered_profile
 from oxygen_ros.nodes.lifecycle import ros_process, spin_until_stopped
@@ -118,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with Writer(staging, version=9, storage_plugin=STORAGES[args.storage]) as writer:
                     node = RecordNode(writer, args.topics, context=context)
                     spin_until_stopped(node, stop)
+                for mcap in Path(staging).glob("*.mcap"):  # rosbags leaves the chunk checksums unset
+                    seal_chunks(mcap)
             print(f"wrote {args.out_bag}: {node.counts}; never seen: {node.pending}")
             return 0
         except DataError as err:
