@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ from ..model.rtc import Committed, RtcConfig, refusal
 from ..rtc_mask import Schedule
 
 NO_CHUNK, NO_ESTIMATE, PAST = "no_chunk", "no_estimate", "past"  # plain for want of a previous chunk or a delay
-REFUSED = ("delay", "width", "nonfinite")  # plain because the request is bad (`model.rtc.refusal`'s kinds)
+REFUSED = ("delay", "width", "nonfinite")
+_NO_BOUND = 1 << 30  # an execution horizon beyond any chunk  # plain because the request is bad (`model.rtc.refusal`'s kinds)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,12 @@ class RtcSettings:
     execution_horizon: int = 0
     schedule: str = Schedule.EXP
     max_guidance_weight: float = 5.0
+
+    def engine_config(self) -> RtcConfig:
+        """The settings of a runtime serving models of several horizons (a fleet server): each robot's guide checks
+        its requests against its own model's (`config`), and the left-overs it gives end at the executed points, so
+        an execution horizon of 0 needs no bound here."""
+        return RtcConfig(self.execution_horizon or _NO_BOUND, Schedule(self.schedule), self.max_guidance_weight)
 
     def config(self, executed: int) -> RtcConfig:
         """The sampler's settings for chunks of which `executed` points are executed (ValueError if bad)."""
@@ -93,27 +101,36 @@ class RtcGuide:
                 "rtc_delay_steps": "none" if delay is None else delay, "rtc_delays_dropped": self.estimate.dropped}
 
     def request(self, stamp_ns: int, state: np.ndarray) -> Committed | Plain:
-        """What a frame taken at `stamp_ns` (its state in the model's space, unnormalised) brings to the sampler."""
-        plain = self._plain(stamp_ns, state)
+        """What a frame taken at `stamp_ns` (its state in the model's space, unnormalised) brings to the sampler:
+        the executed chunk from the frame's step on, with the estimated delay."""
+        chunk = self._executing
+        offset = None if chunk is None else round((stamp_ns - chunk.stamp_ns) / self.step_ns)
+        return self.request_at(offset, self.estimate.next_delay(), state)
+
+    def request_at(self, offset, delay, state: np.ndarray) -> Committed | Plain:
+        """`request` with the frame's place in the executed chunk (`offset`: its points already past) and the delay
+        given (a client that knows both: `serve`); values that are not whole numbers make the frame plain."""
+        plain = self._plain(offset, delay, state)
         if isinstance(plain, Plain):
             self.plain[plain.kind] += 1
         else:
             self.guided += 1
         return plain
 
-    def _plain(self, stamp_ns: int, state: np.ndarray) -> Committed | Plain:
+    def _plain(self, offset, delay, state: np.ndarray) -> Committed | Plain:
         chunk = self._executing
         if chunk is None:
             return Plain(NO_CHUNK, "no chunk is being executed")
-        delay = self.estimate.next_delay()
         if delay is None:
             return Plain(NO_ESTIMATE, f"{self.estimate.measured} delays measured, the first "
                                       f"{self.estimate.warmup} set aside as warm-up")
-        offset = round((stamp_ns - chunk.stamp_ns) / self.step_ns)
+        if isinstance(offset, bool) or not isinstance(offset, Integral):
+            return Plain(PAST, f"the frame's place in the executed chunk must be a whole number, got "
+                               f"{type(offset).__name__}")
         if not 0 <= offset < len(chunk.actions):
             return Plain(PAST, f"the chunk being executed covers {len(chunk.actions)} steps from its frame, this "
                                f"frame is {offset} steps after it")
-        left_over = chunk.actions[offset:]
+        left_over = chunk.actions[int(offset):]
         if self._deltas:
             left_over = left_over + torch.from_numpy(self._rebase(chunk.state, state)).to(left_over.dtype)
         committed = Committed(left_over, delay)
