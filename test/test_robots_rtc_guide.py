@@ -99,3 +99,17 @@ def test_only_the_rtc_guided_hand_over_makes_a_guide_and_its_horizon_is_the_exec
     assert rtc_guide("rtc_guided", RtcSettings(execution_horizon=3), STEP, 6, TINY).config.execution_horizon == 3
     with pytest.raises(ValueError):
         RtcSettings(max_guidance_weight=0.0).config(6)
+
+
+def test_the_nodes_parameters_choose_the_method_and_refuse_an_unknown_one():
+    from oxygen_ros.nodes.parameters import ParameterError, _Reader, read_rtc
+
+    values = {"output.rtc_execution_horizon": 3, "output.rtc_schedule": "linear",
+              "output.rtc_max_guidance_weight": 10.0, "output.rtc_method": "prefix"}
+    settings = read_rtc(_Reader(values))
+    config = settings.config(6)
+    assert (config.execution_horizon, config.schedule, config.max_guidance_weight, config.method) == \
+        (3, "linear", 10.0, "prefix")
+    assert settings.engine_config().method == "prefix"
+    with pytest.raises(ParameterError, match="output.rtc_method must be one of guidance | prefix"):
+        read_rtc(_Reader({**values, "output.rtc_method": "blend"}))

@@ -199,7 +199,7 @@ HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 # the VLA node's output parameters (`parameters.SPECS`, `output.<group>.*`), one setting for every robot
 OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
                      "output.rtc_overlap", "output.rtc_execution_horizon", "output.rtc_schedule",
-                     "output.rtc_max_guidance_weight", "output.groups")
+                     "output.rtc_max_guidance_weight", "output.rtc_method", "output.groups")
 
 
 def declare_output_parameters(node) -> dict:

@@ -39,6 +39,7 @@ from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
+from oxygen_ros.model.rtc import GUIDANCE, PREFIX
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 from oxygen_ros.robots.inputs import MAX_PIXELS
 from oxygen_ros.robots.rtc_guide import RtcSettings
@@ -167,6 +168,9 @@ SPECS = (
     Spec("output.rtc_schedule", Schedule.EXP.value, "with rtc_guided: the guidance weights' decay after the delay",
          " | ".join(Schedule)),
     Spec("output.rtc_max_guidance_weight", 5.0, "with rtc_guided: the clip of the guidance weight (beta)", "> 0"),
+    Spec("output.rtc_method", GUIDANCE, "with rtc_guided: guidance (inpainting, any checkpoint) or prefix (the "
+                                        "committed actions given as known: a checkpoint trained with train-tiny "
+                                        "--rtc-max-delay; no backward pass)", f"{GUIDANCE} | {PREFIX}"),
     Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
                                     "controller); unset: action_chunk only"),
     Spec("visualization.markers", False, "also publish chunk_markers (visualization_msgs/MarkerArray) for RViz: the "
@@ -300,6 +304,7 @@ def _group_names(value) -> tuple[str, ...]:
     bad = [n for n in names if not GROUP_NAME.fullmatch(n) or n in ("handover", "temporal_ensemble_m",
                                                                       "rtc_overlap", "rtc_execution_horizon",
                                                                       "rtc_schedule", "rtc_max_guidance_weight",
+                                                                      "rtc_method",
                                                                       "groups")]
     if bad:
         raise ParameterError(f"output.groups: {bad} cannot name a group (a letter, then letters, digits or _; not "
@@ -479,7 +484,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
 def read_rtc(p: _Reader) -> RtcSettings:
     """The `output.rtc_*` parameters of real-time chunking (`output.handover: rtc_guided`)."""
     return RtcSettings(p.integer("output.rtc_execution_horizon"), p.choice("output.rtc_schedule", tuple(Schedule)),
-                       p.number("output.rtc_max_guidance_weight", positive=True))
+                       p.number("output.rtc_max_guidance_weight", positive=True),
+                       p.choice("output.rtc_method", (GUIDANCE, PREFIX)))
 
 
 def _device(choice: str) -> str:

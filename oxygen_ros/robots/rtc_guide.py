@@ -31,7 +31,7 @@ from ..control.embodiment_math import DELTA
 from ..control.handover import RTC_GUIDED
 from ..engine.delay_estimate import DelayEstimate
 from ..model.preprocess import normalized_action_offsets
-from ..model.rtc import Committed, RtcConfig, refusal
+from ..model.rtc import GUIDANCE, Committed, RtcConfig, refusal
 from ..rtc_mask import Schedule
 
 NO_CHUNK, NO_ESTIMATE, PAST = "no_chunk", "no_estimate", "past"  # plain for want of a previous chunk or a delay
@@ -46,17 +46,19 @@ class RtcSettings:
     execution_horizon: int = 0
     schedule: str = Schedule.EXP
     max_guidance_weight: float = 5.0
+    method: str = GUIDANCE  # or PREFIX: a checkpoint trained with training-time RTC (`model/rtc.py`)
 
     def engine_config(self) -> RtcConfig:
         """The settings of a runtime serving models of several horizons (a fleet server): each robot's guide checks
         its requests against its own model's (`config`), and the left-overs it gives end at the executed points, so
         an execution horizon of 0 needs no bound here."""
-        return RtcConfig(self.execution_horizon or _NO_BOUND, Schedule(self.schedule), self.max_guidance_weight)
+        return RtcConfig(self.execution_horizon or _NO_BOUND, Schedule(self.schedule), self.max_guidance_weight,
+                         self.method)
 
     def config(self, executed: int) -> RtcConfig:
         """The sampler's settings for chunks of which `executed` points are executed (ValueError if bad)."""
         return RtcConfig(min(self.execution_horizon or executed, executed), Schedule(self.schedule),
-                         self.max_guidance_weight)
+                         self.max_guidance_weight, self.method)
 
 
 @dataclass(frozen=True)
