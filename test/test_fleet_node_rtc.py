@@ -92,7 +92,8 @@ def test_fleet_robots_are_guided_with_their_own_delays_and_a_late_one_falls_back
     assert len(chunks["late"]) >= 5
     assert "real-time chunking: frame sampled without guidance (delay)" in output
     # the guided robots' chunks take over where the executed ones are; the plain robot's jump
-    guided = [g for r in ("fresh", "behind") for g in first_point_gaps(chunks[r])[3:] if g is not None]
+    halves = [first_point_gaps(chunks[r]) for r in ("fresh", "behind")]  # the start is plain (warm-up)
+    guided = [g for gaps in halves for g in gaps[len(gaps) // 2:] if g is not None]
     plain = [g for g in first_point_gaps(chunks["late"]) if g is not None]
-    assert len(guided) >= 8 and len(plain) >= 3, (guided, plain)
+    assert len(guided) >= 6 and len(plain) >= 3, (guided, plain)
     assert np.median(guided) < 0.25 * np.median(plain), (guided, plain)
