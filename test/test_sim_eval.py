@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
+from oxygen_ros.command_line import UsageError
 from oxygen_ros.commands.sim_eval import evaluation_seeds, run_episode, wilson_interval
 from oxygen_ros.commands.sim_eval import main as eval_main
 from oxygen_ros.commands.sim_record import main as record_main
@@ -117,3 +118,8 @@ def test_a_delayed_chunk_takes_over_at_its_own_steps_while_the_robot_goes_on(mon
     assert [previous for _, previous in policy.asked[:4]] == expected
     with pytest.raises(ValueError, match="hand-over must be one of"):
         run_delayed(env, observation, policy, delay=3, execute=3, handover="blend", dt=0.02)
+
+
+def test_a_delay_without_a_hand_over_is_refused_in_one_line():
+    with pytest.raises(UsageError, match="--delay needs --handover"):
+        eval_main(["no-such-checkpoint", "--delay", "3"])

@@ -242,10 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim_eval.json").write_text(json.dumps(result, indent=1) + "\n")
     low, high = result["interval_95"]
+    cadence = f"{execute} of {horizon} actions per chunk" if args.handover is None else \
+        f"a frame every {max(execute, args.delay)} steps, chunks {args.delay} steps late"
     print(f"sim-eval: {result['successes']}/{result['trials']} transferred ({result['success_rate']:.0%}, 95 % "
           f"interval {low:.0%}-{high:.0%}), seeds {seeds[0]}..{seeds[-1]} ({len(policy.training_seeds)} training "
-          f"seeds avoided), {execute} of {horizon} actions per chunk, {result['diverged']} diverged, "
-          f"{result['wall_seconds']:.0f} s")
+          f"seeds avoided), {cadence}, {result['diverged']} diverged, {result['wall_seconds']:.0f} s")
     for stage, count in result["reached_stage"].items():
         print(f"  reached {stage:<32} {count}/{result['trials']}")
     mean = result["mean_steps_to_success"]
