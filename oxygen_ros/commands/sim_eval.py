@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         execute = min(args.execute or horizon, horizon) if args.handover is None else max(args.execute, 1)
         seeds = evaluation_seeds(args.seed, args.episodes, policy.training_seeds)
         result = evaluate_policy(policy, seeds, execute, args.steps, args.delay, args.handover)
+        if policy.guide is not None:  # frames guided, and the plain ones by reason
+            result["rtc"] = {k: v for k, v in policy.guide.counts().items() if k != "rtc_delay_steps"}
     except (DataError, OSError, ValueError) as err:
         print(f"sim-eval failed: {err}", file=sys.stderr)
         return 1
@@ -259,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {args.handover}, delay {args.delay}: switch discontinuity {shown} rad, jerk RMS "
               f"{'-' if jerk is None else f'{jerk:.0f}'} rad/s^3, {result['held_steps']} held steps, "
               f"{result['chunks_rejected']} chunks arrived past their end")
+        if "rtc" in result:
+            print(f"  real-time chunking: {', '.join(f'{k} {v}' for k, v in result['rtc'].items() if v)}")
     return 0
 
 
