@@ -15,6 +15,7 @@ from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.generate import greedy_decode
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
+from oxygen_ros.model.rtc import Committed, GuidedSampler, RtcConfig
 
 from engine_fixtures import TINY as CONFIG
 from engine_fixtures import observation
@@ -387,3 +388,59 @@ def test_a_frame_slot_no_request_takes_is_freed_only_after_its_chunk_is_read_bac
     assert [c.context for c in chunks] == [0, 1] and all(c.error is None for c in chunks)
     assert events[0] == ("read back",) and sorted(events[1][1:]) == [0, 1] and len(events) == 2
     assert runtime.stats().slots_used == 0
+
+
+def test_guided_and_plain_frames_with_different_delays_share_a_batch_beside_narration(model, tokenizer):
+    """Real-time chunking through the runtime: four robots' frames in one batch, two guided with different delays,
+    one plain and one whose previous chunk is too narrow (sampled plainly, counted), two of them narrating. Each
+    chunk is what its frame alone gives with the guided sampler (or the plain one), and each narration is the
+    isolated greedy text: guidance on the control path changes nothing on the language path."""
+    rtc = RtcConfig(execution_horizon=6)
+    config = SchedulerConfig(num_steps=3, tokens_per_frame=1, max_new_tokens=4, ignore_eos=True, max_batch=4,
+                             control_period_s=60.0)
+    collect = Collector()
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(config, pool_slots=8, rtc=rtc),
+                      on_text=collect.on_text, on_chunk=collect.on_chunk)
+    generator = torch.Generator().manual_seed(7)
+    noises = [torch.randn(1, CONFIG.action_horizon, CONFIG.action_dim, generator=generator) for _ in range(4)]
+    left_over = torch.randn(CONFIG.action_horizon - 1, CONFIG.action_dim, generator=generator)
+    committed = [Committed(left_over, 1), None, Committed(left_over[:5], 4), Committed(left_over[:, :3], 2)]
+    narrate = [True, False, False, True]
+    inputs = [prepared(runtime, 40 + i) for i in range(4)]
+    try:
+        for i in range(4):
+            runtime.submit(runtime.frame(inputs[i], narrate[i], robot_id=f"robot{i}", noise=noises[i], context=i,
+                                         committed=committed[i]))
+        runtime.start()
+        with spied(model, ["prefill"]) as calls:
+            assert runtime.run_control()
+        assert runtime.drain(30)
+    finally:
+        runtime.close()
+    assert runtime.worker_error is None
+    assert len([c for c in calls if c[1] == "prefill"]) == 1, "the four frames should be one batch"
+    assert sorted(collect.chunks) == [0, 1, 2, 3] and sorted(collect.finals) == [0, 3]
+    assert runtime.runners["default"].rtc_fallbacks == {"width": 1}
+    for i in range(4):
+        cache = KVCache(CONFIG, 1, CONFIG.prefix_len + 4)
+        slot = torch.tensor([0])
+        prefill = model.prefill(inputs[i], cache, slot, want_logits=True)
+        alone = committed[i] if i != 3 else None  # the narrow one: plain
+        want = GuidedSampler(rtc).sample(model, cache, slot, noises[i], [alone], 3)[0]
+        torch.testing.assert_close(collect.chunks[i].actions, want, rtol=1e-4, atol=1e-5)
+        if narrate[i]:
+            (tokens,) = greedy_decode(model, cache, slot, prefill, 4, eos_id=-1)
+            assert list(collect.finals[i].token_ids) == tokens
+    plain = GuidedSampler(rtc)
+    cache = KVCache(CONFIG, 1, CONFIG.prefix_len + 4)
+    model.prefill(inputs[0], cache, torch.tensor([0]))
+    unguided = plain.sample(model, cache, torch.tensor([0]), noises[0], [None], 3)[0]
+    assert not torch.allclose(collect.chunks[0].actions, unguided, atol=1e-3)  # guidance did act on robot0
+
+
+def test_a_frame_with_a_previous_chunk_needs_a_runtime_with_real_time_chunking(model, tokenizer):
+    runtime = Runtime(Served(model, tokenizer), RuntimeConfig(SchedulerConfig(num_steps=2), pool_slots=4))
+    chunk = Committed(torch.zeros(CONFIG.action_horizon, CONFIG.action_dim), 1)
+    with pytest.raises(ValueError, match="no real-time chunking settings"):
+        runtime.frame(prepared(runtime, 0), False, committed=chunk)
+    runtime.close()

@@ -281,3 +281,37 @@ def test_serve_bench_runs_its_settings_side_by_side(tmp_path, capsys):
     assert all(r["requests_per_s"] > 0 for r in records.values())
     assert records["serve 2"]["requests"] >= 2 and records["serve 2"]["overhead_p50_ms"] > 0
     assert "| tiny | serve 2 |" in capsys.readouterr().out
+
+
+def test_real_time_chunking_keys_guide_the_next_chunk_and_a_plain_client_never_sees_them(served):
+    """A client of the real `openpi-client` that sends `rtc_executed` and `rtc_delay` gets a chunk whose first
+    `rtc_delay` actions follow the rest of its previous reply (kept on the server per connection, in the model's
+    space; ALOHA's deltas re-based onto the new state); the same request without them is sampled plainly and jumps.
+    Numbers the guide cannot use (a delay at the horizon, a place past the previous chunk) are sampled plainly,
+    counted, logged and named in the reply; a value that is not a whole number is refused. A reply to a request
+    without the keys has no `rtc` key: openpi's clients see nothing new."""
+    server, _ = served
+    state = np.linspace(-0.5, 0.5, 14)
+    moved = state + 0.05  # the robot moved between the two observations
+    with clients(server, 1) as (policy,):
+        first = policy.infer(request(state, draw=0))
+        guided = policy.infer(request(moved, draw=1, rtc_executed=2, rtc_delay=3))
+        policy.infer(request(state, draw=0))  # the previous chunk again
+        plain = policy.infer(request(moved, draw=1))
+        late = policy.infer(request(moved, draw=1, rtc_executed=1, rtc_delay=HORIZON))
+        past = policy.infer(request(moved, draw=1, rtc_executed=HORIZON, rtc_delay=1))
+        with pytest.raises(RuntimeError, match=r"refused the request \(rtc\): rtc_delay must be a whole number"):
+            policy.infer(request(moved, rtc_executed=1, rtc_delay=1.5))
+        with pytest.raises(RuntimeError, match="rtc_executed and rtc_delay go together"):
+            policy.infer(request(moved, rtc_delay=1))
+    assert "rtc" not in first and "rtc" not in plain
+    assert guided["rtc"] == "guided"
+    assert late["rtc"].startswith("plain (delay): delay 8 is at or beyond the execution horizon 8")
+    assert past["rtc"].startswith("plain (past)")
+    committed = first["actions"][2:5]  # the actions the robot executes while the new chunk is computed
+    guided_gap = np.abs(guided["actions"][:3] - committed).max()
+    plain_gap = np.abs(plain["actions"][:3] - committed).max()
+    assert guided_gap < 0.25 * plain_gap, (guided_gap, plain_gap)
+    log = server.output
+    assert "real-time chunking not applied (delay)" in log and "real-time chunking not applied (past)" in log
+    assert "refused a request (rtc)" in log

@@ -7,11 +7,13 @@ import shutil
 import numpy as np
 import pytest
 
+from oxygen_ros.command_line import UsageError
 from oxygen_ros.commands.sim_eval import evaluation_seeds, run_episode, wilson_interval
 from oxygen_ros.commands.sim_eval import main as eval_main
 from oxygen_ros.commands.sim_record import main as record_main
 from oxygen_ros.commands.train_tiny import main as train_main
 from oxygen_ros.sim.aloha_env import AlohaSimEnv
+from oxygen_ros.sim.delayed_loop import run_delayed
 from oxygen_ros.sim.demonstrations import EPISODE_STEPS, demonstration
 
 pytestmark = pytest.mark.system  # MuJoCo physics
@@ -76,3 +78,48 @@ def test_record_train_and_evaluate_end_to_end_on_held_out_seeds(tmp_path, monkey
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trained in embodiment 'droid'" in err[0]
     assert not (tmp_path / "eval2").exists()
+
+
+class DelayedReplay(ReplayPolicy):
+    """ReplayPolicy asked at a frame: its chunk starts at the frame's step; it keeps what it was asked with."""
+
+    def __init__(self, env, targets):
+        super().__init__(env, targets)
+        self.asked = []
+
+    def chunk(self, images, qpos, task, previous=None):
+        self.asked.append((self.env.steps, previous))
+        return super().chunk(images, qpos, task)
+
+
+@pytest.mark.parametrize("handover", ["newest_wins", "rtc_guided"])
+def test_a_delayed_chunk_takes_over_at_its_own_steps_while_the_robot_goes_on(monkeypatch, handover):
+    """With chunks arriving 3 steps after their frame, a policy that knows the plan still succeeds: each chunk's
+    actions are executed at the steps they were meant for (the first 3 skipped), so every command after the first
+    chunk is the demonstration's own target; the robot holds until the first chunk arrives; rtc_guided asks each
+    frame with its place in the chunk being executed and the delay."""
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    env = AlohaSimEnv("transfer_cube", cameras=("top",), height=16, width=16, max_steps=EPISODE_STEPS)
+    try:
+        demo = demonstration(env, 0)
+        targets = demo.episode.actions
+        policy = DelayedReplay(env, targets)
+        observation = env.reset(0)
+        commands = []
+        step = env.step
+        monkeypatch.setattr(env, "step", lambda action: commands.append(np.array(action)) or step(action))
+        done = run_delayed(env, observation, policy, delay=3, execute=3, handover=handover, dt=0.02)
+    finally:
+        env.close()
+    assert done.success_step is not None and done.stats["held_steps"] == 3
+    np.testing.assert_allclose(np.array(commands[3:]), targets[3:len(commands)], atol=1e-12)
+    assert [step for step, _ in policy.asked[:4]] == [0, 3, 6, 9]
+    expected = [None] + [(3, 3)] * 3 if handover == "rtc_guided" else [None] * 4
+    assert [previous for _, previous in policy.asked[:4]] == expected
+    with pytest.raises(ValueError, match="hand-over must be one of"):
+        run_delayed(env, observation, policy, delay=3, execute=3, handover="blend", dt=0.02)
+
+
+def test_a_delay_without_a_hand_over_is_refused_in_one_line():
+    with pytest.raises(UsageError, match="--delay needs --handover"):
+        eval_main(["no-such-checkpoint", "--delay", "3"])

@@ -82,7 +82,8 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
         **node_decode_policy(p["language.tokens_per_frame"], p["language.min_steps_per_frame"],
                              p["language.max_new_tokens"]))
     runtime = RuntimeConfig(scheduler, pool_slots=capacity.max_batch + max(1, p["language.pool_slots"] - 1),
-                            stream_every=0, seed=p["model.seed"], overlap_threads=p["language.overlap_threads"])
+                            stream_every=0, seed=p["model.seed"], overlap_threads=p["language.overlap_threads"],
+                            rtc=config.rtc.engine_config())  # for the requests that ask for real-time chunking
     robots = [ServedRobot(f"client{i}", MODEL_ID, capacity.slo_s) for i in range(capacity.max_clients)]
     holder: dict[str, OpenpiServer] = {}
     try:

@@ -83,6 +83,7 @@ class TrainConfig:
     eval_every: int = 10  # evaluation frames: every n-th frame of the episodes (at most EVAL_FRAMES of them)
     embodiment: str = "aloha"  # the profile the model acts in (a shipped name or a YAML file)
     save_every: int = 100  # steps between saves of the training state (what a rerun resumes from)
+    rtc_max_delay: int = 0  # training-time real-time chunking: the largest simulated delay (0: off; `model/train.py`)
 
 
 @dataclass
@@ -277,7 +278,7 @@ def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print, pro
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step)
         index = torch.randint(count, (min(config.batch_size, count),), generator=generator)
-        losses = training_losses(model, *data.batch(index), generator=generator)
+        losses = training_losses(model, *data.batch(index), generator=generator, rtc_max_delay=config.rtc_max_delay)
         total = losses.action + config.text_weight * losses.text
         optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -490,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps between saves of the state a rerun resumes from")
     parser.add_argument("--embodiment", default=defaults.embodiment,
                         help=f"the action space to train in: {' | '.join(shipped_names())} or a profile YAML file")
+    parser.add_argument("--rtc-max-delay", type=int, default=defaults.rtc_max_delay,
+                        help="training-time real-time chunking: per frame a delay d in 0..N, its chunk's first d "
+                             "actions given as known and not learned, so the checkpoint follows a committed prefix "
+                             "without guidance (0: off; below the model's horizon)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (one is fastest on a busy 2-core machine)")
     return parser
@@ -499,9 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if min(args.steps, args.batch_size, args.save_every, args.episodes or 1) <= 0:
         raise UsageError("--steps, --batch-size, --save-every and --episodes must be positive")
+    if not 0 <= args.rtc_max_delay < get_preset(args.preset).action_horizon:
+        raise UsageError(f"--rtc-max-delay must be in 0..{get_preset(args.preset).action_horizon - 1} (below the "
+                         f"{args.preset} preset's horizon)")
     config = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                          learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
-                         save_every=args.save_every)
+                         save_every=args.save_every, rtc_max_delay=args.rtc_max_delay)
     try:
         episodes = read_episodes(args.src, args.task, args.episodes)
         info = train(episodes, args.out, config, args.tokenizer, threads=args.threads, about=sim_seeds(args.src))

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .frames import committed
 from .model_runner import ModelRunner
 from .outcomes import ActionChunk
 from .parts import RuntimeParts
@@ -62,7 +63,7 @@ class ControlPath:
             try:
                 with _on_share(batch.share, runner):
                     out = runner.act([f.inputs for f in batch.frames], [f.noise for f in batch.frames], batch.bucket,
-                                     plan.admit, denoise_window=window)
+                                     plan.admit, denoise_window=window, committed=committed(batch.frames))
             except Exception as error:  # the frames fail; admission already happened (victims are reported)
                 self._finish(job)
                 return expired + [p.outcomes.failed(f, error) for f in batch.frames]

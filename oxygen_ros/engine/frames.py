@@ -51,6 +51,7 @@ class ActionFrame:
     max_new_tokens: int | None = None  # None: the configured budget
     noise: Any = None
     context: Any = None
+    committed: Any = None  # real-time chunking: the robot's previous chunk and delay (the model runner's business)
     frame_id: int = -1  # set by the scheduler
     # stamped by the planner as the frame moves (a whole-device batch starts both stages at once)
     vlm_start: float | None = None
@@ -70,3 +71,9 @@ class ActionFrame:
     @property
     def latency(self) -> float | None:
         return None if self.finish is None else self.finish - self.arrival
+
+
+def committed(frames: list[ActionFrame]) -> list | None:
+    """The frames' previous chunks for the model runner, or None when no frame brings one."""
+    chunks = [f.committed for f in frames]
+    return chunks if any(c is not None for c in chunks) else None

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ..model.inputs import ModelInputs
 from ..model.preprocess import Observation, prepare_inputs, robot_actions
+from ..model.rtc import Committed, RtcConfig
 from .control_gate import ControlGate
 from .control_path import ControlPath
 from .cost_models import CostModel, LearnedCost
@@ -59,6 +60,7 @@ class RuntimeConfig:
     # their two stages and needs more
     overlap_threads: int = 0  # > 0: decode steps run beside each batch's denoising, the language worker on this many
     # intra-op threads and the control path on the rest (CPU; on a GPU the two streams share the device); 0: never
+    rtc: RtcConfig | None = None  # real-time chunking's settings, for frames that bring their previous chunk
 
     def __post_init__(self):
         if self.overlap_threads < 0:
@@ -131,7 +133,7 @@ class Runtime:
     def _runner(self, model) -> ModelRunner:
         sched, frame_slots = self.config.scheduler, self.config.kept_for_frames
         return ModelRunner(model, self.config.pool_slots - frame_slots, sched.max_new_tokens, sched.max_batch,
-                           sched.num_steps, frame_slots, stage_split=self._stage_split)
+                           sched.num_steps, frame_slots, stage_split=self._stage_split, rtc=self.config.rtc)
 
     def add_model(self, model_id: str, served: Served) -> None:
         """Serve one more model from now on (a fleet node's first robot of a model); its pool is made, and on a GPU
@@ -205,13 +207,19 @@ class Runtime:
 
     def frame(self, inputs: ModelInputs, narrate: bool, *, model_id: str = DEFAULT_MODEL, robot_id: str = "",
               stamp_ns: int = 0, age_s: float = 0.0, budget_s: float | None = None, noise: Tensor | None = None,
-              max_new_tokens: int | None = None, context: Any = None, arrival: float | None = None) -> ActionFrame:
+              max_new_tokens: int | None = None, context: Any = None, arrival: float | None = None,
+              committed: Committed | None = None) -> ActionFrame:
         """A frame that arrived at `arrival` (on `clock`; default now, e.g. before preprocessing), `age_s` after
-        its camera stamp; its deadline is the stamp + `budget_s` (default: the control period)."""
+        its camera stamp; its deadline is the stamp + `budget_s` (default: the control period). `committed`: the
+        robot's previous chunk and delay, for real-time chunking (`RuntimeConfig.rtc`; ValueError without it). The
+        guided sampler checks it and samples plainly what it cannot use (counted in the runner's
+        `rtc_fallbacks`)."""
+        if committed is not None and self.config.rtc is None:
+            raise ValueError("a frame brings its previous chunk, but this runtime has no real-time chunking settings")
         now = self.clock() if arrival is None else arrival
         budget = self.config.scheduler.control_period_s if budget_s is None else budget_s
         return ActionFrame(model_id, inputs, narrate, now - age_s + budget, now, robot_id, stamp_ns,
-                           max_new_tokens, noise, context)
+                           max_new_tokens, noise, context, committed)
 
     def submit(self, frame: ActionFrame) -> ActionFrame:
         config = self.served[frame.model_id].model.config if frame.model_id in self.served else None

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from torch import Tensor
 
-from .frames import ActionFrame
+from .frames import ActionFrame, committed
 from .model_runner import ModelRunner, Prefilled
 from .outcomes import ActionChunk
 from .parts import RuntimeParts
@@ -117,7 +117,7 @@ class StagedControl:
             call = runner.prefill_stage, [f.inputs for f in frames], batch.bucket, [f.narrate for f in frames]
         elif batch.stage == Stage.ACTION:
             call = _denoise, runner, [self._prefilled[f.frame_id][0] for f in frames], [f.noise for f in frames], \
-                batch.bucket
+                batch.bucket, committed(frames)
         else:
             raise RuntimeError(f"a stage split runs vlm and action batches, not {batch.stage!r}")
         return batch, frames, self.workers.submit(Stage(batch.stage), batch.share, *call)
@@ -153,5 +153,6 @@ class StagedControl:
         return p.outcomes.chunks(frames, result, [request_id for request_id, _ in handed], now)
 
 
-def _denoise(runner: ModelRunner, slots: list[int], noises: list[Tensor], bucket: int) -> Tensor:
-    return runner.denoise_stage(slots, noises, bucket).float().cpu()
+def _denoise(runner: ModelRunner, slots: list[int], noises: list[Tensor], bucket: int, previous: list | None
+             ) -> Tensor:
+    return runner.denoise_stage(slots, noises, bucket, previous).float().cpu()

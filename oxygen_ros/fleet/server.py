@@ -42,6 +42,7 @@ from ..engine.stage_workers import StageWorkers
 from ..model.inputs import ModelInputs
 from ..model.precision import default_dtype
 from ..model.preprocess import Observation
+from ..model.rtc import Committed
 from .co_run import DEFAULT_GUARD, planning_guard
 from .designs import DEFAULT_DESIGN, DESIGNS, make_planner
 from .device import device_partitions, device_shares
@@ -235,19 +236,20 @@ class FleetServer:
         return self
 
     def submit(self, robot_id: str, observation: Observation, narrate: bool, stamp_ns: int, age_s: float,
-               context=None, noise: torch.Tensor | None = None) -> bool:
+               context=None, noise: torch.Tensor | None = None, committed: Committed | None = None) -> bool:
         """Queue a robot's frame taken `age_s` ago (any thread); False (counted) when its deadline has already
         passed; raises ValueError when the observation does not fit its model. `noise` [1, horizon, action_dim]:
         the frame's flow-matching noise (default: the runtime's next draw), for a client that asks for a
-        repeatable answer."""
+        repeatable answer. `committed`: the robot's previous chunk and delay, for real-time chunking."""
         arrival = self.runtime.clock()  # latency counts preprocessing too
         robot = self._robot(robot_id)
         inputs = None if age_s >= robot.slo_s else self.runtime.prepare(observation, robot.model_id)
-        return self.submit_inputs(robot_id, inputs, narrate, stamp_ns, age_s, context, arrival, noise) is not None
+        return self.submit_inputs(robot_id, inputs, narrate, stamp_ns, age_s, context, arrival, noise,
+                                  committed) is not None
 
     def submit_inputs(self, robot_id: str, inputs: ModelInputs | None, narrate: bool, stamp_ns: int, age_s: float,
-                      context=None, arrival: float | None = None, noise: torch.Tensor | None = None
-                      ) -> ActionFrame | None:
+                      context=None, arrival: float | None = None, noise: torch.Tensor | None = None,
+                      committed: Committed | None = None) -> ActionFrame | None:
         """`submit` of an observation already in model space (`arrival`: when it arrived, default now): the queued
         frame, or None (counted) when its deadline has already passed. NotServed: a robot not served here."""
         robot = self._robot(robot_id)
@@ -261,7 +263,7 @@ class FleetServer:
             return self.runtime.submit(self.runtime.frame(inputs, narrate, model_id=robot.model_id,
                                                           robot_id=robot_id, stamp_ns=stamp_ns, age_s=age_s,
                                                           budget_s=robot.slo_s, noise=noise, context=context,
-                                                          arrival=arrival))
+                                                          arrival=arrival, committed=committed))
         except BaseException:
             with self._counts_lock:
                 self._in_flight[robot_id] -= 1

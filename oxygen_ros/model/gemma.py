@@ -37,7 +37,8 @@ class AdaRMSNorm(nn.Module):
     """pi0.5's adaptive RMSNorm: the flow-matching time embedding sets scale, shift and a residual gate.
 
     `dense` maps the condition to (scale, shift, gate); it starts at zero so an untrained expert behaves like a
-    plain RMSNorm with a zero gate. There is no separate weight (the checkpoint has only `dense`).
+    plain RMSNorm with a zero gate. The condition is one per sample [B, W] or one per token [B, tokens, W]
+    (training-time real-time chunking gives the known prefix actions the time of finished actions). There is no separate weight (the checkpoint has only `dense`).
     """
 
     def __init__(self, dim: int, cond_dim: int, eps: float):
@@ -49,7 +50,10 @@ class AdaRMSNorm(nn.Module):
     def forward(self, x: Tensor, cond: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if cond is None:
             raise ValueError("AdaRMSNorm needs the time condition")
-        scale, shift, gate = self.dense(cond).unsqueeze(1).chunk(3, dim=-1)  # each [B, 1, dim]
+        modulation = self.dense(cond)
+        if modulation.ndim == 2:  # one condition per sample [B, W], for every token
+            modulation = modulation.unsqueeze(1)
+        scale, shift, gate = modulation.chunk(3, dim=-1)  # each [B, 1 or tokens, dim]
         normed = _rms(x.float(), self.eps) * (1.0 + scale.float()) + shift.float()
         return normed.to(x.dtype), gate.to(x.dtype)
 

@@ -134,6 +134,17 @@ def robot_actions(
     return out
 
 
+def normalized_action_offsets(offsets: np.ndarray, norm_stats: NormStats | None = None) -> np.ndarray:
+    """Differences between robot actions [..., dims] -> the same differences in the model's normalised action space
+    (the normalisation is affine per dim, so a difference maps to a difference)."""
+    offsets = np.asarray(offsets, dtype=np.float64)
+    if norm_stats is None:
+        return offsets.copy()
+    stats, dims = norm_stats[ACTION_KEY], offsets.shape[-1]
+    q01, q99 = _stat(stats, "q01", dims), _stat(stats, "q99", dims)
+    return quantile_normalize(offsets, q01, q99) - quantile_normalize(np.zeros(dims), q01, q99)
+
+
 def _stat(stats: dict[str, np.ndarray], name: str, dims: int) -> np.ndarray:
     value = np.asarray(stats[name], dtype=np.float64).reshape(-1)
     if value.size < dims:

@@ -41,17 +41,26 @@ from .kv_cache import KVCache
 logger = logging.getLogger(__name__)
 
 
+GUIDANCE, PREFIX = "guidance", "prefix"  # how a previous chunk is followed (`RtcConfig.method`)
+
+
 @dataclass(frozen=True)
 class RtcConfig:
     """`execution_horizon`: the action index where the mask reaches 0 (the paper's H - s: the previous chunk's
     left-over beyond it is not guided toward); a delay must be below it. `max_guidance_weight`: beta, the clip of
-    the guidance weight (the paper uses 5; LeRobot's default is 10)."""
+    the guidance weight (the paper uses 5; LeRobot's default is 10). `method`: `guidance` (the paper's inpainting,
+    any checkpoint) or `prefix` (training-time RTC, arXiv 2512.05964: the d committed actions are given as known,
+    finished actions, t = 0 in their per-token time condition, and held at the committed values; no backward pass;
+    for a checkpoint trained so, `train-tiny --rtc-max-delay`; the schedule and beta do not apply)."""
 
     execution_horizon: int
     schedule: Schedule = Schedule.EXP
     max_guidance_weight: float = 5.0
+    method: str = GUIDANCE
 
     def __post_init__(self):
+        if self.method not in (GUIDANCE, PREFIX):
+            raise ValueError(f"method must be {GUIDANCE} or {PREFIX}, got {self.method!r}")
         if self.execution_horizon < 1:
             raise ValueError(f"execution_horizon must be at least 1, got {self.execution_horizon}")
         if not self.max_guidance_weight > 0:
@@ -127,6 +136,8 @@ class GuidedSampler:
                 inputs.prefix_k, inputs.prefix_v = inputs.prefix_k.clone(), inputs.prefix_v.clone()
             x = noise.to(model.device, torch.float32)
             dt = -1.0 / steps
+            if self.config.method == PREFIX:
+                return _prefix_sample(model, inputs, x, dt, targets, weights > 0)
             for step, t in enumerate(inputs.times.tolist()):
                 velocity, correction = _velocity_and_correction(model, inputs, x, step, t, targets, weights)
                 x = x + dt * (velocity - guidance_weight(t, self.config.max_guidance_weight) * correction)
@@ -150,7 +161,8 @@ class GuidedSampler:
                 continue
             end = min(self.config.execution_horizon, horizon, len(request.left_over))
             targets[row, :end] = request.left_over[:end].float().cpu()
-            weights[row, :, 0] = torch.from_numpy(prefix_weights(self.config.schedule, int(request.delay), end, horizon))
+            schedule = Schedule.ZEROS if self.config.method == PREFIX else self.config.schedule  # prefix: the d known
+            weights[row, :, 0] = torch.from_numpy(prefix_weights(schedule, int(request.delay), end, horizon))
             guided = True
         if not guided:
             return None, None
@@ -168,3 +180,18 @@ def _velocity_and_correction(model, inputs, x: Tensor, step: int, t: float, targ
         error = (weights * (targets - finished)).detach()
         (correction,) = torch.autograd.grad(finished, x, error)
     return velocity.detach(), correction
+
+
+def _prefix_sample(model, inputs, x: Tensor, dt: float, targets: Tensor, known: Tensor) -> Tensor:
+    """Training-time RTC's sampling: the known actions (`known` [B, H, 1]) held at their targets with the time of
+    finished actions (t = 0) in their per-token condition, the others integrated as the plain sampler does; one
+    forward pass per step and no gradient. A row with nothing known is the plain sampler's row."""
+    rows, horizon = x.shape[:2]
+    with torch.no_grad():
+        for t in inputs.times.tolist():
+            x = torch.where(known, targets, x)
+            times = torch.where(known[..., 0], 0.0, t).to(torch.float64)
+            cond = model.time_condition(times.reshape(-1)).view(rows, horizon, -1)
+            velocity = model._velocity(x, cond, inputs.prefix_k, inputs.prefix_v, inputs.bias, inputs.cos, inputs.sin)
+            x = x + dt * velocity
+        return torch.where(known, targets, x)

@@ -8,6 +8,13 @@
   tokens before it; the last valid prefix token predicts the first caption token and the last caption token EOS.
 
 The prefix rows never attend to the caption, so the prefix K/V the expert reads is the one `prefill` caches.
+
+Training-time real-time chunking (Black, Ren, Equi, Levine 2025, arXiv 2512.05964; `rtc_max_delay` > 0): per
+sample a simulated delay d, uniform in 0..rtc_max_delay; the chunk's first d actions are given as known (clean, with
+the time of finished actions, t = 0, in their per-token condition) and the loss covers the other actions only. A
+model trained so continues a committed prefix by itself (`model/rtc.py`, `method="prefix"`), without the guided
+sampler's backward passes. LeRobot's `apply_rtc_training_time` reads it the same way (prefix time 0, loss mask on
+the postfix).
 """
 
 from __future__ import annotations
@@ -39,6 +46,12 @@ def sample_times(batch: int, generator: torch.Generator | None = None) -> Tensor
     """
     beta = torch.rand(batch, generator=generator) ** (1.0 / BETA_ALPHA)
     return beta * TIME_SCALE + TIME_OFFSET
+
+
+def token_times(t: Tensor, delays: Tensor, horizon: int) -> Tensor:
+    """Per-token flow-matching times [B, horizon]: each sample's time t, 0 (finished) over its first `delays`."""
+    known = torch.arange(horizon)[None, :] < delays[:, None]
+    return torch.where(known, torch.zeros(()), t[:, None].expand(-1, horizon))
 
 
 def prefix_with_caption(model: Pi05Model, inputs: ModelInputs, caption: Tensor, caption_mask: Tensor):
@@ -81,16 +94,21 @@ def training_losses(
     caption: Tensor,
     caption_mask: Tensor,
     generator: torch.Generator | None = None,
+    rtc_max_delay: int = 0,
 ) -> Losses:
     """Both losses for a batch (CPU tensors).
 
     actions [B, horizon, action_dim] normalised and zero-padded; caption [B, C] token ids right-padded with PAD,
-    caption_mask [B, C] bool (a sample may have an empty caption: then only its EOS is learned).
+    caption_mask [B, C] bool (a sample may have an empty caption: then only its EOS is learned). `rtc_max_delay`:
+    training-time real-time chunking's largest simulated delay (0: none; below the horizon).
     """
     cfg = model.config
     b = actions.shape[0]
     if tuple(actions.shape[1:]) != (cfg.action_horizon, cfg.action_dim):
         raise ValueError(f"actions must be [B, {cfg.action_horizon}, {cfg.action_dim}], got {tuple(actions.shape)}")
+    if not 0 <= rtc_max_delay < cfg.action_horizon:
+        raise ValueError(f"rtc_max_delay must be in 0..{cfg.action_horizon - 1} (below the horizon), got "
+                         f"{rtc_max_delay}")
     prefix_k, prefix_v, valid, logits = prefix_with_caption(model, inputs, caption, caption_mask)
 
     lengths = caption_mask.long().sum(dim=1)
@@ -101,10 +119,19 @@ def training_losses(
 
     noise = torch.randn(actions.shape, generator=generator)
     t = sample_times(b, generator)
-    x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * actions
     horizon = cfg.action_horizon
+    if rtc_max_delay:  # the first d actions known: clean, finished (t = 0), not learned
+        delays = torch.randint(rtc_max_delay + 1, (b,), generator=generator)
+        times = token_times(t, delays, horizon)
+        learned = torch.arange(horizon)[None, :] >= delays[:, None]
+        cond = model.time_condition(times.reshape(-1)).view(b, horizon, -1)
+    else:
+        times, learned, cond = t[:, None].expand(-1, horizon), None, model.time_condition(t)
+    x_t = times[..., None] * noise + (1.0 - times[..., None]) * actions
     positions = valid.sum(dim=1)[:, None] + torch.arange(horizon)
     cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta, model.dtype)
     bias = prefix_attention_bias(valid, cfg.expert.num_heads // cfg.expert.num_kv_heads, horizon, model.dtype)
-    velocity = model._velocity(x_t, model.time_condition(t), prefix_k, prefix_v, bias, cos, sin)
-    return Losses(action=F.mse_loss(velocity, noise - actions), text=text)
+    velocity = model._velocity(x_t, cond, prefix_k, prefix_v, bias, cos, sin)
+    if learned is None:
+        return Losses(action=F.mse_loss(velocity, noise - actions), text=text)
+    return Losses(action=F.mse_loss(velocity[learned], (noise - actions)[learned]), text=text)

@@ -22,6 +22,9 @@ hand-over, one JointTrajectory per output group on ``/<ns>/<group topic>`` in th
 limits (clamped or refused); a robot no longer commanded (a refused plan, a model error, stale inputs found by the
 input check every 1 / ``rate_hz``, deactivation, exit) gets one hold per group. The output parameters are the VLA
 node's (``robot_description``, ``limits.policy``, ``output.*``), one setting for every robot (`docs/safety.md`).
+With ``output.handover: rtc_guided`` each robot's frames are guided toward the chunk it is executing with its own
+measured delay (`robots.rtc_guide`: control steps from a frame's stamp to its chunk's arrival), guided and plain
+robots of one model in the same batches; a request that cannot be guided is sampled plainly, counted and logged.
 
 Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
@@ -97,8 +100,8 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
-from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
+from oxygen_ros.control.handover import HANDOVERS, RTC_GUIDED
 from oxygen_ros.control.joint_groups import TRAJECTORY, VELOCITY
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
 from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
@@ -115,6 +118,7 @@ from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, UNUSED, CommandPath, Refusal
 from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.robots.rtc_guide import REFUSED, Plain, RtcGuide, rtc_guide
 from oxygen_ros.robots.state_check import StateCheck
 
 from .command_messages import plan_messages
@@ -141,6 +145,7 @@ from .parameters import (
     _Reader,
     read_groups,
     read_limits,
+    read_rtc,
 )
 from .qos import LATCHED_QOS, SENSOR_QOS
 
@@ -193,7 +198,8 @@ DEFAULTS = {
 HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 # the VLA node's output parameters (`parameters.SPECS`, `output.<group>.*`), one setting for every robot
 OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
-                     "output.rtc_overlap", "output.groups")
+                     "output.rtc_overlap", "output.rtc_execution_horizon", "output.rtc_schedule",
+                     "output.rtc_max_guidance_weight", "output.rtc_method", "output.groups")
 
 
 def declare_output_parameters(node) -> dict:
@@ -221,7 +227,7 @@ def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodim
     holds, limits = read_limits(values, groups, joint_names)
     p = _Reader(values)
     return CommandPath(groups, holds, limits, p.choice("limits.policy", LIMIT_POLICIES), joint_names, joint_names,
-                       time_step_s, embodiment.has_velocity, p.choice("output.handover", BLENDING_MODES),
+                       time_step_s, embodiment.has_velocity, p.choice("output.handover", HANDOVERS),
                        p.number("output.temporal_ensemble_m"), p.integer("output.rtc_overlap"))
 
 
@@ -234,6 +240,7 @@ class RobotPort:
         self.node = node
         self.output, self.time_step_s = output, time_step_s
         self.path: CommandPath | None = None  # made with the inputs, once the robot's joints are known
+        self.rtc: RtcGuide | None = None  # with handover rtc_guided: its real-time chunking (`robots.rtc_guide`)
         self.group_pubs: list = []
         self.namespace = namespace
         self.robot = robot
@@ -417,9 +424,12 @@ class FleetNode(LifecycleNode):
                                                          p["max_new_tokens"]),
                                     control_period_s=1.0 / p["rate_hz"])
         profile = ProfileTable.load(p["profile_file"]) if p["profile_file"] else None
+        output = _Reader(self.output)  # real-time chunking's settings, for every robot (handover rtc_guided)
+        self.handover, self.rtc = output.choice("output.handover", HANDOVERS), read_rtc(output)
         self.server = FleetServer(specs, served,
                                   RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots,
-                                                overlap_threads=p["overlap_threads"]),
+                                                overlap_threads=p["overlap_threads"],
+                                                rtc=self.rtc.engine_config() if self.handover == RTC_GUIDED else None),
                                   lambda model: tokenizer_for(model, p["tokenizer"]), device,
                                   on_chunk=self._publish_chunk, on_text=self._publish_text,
                                   publish_late=p["publish_late"], design=p["design"], profile=profile,
@@ -477,6 +487,9 @@ class FleetNode(LifecycleNode):
                              embodiment, self.output, embodiment.time_step or p["action_dt"])
         except (EmbodimentError, ParameterError) as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
+        model = self.server.model_config(robot.robot_id)
+        port.rtc = rtc_guide(self.handover, self.rtc, round(port.time_step_s * 1e9), model.action_horizon, model,
+                             embodiment, self.server.runtime.served[robot.model_id].norm_stats)
         self.ports[robot.robot_id] = port
         for index, camera in enumerate(cameras):
             topic = port.camera_topic(camera)
@@ -676,10 +689,12 @@ class FleetNode(LifecycleNode):
         every = self.params["narrate_every"]
         narrate = every > 0 and port.frames % every == 0
         age_s = (now_ns - frame.stamp_ns) / 1e9
+        committed = self._rtc_request(port, frame.stamp_ns, state)
         try:
             queued = self.server.submit(port.robot.robot_id,
                                         Observation(frame.images, state, port.instruction.text), narrate,
-                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state))
+                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state),
+                                        committed=committed)
         except NotServed:
             self.refused_unassigned += 1
             return
@@ -694,6 +709,20 @@ class FleetNode(LifecycleNode):
                                   "ms deadline (counted as a deadline miss)")
             return
         port.frames += 1
+
+    def _rtc_request(self, port: RobotPort, stamp_ns: int, state):
+        """With rtc_guided: the chunk the robot is executing and its estimated delay for this frame, or None
+        (sampled plainly; a bad request is logged, every plain frame counted by reason in `rtc_plain_*`)."""
+        if port.rtc is None:
+            return None
+        with port.lock:
+            request = port.rtc.request(stamp_ns, state)
+        if not isinstance(request, Plain):
+            return request
+        if request.kind in REFUSED:
+            self._warn_drop(port, f"real-time chunking: frame sampled without guidance ({request.kind}): "
+                                  f"{request.detail} (counted)")
+        return None
 
     # ---- outputs (the runtime's threads) ----------------------------------------------------------------------
 
@@ -720,9 +749,13 @@ class FleetNode(LifecycleNode):
             if port.closed or self.lifecycle != "active" or port.state in SKIPPED_TICK_STATES:
                 return  # deactivated meanwhile, or the robot's inputs went stale since its frame (it is held)
             path = port.path
-            result = path.command(command.stacked(), chunk.stamp_ns + path.step_ns,
-                                  self.get_clock().now().nanoseconds, port.inputs.state)
+            now_ns = self.get_clock().now().nanoseconds
+            if port.rtc is not None:  # the delay this chunk had: control steps from its frame's stamp to now
+                port.rtc.arrived(chunk.stamp_ns, now_ns)
+            result = path.command(command.stacked(), chunk.stamp_ns + path.step_ns, now_ns, port.inputs.state)
             if not isinstance(result, Refusal):
+                if port.rtc is not None:  # the robot executes this chunk now
+                    port.rtc.executing(chunk.actions, chunk.stamp_ns, port.embodiment.state_to_model(state))
                 trajectory, outputs = plan_messages(result, joint_names, path.groups, path.time_step_s)
                 port.chunk_pub.publish(trajectory)
                 for publisher, msg in zip(port.group_pubs, outputs, strict=True):
@@ -745,6 +778,8 @@ class FleetNode(LifecycleNode):
             if port.path is None or port.closed:
                 return
             due = port.path.stop(reason, port.inputs.state)
+            if port.rtc is not None:  # holding: the next chunk is sampled plainly
+                port.rtc.stop()
             groups = port.path.groups
             for hold in due:
                 if not hold.refused:
@@ -826,6 +861,7 @@ class FleetNode(LifecycleNode):
                             "late_chunks_published": self.params["publish_late"],
                             "batching": self.batching, "lifecycle": self.lifecycle,
                             **(port.path.counts() if port.path else {}),
+                            **(port.rtc.counts() if port.rtc else {}),
                             "nonfinite_chunks": port.path.nonfinite_chunks + port.path.overflows if port.path
                             else 0})
             port.status_pub.publish(engine_status(health, stamp))

@@ -29,8 +29,8 @@ from rclpy.exceptions import (
 )
 from rclpy.parameter import Parameter
 
-from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
+from oxygen_ros.control.handover import HANDOVERS
 from oxygen_ros.control.joint_groups import INTERFACES, TRAJECTORY, VELOCITY, JointGroup
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
 from oxygen_ros.control.limits import JointLimits, urdf_limits
@@ -39,8 +39,11 @@ from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
+from oxygen_ros.model.rtc import GUIDANCE, PREFIX
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.robots.rtc_guide import RtcSettings
+from oxygen_ros.rtc_mask import Schedule
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("auto", "cpu", "cuda")
@@ -152,12 +155,22 @@ SPECS = (
     Spec("status.rate_hz", 2.0, "engine_status and /diagnostics publications per second", "> 0"),
     Spec("output.handover", "newest_wins", "what a new chunk does to the plan already published: newest_wins "
                                            "publishes each chunk as computed; temporal_ensemble and rtc publish "
-                                           "the blend of the received chunks from the present control step on",
-         " | ".join(BLENDING_MODES)),
+                                           "the blend of the received chunks from the present control step on; "
+                                           "rtc_guided publishes each chunk as computed, sampled with real-time "
+                                           "chunking's guidance toward the chunk being executed (docs/rtc.md)",
+         " | ".join(HANDOVERS)),
     Spec("output.temporal_ensemble_m", 0.01, "with temporal_ensemble: weight exp(-m i) of the i-th oldest "
                                              "prediction for a step", ">= 0"),
     Spec("output.rtc_overlap", 0, "with rtc: blend over at most this many steps after the hand-over; 0: the "
                                   "whole overlap with the published plan", ">= 0"),
+    Spec("output.rtc_execution_horizon", 0, "with rtc_guided: the chunk index where guidance toward the executed "
+                                            "chunk stops (the paper's H - s); 0: every executed point", ">= 0"),
+    Spec("output.rtc_schedule", Schedule.EXP.value, "with rtc_guided: the guidance weights' decay after the delay",
+         " | ".join(Schedule)),
+    Spec("output.rtc_max_guidance_weight", 5.0, "with rtc_guided: the clip of the guidance weight (beta)", "> 0"),
+    Spec("output.rtc_method", GUIDANCE, "with rtc_guided: guidance (inpainting, any checkpoint) or prefix (the "
+                                        "committed actions given as known: a checkpoint trained with train-tiny "
+                                        "--rtc-max-delay; no backward pass)", f"{GUIDANCE} | {PREFIX}"),
     Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
                                     "controller); unset: action_chunk only"),
     Spec("visualization.markers", False, "also publish chunk_markers (visualization_msgs/MarkerArray) for RViz: the "
@@ -240,6 +253,7 @@ class VlaParams:
     holds: tuple[str, ...] = ()  # per group: one of HOLD_MODES[its interface]
     limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
     limit_policy: str = "clamp"
+    rtc: RtcSettings = RtcSettings()  # with handover rtc_guided
 
     @property
     def period_s(self) -> float:
@@ -288,7 +302,10 @@ def _group_names(value) -> tuple[str, ...]:
         return ()
     names = _Reader({"output.groups": value}).names("output.groups")
     bad = [n for n in names if not GROUP_NAME.fullmatch(n) or n in ("handover", "temporal_ensemble_m",
-                                                                      "rtc_overlap", "groups")]
+                                                                      "rtc_overlap", "rtc_execution_horizon",
+                                                                      "rtc_schedule", "rtc_max_guidance_weight",
+                                                                      "rtc_method",
+                                                                      "groups")]
     if bad:
         raise ParameterError(f"output.groups: {bad} cannot name a group (a letter, then letters, digits or _; not "
                              f"an output.* parameter)")
@@ -450,7 +467,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         default_instruction=p.text("instruction.default"),
         max_chars=p.integer("instruction.max_chars", minimum=1),
         status_rate_hz=p.number("status.rate_hz", positive=True),
-        handover=p.choice("output.handover", BLENDING_MODES),
+        handover=p.choice("output.handover", HANDOVERS),
         ensemble_m=p.number("output.temporal_ensemble_m"),
         rtc_overlap=p.integer("output.rtc_overlap"),
         groups=groups,
@@ -460,7 +477,15 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         holds=holds,
         limits=limits,
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
+        rtc=read_rtc(p),
     )
+
+
+def read_rtc(p: _Reader) -> RtcSettings:
+    """The `output.rtc_*` parameters of real-time chunking (`output.handover: rtc_guided`)."""
+    return RtcSettings(p.integer("output.rtc_execution_horizon"), p.choice("output.rtc_schedule", tuple(Schedule)),
+                       p.number("output.rtc_max_guidance_weight", positive=True),
+                       p.choice("output.rtc_method", (GUIDANCE, PREFIX)))
 
 
 def _device(choice: str) -> str:

@@ -21,7 +21,9 @@ the log and on `/diagnostics`. `engine_status` and `/diagnostics` go out in ever
 Output: every acted chunk is first made the robot's absolute command by the `embodiment` profile
 (`oxygen_ros.control.embodiment`: deltas added to and velocities integrated from the state of the frame the model
 saw, signs and units), then goes through the one command path (`oxygen_ros.robots.command_path`): one plan
-(`output.handover`: the chunk as computed, or the blend of the received chunks from the present control step on),
+(`output.handover`: the chunk as computed, or the blend of the received chunks from the present control step on;
+`rtc_guided`: the chunk as computed, sampled with real-time chunking's guidance toward the chunk being executed and
+the measured delay, `robots.rtc_guide`),
 published whole on `action_chunk` and, per declared `output.groups`, as one JointTrajectory per controller with that
 group's joints in the controller's units, within the joint limits (clamped or refused). A chunk the hand-over cannot
 use (every point already past) is counted and logged, and nothing is published for it. When the node stops
@@ -83,6 +85,7 @@ from oxygen_ros.robots.command_path import (
     CommandPath,
     Refusal,
 )
+from oxygen_ros.robots.rtc_guide import REFUSED, Plain, rtc_guide
 from oxygen_ros.robots.state_check import StateCheck
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
@@ -128,6 +131,7 @@ class VlaNode(LifecycleNode):
         self.failure = ""  # why the last configure failed, until one succeeds
         self._autostarting = False
         self.runtime: Runtime | None = None
+        self.rtc = None  # with handover rtc_guided: the robot's real-time chunking (`robots.rtc_guide`)
         self.decoder: DecodeThread | None = None
         self.control_timer = None
         self._entities: list = []  # subscriptions and publishers made by configure, destroyed by cleanup
@@ -230,8 +234,12 @@ class VlaNode(LifecycleNode):
                                                          p.max_new_tokens),
                                     admission=p.admission, max_preempted=p.max_preempted,
                                     temperature=p.temperature, seed=p.seed)
+        # real-time chunking (handover rtc_guided): the chunk being executed and the measured delays guide each frame
+        self.rtc = rtc_guide(p.handover, p.rtc, self.path.step_ns, self.horizon, config, p.embodiment,
+                             self.policy.norm_stats)
         runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
-                                       seed=p.seed, overlap_threads=p.overlap_threads)
+                                       seed=p.seed, overlap_threads=p.overlap_threads,
+                                       rtc=self.rtc.config if self.rtc else None)
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
@@ -392,6 +400,8 @@ class VlaNode(LifecycleNode):
             self._refused(command)
             return
         self._publish(command)
+        if self.rtc is not None:  # the robot executes this chunk now
+            self.rtc.executing(chunk.actions, frame.stamp_ns, self._rtc_state)
         self.actions_published += 1
         self._act_times.append(chunk.latency_s)
         self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
@@ -432,6 +442,8 @@ class VlaNode(LifecycleNode):
         most once per LOG_THROTTLE_S per reason: plans refused every other tick hold at control rate (every hold
         is counted in `holds_sent`)."""
         due = self.path.stop(reason, self.inputs.state)
+        if self.rtc is not None:  # holding: no chunk is executed, the next one is sampled plainly
+            self.rtc.stop()
         sent = [hold for hold in due if not hold.refused]
         for hold in sent:
             self.group_pubs[hold.group][1].publish(hold_message(self.params.groups[hold.group].joints, hold.mode,
@@ -460,11 +472,28 @@ class VlaNode(LifecycleNode):
                                       f"{self.instruction.text!r}")
         start = time.perf_counter()  # the chunk's latency includes preprocessing
         inputs = self._model_inputs(frame.images, state)
+        committed = self._rtc_request(frame.stamp_ns, state)
         chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
-                                                    context=frame.frame_id, arrival=start))
+                                                    context=frame.frame_id, arrival=start, committed=committed))
+        if self.rtc is not None:  # the delay this chunk had: control steps from its frame's stamp to now
+            self.rtc.arrived(frame.stamp_ns, self.get_clock().now().nanoseconds)
+            self._rtc_state = state
         command = embodiment.actions_to_robot(self.runtime.robot_actions(chunk, len(self.params.action_names)),
                                               frame.state)
         return chunk, command.stacked()
+
+    def _rtc_request(self, stamp_ns: int, state: np.ndarray):
+        """With rtc_guided: the chunk being executed and the estimated delay for this frame, or None (sampled
+        plainly; a bad request is logged, every plain frame counted by reason in `rtc_plain_*`)."""
+        if self.rtc is None:
+            return None
+        request = self.rtc.request(stamp_ns, state)
+        if not isinstance(request, Plain):
+            return request
+        if request.kind in REFUSED and (suffix := self._throttled(("rtc", request.kind))) is not None:
+            self.get_logger().warning(f"real-time chunking: frame sampled without guidance ({request.kind}): "
+                                      f"{request.detail} ({self.rtc.plain[request.kind]} so far){suffix}")
+        return None
 
     def _model_inputs(self, images: dict, state: np.ndarray):
         """The model's inputs from camera images and a state already in the model's space (the embodiment's)."""
@@ -545,6 +574,7 @@ class VlaNode(LifecycleNode):
                 "model_errors": self.model_errors,
                 "nonfinite_chunks": self.path.nonfinite_chunks + self.path.overflows,
                 "handover": self.params.handover,
+                **(self.rtc.counts() if self.rtc is not None else {}),
                 "chunks_unused": self.path.chunks_unused,
                 "clock_mismatch": self.clock_check.hint() or "none",
                 "instructions_ignored": self.instruction.ignored,

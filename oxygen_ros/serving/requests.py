@@ -12,7 +12,10 @@ has one.
 Extensions openpi's policies do not read, all optional: ``narrate`` (bool: this frame also starts a narration),
 ``newest_narration`` (bool: the reply carries this client's newest finished narration), ``noise`` ([horizon,
 action_dim] or [1, horizon, action_dim] floats: the flow-matching noise, as openpi's ``Policy.infer(obs, noise=)``
-takes it, for a repeatable answer).
+takes it, for a repeatable answer), and real-time chunking's ``rtc_executed`` and ``rtc_delay`` (whole numbers,
+given together: how many actions of this connection's previous reply the robot had executed when this observation
+was taken, and how many more it will execute before this reply's actions take over; the server guides the new chunk
+toward the rest of the previous one, `docs/serve.md`).
 
 Everything a request can get wrong is a `RequestError` with a short reason (a counter name) and a message for the
 client of at most `MAX_ERROR_CHARS` characters (a refused value is described, never echoed whole); nothing here
@@ -55,6 +58,7 @@ class OpenpiRequest:
     narrate: bool
     newest_narration: bool
     noise: np.ndarray | None  # [1, horizon, action_dim] float32
+    rtc: tuple[int, int] | None = None  # (rtc_executed, rtc_delay): real-time chunking asked for
 
 
 def lookup(obs: dict, key: str) -> Any:
@@ -92,7 +96,7 @@ class RequestReader:
                   if key not in self.keys.optional_images or lookup(obs, key) is not _MISSING}
         observation = Observation(images, self.embodiment.state_to_model(state), self._prompt(obs))
         return OpenpiRequest(observation, state, self._flag(obs, "narrate"), self._flag(obs, "newest_narration"),
-                             self._noise(obs))
+                             self._noise(obs), self._rtc(obs))
 
     def _missing(self, key: str) -> RequestError:
         names = [k for k, _ in self.keys.state] + [k for k, _ in self.keys.images
@@ -176,6 +180,16 @@ class RequestReader:
             raise RequestError("bad_flag", f"{key} must be true or false, got {preview(value)}")
         return bool(value)
 
+    def _rtc(self, obs: dict) -> tuple[int, int] | None:
+        """(rtc_executed, rtc_delay), or None when the client asks for no real-time chunking. A value that is not
+        a whole number is refused; whether the numbers can be used is the guide's to say (plain sampling)."""
+        given = [key for key in ("rtc_executed", "rtc_delay") if obs.get(key) is not None]
+        if not given:
+            return None
+        if len(given) == 1:
+            raise RequestError("rtc", "rtc_executed and rtc_delay go together: give both or neither")
+        return _whole("rtc_executed", obs["rtc_executed"]), _whole("rtc_delay", obs["rtc_delay"])
+
     def _noise(self, obs: dict) -> np.ndarray | None:
         value = obs.get("noise")
         if value is None:
@@ -189,6 +203,12 @@ class RequestReader:
         if not np.isfinite(value).all():
             raise RequestError("noise", "noise holds NaN or infinite values")
         return value.reshape(1, *shape).astype(np.float32)
+
+
+def _whole(key: str, value: Any) -> int:
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise RequestError("rtc", f"{key} must be a whole number, got {preview(value)}")
+    return int(value)
 
 
 def _numbers(key: str, value: Any) -> np.ndarray:

@@ -45,6 +45,8 @@ from websockets.sync.server import ServerConnection, serve
 from ..control.embodiment import Embodiment
 from ..engine.runtime import ActionChunk, TextUpdate
 from ..fleet.server import FleetServer
+from ..model.rtc import Committed
+from ..robots.rtc_guide import Plain, RtcGuide, RtcSettings
 from .protocol import ProtocolError, pack, unpack
 from .requests import RequestError, RequestReader
 
@@ -62,6 +64,7 @@ class ServeConfig:
     max_message_bytes: int = 32 * 2**20
     action_dims: int | None = None  # reply width for a profile of any width (None: the request's state width)
     idle_timeout_s: float = 600.0  # a connection that sends no message this long is closed
+    rtc: RtcSettings = RtcSettings()  # real-time chunking, for requests that ask for it (rtc_executed, rtc_delay)
 
 
 @dataclass
@@ -75,6 +78,8 @@ class _Client:
     narrations: list = field(default_factory=list)
     newest: dict | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rtc: RtcGuide | None = None  # the chunk of its last reply, in the model's space: what real-time chunking guides to
+    rtc_plain: str = ""  # why its last request that asked for real-time chunking was sampled plainly
 
     def add_narration(self, narration: dict) -> None:
         with self.lock:
@@ -108,6 +113,7 @@ class OpenpiServer:
         self.config = config
         self.metadata = metadata
         self.refused: Counter = Counter()  # all clients: reason -> requests (or connections: server_full)
+        self.rtc_plain: Counter = Counter()  # all clients: why a request that asked for real-time chunking was plain
         self.served = 0
         self._free = list(fleet.robots)
         self._slots_lock = threading.Lock()  # the free slots and the counts above: every connection's thread
@@ -207,7 +213,7 @@ class OpenpiServer:
         # woken beside the control thread's for every operator (serve-bench, tiny preset, 4 clients: 57 requests/s
         # with a team per connection, 145 without; OpenMP keeps the count per thread, `oxygen_ros/openmp.py`).
         torch.set_num_threads(1)
-        client = _Client(robot_id, _peer(ws))
+        client = _Client(robot_id, _peer(ws), rtc=self._rtc_guide())
         log.info(f"client {client.peer} connected ({robot_id})")
         try:
             ws.send(pack(self.metadata))
@@ -221,6 +227,16 @@ class OpenpiServer:
                 self._free.append(robot_id)
             refused = f"; refused {dict(client.refused)}" if client.refused else ""
             log.info(f"client {client.peer} left ({robot_id}) after {client.requests} requests{refused}")
+
+    def _rtc_guide(self) -> RtcGuide | None:
+        """A connection's real-time chunking guide (None when the runtime has no real-time chunking settings): the
+        client's previous reply is its executed chunk, executed whole (`rtc_executed` says how far)."""
+        if self.fleet.runtime.config.rtc is None:
+            return None
+        model = self.fleet.model_config(next(iter(self.fleet.robots)))
+        served = next(iter(self.fleet.runtime.served.values()))
+        return RtcGuide(self.config.rtc.config(model.action_horizon), 1, model.action_horizon, model.action_horizon,
+                        model.action_dim, self.embodiment, served.norm_stats)
 
     def _serve(self, ws: ServerConnection, client: _Client) -> None:
         previous_total_s = None
@@ -274,10 +290,11 @@ class OpenpiServer:
         request = self.reader.read(obs)
         pending = _Pending(client, client.requests - 1)
         noise = None if request.noise is None else torch.from_numpy(request.noise)
+        committed = self._rtc_request(client, request)
         expired_before = self.fleet.robot_counts(client.robot_id).expired_in_queue
         try:
             queued = self.fleet.submit(client.robot_id, request.observation, request.narrate, time.time_ns(), 0.0,
-                                       context=pending, noise=noise)
+                                       context=pending, noise=noise, committed=committed)
         except ValueError as err:
             raise RequestError("model_input", f"the model cannot take this observation: {err}") from None
         if not queued:
@@ -296,12 +313,34 @@ class OpenpiServer:
             raise RequestError("nonfinite_actions", "the model's actions are not finite; none are sent")
         reply = {"actions": actions, "policy_timing": {"infer_ms": 1e3 * chunk.latency_s},
                  "deadline_missed": bool(chunk.missed)}
+        if client.rtc is not None:  # the client executes this chunk now; a guided request hears that it was
+            client.rtc.executing(chunk.actions, 0, request.observation.state)
+            if request.rtc is not None:
+                reply["rtc"] = "guided" if committed is not None else client.rtc_plain
         narrations, newest = client.take_narrations()
         if narrations:
             reply["narration"] = narrations
         if request.newest_narration and newest is not None:
             reply["newest_narration"] = newest
         return reply
+
+    def _rtc_request(self, client: _Client, request) -> Committed | None:
+        """The previous reply's chunk from `rtc_executed` on, with `rtc_delay`, for a request that asks for real-time
+        chunking; None (plain) for one that does not, or whose numbers cannot be used: counted, logged once per
+        client and kind, and named in the reply (`rtc`)."""
+        if request.rtc is None or client.rtc is None:
+            return None
+        executed, delay = request.rtc
+        guided = client.rtc.request_at(executed, delay, request.observation.state)
+        if not isinstance(guided, Plain):
+            return guided
+        client.rtc_plain = f"plain ({guided.kind}): {guided.detail}"
+        with self._slots_lock:
+            self.rtc_plain[guided.kind] += 1
+        if client.rtc.plain[guided.kind] == 1:
+            log.warning(f"client {client.peer}: real-time chunking not applied ({guided.kind}): {guided.detail}; "
+                        "the chunk is sampled plainly (further ones of this kind are counted)")
+        return None
 
     def _wait(self, client: _Client, pending: _Pending, expired_before: int) -> ActionChunk:
         """The request's chunk; RequestError when its deadline passed in the queue (the runtime dropped it unserved,
