@@ -46,6 +46,10 @@ def test_robots_are_placed_by_the_milp_and_move_only_when_their_replica_is_lost(
     moved = [table.route(r) for r in ("r3", "r4") if table.route(r) is not None]
     assert len(moved) == 1 and moved[0].replica != lost and moved[0].epoch > routes["r3"].epoch
     assert table.route("r1") == routes["r1"]  # nobody else moved: same replica, same epoch
+    # the replicas to tell: r2 left one, r3 and r4 lost theirs
+    assert sorted((robot, replica) for robot, replica, _ in table.take_lost()) == \
+        sorted([("r2", routes["r2"].replica), ("r3", lost), ("r4", lost)])
+    assert table.take_lost() == []
 
 
 def test_a_route_is_read_while_a_placement_holds_the_table():

@@ -53,7 +53,7 @@ class PlacementController:
         self.probe_period_s, self.probe_timeout_s = probe_period_s, probe_timeout_s
         self.counts: Counter = Counter()
         self.events: list[tuple[float, str, str]] = []  # (wall time, replica, "down" | "up")
-        self._owners: dict[str, tuple[str, int]] = {}  # robot -> (replica, epoch) last seen by the watch thread
+        self._releases: dict[tuple[str, str], int] = {}  # (robot, replica that lost it) -> the version then
         self._seen: set[str] = set()  # replicas that have answered once (one still starting is not down)
         threading.Thread(target=self._watch, name="placement-watch", daemon=True).start()
 
@@ -98,6 +98,7 @@ class PlacementController:
                     self._event(replica, "up")
             self.table.tick(time.monotonic())
             self._release_moved()
+            self.counts["watch_rounds"] += 1
             time.sleep(self.probe_period_s)
 
     def _event(self, replica: str, state: str) -> None:
@@ -113,17 +114,20 @@ class PlacementController:
             return False
 
     def _release_moved(self) -> None:
-        """Tell each replica that lost a robot to let it go (best effort: a partitioned one never hears it, which
-        is what the robot side's fence is for)."""
-        routes = self.table.routes()
-        for robot_id, route in routes.items():
-            before = self._owners.get(robot_id)
-            if before is not None and before[0] != route.replica:
-                try:
-                    serve.get_deployment_handle(before[0], self.app).release.remote(robot_id, route.epoch)
-                except Exception:
-                    self.counts["release_failures"] += 1
-        self._owners = {r: (v.replica, v.epoch) for r, v in routes.items()}
+        """Tell each replica that lost a robot to let it go, again at every round until it has answered (best
+        effort: a partitioned one never hears it, which is what the robot side's fence is for)."""
+        for robot_id, replica, version in self.table.take_lost():
+            self._releases[(robot_id, replica)] = version
+        for (robot_id, replica), version in list(self._releases.items()):
+            try:
+                released = serve.get_deployment_handle(replica, self.app).release.remote(robot_id, version) \
+                    .result(timeout_s=self.probe_timeout_s)
+                self.counts["releases" if released else "releases_not_needed"] += 1
+            except Exception:  # gone, partitioned or slow: tried again next round while it is alive
+                self.counts["release_retries"] += 1
+                if replica in self.table.placement.alive:
+                    continue
+            del self._releases[(robot_id, replica)]
 
 
 def start_controller(replicas: list[str], models: list[str], max_robots_per_replica: int, options: dict | None = None,
@@ -233,12 +237,16 @@ class FleetIngress:
                 continue
             await websocket.send(await self._answer(robot_id, data))
 
+    @staticmethod
+    def _text(text: str) -> dict:
+        return {"type": "websocket.send", "text": text}
+
     async def _answer(self, robot_id: str, data: bytes) -> dict:
         """The websocket message answering one request: the replica's packed reply, or a text error."""
         route = await self.controller.route.remote(robot_id)
         if route is None or "waiting" in route:
             self.counts["no_route"] += 1
-            return _text(f"robot {robot_id} has no replica now: {route['waiting'] if route else 'not in the fleet'}")
+            return self._text(f"robot {robot_id} has no replica now: {route['waiting'] if route else 'not in the fleet'}")
         replica = route["replica"]
         handle = self.replicas[replica]
         try:
@@ -247,7 +255,7 @@ class FleetIngress:
                 timeout=route["slo_s"] + self.grace_s)
         except Exception as err:  # a dead or unreachable replica, or none answering in time: this chunk is lost
             self.counts["replica_failed"] += 1
-            return _text(f"replica {replica} failed on this request ({type(err).__name__}); the robot is "
+            return self._text(f"replica {replica} failed on this request ({type(err).__name__}); the robot is "
                          "placed again if it is down")
         if "reply" in result:
             return {"type": "websocket.send", "bytes": result["reply"]}
@@ -255,12 +263,8 @@ class FleetIngress:
         if result["error"] == "refused":
             answer = await self.controller.refused.remote(robot_id, replica, route["epoch"], result["message"])
             if answer is not None and not answer["accepted"]:
-                return _text(f"the pool cannot serve robot {robot_id}: {answer['reason']}")
-        return _text(f"replica {replica} refused the request ({result['error']}): {result['message']}")
-
-
-def _text(text: str) -> dict:
-    return {"type": "websocket.send", "text": text}
+                return self._text(f"the pool cannot serve robot {robot_id}: {answer['reason']}")
+        return self._text(f"replica {replica} refused the request ({result['error']}): {result['message']}")
 
 
 def build_app(models: list[str], embodiment: str, replicas: int, api_key: str | None = None, max_batch: int = 8,

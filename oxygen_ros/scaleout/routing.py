@@ -46,6 +46,8 @@ class RoutingTable:
         self._avoid: dict[str, set[str]] = {}  # robot -> replicas that refused it
         self.refusals: dict[str, str] = {}  # robot -> why it was refused last (join or replica)
         self._routes: dict[str, Route] = {}
+        self._lost: list[tuple[str, str, int]] = []  # (robot, replica it left, version then): replicas to tell
+        self._lost_lock = threading.Lock()
 
     @property
     def replicas(self) -> list[str]:
@@ -63,6 +65,13 @@ class RoutingTable:
 
     def routes(self) -> dict[str, Route]:
         return dict(self._routes)
+
+    def take_lost(self) -> list[tuple[str, str, int]]:
+        """Every (robot, replica, version) since the last call where a robot left a replica (moved, left the
+        fleet, or its replica was lost), so that the replica can let it go."""
+        with self._lost_lock:
+            lost, self._lost = self._lost, []
+            return lost
 
     # ---- writers --------------------------------------------------------------------------------------------------
 
@@ -136,6 +145,11 @@ class RoutingTable:
             epoch = old.epoch if old is not None and old.replica == replica else placement.version
             robot = placement.robots[robot_id]
             routes[robot_id] = Route(robot_id, replica, epoch, robot.model_id, robot.slo_s)
+        gone = [(r, old.replica, placement.version) for r, old in self._routes.items()
+                if r not in routes or routes[r].replica != old.replica]
+        if gone:
+            with self._lost_lock:
+                self._lost += gone
         self._routes = routes  # one assignment: readers see the old table or the new one, whole
 
 
