@@ -1,7 +1,8 @@
 """The pool on a real multi-node Ray cluster in this machine (`ray.cluster_utils.Cluster`: a head and two worker
 nodes, each its own raylet and worker processes), with the real `openpi-client` through Serve's ingress: joins
 refused with their reason, chunks fenced by placement epoch, and a worker node killed under robots, which are
-served again from the other replica, no robot ever commanded by two replicas.
+served again from the other replica, no robot ever commanded by two replicas; and the controller's process killed:
+Ray starts it again, it takes the routes back from the replicas, and nobody moves.
 
 One cluster for the module (Ray and Serve start in tens of seconds on a loaded 2-core machine); the failover test
 kills a node, so it runs last."""
@@ -18,7 +19,7 @@ from ray.cluster_utils import Cluster
 from websockets.exceptions import ConnectionClosedError
 
 from oxygen_ros.commands.bench_client import droid_request
-from oxygen_ros.scaleout.deployments import APP
+from oxygen_ros.scaleout.deployments import ACTIVE_S, APP
 from oxygen_ros.scaleout.fence import ChunkFence
 from oxygen_ros.scaleout.pool import PoolConfig, start_pool
 from oxygen_ros.serving.protocol import pack, unpack
@@ -102,8 +103,10 @@ def test_a_chunk_from_the_replica_a_robot_was_moved_away_from_is_dropped_by_the_
         fence = ChunkFence()
         assert fence.admit(policy.infer(droid_request(2, size=32)))
         old = serve.get_deployment_handle(meta["replica"], APP)
+        route = ray.get(pool["controller"].route.remote("rf"))  # the route the ingress sent its request with
+        assert (route["replica"], route["epoch"]) == (meta["replica"], meta["epoch"])
         # A chunk the old owner computes for the robot, still on its way (a slow link, a partition) ...
-        late = old.infer.remote("rf", "a", 2.0, meta["epoch"], pack(droid_request(3, size=32))).result(timeout_s=60)
+        late = old.infer.remote(route, pack(droid_request(3, size=32))).result(timeout_s=60)
         # ... when the robot is moved (here: its replica refuses it, and the controller places it elsewhere)
         answer = ray.get(pool["controller"].refused.remote("rf", meta["replica"], meta["epoch"], "test: moved"))
         assert answer["accepted"] and answer["server"] != meta["replica"]
@@ -114,8 +117,7 @@ def test_a_chunk_from_the_replica_a_robot_was_moved_away_from_is_dropped_by_the_
         assert stale["placement"] == {"epoch": meta["epoch"], "replica": meta["replica"]}
         assert not fence.admit(stale) and fence.dropped == {"stale_epoch": 1}
         # the old replica, told by the controller, refuses requests routed before the move
-        wait_for(lambda: "error" in old.infer.remote("rf", "a", 2.0, meta["epoch"],
-                                                      pack(droid_request(5, size=32))).result(timeout_s=60),
+        wait_for(lambda: "error" in old.infer.remote(route, pack(droid_request(5, size=32))).result(timeout_s=60),
                  "the old replica to let the robot go", pool)
     finally:
         policy._ws.close()
@@ -151,6 +153,40 @@ class Robot(threading.Thread):
         self.stop.set()
         self.join(30)
         self.policy._ws.close()
+
+
+def test_the_controller_process_killed_comes_back_with_the_routes_and_nobody_moves(pool):
+    robots = [Robot(pool, "c1", "a"), Robot(pool, "c2", "b")]
+    for robot in robots:
+        robot.start()
+    try:
+        wait_for(lambda: all(robot.admitted for robot in robots), "every robot's first chunk")
+        before = status(pool)["routes"]
+        time.sleep(ACTIVE_S)  # the robot of the test before, gone, is now quiet for longer than a restore looks back
+        killed = time.time()
+        ray.kill(pool["controller"], no_restart=False)  # its process dies; Ray starts it again
+
+        def recovered():
+            try:
+                return "recovered_robots" in status(pool)["counts"]
+            except ray.exceptions.RayError:
+                return False
+
+        wait_for(recovered, "the controller to take the routes back")
+        back_at = time.time() - killed
+        assert status(pool)["routes"] == before
+        wait_for(lambda: all(t > killed + back_at for robot in robots for t, _, _ in robot.admitted[-1:]),
+                 "chunks after the recovery", pool, robots)
+    finally:
+        for robot in robots:
+            robot.close()
+    lost = {robot.robot_id: sum(1 for t, _ in robot.errors if t > killed) for robot in robots}
+    print(f"controller restart: routes back after {back_at:.2f} s; requests lost {lost}")
+    for robot in robots:
+        assert {(epoch, replica) for _, epoch, replica in robot.admitted} == \
+            {(before[robot.robot_id]["epoch"], before[robot.robot_id]["replica"])}  # nobody moved
+        assert not robot.fence.dropped
+    wait_for(lambda: not status(pool)["routes"], "the robots to leave")
 
 
 def test_a_node_killed_under_robots_its_robots_are_served_again_by_the_other_replica(pool):

@@ -16,7 +16,7 @@ from oxygen_ros.fleet.specs import ModelSpec
 from oxygen_ros.fleet.traffic import RobotSpec
 from oxygen_ros.scaleout.fence import ChunkFence
 from oxygen_ros.scaleout.replica import ReplicaCore
-from oxygen_ros.scaleout.routing import make_table
+from oxygen_ros.scaleout.routing import Route, make_table
 from oxygen_ros.serving.protocol import pack
 from oxygen_ros.serving.requests import RequestError
 
@@ -91,6 +91,20 @@ def test_a_robot_a_replica_refuses_is_placed_elsewhere_or_refused_with_the_reaso
     assert "r1" not in table.placement.robots
 
 
+def test_a_restarted_table_takes_the_replicas_routes_back_and_nobody_moves():
+    table = make_table(["replica0", "replica1"], ["a", "b"], max_robots_per_replica=2)
+    for name, model in (("r1", "a"), ("r2", "b"), ("r3", "a")):
+        table.join(robot(name, model))
+    served = table.routes()
+    moved_late = Route("r2", served["r1"].replica, served["r2"].epoch - 1, "b", 0.5, 5.0)  # not yet told it lost r2
+    fresh = make_table(["replica0", "replica1"], ["a", "b"], max_robots_per_replica=2)
+    fresh.restore([*served.values(), moved_late])
+    assert fresh.routes() == served  # same replicas, same epochs
+    assert fresh.take_lost() == []
+    assert fresh.join(robot("r4", "b")).version > max(route.epoch for route in served.values())
+    assert {r: route for r, route in fresh.routes().items() if r != "r4"} == served
+
+
 def test_the_fence_drops_chunks_of_a_replica_that_no_longer_owns_the_robot():
     fence = ChunkFence()
     chunk = lambda epoch, replica: {"actions": np.zeros((2, 2)), "placement": {"epoch": epoch, "replica": replica}}  # noqa: E731
@@ -113,19 +127,21 @@ def replica():
 
 def test_a_replica_answers_at_the_robots_epoch_and_refuses_older_routes_and_unknown_models(replica):
     message = pack(droid_request(0, size=32))
-    reply = replica.infer("r1", "a", 5.0, 4, message)
+    route = lambda robot_id, model, epoch: Route(robot_id, "replica0", epoch, model, 5.0, 5.0)  # noqa: E731
+    reply = replica.infer(route("r1", "a", 4), message)
     assert reply["placement"] == {"epoch": 4, "replica": "replica0"}
     assert reply["actions"].shape[0] == 8 and np.isfinite(reply["actions"]).all()
-    assert replica.report() == {"r1": {"model_id": "a", "slo_s": 5.0, "epoch": 4}}
+    assert replica.report(active_s=600) == [route("r1", "a", 4)]
+    assert replica.report(active_s=0) == []  # no request since now
     with pytest.raises(RequestError) as stale:
-        replica.infer("r1", "a", 5.0, 3, message)
+        replica.infer(route("r1", "a", 3), message)
     assert stale.value.reason == "stale_epoch"
     with pytest.raises(RequestError) as unknown:
-        replica.infer("r2", "zzz", 5.0, 4, message)
+        replica.infer(route("r2", "zzz", 4), message)
     assert unknown.value.reason == "refused" and "not served here" in str(unknown.value)
-    assert replica.release("r1", 6) and replica.report() == {}
+    assert replica.release("r1", 6) and replica.report(active_s=600) == []
     with pytest.raises(RequestError) as released:
-        replica.infer("r1", "a", 5.0, 4, message)  # routed before the move
+        replica.infer(route("r1", "a", 4), message)  # routed before the move
     assert released.value.reason == "stale_epoch"
-    assert replica.infer("r1", "a", 5.0, 7, message)["placement"]["epoch"] == 7  # back, at a newer epoch
+    assert replica.infer(route("r1", "a", 7), message)["placement"]["epoch"] == 7  # back, at a newer epoch
     assert replica.refused == {"stale_epoch": 2, "refused": 1}

@@ -32,10 +32,12 @@ from starlette.websockets import WebSocketDisconnect
 
 from ..fleet.traffic import RobotSpec
 from ..serving.protocol import pack
-from .routing import make_table
+from .routing import Route, make_table
 
 CONTROLLER, NAMESPACE, APP = "oxygen_ros_placement", "oxygen_ros", "oxygen_fleet"
 POLICY_VIOLATION = 1008  # websocket close code: a refused join
+CONTROLLER_TIMEOUT_S = 1.0  # a route or a leave waits this long for the controller
+ACTIVE_S = 3.0  # a restarted controller takes back the robots that sent a request this recently
 log = logging.getLogger("oxygen_ros.scaleout")
 
 
@@ -55,7 +57,33 @@ class PlacementController:
         self.events: list[tuple[float, str, str]] = []  # (wall time, replica, "down" | "up")
         self._releases: dict[tuple[str, str], int] = {}  # (robot, replica that lost it) -> the version then
         self._seen: set[str] = set()  # replicas that have answered once (one still starting is not down)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._recover()
         threading.Thread(target=self._watch, name="placement-watch", daemon=True).start()
+
+    def _recover(self, rounds: int = 10) -> None:
+        """A restarted controller (its process died, Ray started it again): the routing table back from what the
+        replicas serve, nobody moved. A replica that does not answer in `rounds` probes is left to the watch."""
+        reported, heard = [], set()
+        for _ in range(rounds):
+            for replica in self.table.replicas:
+                if replica in heard:
+                    continue
+                try:
+                    routes = serve.get_deployment_handle(replica, self.app).report.remote(ACTIVE_S) \
+                        .result(timeout_s=self.probe_timeout_s)
+                except Exception:
+                    continue
+                heard.add(replica)
+                reported += [Route(**route) for route in routes]
+            if len(heard) == len(self.table.replicas):
+                break
+            time.sleep(self.probe_period_s)
+        self.table.restore(reported)
+        self._seen = heard
+        self.counts["recovered_robots"] = len(self.table.routes())
+        log.warning(f"placement controller restarted: {len(self.table.routes())} robots taken back from "
+                    f"{sorted(heard)}")
 
     def join(self, robot_id: str, model_id: str, rate_hz: float, slo_s: float) -> dict:
         answer = self.table.join(RobotSpec(robot_id, model_id, rate_hz, slo_s))
@@ -135,7 +163,7 @@ def start_controller(replicas: list[str], models: list[str], max_robots_per_repl
     """The cluster's controller actor: the running one if there is one (same name), else a new, detached one."""
     actor = ray.remote(PlacementController).options(
         name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_concurrency=16,
-        num_cpus=0, **(options or {}))
+        max_restarts=-1, num_cpus=0, **(options or {}))
     return actor.remote(replicas, models, max_robots_per_replica, **kwargs)
 
 
@@ -162,15 +190,15 @@ class FleetReplica:
     def release(self, robot_id: str, epoch: int) -> bool:
         return self.core.release(robot_id, epoch)
 
-    def report(self) -> dict:
-        return self.core.report()
+    def report(self, active_s: float) -> list[dict]:
+        return [asdict(route) for route in self.core.report(active_s)]
 
-    async def infer(self, robot_id: str, model_id: str, slo_s: float, epoch: int, message: bytes) -> dict:
+    async def infer(self, route: dict, message: bytes) -> dict:
         """{"reply": packed reply} or {"error": reason, "message": text}."""
         from ..serving.requests import RequestError
 
         try:
-            reply = await asyncio.to_thread(self.core.infer, robot_id, model_id, slo_s, epoch, message)
+            reply = await asyncio.to_thread(self.core.infer, Route(**route), message)
         except RequestError as err:
             return {"error": err.reason, "message": str(err)}
         return {"reply": pack(reply)}
@@ -187,6 +215,8 @@ class FleetIngress:
         self.replicas, self.api_key, self.grace_s = replicas, api_key, grace_s
         self.controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
         self.counts: Counter = Counter()
+        self._last_route: dict[str, dict] = {}  # robot -> its route last heard, while the controller restarts
+        self._joined: dict[str, tuple] = {}  # robot -> its join, made again for a controller that lost it
 
     @ingress_app.get("/healthz")
     def healthz(self) -> str:
@@ -204,8 +234,14 @@ class FleetIngress:
             except ValueError:
                 reason = "rate_hz and slo_ms must be numbers in the URL's query"
             else:
-                answer = await self.controller.join.remote(robot_id, query.get("model", ""), rate_hz, slo_s)
-                reason = "" if answer["accepted"] else f"join refused: {answer['reason']}"
+                joined = (robot_id, query.get("model", ""), rate_hz, slo_s)
+                try:
+                    answer = await self.controller.join.remote(*joined)
+                except ray.exceptions.RayError as err:
+                    reason = f"the placement controller is not reachable ({type(err).__name__}); try again"
+                else:
+                    reason = "" if answer["accepted"] else f"join refused: {answer['reason']}"
+                    self._joined[robot_id] = joined
         if reason:
             await websocket.close(POLICY_VIOLATION, reason[:120])  # a close reason has at most 123 bytes
             return
@@ -216,7 +252,12 @@ class FleetIngress:
         except WebSocketDisconnect:
             pass
         finally:
-            await self.controller.leave.remote(robot_id)
+            self._last_route.pop(robot_id, None)
+            self._joined.pop(robot_id, None)
+            try:
+                await asyncio.wait_for(self.controller.leave.remote(robot_id), CONTROLLER_TIMEOUT_S)
+            except Exception:  # a controller restarting: it takes back what the replicas serve
+                self.counts["leave_failed"] += 1
 
     def _refused_handshake(self, websocket: WebSocket) -> str:
         if self.api_key is None:
@@ -237,13 +278,32 @@ class FleetIngress:
                 continue
             await websocket.send(await self._answer(robot_id, data))
 
+    async def _join_again(self, robot_id: str) -> dict | None:
+        """The robot's join, made again (a restarted controller did not take it back): its new route, or None."""
+        self.counts["joined_again"] += 1
+        try:
+            answer = await asyncio.wait_for(self.controller.join.remote(*self._joined[robot_id]),
+                                            CONTROLLER_TIMEOUT_S)
+            route = await asyncio.wait_for(self.controller.route.remote(robot_id), CONTROLLER_TIMEOUT_S)
+        except Exception:
+            return None
+        return route if answer["accepted"] else None
+
     @staticmethod
     def _text(text: str) -> dict:
         return {"type": "websocket.send", "text": text}
 
     async def _answer(self, robot_id: str, data: bytes) -> dict:
         """The websocket message answering one request: the replica's packed reply, or a text error."""
-        route = await self.controller.route.remote(robot_id)
+        try:
+            route = await asyncio.wait_for(self.controller.route.remote(robot_id), CONTROLLER_TIMEOUT_S)
+        except Exception:  # the controller is restarting: the route last heard (the replica checks its epoch)
+            self.counts["route_from_cache"] += 1
+            route = self._last_route.get(robot_id)
+        if route is None and robot_id in self._joined:  # connected, unknown to a restarted controller
+            route = await self._join_again(robot_id)
+        if route is not None and "waiting" not in route:
+            self._last_route[robot_id] = route
         if route is None or "waiting" in route:
             self.counts["no_route"] += 1
             return self._text(f"robot {robot_id} has no replica now: {route['waiting'] if route else 'not in the fleet'}")
@@ -251,7 +311,7 @@ class FleetIngress:
         handle = self.replicas[replica]
         try:
             result = await asyncio.wait_for(
-                handle.infer.remote(robot_id, route["model_id"], route["slo_s"], route["epoch"], data),
+                handle.infer.remote(route, data),
                 timeout=route["slo_s"] + self.grace_s)
         except Exception as err:  # a dead or unreachable replica, or none answering in time: this chunk is lost
             self.counts["replica_failed"] += 1

@@ -1,7 +1,8 @@
 """One replica of the pool, without Ray: the engine's multi-robot server (`fleet.server.FleetServer`, unchanged,
 `dynamic`) answering openpi requests of the robots the routing table gives it, each at its placement epoch.
 
-A request names its robot, the robot's model and SLO, and the epoch of the route that sent it. The first request
+A request comes with the route that sent it (`routing.Route`: its robot, the robot's model, SLO and rate, and the
+epoch). The first request
 of a robot at a newer epoch makes the replica its owner: the robot is added to the server and its model loaded
 there if no robot used it yet (the placement decides which models a replica holds; a model that does not load is a
 refusal, `refused`, which the routing table answers by placing the robot elsewhere). A request at an older epoch
@@ -20,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -31,6 +33,7 @@ from ..fleet.specs import ModelSpec, ServedRobot
 from ..serving.protocol import ProtocolError, unpack
 from ..serving.requests import RequestError, RequestReader
 from .fence import PLACEMENT_KEY
+from .routing import Route
 
 WAIT_SLICE_S = 0.05
 
@@ -49,11 +52,12 @@ class ReplicaCore:
         self.max_pixels, self.default_prompt = max_pixels, default_prompt
         self.fleet = FleetServer(list(specs), [], config, device=device, on_chunk=self._chunk_ready,
                                  publish_late=True, cpu_kernel=cpu_kernel, dynamic=True).start()
-        self.owned: dict[str, int] = {}  # robot -> the epoch at which this replica serves it
+        self.owned: dict[str, Route] = {}  # robot -> the route it is served by here (its epoch: the newest seen)
         self.released: set[str] = set()  # robots let go whose frames may still be in flight
         self.refused: Counter = Counter()  # reason -> requests
         self.served = 0
         self._readers: dict[str, RequestReader] = {}
+        self._last_request: dict[str, float] = {}  # robot -> when its latest request arrived
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -61,34 +65,33 @@ class ReplicaCore:
 
     # ---- ownership ------------------------------------------------------------------------------------------------
 
-    def _own(self, robot_id: str, model_id: str, slo_s: float, epoch: int) -> None:
+    def _own(self, route: Route) -> None:
         with self._lock:
-            mine = self.owned.get(robot_id)
-            if mine is not None and epoch < mine:
-                raise RequestError("stale_epoch", f"robot {robot_id} moved: replica {self.name} serves it at epoch "
-                                                  f"{mine}, the request was routed at epoch {epoch}")
-            if mine == epoch:
+            mine = self.owned.get(route.robot_id)
+            if mine is not None and route.epoch < mine.epoch:
+                raise RequestError("stale_epoch", f"robot {route.robot_id} moved: replica {self.name} serves it at "
+                                                  f"epoch {mine.epoch}, the request was routed at epoch {route.epoch}")
+            if mine == route:
                 return
-            robot = ServedRobot(robot_id, model_id, slo_s)
-            if robot_id in self.fleet.robots:
-                self.fleet.remove_robot(robot_id)
+            if route.robot_id in self.fleet.robots:
+                self.fleet.remove_robot(route.robot_id)
             self._sweep()
             try:
-                self.fleet.add_robot(robot)
+                self.fleet.add_robot(ServedRobot(route.robot_id, route.model_id, route.slo_s))
             except (ValueError, RuntimeError, OSError) as err:
-                raise RequestError("refused", f"replica {self.name} cannot serve robot {robot_id} on model "
-                                              f"{model_id}: {err}") from None
-            self.owned[robot_id] = epoch
-            self.released.discard(robot_id)
+                raise RequestError("refused", f"replica {self.name} cannot serve robot {route.robot_id} on model "
+                                              f"{route.model_id}: {err}") from None
+            self.owned[route.robot_id] = route
+            self.released.discard(route.robot_id)
 
     def release(self, robot_id: str, epoch: int) -> bool:
         """The robot was placed elsewhere at `epoch`: stop serving it unless this replica already owns it at that
         epoch or a newer one. True when it was let go."""
         with self._lock:
             mine = self.owned.get(robot_id)
-            if mine is None or mine >= epoch:
+            if mine is None or mine.epoch >= epoch:
                 return False
-            self.owned[robot_id] = epoch  # any request routed before the move is now stale
+            self.owned[robot_id] = replace(mine, epoch=epoch)  # any request routed before the move is now stale
             try:
                 self.fleet.remove_robot(robot_id)
             except NotServed:
@@ -104,26 +107,30 @@ class ReplicaCore:
             self.released.discard(robot_id)
         self.fleet.unload_idle_models()
 
-    def report(self) -> dict:
-        """What this replica serves: robot -> {model_id, slo_s, epoch}."""
+    def report(self, active_s: float) -> list[Route]:
+        """The routes of the robots this replica serves that sent a request in the last `active_s` (what a
+        restarted controller takes back: a robot gone quiet may have left while the controller was away, and one
+        still there joins again through the ingress)."""
+        since = time.perf_counter() - active_s
         with self._lock:
-            return {r: {"model_id": self.fleet.robots[r].model_id, "slo_s": self.fleet.robots[r].slo_s,
-                        "epoch": self.owned[r]} for r in self.fleet.robots}
+            return [self.owned[r] for r in sorted(self.fleet.robots) if self._last_request.get(r, -1.0) >= since]
 
     # ---- requests -------------------------------------------------------------------------------------------------
 
-    def infer(self, robot_id: str, model_id: str, slo_s: float, epoch: int, message: bytes) -> dict:
+    def infer(self, route: Route, message: bytes) -> dict:
         """The reply to one openpi request (a dict to pack); RequestError (counted) for a refused one."""
         try:
-            return self._infer(robot_id, model_id, slo_s, epoch, message)
+            return self._infer(route, message)
         except RequestError as err:
             with self._lock:
                 self.refused[err.reason] += 1
             raise
 
-    def _infer(self, robot_id: str, model_id: str, slo_s: float, epoch: int, message: bytes) -> dict:
+    def _infer(self, route: Route, message: bytes) -> dict:
         arrival = time.perf_counter()
-        self._own(robot_id, model_id, slo_s, epoch)
+        self._own(route)
+        self._last_request[route.robot_id] = arrival
+        robot_id, model_id, epoch = route.robot_id, route.model_id, route.epoch
         try:
             obs = unpack(message)
         except ProtocolError as err:
@@ -142,7 +149,7 @@ class ReplicaCore:
             raise RequestError("model_input", f"the model cannot take this observation: {err}") from None
         if queued is None:
             raise RequestError("deadline", "the request arrived past its deadline")
-        chunk = self._wait(robot_id, pending, before, arrival + slo_s)
+        chunk = self._wait(robot_id, pending, before, arrival + route.slo_s)
         if chunk.error is not None:
             raise RequestError("model_error", f"the model failed: {type(chunk.error).__name__}: {chunk.error}")
         width = len(self.embodiment.kinds) if self.embodiment.kinds is not None else request.state.size

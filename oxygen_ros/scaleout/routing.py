@@ -30,6 +30,7 @@ class Route:
     epoch: int
     model_id: str
     slo_s: float
+    rate_hz: float
 
 
 def robot_cap_load(max_robots_per_replica: int) -> Callable[[RobotSpec], float]:
@@ -137,6 +138,26 @@ class RoutingTable:
             self._publish()
             return answer
 
+    def restore(self, reported: Iterable[Route]) -> None:
+        """Take back the routes the replicas report (a restarted controller): every robot stays where it is served,
+        at its epoch; a robot two replicas report (one not yet told it lost it) goes with its newest epoch. The
+        placement's version continues from the newest epoch, so the next change makes a newer one."""
+        newest: dict[str, Route] = {}
+        for route in reported:
+            if route.replica in self.placement.servers and \
+                    (route.robot_id not in newest or route.epoch > newest[route.robot_id].epoch):
+                newest[route.robot_id] = route
+        reports: dict[str, dict] = {}
+        for route in newest.values():
+            report = reports.setdefault(route.replica, {"version": 0, "robots": {}})
+            report["version"] = max(report["version"], route.epoch)
+            report["robots"][route.robot_id] = {"model_id": route.model_id, "rate_hz": route.rate_hz,
+                                                "slo_s": route.slo_s}
+        with self._lock:
+            self.placement.restore_from_servers(reports)
+            self._routes = newest
+            self._publish()
+
     def _publish(self) -> None:
         placement = self.placement
         routes = {}
@@ -144,7 +165,7 @@ class RoutingTable:
             old = self._routes.get(robot_id)
             epoch = old.epoch if old is not None and old.replica == replica else placement.version
             robot = placement.robots[robot_id]
-            routes[robot_id] = Route(robot_id, replica, epoch, robot.model_id, robot.slo_s)
+            routes[robot_id] = Route(robot_id, replica, epoch, robot.model_id, robot.slo_s, robot.rate_hz)
         gone = [(r, old.replica, placement.version) for r, old in self._routes.items()
                 if r not in routes or routes[r].replica != old.replica]
         if gone:
