@@ -42,7 +42,7 @@ def pool():
     nodes = {f"replica{i}": cluster.add_node(num_cpus=1, resources={f"slot{i}": 1}) for i in range(2)}
     ray.init(address=cluster.address, logging_level="WARNING")
     port = free_port()
-    config = PoolConfig(("a=tiny:0", "b=tiny:1"), "droid", replicas=2, max_robots_per_replica=3, port=port,
+    config = PoolConfig(("a=tiny:0", "b=tiny:1", "z=missing_model_config.json"), "droid", replicas=2, max_robots_per_replica=3, port=port,
                         api_key=KEY, max_batch=2, replica_options=({"resources": {"slot0": 1}},
                                                                    {"resources": {"slot1": 1}}),
                         ingress_options={"resources": {"head": 1}}, controller_options={"resources": {"head": 1}})
@@ -122,6 +122,22 @@ def test_a_chunk_from_the_replica_a_robot_was_moved_away_from_is_dropped_by_the_
     finally:
         policy._ws.close()
     wait_for(lambda: not status(pool)["routes"], "the robot to leave")
+
+
+def test_a_robot_whose_model_no_replica_loads_is_placed_again_then_refused_with_the_reason(pool):
+    policy = connect(pool, "rz", "z")  # the placement knows model z; no replica can load it
+    try:
+        first = policy.get_server_metadata()["replica"]
+        with pytest.raises(RuntimeError, match=f"replica {first} refused the request \\(refused\\)"):
+            policy.infer(droid_request(6, size=32))
+        second = status(pool)["routes"]["rz"]["replica"]
+        assert second != first
+        with pytest.raises(RuntimeError, match=f"the pool cannot serve robot rz: replica {second} refused it .*; "
+                                               "no other live replica"):
+            policy.infer(droid_request(7, size=32))
+        assert "rz" not in status(pool)["routes"]
+    finally:
+        policy._ws.close()
 
 
 class Robot(threading.Thread):
