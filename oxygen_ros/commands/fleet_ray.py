@@ -13,6 +13,7 @@ import threading
 import ray
 
 from ..command_line import CommandParser, port_number
+from ..control.embodiment import load_embodiment
 from ..scaleout.pool import PoolConfig, start_pool, stop_pool
 from .serve import API_KEY_ENV, api_key
 
@@ -35,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", help=f"refuse connections without `Authorization: Api-Key <key>`; unset: "
                                           f"${API_KEY_ENV}, if set")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = PoolConfig(tuple(m for m in args.models.split(",") if m), args.embodiment, args.replicas,
                         args.max_robots_per_replica, args.host, args.port, api_key(args.api_key), args.max_batch,
-                        args.threads)
+                        args.threads)  # ValueError (one line, before Ray starts) for a configuration no pool has
+    load_embodiment(config.embodiment)  # an unknown profile: the same
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.address:
         ray.init(address=args.address, logging_level="WARNING")
     else:

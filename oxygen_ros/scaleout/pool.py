@@ -26,19 +26,26 @@ class PoolConfig:
     ingress_options: dict = field(default_factory=dict)
     controller_options: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        """ValueError for a configuration no pool can have (checked before any Ray work)."""
+        if self.replicas < 1 or self.max_robots_per_replica < 1 or self.threads < 1:
+            raise ValueError("--replicas, --max-robots-per-replica and --threads must be >= 1")
+        model_ids = [ModelSpec.parse(text).model_id for text in self.models]
+        if not model_ids or len(set(model_ids)) != len(model_ids):
+            raise ValueError(f"--models must name distinct models, got {model_ids}")
+        if self.replica_options and len(self.replica_options) != self.replicas:
+            raise ValueError("replica_options must name every replica")
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [ModelSpec.parse(text).model_id for text in self.models]
+
 
 def start_pool(config: PoolConfig, ready_timeout_s: float = 300.0):
     """Deploy the pool on the Ray cluster this process is connected to; returns the controller actor once every
-    replica answers. ValueError for a bad configuration, TimeoutError when the replicas do not come up."""
-    if config.replicas < 1 or config.max_robots_per_replica < 1 or config.threads < 1:
-        raise ValueError("--replicas, --max-robots-per-replica and --threads must be >= 1")
-    model_ids = [ModelSpec.parse(text).model_id for text in config.models]
-    if not model_ids or len(set(model_ids)) != len(model_ids):
-        raise ValueError(f"models must be distinct, non-empty ids, got {model_ids}")
-    if config.replica_options and len(config.replica_options) != config.replicas:
-        raise ValueError("replica_options must name every replica")
+    replica answers (TimeoutError when they do not come up)."""
     names = replica_names(config.replicas)
-    controller = start_controller(names, model_ids, config.max_robots_per_replica, config.controller_options)
+    controller = start_controller(names, config.model_ids, config.max_robots_per_replica, config.controller_options)
     serve.start(http_options={"host": config.host, "port": config.port}, proxy_location="HeadOnly")
     serve.run(build_app(list(config.models), config.embodiment, config.replicas, config.api_key, config.max_batch,
                         config.threads, list(config.replica_options) or None, config.ingress_options),
