@@ -38,7 +38,10 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def pool():
     started = time.perf_counter()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 100}})
+    # pytest-xdist may run this module's tests on two workers: two clusters (Ray takes free ports when its default
+    # ones are taken), neither with a dashboard
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 100},
+                                                            "include_dashboard": False})
     nodes = {f"replica{i}": cluster.add_node(num_cpus=1, resources={f"slot{i}": 1}) for i in range(2)}
     ray.init(address=cluster.address, logging_level="WARNING")
     port = free_port()
