@@ -170,6 +170,8 @@ def start_controller(replicas: list[str], models: list[str], max_robots_per_repl
 @serve.deployment(max_ongoing_requests=64, health_check_period_s=2.0, logging_config={"enable_access_log": False})
 class FleetReplica:
     def __init__(self, name: str, models: list[str], embodiment: str, max_batch: int = 8, threads: int = 1):
+        # The engine (torch) is imported here, in the replica's process only: the ingress and the controller, which
+        # load this module too, run no model.
         import torch
 
         from ..control.embodiment import load_embodiment
@@ -187,11 +189,13 @@ class FleetReplica:
     def ping(self) -> str:
         return self.name
 
-    def release(self, robot_id: str, epoch: int) -> bool:
-        return self.core.release(robot_id, epoch)
+    # Off the replica's event loop, as `infer`: they wait for the core's lock, which a model being loaded holds
+    # for seconds, and the loop must go on answering `ping`.
+    async def release(self, robot_id: str, epoch: int) -> bool:
+        return await asyncio.to_thread(self.core.release, robot_id, epoch)
 
-    def report(self, active_s: float) -> list[dict]:
-        return [asdict(route) for route in self.core.report(active_s)]
+    async def report(self, active_s: float) -> list[dict]:
+        return [asdict(route) for route in await asyncio.to_thread(self.core.report, active_s)]
 
     async def infer(self, route: dict, message: bytes) -> dict:
         """{"reply": packed reply} or {"error": reason, "message": text}."""
