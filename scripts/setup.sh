@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-command, idempotent development setup: system build tools and EGL, .venv (Python 3.11), ROS 2 kilted wheels,
 # torch (pinned: the CPU build, or with CUDA=1 the CUDA build), the Python dependencies (with the gym-aloha `sim`
-# extra, and with CUDA=1 the `gpu` extra), the msg/ interfaces (built by CMake into .venv) and the package itself
-# (editable). Re-running it only does what is missing or changed. CUDA=1 or CUDA=0 chooses the torch build (and
+# extra, Ray Serve's `ray` extra, and with CUDA=1 the `gpu` extra), the msg/ interfaces (built by CMake into .venv)
+# and the package itself (editable). Re-running it only does what is missing or changed. CUDA=1 or CUDA=0 chooses the torch build (and
 # swaps it if .venv has the other); without CUDA (what `make demo`, `make test` and the other targets run), the
 # build .venv already has is kept, and a fresh .venv gets the CPU build.
 # `scripts/setup.sh --print-pip` prints the pip installs it would run (for this decision) and does nothing else.
@@ -28,13 +28,13 @@ if [ "$CUDA" = 1 ]; then
   # exactly that version string, so a local `+cpu` build that a wheel cache or an earlier setup offers never
   # satisfies it.
   TORCH=("torch===$TORCH_VERSION")
-  EXTRAS=test,sim,gpu
+  EXTRAS=test,sim,ray,gpu
 else
   # The CPU build (`+cpu`) from the indexes pip is already set up with (a wheel cache or a local mirror answers
   # at once); else from PyTorch's CPU index. PyPI has no `+cpu` build, so the first try fails fast there.
   TORCH=("torch==$TORCH_VERSION+cpu")
   TORCH_ELSE=(--extra-index-url https://download.pytorch.org/whl/cpu)
-  EXTRAS=test,sim
+  EXTRAS=test,sim,ray
 fi
 ROS_WHEELS=(-r scripts/requirements-ros.txt)
 PACKAGE=(--config-settings editable_mode=compat -e ".[$EXTRAS]")

@@ -87,6 +87,9 @@ def exit_status(args: list[str]) -> int:
     (["convert", "aloha", "no_such_episode.hdf5", "out_bag"], 1, "no_such_episode.hdf5"),
     (["sim-demo", "--policy-param", "horizon=4"], 2, "expected NAME:=VALUE"),
     (["serve", "--embodiment", "libero"], 1, "embodiment 'libero' is neither a shipped profile"),
+    (["fleet-ray", "--models", "a=tiny:0,a=tiny:1"], 1, "--models must name distinct models, got ['a', 'a']"),
+    (["fleet-ray", "--models", "a=tiny", "--replicas", "0"], 1, "--replicas, --max-robots-per-replica and"),
+    (["fleet-ray", "--models", "a=tiny", "--embodiment", "libero"], 1, "embodiment 'libero' is neither"),
     (["no-such-command"], 2, "unknown command"),
 ])
 def test_user_mistakes_are_one_line_errors_not_tracebacks(tmp_path, monkeypatch, capfd, args, status, words):

@@ -97,7 +97,8 @@ LEVELS = {
     "sim": 4, "evaluation": 4,  # the simulator (it records episodes); benchmarks and the fleet simulator
     "robots": 4,  # what every commanded robot goes through: the command path, the state check
     "nodes": 5, "serving": 5,  # ROS nodes (the robot client scores with evaluation's robot side); openpi's protocol
-    "commands": 6,  # the oxygen-ros command and the commands that are only that
+    "scaleout": 6,  # the fleet on Ray Serve: replicas of the fleet server behind openpi's protocol
+    "commands": 7,  # the oxygen-ros command and the commands that are only that
 }
 
 

@@ -47,7 +47,7 @@ def test_cuda_setup_installs_the_cuda_torch_and_the_gpu_extra():
     assert torch_line == "pip install torch===2.13.0"
     assert "cpu" not in torch_line and "--index-url" not in torch_line and "--extra-index-url" not in torch_line
     assert ros_line == "pip install -r scripts/requirements-ros.txt"
-    assert package_line.endswith("-e .[test,sim,gpu]")
+    assert package_line.endswith("-e .[test,sim,ray,gpu]")
     assert client_line == "pip install --no-deps openpi-client==0.1.2"  # its numpy<2 pin must not apply
     extras = configparser.ConfigParser()
     extras.read(REPO / "setup.cfg")
@@ -64,7 +64,7 @@ def test_default_setup_installs_the_cpu_build(tmp_path):
         torch_line, _, package_line, _ = pip_lines(cuda, fresh)
         # the CPU build from the indexes pip is set up with, else from PyTorch's CPU index
         assert torch_line == CPU_TORCH
-        assert package_line.endswith("-e .[test,sim]")
+        assert package_line.endswith("-e .[test,sim,ray]")
 
 
 def test_setup_without_cuda_keeps_the_venvs_cuda_build(tmp_path):
@@ -73,10 +73,10 @@ def test_setup_without_cuda_keeps_the_venvs_cuda_build(tmp_path):
     root = checkout_with_venv(tmp_path, "13.0")
     torch_line, _, package_line, _ = pip_lines(None, root)
     assert torch_line == "pip install torch===2.13.0"
-    assert package_line.endswith("-e .[test,sim,gpu]")
+    assert package_line.endswith("-e .[test,sim,ray,gpu]")
     torch_line, _, package_line, _ = pip_lines("0", root)
     assert torch_line == CPU_TORCH
-    assert package_line.endswith("-e .[test,sim]")
+    assert package_line.endswith("-e .[test,sim,ray]")
 
 
 def test_setup_without_cuda_keeps_the_venvs_cpu_build(tmp_path):

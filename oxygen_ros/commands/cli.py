@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet-ipc": ("oxygen_ros.evaluation.fleet.ipc", "measured cost of handing stage outputs between processes -> JSON"),
     "fleet-dds-bench": ("oxygen_ros.commands.fleet_dds_bench", "one fleet_node, N robot client processes over DDS: SLO vs N"),
     "serve": ("oxygen_ros.commands.serve", "openpi's websocket protocol (openpi-client) in front of the engine"),
+    "fleet-ray": ("oxygen_ros.commands.fleet_ray", "the fleet on Ray Serve: replicas placed by the MILP, openpi's protocol"),
     "serve-bench": ("oxygen_ros.commands.serve_bench", "openpi-client clients against serve vs the sequential baseline"),
 }
 

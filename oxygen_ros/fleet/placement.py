@@ -198,8 +198,9 @@ class FleetPlacement:
                 return f"{name} must be a positive number, got {value!r}"
         return ""
 
-    def join(self, robot: RobotSpec) -> JoinAnswer:
-        """Place `robot` now (see the module); the placement is unchanged when it is refused."""
+    def join(self, robot: RobotSpec, avoid: Iterable[str] = ()) -> JoinAnswer:
+        """Place `robot` now (see the module), on none of the servers in `avoid` (one that refused it); the
+        placement is unchanged when it is refused."""
         reason = self.check_robot(robot)
         if reason:
             return JoinAnswer(str(robot.robot_id), False, None, reason, self.version)
@@ -213,7 +214,8 @@ class FleetPlacement:
             return self._refuse(robot, "no live server")
         robots = [*self.placed_specs(), robot]
         loads = {**self.loads, robot.robot_id: load}
-        placed = self._verified(robots, loads, newcomers={robot.robot_id})
+        placed = self._verified(robots, loads, newcomers={robot.robot_id},
+                                forbidden={(robot.robot_id, server) for server in avoid})
         if isinstance(placed, str):
             return self._refuse(robot, placed)
         self.robots[robot.robot_id], self.loads[robot.robot_id] = robot, load
@@ -294,11 +296,12 @@ class FleetPlacement:
         return True
 
     def _verified(self, robots: list[RobotSpec], loads: Mapping[str, float], newcomers: set[str],
-                  pinned: set[str] = frozenset(), optional: set[str] = frozenset()) -> Solution | str:
-        """The MILP's placement, each server whose robots changed checked with `fits`; a server that misses the
-        target loses its heaviest new arrival (forbidden there) and the MILP runs again. The reason when nothing
-        is left to try."""
-        forbidden: set[tuple[str, str]] = set()
+                  pinned: set[str] = frozenset(), optional: set[str] = frozenset(),
+                  forbidden: set[tuple[str, str]] = frozenset()) -> Solution | str:
+        """The MILP's placement (no robot on a `forbidden` server), each server whose robots changed checked with
+        `fits`; a server that misses the target loses its heaviest new arrival (forbidden there too) and the MILP
+        runs again. The reason when nothing is left to try."""
+        forbidden = set(forbidden)
         alive = [s for s in self.servers if s in self.alive]
         last_miss = ""
         while True:
