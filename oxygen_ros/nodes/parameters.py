@@ -37,8 +37,8 @@ from oxygen_ros.control.limits import JointLimits, urdf_limits
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
+from oxygen_ros.model.normalization import ACTION_KEY, STATE_KEY, as_normalization
 from oxygen_ros.model.precision import DTYPE_NAMES
-from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 from oxygen_ros.robots.inputs import MAX_PIXELS
 
@@ -496,10 +496,10 @@ def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
     if params.horizon > config.action_horizon:
         raise ParameterError(f"control.horizon ({params.horizon}) exceeds the model's action horizon "
                              f"({config.action_horizon})")
-    widths = {k: len(v["q01"]) for k, v in (norm_stats or {}).items() if "q01" in v}
+    norm = as_normalization(norm_stats)
     for feature, dims, name in ((STATE_KEY, state_dims, "joints.state_names"),
                                 (ACTION_KEY, len(params.action_names), "joints.action_names")):
-        width = widths.get(feature, dims)  # a preset has no stats
+        width = (norm.width(feature) if norm is not None else None) or dims  # a preset, IDENTITY: any width
         if width < dims:
             raise ParameterError(f"{name} gives {dims} model dims, the checkpoint's normalization stats of "
                                  f"{feature} only {width}")
