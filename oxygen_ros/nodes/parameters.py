@@ -37,7 +37,7 @@ from oxygen_ros.control.limits import JointLimits, urdf_limits
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
-from oxygen_ros.model.normalization import ACTION_KEY, STATE_KEY, as_normalization
+from oxygen_ros.model.normalization import ACTION_KEY, MODES, STATE_KEY, as_normalization
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 from oxygen_ros.robots.inputs import MAX_PIXELS
@@ -87,6 +87,11 @@ SPECS = (
                                 "a hub repo id; empty: with a checkpoint, the one it carries or names, else "
                                 "PaliGemma's (google/paligemma-3b-pt-224, as LeRobot); with a preset, a stand-in "
                                 "trained once into the user cache"),
+    # A checkpoint's normalization from the user's own dataset (docs/checkpoints.md, "Norm stats").
+    Spec("model.norm_stats", "", "the robot's own dataset stats replacing the checkpoint's (LeRobot's "
+                                 "meta/stats.json or openpi's norm_stats.json); empty: the checkpoint's"),
+    Spec("model.norm_mode", "", "one normalization mode for state and actions instead of the checkpoint's; empty: "
+                                "the checkpoint's", " | ".join(("<empty>", *MODES))),
     Spec("model.device", "auto", "torch device; auto: cuda when torch sees a CUDA device, else cpu",
          " | ".join(DEVICES)),
     Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
@@ -240,6 +245,8 @@ class VlaParams:
     holds: tuple[str, ...] = ()  # per group: one of HOLD_MODES[its interface]
     limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
     limit_policy: str = "clamp"
+    norm_stats: str = ""  # a stats file replacing the checkpoint's; "": its own
+    norm_mode: str = ""  # one mode for state and actions; "": the checkpoint's
 
     @property
     def period_s(self) -> float:
@@ -460,7 +467,21 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         holds=holds,
         limits=limits,
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
+        **read_normalization(p, checkpoint=p.text("model.checkpoint")),
     )
+
+
+def read_normalization(p: _Reader, checkpoint: str) -> dict[str, str]:
+    """model.norm_stats and model.norm_mode, which need a checkpoint; ParameterError naming the parameter."""
+    values = {"norm_stats": p.text("model.norm_stats"), "norm_mode": p.text("model.norm_mode")}
+    if values["norm_mode"] not in ("", *MODES):
+        raise ParameterError(f"model.norm_mode must be empty (the checkpoint's) or one of {' | '.join(MODES)}, got "
+                             f"{values['norm_mode']!r}")
+    for name, value in values.items():
+        if value and not checkpoint:
+            raise ParameterError(f"model.{name} applies to a checkpoint's normalization, and model.checkpoint is "
+                                 f"empty (a preset normalizes nothing)")
+    return values
 
 
 def _device(choice: str) -> str:
