@@ -41,6 +41,7 @@ from oxygen_ros.model.normalization import ACTION_KEY, MODES, STATE_KEY, as_norm
 from oxygen_ros.model.precision import DTYPE_NAMES
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.robots.state_units import StateUnits, StateUnitsError, read_state_units
 
 PRESET_NAMES = ("tiny", "small", "pi05")
 DEVICES = ("auto", "cpu", "cuda")
@@ -112,6 +113,13 @@ SPECS = (
                                            "budget", ">= 0"),
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
+    # The joint state in the robot's own names and units (robots/state_units.py, docs/safety.md).
+    Spec("joints.state_rename", OPTIONAL, "topic_name=state_name entries: the name a joint of joints.state_names "
+                                          "has on joint_states (a joint_state_broadcaster's URDF name); unset: the "
+                                          "same names"),
+    Spec("joints.state_convert", OPTIONAL, "state_name=conversion entries: the measured value -> the command's "
+                                           "units, invertible: aloha_gripper (an ALOHA gripper joint in rad), "
+                                           "range:LOW:HIGH, linear:OFFSET:SCALE; unset: as measured"),
     Spec("embodiment", "absolute", "what the checkpoint's state and action dims mean on this robot (deltas, "
                                    "velocities, sign flips, gripper units): a shipped profile or a profile YAML "
                                    "file (docs/embodiments.md)", " | ".join(shipped_names()) + " | <file>"),
@@ -246,6 +254,7 @@ class VlaParams:
     limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
     limit_policy: str = "clamp"
     norm_stats: str = ""  # a stats file replacing the checkpoint's; "": its own
+    state_units: StateUnits | None = None  # the joint state's names on the topic and its conversion; None: as is
     norm_mode: str = ""  # one mode for state and actions; "": the checkpoint's
 
     @property
@@ -468,6 +477,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         limits=limits,
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
         **read_normalization(p, checkpoint=p.text("model.checkpoint")),
+        state_units=_state_units(values, state_names),
     )
 
 
@@ -482,6 +492,13 @@ def read_normalization(p: _Reader, checkpoint: str) -> dict[str, str]:
             raise ParameterError(f"model.{name} applies to a checkpoint's normalization, and model.checkpoint is "
                                  f"empty (a preset normalizes nothing)")
     return values
+
+
+def _state_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateUnits:
+    try:
+        return read_state_units(state_names, values.get("joints.state_rename"), values.get("joints.state_convert"))
+    except StateUnitsError as err:
+        raise ParameterError(str(err)) from None
 
 
 def _device(choice: str) -> str:

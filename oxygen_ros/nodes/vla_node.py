@@ -236,7 +236,7 @@ class VlaNode(LifecycleNode):
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
         self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits,
-                                  StateCheck(p.groups, p.limits, p.state_names))
+                                  StateCheck(p.groups, p.limits, p.state_names), p.state_units)
         self._acted = 0
         self._narrated_version = -1
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
