@@ -91,12 +91,17 @@ class TrainedOn:
 
     - `embodiment`: the profile this package trained it in (`save_checkpoint`'s `embodiment`, config.json key
       `oxygen_ros_embodiment`);
+    - `openpi_config`: openpi's train config name from config.json's `config_name` (openpi's converter takes
+      it but writes none), and `openpi_folders`, the names of the folder and its two parents, where openpi's
+      training puts it (`checkpoints/<config>/<exp>/<step>`; `control.openpi_configs` knows the names);
     - `openpi_asset_id`: openpi's norm-stats folder `assets/<asset_id>` (`trossen`: ALOHA, `droid`: DROID);
     - `lerobot_relative`: a LeRobot folder's `use_relative_actions` (its default false: absolute actions), with
       `lerobot_exclude` (`relative_exclude_joints`) and `lerobot_action_names` (`action_feature_names`).
     """
 
     embodiment: str | None = None
+    openpi_config: str | None = None
+    openpi_folders: tuple[str, ...] = ()
     openpi_asset_id: str | None = None
     lerobot_relative: bool | None = None
     lerobot_exclude: tuple[str, ...] = ()
@@ -327,7 +332,8 @@ def _trained_on(data: dict, layout: str, folder: Path) -> TrainedOn:
     if layout == OPENPI:
         files = sorted(folder.glob(OPENPI_STATS_GLOB))
         asset = files[0].parent.relative_to(folder / "assets").as_posix() if len(files) == 1 else None
-        return TrainedOn(openpi_asset_id=asset)
+        folders = tuple(p.name for p in (folder.resolve(), *list(folder.resolve().parents)[:2]))
+        return TrainedOn(openpi_config=_openpi_config(data), openpi_folders=folders, openpi_asset_id=asset)
     relative, exclude = data.get("use_relative_actions", False), data.get("relative_exclude_joints", ["gripper"])
     names = data.get("action_feature_names")
     if not isinstance(relative, bool) or not _strings(exclude) or not (names is None or _strings(names)):
@@ -335,6 +341,13 @@ def _trained_on(data: dict, layout: str, folder: Path) -> TrainedOn:
                               f"action_feature_names lists of names, got {relative!r}, {exclude!r}, {names!r}")
     return TrainedOn(lerobot_relative=relative, lerobot_exclude=tuple(exclude),
                      lerobot_action_names=None if names is None else tuple(names))
+
+
+def _openpi_config(data: dict) -> str | None:
+    named = data.get("config_name")
+    if named is not None and (not isinstance(named, str) or not named):
+        raise CheckpointError(f"{CONFIG_FILE}: config_name must be openpi's train config name, got {named!r}")
+    return named
 
 
 def _strings(value) -> bool:
