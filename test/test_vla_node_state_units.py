@@ -128,3 +128,40 @@ def test_a_conversion_or_rename_that_cannot_work_is_one_start_up_line(extra, mes
     assert f"cannot start: {message}" in output, output
     assert "Traceback" not in output and len(node_lines(output)) == 1, output
 
+
+
+def test_limits_come_from_the_latched_robot_description_topic(ros_domain_id):
+    from std_msgs.msg import String
+    from test_vla_node_safety import urdf
+
+    from oxygen_ros.nodes.qos import LATCHED_QOS
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    context = rclpy.Context()
+    rclpy.init(args=["vla_node", *node_args("-p", "robot_description_wait_s:=30.0")], context=context,
+               domain_id=ros_domain_id)
+    publisher = rclpy.create_node("robot_state_publisher", context=context)
+    try:  # as robot_state_publisher does: once, latched, before the node starts
+        publisher.create_publisher(String, "robot_description", LATCHED_QOS).publish(
+            String(data=urdf({"left_gripper": (-0.5, 1.25, 2.0), "right_waist": (-3.0, 3.0, 4.0)})))
+        node = VlaNode(context=context)
+        try:
+            limits = node.params.limits
+            left, waist = limits.joints.index("left_gripper"), limits.joints.index("right_waist")
+            # the gripper group's own lower/upper parameters win over the URDF; its velocity comes from the URDF
+            assert (limits.lower[left], limits.upper[left], limits.max_velocity[left]) == (CLOSE, OPEN, 2.0)
+            assert (limits.lower[waist], limits.upper[waist], limits.max_velocity[waist]) == (-3.0, 3.0, 4.0)
+        finally:
+            node.destroy_node()
+    finally:
+        publisher.destroy_node()
+        context.try_shutdown()
+        context.destroy()
+
+
+def test_no_robot_description_on_the_topic_is_one_start_up_line(ros_env):
+    child = Child(["-m", "oxygen_ros.nodes.vla_node", *node_args("-p", "robot_description_wait_s:=1.0")], ros_env)
+    code, output = child.wait(timeout=120.0)
+    assert code == 1, output
+    assert "cannot start: robot_description_wait_s: no robot_description on /robot_description within 1 s" in output
+    assert len(node_lines(output)) == 1, output

@@ -72,6 +72,9 @@ SPECS = (
                             "lifecycle services (a real robot: an operator or a lifecycle manager activates it)"),
     Spec("robot_description", "", "URDF text (as robot_state_publisher takes it): limits of the output groups' "
                                   "joints not given in output.<group>.*; empty: none from a URDF"),
+    Spec("robot_description_wait_s", 0.0, "> 0 with robot_description empty: wait this long at start for the "
+                                          "latched robot_description topic (robot_state_publisher's) and take "
+                                          "its URDF; 0: not read", ">= 0"),
     Spec("limits.policy", "clamp", "a plan past a position or velocity limit: clamp (positions into the range, "
                                    "a too fast plan slowed by stretching its time grid) or reject (nothing "
                                    "published, a hold); past max_jump it is rejected either way",
@@ -492,6 +495,11 @@ def read_normalization(p: _Reader, checkpoint: str) -> dict[str, str]:
             raise ParameterError(f"model.{name} applies to a checkpoint's normalization, and model.checkpoint is "
                                  f"empty (a preset normalizes nothing)")
     return values
+
+
+def read_description_wait(values: dict[str, Any]) -> float:
+    """robot_description_wait_s, checked (read before the other parameters: the URDF it waits for is one)."""
+    return _Reader(values).number("robot_description_wait_s")
 
 
 def _state_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateUnits:

@@ -106,8 +106,9 @@ from .log_throttle import LogThrottle
 from .markers import TOPIC as MARKER_TOPIC
 from .markers import MarkerOutput
 from .model_setup import load_policy
-from .parameters import ParameterError, declare_parameters, read_parameters
+from .parameters import ParameterError, declare_parameters, read_description_wait, read_parameters
 from .qos import LATCHED_QOS, SENSOR_QOS
+from .robot_description import description_from_topic
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
@@ -118,7 +119,11 @@ class VlaNode(LifecycleNode):
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
         try:
-            self.params = read_parameters(declare_parameters(self))
+            values = declare_parameters(self)
+            wait_s = read_description_wait(values)
+            if not values["robot_description"] and wait_s > 0:
+                values["robot_description"] = description_from_topic(self, wait_s)
+            self.params = read_parameters(values)
         except BaseException:
             self.destroy_node()
             raise
