@@ -36,6 +36,7 @@ from oxygen_ros.launch_helpers import (
     rviz_config,
     viewed_parameters,
 )
+from oxygen_ros.serving.params import read_file
 
 ARGUMENTS = (
     ("namespace", "", "ROS namespace of the robot (empty: none)"),
@@ -115,7 +116,8 @@ def viewer(context):
 
     config = f"{get_package_share_directory('oxygen_ros')}/config/"
     namespace = LaunchConfiguration("namespace").perform(context)
-    frame, cameras = viewed_parameters(parameter_files(LaunchConfiguration("params_file").perform(context)))
+    files = parameter_files(LaunchConfiguration("params_file").perform(context))
+    frame, cameras = viewed_parameters([read_file(path) for path in files])
     frame = LaunchConfiguration("fixed_frame").perform(context) or frame
     given = LaunchConfiguration("camera_topics").perform(context)
     cameras = [t.strip() for t in given.split(",") if t.strip()] if given else cameras

@@ -115,14 +115,12 @@ def namespaced_perspective(text: str, namespace: str) -> str:
     return json.dumps(data, indent=2)
 
 
-def viewed_parameters(files: Sequence[str]) -> tuple[str, list[str]]:
+def viewed_parameters(files: Sequence[dict]) -> tuple[str, list[str]]:
     """The fixed frame (`visualization.frame_id`, default base_link) and camera topics (`cameras.topics`) the
-    node's parameter files set, later files winning, for RViz."""
-    from oxygen_ros.serving.params import read_file
-
+    node's parameter files set (each read as dotted names: `serving.params.read_file`), later ones winning, for
+    RViz."""
     frame, cameras = "base_link", []
-    for path in files:
-        values = read_file(path)
+    for values in files:
         frame = values.get("visualization.frame_id") or frame
         cameras = list(values.get("cameras.topics") or cameras)
     return frame, cameras

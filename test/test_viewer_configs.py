@@ -56,9 +56,10 @@ def test_rqt_perspective_plots_engine_status_fields_and_runs_the_robot_monitor()
 
 def test_rviz_follows_the_robots_parameter_files_or_the_launch_arguments():
     from oxygen_ros.launch_helpers import rviz_config, viewed_parameters
+    from oxygen_ros.serving.params import read_file
 
     droid = yaml.safe_load((CONFIG / "droid.yaml").read_text())["/**"]["ros__parameters"]
-    viewed = viewed_parameters([str(CONFIG / "droid.yaml")])
+    viewed = viewed_parameters([read_file(CONFIG / "aloha.yaml"), read_file(CONFIG / "droid.yaml")])  # droid wins
     assert viewed == ("base_link", droid["cameras"]["topics"])  # not ALOHA's cameras
     shipped = (CONFIG / "oxygen.rviz").read_text()
     for frame, cameras in (viewed, ("panda_link0", ["wrist/image", "front"])):
