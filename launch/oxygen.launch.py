@@ -16,7 +16,8 @@ relative, so `namespace` puts a whole robot under one prefix and several robots 
 `diagnostics_aggregator:=true` also starts diagnostic_aggregator with config/diagnostics_aggregator.yaml (when
 that package is installed), so rqt_robot_monitor shows the node under /diagnostics_agg. `viewer:=true` is what an
 owner watches: the node publishes chunk_markers (`visualization.markers`), RViz opens config/oxygen.rviz in the
-robot's namespace and rqt config/oxygen.perspective (engine_status plots and the robot monitor, its topics moved
+robot's namespace, its fixed frame and camera images those of the parameter files (`visualization.frame_id`,
+`cameras.topics`) unless `fixed_frame:=` / `camera_topics:=a,b` say otherwise and rqt config/oxygen.perspective (engine_status plots and the robot monitor, its topics moved
 into the namespace), with the aggregator; a viewer that is not installed is named in the log and skipped.
 """
 
@@ -28,7 +29,14 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from oxygen_ros.launch_helpers import namespaced_perspective, parameter_files, robot_description
+from oxygen_ros.launch_helpers import (
+    namespaced_perspective,
+    parameter_files,
+    robot_description,
+    rviz_config,
+    viewed_parameters,
+)
+from oxygen_ros.serving.params import read_file
 
 ARGUMENTS = (
     ("namespace", "", "ROS namespace of the robot (empty: none)"),
@@ -45,6 +53,8 @@ ARGUMENTS = (
     ("diagnostics_aggregator", "false", "also start diagnostic_aggregator (if installed) for /diagnostics_agg"),
     ("viewer", "false", "also open RViz (config/oxygen.rviz) and rqt (config/oxygen.perspective), with the node's "
                         "chunk_markers and the aggregator"),
+    ("fixed_frame", "", "RViz's fixed frame (empty: the parameter files' visualization.frame_id, else base_link)"),
+    ("camera_topics", "", "camera topics RViz shows, comma separated (empty: the parameter files' cameras.topics)"),
 )
 OVERRIDES = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer"}
 
@@ -106,12 +116,20 @@ def viewer(context):
 
     config = f"{get_package_share_directory('oxygen_ros')}/config/"
     namespace = LaunchConfiguration("namespace").perform(context)
+    files = parameter_files(LaunchConfiguration("params_file").perform(context))
+    frame, cameras = viewed_parameters([read_file(path) for path in files])
+    frame = LaunchConfiguration("fixed_frame").perform(context) or frame
+    given = LaunchConfiguration("camera_topics").perform(context)
+    cameras = [t.strip() for t in given.split(",") if t.strip()] if given else cameras
+    with open(config + "oxygen.rviz") as shipped, \
+            tempfile.NamedTemporaryFile("w", suffix=".rviz", delete=False) as rviz:
+        rviz.write(rviz_config(shipped.read(), frame, cameras))
     with open(config + "oxygen.perspective") as shipped, \
             tempfile.NamedTemporaryFile("w", suffix=".perspective", delete=False) as perspective:
         perspective.write(namespaced_perspective(shipped.read(), namespace))
     clock = [{"use_sim_time": truthy(context, "use_sim_time")}]
     return (missing("rviz2", "viewer", "RViz not started") or [Node(
-        package="rviz2", executable="rviz2", namespace=namespace, arguments=["-d", config + "oxygen.rviz"],
+        package="rviz2", executable="rviz2", namespace=namespace, arguments=["-d", rviz.name],
         parameters=clock, output="screen")]) + (missing("rqt_gui", "viewer", "rqt not started") or [Node(
         package="rqt_gui", executable="rqt_gui", namespace=namespace,
         arguments=["--perspective-file", perspective.name], parameters=clock, output="screen")])

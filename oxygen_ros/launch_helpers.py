@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 from collections.abc import Sequence
@@ -112,3 +113,37 @@ def namespaced_perspective(text: str, namespace: str) -> str:
             topics = ast.literal_eval(keys["topics"]["repr"])
             keys["topics"]["repr"] = repr([prefix + topic for topic in topics])
     return json.dumps(data, indent=2)
+
+
+def viewed_parameters(files: Sequence[dict]) -> tuple[str, list[str]]:
+    """The fixed frame (`visualization.frame_id`, default base_link) and camera topics (`cameras.topics`) the
+    node's parameter files set (each read as dotted names: `serving.params.read_file`), later ones winning, for
+    RViz."""
+    frame, cameras = "base_link", []
+    for values in files:
+        frame = values.get("visualization.frame_id") or frame
+        cameras = list(values.get("cameras.topics") or cameras)
+    return frame, cameras
+
+
+def rviz_config(text: str, fixed_frame: str, camera_topics: Sequence[str]) -> str:
+    """The shipped RViz config (YAML `text`) with `fixed_frame` as its Fixed Frame and one Image display per
+    camera topic (relative names, shown in the robot's namespace), made from its first Image display."""
+    import yaml
+
+    data = yaml.safe_load(text)
+    manager = data["Visualization Manager"]
+    manager["Global Options"]["Fixed Frame"] = fixed_frame
+    displays = manager["Displays"]
+    images = [d for d in displays if d.get("Class") == "rviz_default_plugins/Image"]
+    template = images[0]
+    kept = [d for d in displays if d.get("Class") != "rviz_default_plugins/Image"]
+    shown = []
+    for topic in camera_topics:
+        display = copy.deepcopy(template)
+        parts = topic.strip("/").split("/")
+        display["Name"] = parts[-2] if len(parts) >= 2 else parts[-1]  # camera/<name>/image_raw -> <name>
+        display["Topic"]["Value"] = topic
+        shown.append(display)
+    manager["Displays"] = kept + shown
+    return yaml.safe_dump(data, sort_keys=False)

@@ -198,3 +198,78 @@ def test_existing_output_is_not_overwritten(tmp_path, aloha_dir, capsys):
     (tmp_path / "bag").mkdir()
     assert convert(["aloha", str(aloha_dir), str(tmp_path / "bag")]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def write_openpi_droid_v2(root, episodes: int = 2, frames: int = 5):
+    """A LeRobot v2.1 dataset laid out as openpi's examples/droid/convert_droid_data_to_lerobot.py writes it
+    (LeRobot v2.x): keys without the `observation.` prefix, PNG images in the parquet, one file per episode."""
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    cameras = ("exterior_image_1_left", "wrist_image_left")
+    features = {
+        **{c: {"dtype": "image", "shape": [18, 32, 3], "names": ["height", "width", "channel"]} for c in cameras},
+        "joint_position": {"dtype": "float32", "shape": [7], "names": ["joint_position"]},
+        "gripper_position": {"dtype": "float32", "shape": [1], "names": ["gripper_position"]},
+        "actions": {"dtype": "float32", "shape": [8], "names": ["actions"]},
+        **{k: {"dtype": "int64", "shape": [1], "names": None} for k in ("frame_index", "episode_index", "index",
+                                                                          "task_index")},
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    }
+    info = {"codebase_version": "v2.1", "robot_type": "panda", "fps": 15, "chunks_size": 1000,
+            "total_episodes": episodes, "features": features,
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"}
+    (root / "meta").mkdir(parents=True)
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    tasks = ["put the marker in the cup", "close the drawer"]
+    (root / "meta" / "tasks.jsonl").write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n"
+                                                       for i, t in enumerate(tasks)))
+    (root / "meta" / "episodes.jsonl").write_text("".join(
+        json.dumps({"episode_index": e, "tasks": [tasks[e % 2]], "length": frames}) + "\n" for e in range(episodes)))
+    written = []
+    for e in range(episodes):
+        images = {c: rng.integers(0, 256, (frames, 18, 32, 3), dtype=np.uint8) for c in cameras}
+        joints, gripper = rng.normal(size=(frames, 7)).astype(np.float32), rng.uniform(size=(frames, 1)).astype(
+            np.float32)
+        actions = rng.uniform(-1, 1, (frames, 8)).astype(np.float32)
+
+        def png(pixels):
+            buffer = io.BytesIO()
+            Image.fromarray(pixels).save(buffer, format="PNG")
+            return {"bytes": buffer.getvalue(), "path": None}
+
+        table = pa.table({
+            **{c: [png(images[c][i]) for i in range(frames)] for c in cameras},
+            "joint_position": joints.tolist(), "gripper_position": gripper.tolist(), "actions": actions.tolist(),
+            "timestamp": pa.array(np.arange(frames) / 15, pa.float32()), "frame_index": list(range(frames)),
+            "episode_index": [e] * frames, "index": list(range(e * frames, (e + 1) * frames)),
+            "task_index": [e % 2] * frames})
+        path = root / "data" / "chunk-000" / f"episode_{e:06d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+        written.append((images, np.concatenate([joints, gripper], axis=1), actions, tasks[e % 2]))
+    return written
+
+
+def test_openpis_droid_data_in_lerobot_v2_converts_to_a_bag(tmp_path):
+    written = write_openpi_droid_v2(tmp_path / "droid")
+    bag = tmp_path / "bag"
+    assert convert(["lerobot", str(tmp_path / "droid"), str(bag), "--episode", "1"]) == 0
+    images, state, actions, task = written[1]
+    msgs = by_topic(bag)
+    for camera, frames in images.items():
+        got = [m for _, m in msgs[f"camera/{camera}/image_raw"]]
+        assert len(got) == 5
+        for i, m in enumerate(got):
+            np.testing.assert_array_equal(m.data.reshape(18, 32, 3), frames[i])
+    np.testing.assert_allclose(np.stack([m.position for _, m in msgs["joint_states"]]), state)
+    np.testing.assert_allclose(np.stack([m.position for _, m in msgs["episode/action"]]), actions)
+    assert msgs["instruction"][0][1].data == task
+    times = [t for t, _ in msgs["joint_states"]]
+    assert np.allclose(np.diff(times), 1e9 / 15, atol=1)

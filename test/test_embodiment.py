@@ -242,3 +242,35 @@ def test_lerobot_relative_actions_need_the_same_delta_mask(tmp_path):
     assert so100.mismatch(relative, ("a", "b", "c")) is None
     message = load_embodiment("absolute").mismatch(relative, ("a", "b", "c"))
     assert "relative actions on dims [0, 1] (use_relative_actions true), the profile has deltas on no dim" in message
+
+
+def test_openpis_train_config_is_read_before_its_asset_id(tmp_path):
+    droid, aloha = load_embodiment("droid"), load_embodiment("aloha")
+    names = tuple(f"j{i}" for i in range(8))
+    # pi05_full_droid_finetune keeps asset id droid but trains joint-position deltas (RLDSDroidDataConfig)
+    full = TrainedOn(openpi_config="pi05_full_droid_finetune", openpi_asset_id="droid")
+    assert "openpi's pi05_full_droid_finetune trains 7 joint-position deltas" in droid.mismatch(full, names)
+    path = tmp_path / "droid_deltas.yaml"
+    path.write_text("name: droid_deltas\nstate: {dims: 8}\naction: {dims: 8, kinds: [delta, delta, delta, delta, "
+                    "delta, delta, delta, gripper]}\n")
+    assert load_embodiment(str(path)).mismatch(full, names) is None
+    # the config's name found in openpi's checkpoints/<config>/<exp>/<step> layout
+    trained = TrainedOn(openpi_folders=("20000", "my_run", "pi05_full_droid_finetune"), openpi_asset_id="droid")
+    assert "joint-position deltas" in droid.mismatch(trained, names)
+    velocity = TrainedOn(openpi_folders=("5000", "run", "pi05_droid_finetune"), openpi_asset_id="droid")
+    assert droid.mismatch(velocity, names) is None
+    assert "which embodiment droid is for" in aloha.mismatch(velocity, tuple(f"j{i}" for i in range(14)))
+    assert "no profile can drive it" in droid.mismatch(TrainedOn(openpi_config="pi05_libero"), names)
+
+
+def test_a_lerobot_fine_tune_on_droid_velocities_fits_droid():
+    droid, absolute = load_embodiment("droid"), load_embodiment("absolute")
+    names = tuple(f"j{i}" for i in range(8))
+    velocities = TrainedOn(lerobot_relative=False,
+                           lerobot_action_names=tuple(f"joint_velocity_{i}" for i in range(7)) + ("gripper_position",))
+    assert droid.mismatch(velocities, names) is None
+    assert "are velocities on dims [0, 1, 2, 3, 4, 5, 6]; the profile has them on none" in \
+        absolute.mismatch(velocities, names)
+    positions = TrainedOn(lerobot_relative=False,
+                          lerobot_action_names=tuple(f"joint_position_{i}" for i in range(7)) + ("gripper_position",))
+    assert "velocities on dims none; the profile has them on [0, 1, 2, 3, 4, 5, 6]" in droid.mismatch(positions, names)

@@ -262,7 +262,7 @@ def test_openpi_layout_gives_the_same_actions_and_tokens(model, batch, tmp_path)
     folder = write_openpi(model, tmp_path)
     openpi, lerobot = load_checkpoint(folder), load_checkpoint(tmp_path / "lerobot")
     assert openpi.layout == "openpi" and lerobot.layout == "lerobot"
-    assert openpi.trained_on == TrainedOn(openpi_asset_id="physical-intelligence/aloha")
+    assert openpi.trained_on.openpi_asset_id == "physical-intelligence/aloha" and openpi.trained_on.openpi_config is None
     assert openpi.model.backbone.lm_head is None
     actions_a, tokens_a = actions_and_tokens(openpi.model, batch)
     actions_b, tokens_b = actions_and_tokens(lerobot.model, batch)
@@ -494,3 +494,18 @@ def test_openpi_layout_is_as_strict_and_names_its_own_keys(model, tmp_path):
     assert str(err.value) == (
         f"model.safetensors does not match the model: missing (1): {gone}; unexpected (1): "
         "model.action_in_proj.weight; wrong shape (1): action_out_proj.bias (file (3,), model (16,))")
+
+
+def test_an_openpi_folder_under_its_train_configs_name_says_so(model, tmp_path):
+    from oxygen_ros.control.embodiment import load_embodiment
+
+    run = tmp_path / "checkpoints" / "pi05_full_droid_finetune" / "my_run"
+    run.mkdir(parents=True)
+    folder = write_openpi(model, run)  # .../pi05_full_droid_finetune/my_run/openpi
+    trained = load_checkpoint(folder).trained_on
+    assert trained.openpi_folders == ("openpi", "my_run", "pi05_full_droid_finetune")
+    assert "pi05_full_droid_finetune trains 7 joint-position deltas" in \
+        load_embodiment("droid").mismatch(trained, tuple(f"j{i}" for i in range(8)))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "config_name": "pi05_droid"}))
+    assert load_checkpoint(folder).trained_on.openpi_config == "pi05_droid"

@@ -143,3 +143,26 @@ def test_download_prints_the_parameter_lines_and_fails_in_one_line(repos, hub_ca
     assert err.startswith("oxygen-ros download: error: 'org/missing' is not a folder; as a hub id: org/missing is "
                           "not in the hub cache") and "\n" not in err
     assert cli_main(["download", "./folder"]) == 2
+
+
+def test_download_of_a_checkpoint_without_stats_says_what_is_missing(hub_cache, tmp_path, capsys):  # noqa: F811
+    from test_vla_node_checkpoint_startup import base_checkpoint, dataset_stats
+
+    folder = base_checkpoint(tmp_path / "base")  # laid out as lerobot/pi05_base: normalizers without stats
+    train_tokenizer(folder / "tokenizer.model", CFG.vocab_size)
+    cache_repo(hub_cache, "org/base", checkpoint_files(folder), COMMIT_A)
+    assert cli_main(["download", "org/base"]) == 1
+    captured = capsys.readouterr()
+    assert "tokenizer: " in captured.out  # what could be checked was
+    err = captured.err.strip()
+    assert err == ("oxygen-ros download: error: org/base cannot run without normalization stats: no normalization "
+                   "stats for observation.state in the folder (no policy_*normalizer_processor.safetensors, processor "
+                   "pipeline JSON naming one, or normalization buffers in model.safetensors). Give the stats of the "
+                   "robot's own dataset (LeRobot's meta/stats.json or openpi's norm_stats.json): --norm-stats here, "
+                   "model.norm_stats on the node"), err
+    stats = dataset_stats(tmp_path / "stats.json")
+    assert cli_main(["download", "org/base", "--norm-stats", str(stats)]) == 0
+    out = capsys.readouterr().out
+    assert (f"normalization: observation.state QUANTILES, action QUANTILES (lerobot's formulas, eps 1e-08), stats "
+            f"from {stats}") in out
+    assert f'      norm_stats: "{stats}"\n' in out

@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.normalization import Normalization
 from oxygen_ros.model.preprocess import (
     Observation,
     normalized_state,
     prepare_inputs,
-    quantile_normalize,
-    quantile_unnormalize,
     resize_with_pad,
     robot_actions,
 )
@@ -71,7 +70,8 @@ def test_state_is_quantile_normalized_and_padded():
 def test_actions_are_cut_to_robot_dims_and_unnormalized():
     q01, q99 = np.array([0.0, -1.0, 5.0]), np.array([2.0, 1.0, 7.0])
     raw = np.array([[1.5, -0.2, 6.0]])
-    np.testing.assert_allclose(quantile_unnormalize(quantile_normalize(raw, q01, q99), q01, q99), raw)
+    norm = Normalization({"action": {"q01": q01, "q99": q99}})
+    np.testing.assert_allclose(norm.unnormalize("action", norm.normalize("action", raw)), raw)
     model_out = torch.zeros(1, CFG.action_horizon, CFG.action_dim)
     model_out[..., 0] = 1.0
     out = robot_actions(model_out, 3, {"action": {"q01": q01, "q99": q99}})

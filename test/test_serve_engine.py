@@ -193,3 +193,29 @@ def test_a_client_that_never_asks_for_text_pays_nothing_for_it(monkeypatch):
         first.infer(ask(5, "pick", narrate=True))  # the spies see text work when there is some
         assert runtime.drain(TIMEOUT_S)
         assert requests == [1] and hidden[-1] is True and decodes and runtime.tokens_generated > 0
+
+
+def test_serve_normalizes_with_the_users_stats_and_refuses_an_unknown_mode_in_one_line(tmp_path, monkeypatch):
+    from test_vla_node_checkpoint_startup import base_checkpoint, dataset_stats
+
+    from oxygen_ros.model.tokenizer import train_tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = base_checkpoint(tmp_path / "base")  # as lerobot/pi05_base: no stats of its own
+    train_tokenizer(folder / "tokenizer.model", 1024)
+    stats = dataset_stats(tmp_path / "norm_stats.json", openpi=True)
+    base = [f"model.checkpoint={folder}", "embodiment=aloha", "model.dtype=float32", "model.cpu_kernel=off"]
+    with pytest.raises(ValueError, match="no normalization stats for observation.state"):
+        build_server(engine_parameters([], base), ServeConfig(port=0), Capacity())
+    server = build_server(engine_parameters([], [*base, f"model.norm_stats={stats}", "model.norm_mode=MEAN_STD"]),
+                          ServeConfig(port=0), Capacity())
+    try:
+        norm = server.fleet.runtime.served[MODEL_ID].norm_stats
+        assert norm.modes == {"observation.state": "MEAN_STD", "action": "MEAN_STD"}
+        np.testing.assert_array_equal(norm["action"]["std"], [0.3] * 14)
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match=r"^normalization mode 'ZSCORE' is not one of MEAN_STD \| MIN_MAX") as err:
+        build_server(engine_parameters([], [*base, f"model.norm_stats={stats}", "model.norm_mode=ZSCORE"]),
+                     ServeConfig(port=0), Capacity())
+    assert "\n" not in str(err.value)

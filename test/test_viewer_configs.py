@@ -52,3 +52,22 @@ def test_rqt_perspective_plots_engine_status_fields_and_runs_the_robot_monitor()
     topics = ast.literal_eval(moved["plugin__rqt_plot__Plot__1"]["groups"]["plugin"]["keys"]["topics"]["repr"])
     assert topics == ["/robot3" + t for t in plotted[:len(topics)]]
     assert json.loads(namespaced_perspective(text, "")) == json.loads(text)
+
+
+def test_rviz_follows_the_robots_parameter_files_or_the_launch_arguments():
+    from oxygen_ros.launch_helpers import rviz_config, viewed_parameters
+    from oxygen_ros.serving.params import read_file
+
+    droid = yaml.safe_load((CONFIG / "droid.yaml").read_text())["/**"]["ros__parameters"]
+    viewed = viewed_parameters([read_file(CONFIG / "aloha.yaml"), read_file(CONFIG / "droid.yaml")])  # droid wins
+    assert viewed == ("base_link", droid["cameras"]["topics"])  # not ALOHA's cameras
+    shipped = (CONFIG / "oxygen.rviz").read_text()
+    for frame, cameras in (viewed, ("panda_link0", ["wrist/image", "front"])):
+        manager = yaml.safe_load(rviz_config(shipped, frame, cameras))["Visualization Manager"]
+        assert manager["Global Options"]["Fixed Frame"] == frame
+        images = [d for d in manager["Displays"] if d["Class"] == "rviz_default_plugins/Image"]
+        assert [d["Topic"]["Value"] for d in images] == cameras
+        assert [d["Class"] for d in manager["Displays"] if d["Class"] != "rviz_default_plugins/Image"] == [
+            d["Class"] for d in yaml.safe_load(shipped)["Visualization Manager"]["Displays"]
+            if d["Class"] != "rviz_default_plugins/Image"]  # the robot, TF, markers and grid kept
+    assert [d["Name"] for d in images] == ["wrist", "front"]

@@ -3,6 +3,8 @@ of another vocabulary end start-up with exit code 1 and one clear line, a good o
 head its writer used, named in the start-up log."""
 
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -187,3 +189,110 @@ def test_a_profile_the_checkpoint_was_not_trained_in_stops_start_up_unless_overr
         context.try_shutdown()
         context.destroy()
     assert "(starting: embodiment_override is true)" in capfd.readouterr().err
+
+
+def base_checkpoint(path):
+    """A checkpoint laid out as `lerobot/pi05_base` is: its pipelines' normalizers have no features and name no
+    stats file, so the folder carries no statistics at all."""
+    folder = save_checkpoint(build_model(CFG, seed=2), path, embodiment="aloha")
+    for name, step in (("policy_preprocessor", "normalizer_processor"),
+                       ("policy_postprocessor", "unnormalizer_processor")):
+        config = {"eps": 1e-8, "features": {}, "norm_map": {"VISUAL": "IDENTITY", "STATE": "QUANTILES",
+                                                            "ACTION": "QUANTILES"}}
+        (folder / f"{name}.json").write_text(json.dumps({"name": name, "steps": [
+            {"registry_name": step, "config": config}]}))
+    return folder
+
+
+def dataset_stats(path, state_width=14, openpi=False):
+    """The robot's own dataset stats: LeRobot's meta/stats.json (every statistic, images included), or openpi's
+    norm_stats.json."""
+    rng = np.random.default_rng(5)
+
+    def feature(width):
+        low = rng.uniform(-1.0, 0.0, width)
+        return {"mean": (low + 0.5).tolist(), "std": [0.3] * width, "min": (low - 0.1).tolist(),
+                "max": (low + 1.1).tolist(), "q01": low.tolist(), "q99": (low + 1.0).tolist(),
+                "q10": (low + 0.1).tolist(), "q90": (low + 0.9).tolist()}
+
+    if openpi:
+        data = {"norm_stats": {"state": feature(state_width), "actions": feature(14)}}
+    else:
+        data = {"observation.state": {**feature(state_width), "count": [900]}, "action": feature(14),
+                "observation.images.cam_high": {"mean": [[[0.4]], [[0.4]], [[0.4]]], "count": [900]}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_checkpoint_without_stats_starts_with_the_users_stats(tmp_path, tokenizer, hub_cache, capfd, ros_domain_id,  # noqa: F811
+                                                                monkeypatch):
+    import rclpy
+
+    from oxygen_ros.nodes.vla_node import VlaNode
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache_repo(hub_cache, "org/base", checkpoint_files(base_checkpoint(tmp_path / "base")), "d" * 40)
+    assert vla_node_main(node_args("org/base", tokenizer)) == 1
+    err = capfd.readouterr().err
+    assert "cannot start: model.checkpoint 'org/base' cannot be loaded: no normalization stats for observation.state" \
+        in err and len(node_lines(err)) == 1, err
+    for file, mode, convention in ((dataset_stats(tmp_path / "stats.json"), "", "QUANTILES"),
+                                   (dataset_stats(tmp_path / "norm_stats.json", openpi=True), "MEAN_STD", "MEAN_STD")):
+        context = rclpy.Context()
+        modes = ["-p", f"model.norm_mode:={mode}"] if mode else []
+        rclpy.init(args=["vla_node", *node_args("org/base", tokenizer, "-p", f"model.norm_stats:={file}", *modes)],
+                   context=context, domain_id=ros_domain_id)
+        node = VlaNode(context=context)
+        try:
+            assert node.autostart(), node.failure  # configured (the model loaded) and active
+            norm = node.policy.norm_stats
+            assert norm.modes == {"observation.state": convention, "action": convention}
+            given = json.loads(file.read_text())
+            state = given["norm_stats"]["state"] if "norm_stats" in given else given["observation.state"]
+            np.testing.assert_array_equal(norm["observation.state"]["q01"], state["q01"])
+            raw = np.asarray(state["mean"]) + 0.15
+            q01, q99 = np.asarray(state["q01"]), np.asarray(state["q99"])
+            # LeRobot's formulas (normalize_processor.py lines 349-362, 386-401), eps 1e-8 from the pipeline file
+            expected = 2 * (raw - q01) / (q99 - q01) - 1 if not mode else 0.15 / (np.asarray(state["std"]) + 1e-8)
+            np.testing.assert_allclose(norm.normalize("observation.state", raw), expected, atol=1e-6)
+        finally:
+            node.close()
+            node.destroy_node()
+            context.try_shutdown()
+            context.destroy()
+
+
+BAD_USER_STATS = {  # extra parameters -> the line
+    "narrow": (lambda d: ["-p", f"model.norm_stats:={dataset_stats(d / 's.json', state_width=4)}"],
+               "cannot start: joints.state_names gives 14 model dims, the checkpoint's normalization stats of "
+               "observation.state only 4"),
+    "wider than the model": (lambda d: ["-p", f"model.norm_stats:={dataset_stats(d / 's.json', state_width=40)}"],
+                             "normalization stats of observation.state in {d}/s.json have width 40; the model's "
+                             "state takes 1 to 16 dims"),  # the tiny model's
+    "unknown mode": (lambda d: ["-p", "model.norm_mode:=ZSCORE"],
+                     "cannot start: model.norm_mode must be empty (the checkpoint's) or one of MEAN_STD | MIN_MAX | "
+                     "QUANTILES | QUANTILE10 | IDENTITY, got 'ZSCORE'"),
+    "no such file": (lambda d: ["-p", f"model.norm_stats:={d}/none.json"], "the stats file {d}/none.json does not "
+                                                                           "exist"),
+    "mode without its stats": (lambda d: ["-p", f"model.norm_stats:={_only_quantiles(d)}",
+                                          "-p", "model.norm_mode:=MEAN_STD"],
+                               "lack mean and std (found q01, q99); its mode MEAN_STD needs mean and std"),
+}
+
+
+def _only_quantiles(folder):
+    data = json.loads(dataset_stats(folder / "full.json").read_text())
+    stats = {f: {k: v[k] for k in ("q01", "q99")} for f, v in data.items() if f != "observation.images.cam_high"}
+    (folder / "q.json").write_text(json.dumps(stats))
+    return folder / "q.json"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_USER_STATS))
+def test_user_stats_that_do_not_fit_are_one_start_up_line(case, tmp_path, tokenizer, capfd, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = base_checkpoint(tmp_path / "base")
+    extra, expected = BAD_USER_STATS[case]
+    assert vla_node_main(node_args(folder, tokenizer, *extra(tmp_path))) == 1
+    err = capfd.readouterr().err
+    assert expected.format(d=tmp_path) in err, err
+    assert "Traceback" not in err and len(node_lines(err)) == 1, err

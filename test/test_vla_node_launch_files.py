@@ -102,7 +102,7 @@ def test_oxygen_launch_arguments_overrides_and_default_parameter_file():
     tree = parse("launch/oxygen.launch.py")
     declared = declared_arguments(tree)
     assert declared == {"namespace", "params_file", "use_sim_time", "autostart", "preset", "checkpoint", "tokenizer",
-                        "urdf", "diagnostics_aggregator", "viewer"}
+                        "urdf", "diagnostics_aggregator", "viewer", "fixed_frame", "camera_topics"}
     # the robot path: the managed node waits for an operator or a lifecycle manager unless told otherwise
     assert next(e.elts[1].value for e in assigned(tree, "ARGUMENTS").elts if e.elts[0].value == "autostart") == "false"
     assert "autostart" in constant_strings(tree) and "autostart" in NODE_PARAMETERS
@@ -153,6 +153,9 @@ def test_oxygen_launch_viewer_opens_the_shipped_rviz_and_rqt_files_with_the_mark
     assert named == {"oxygen.perspective", "oxygen.rviz"}
     assert all((REPO / "config" / name).is_file() for name in named) and "config" in installed_share_folders()
     assert "visualization.markers" in constant_strings(tree) and "visualization.markers" in NODE_PARAMETERS
+    # RViz's fixed frame and cameras: the parameter files' (launch_helpers.viewed_parameters), or the arguments
+    assert calls(tree, "rviz_config") and calls(tree, "viewed_parameters")
+    assert {"fixed_frame", "camera_topics"} <= launch_configurations(tree)
 
 
 def test_replay_launch_includes_the_node_launch_and_runs_replay_with_clock():

@@ -921,3 +921,25 @@ def test_cpu_kernel_parameter_reaches_the_model(tmp_path, ros_domain_id):
             node.destroy_node()
             context.try_shutdown()
             context.destroy()
+
+
+def test_the_droid_controllers_overlay_closes_the_gripper_on_one_and_reads_it_back():
+    from oxygen_ros.serving.params import read_file
+
+    config = Path(__file__).resolve().parents[1] / "config"
+    values = parameter_values()
+    for name in ("droid.yaml", "droid_controllers.yaml"):
+        values.update(read_file(config / name))
+    for group in values["output.groups"]:  # the fields a file leaves out, at their defaults (as the node declares)
+        for field, (default, _) in GROUP_SPECS.items():
+            values.setdefault(f"output.{group}.{field}", default)
+    params = read_parameters(values)
+    arm, gripper = params.groups
+    assert (arm.name, arm.interface, len(arm.joints)) == ("arm", "trajectory", 7)
+    closed, opened = gripper.to_robot(np.array([[0.0] * 7 + [1.0], [0.0] * 8]))[:, 0]
+    assert (opened, closed) == (0.0, 0.8)  # DROID's command: 0 open .. 1 closed
+    # the broadcaster's gripper joint in rad back to DROID's 0 open .. 1 closed, and held where it is
+    measured = np.array([0.1, -0.2, 0.3, -1.5, 0.0, 1.2, 0.4, 0.6])
+    state = params.state_units.to_state(measured)
+    assert state[7] == pytest.approx(0.75) and np.array_equal(state[:7], measured[:7])
+    assert gripper.measured_to_robot(state, params.state_names)[0] == pytest.approx(0.6)

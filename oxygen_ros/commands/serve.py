@@ -87,7 +87,8 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     robots = [ServedRobot(f"client{i}", MODEL_ID, capacity.slo_s) for i in range(capacity.max_clients)]
     holder: dict[str, OpenpiServer] = {}
     try:
-        fleet = FleetServer([ModelSpec(MODEL_ID, source, p["model.seed"])], robots, runtime,
+        spec = ModelSpec(MODEL_ID, source, p["model.seed"], p["model.norm_stats"], p["model.norm_mode"])
+        fleet = FleetServer([spec], robots, runtime,
                             lambda model: tokenizer or tokenizer_for(model, p["model.tokenizer"] or None), device, dtype,
                             on_chunk=lambda chunk: holder["server"].on_chunk(chunk),
                             on_text=lambda update: holder["server"].on_text(update), publish_late=True,
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="pi05 checkpoint folder or hub id: model.checkpoint")
     parser.add_argument("--tokenizer", help="the checkpoint's tokenizer, if it does not carry or name one (a file, a "
                                             "folder or a hub id): model.tokenizer")
+    parser.add_argument("--norm-stats", help="the robot's own dataset stats replacing the checkpoint's (LeRobot's "
+                                             "meta/stats.json or openpi's norm_stats.json): model.norm_stats")
     parser.add_argument("--embodiment", help="absolute | aloha | droid | a profile YAML file (its openpi_keys name "
                                              "the observation keys): embodiment")
     parser.add_argument("--seed", type=int, help="random weights of a preset and the default noise: model.seed")
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.api_key = api_key(args.api_key)
     shorthands = {"preset": "model.preset", "checkpoint": "model.checkpoint", "tokenizer": "model.tokenizer",
-                  "embodiment": "embodiment", "seed": "model.seed", "device": "model.device"}
+                  "norm_stats": "model.norm_stats", "embodiment": "embodiment", "seed": "model.seed", "device": "model.device"}
     overrides = args.param + [f"{name}={getattr(args, flag)}" for flag, name in shorthands.items()
                               if getattr(args, flag) is not None]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -48,6 +48,7 @@ from ..model.config import Pi05Config, get_preset
 from ..model.generate import greedy_decode
 from ..model.inputs import ModelInputs
 from ..model.kv_cache import KVCache
+from ..model.normalization import as_normalization
 from ..model.pi05 import Pi05Model, build_model
 from ..model.preprocess import (
     ACTION_KEY,
@@ -55,7 +56,6 @@ from ..model.preprocess import (
     NormStats,
     Observation,
     prepare_inputs,
-    quantile_normalize,
     robot_actions,
 )
 from ..model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -188,7 +188,7 @@ def _episode_part(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, st
     if dim > config.action_dim:
         raise DataError(f"the episode has {dim} action dims, the model only {config.action_dim}")
     chunks = np.zeros((episode.length, config.action_horizon, config.action_dim), dtype=np.float32)
-    chunks[..., :dim] = quantile_normalize(model_chunks, stats[ACTION_KEY]["q01"], stats[ACTION_KEY]["q99"])
+    chunks[..., :dim] = as_normalization(stats).normalize(ACTION_KEY, model_chunks)
     captions = frame_captions(episode.actions)
     encoded = [tokenizer.encode(text) for text in captions]
     width = max(map(len, encoded))

@@ -49,8 +49,12 @@ from .embodiment_math import (
     differences,
 )
 from .embodiment_yaml import parse_profile
+from .openpi_configs import OPENPI_CONFIGS
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "embodiments"
+# A LeRobot checkpoint's action feature whose name contains this is a velocity (this package's rule: LeRobot's own
+# DROID port names its features action.joint_velocity / action.joint_position, examples/port_datasets/port_droid.py).
+VELOCITY_NAME = "velocity"
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,9 @@ class Embodiment:
             if trained_on.embodiment != self.name:
                 return f"the checkpoint was trained in embodiment {trained_on.embodiment}"
             return None
+        name = trained_on.openpi_config or next((n for n in trained_on.openpi_folders if n in OPENPI_CONFIGS), None)
+        if name in OPENPI_CONFIGS:  # the train config says more than its asset id
+            return self._openpi_config_mismatch(name, OPENPI_CONFIGS[name])
         asset = trained_on.openpi_asset_id
         if asset is not None:
             if "libero" in asset.lower():
@@ -202,6 +209,16 @@ class Embodiment:
             return None
         return self._lerobot_mismatch(trained_on, action_names)
 
+    def _openpi_config_mismatch(self, name: str, config) -> str | None:
+        if config.refused:
+            return f"openpi's {name} trains {config.actions}: {REFUSED_KINDS[config.refused]}; no profile can drive it"
+        if config.profile is not None and config.profile != self.name:
+            return f"openpi's {name} trains {config.actions}, which embodiment {config.profile} is for"
+        if config.kinds is not None and tuple(self.kinds or ()) != config.kinds:
+            return (f"openpi's {name} trains {config.actions}: a profile with action kinds {list(config.kinds)}, "
+                    f"not {list(self.kinds) if self.kinds else 'positions'}")
+        return None
+
     def _lerobot_mismatch(self, trained_on, action_names: tuple[str, ...]) -> str | None:
         """LeRobot's pi05 processors know absolute actions, or relative ones (the state added back on the masked
         dims): no velocities, no sign flips, no unit conversions."""
@@ -209,8 +226,15 @@ class Embodiment:
         maps = [m for m in (self.state_map, self.action_map) if m is not None]
         if self.state_pick is not None or any(m.convert or m.flips for m in maps):
             return "it is a LeRobot checkpoint, whose processors apply no sign flips or unit conversions"
-        if VELOCITY in kinds:
-            return "it is a LeRobot checkpoint, trained on positions, not velocities"
+        names = trained_on.lerobot_action_names
+        velocities = [VELOCITY_NAME in n.lower() for n in names] if names and len(names) == len(kinds) else None
+        if velocities is not None and [k == VELOCITY for k in kinds] != velocities:
+            return (f"it is a LeRobot checkpoint whose action features {list(names)} are velocities on dims "
+                    f"{_dims(velocities) if any(velocities) else 'none'}; the profile has them on "
+                    f"{_dims(have) if any(have := [k == VELOCITY for k in kinds]) else 'none'}")
+        if velocities is None and VELOCITY in kinds:
+            return "it is a LeRobot checkpoint, trained on positions, not velocities (its action_feature_names " \
+                   "name no velocity)"
         wanted = lerobot_relative_mask(trained_on, len(kinds))
         have = [kind == DELTA for kind in kinds]
         if have != wanted:

@@ -9,7 +9,8 @@ each to the controller's units:
 
 applied only to what the group publishes. For an ALOHA gripper the command is normalized (0 = closed .. 1 = open,
 ALOHA's convention), so offset = the controller's closed position and scale = open - closed. The measured joint
-state (`joint_states`) is in the command's units (it is what the embodiment reads as the robot's state), so a
+state is in the command's units (it is what the embodiment reads as the robot's state; a node brings a
+broadcaster's names and units to them first, `oxygen_ros.robots.state_units`), so a
 measured position compared with or held at in the controller's units is mapped the same way
 (`measured_to_robot`): the limits' jump check and the position hold.
 

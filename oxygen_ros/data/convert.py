@@ -1,7 +1,8 @@
 """`oxygen-ros convert {aloha,lerobot} SRC OUT_BAG`: turn one recorded episode into a replayable rosbag2.
 
 SRC is an ALOHA `episode_N.hdf5` (or a folder of them, picked with --episode) or a LeRobot v3 dataset folder
-(DROID and ALOHA on the hub use that layout). Any problem with the input is reported as one line naming it,
+(DROID and ALOHA on the hub use that layout) or v2.x one (what openpi's conversion scripts write, its DROID data:
+keys without the `observation.` prefix). Any problem with the input is reported as one line naming it,
 with exit status 1, and no output bag is left behind: a file of another structure, an episode without frames,
 and state, action, velocity or effort values that are NaN or infinite (a robot would be fed them) are refused.
 """
@@ -21,7 +22,7 @@ from .lerobot import read_lerobot
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("convert", __doc__)
     parser.add_argument("format", choices=("aloha", "lerobot"), help="source episode format")
-    parser.add_argument("src", help="ALOHA .hdf5 file or folder, or LeRobot v3 dataset folder")
+    parser.add_argument("src", help="ALOHA .hdf5 file or folder, or LeRobot v3 or v2.x dataset folder")
     parser.add_argument("out_bag", help="output rosbag2 folder (must not exist)")
     parser.add_argument("--episode", type=int, default=None, help="episode index (default: 0)")
     parser.add_argument("--storage", choices=sorted(STORAGES), default="mcap", help="rosbag2 storage format")

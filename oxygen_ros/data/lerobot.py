@@ -1,12 +1,19 @@
-"""LeRobot dataset v3.0 (the layout ALOHA and DROID are published in), read and written with pyarrow + PyAV.
+"""LeRobot dataset v3.0 (the layout ALOHA and DROID are published in), read and written with pyarrow + PyAV; v2.x
+(what openpi's conversion scripts write, its DROID data included) is read too.
 
 v3.0 packs many episodes per file: frames live in `data/chunk-XXX/file-XXX.parquet`, camera streams in
 `videos/<key>/chunk-XXX/file-XXX.mp4`, and `meta/episodes/...parquet` says where each episode sits (row range,
 video time range). Only the fields LeRobot's own loader needs are written; stats cover min/max/mean/std/count.
 
-Feature keys: `observation.state` (or DROID's `observation.state.joint_position` + `.gripper_position`),
-`action` (or DROID's `action.joint_position` + `action.gripper_position`), `observation.images.<camera>`
-(video or image), optional `observation.velocity` / `observation.effort`.
+v2.x keeps one file per episode: `data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet`, videos at
+`videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4` (the info.json templates; the chunk
+is the episode index // `chunks_size`), episodes and tasks in `meta/episodes.jsonl` / `meta/tasks.jsonl`.
+
+Feature keys: `observation.state` (or DROID's `observation.state.joint_position` + `.gripper_position`, or
+openpi's DROID conversion's `joint_position` + `gripper_position`), `action` (or DROID's `action.joint_position` +
+`action.gripper_position`, or openpi's `actions`), `observation.images.<camera>` (video or image; in a v2.x
+dataset any image or video feature, openpi's DROID `exterior_image_1_left` say), optional `observation.velocity`
+/ `observation.effort`.
 
 The reader checks the types of everything it uses (info.json entries, episode metadata fields, column types and
 row widths) before using it, so a dataset of another shape fails with one line naming the file and the field.
@@ -39,6 +46,10 @@ IMAGE_PREFIX = "observation.images."
 STATE_KEYS = ("observation.state",)
 DROID_STATE_PARTS = ("observation.state.joint_position", "observation.state.gripper_position")
 DROID_ACTION_PARTS = ("action.joint_position", "action.gripper_position")
+# openpi's examples/droid/convert_droid_data_to_lerobot.py (and its other conversions): keys without a prefix.
+OPENPI_STATE_PARTS = ("joint_position", "gripper_position")
+OPENPI_ACTION_KEY = "actions"
+V2_CHUNKS_SIZE = 1000  # LeRobot v2's default chunks_size
 _INDEX_FEATURES = {
     "timestamp": {"dtype": "float32", "shape": [1], "names": None},
     "frame_index": {"dtype": "int64", "shape": [1], "names": None},
@@ -51,8 +62,8 @@ _INDEX_FEATURES = {
 # ----------------------------------------------------------------------------------------------- reading
 
 
-def lerobot_info(root: str | os.PathLike) -> dict:
-    """meta/info.json, checked to be a v3.x dataset with a positive fps and a features mapping."""
+def lerobot_info(root: str | os.PathLike, versions: tuple[str, ...] = ("v3.",)) -> dict:
+    """meta/info.json, checked to be a dataset of one of `versions` with a positive fps and a features mapping."""
     path = Path(root) / "meta" / "info.json"
     try:
         info = json.loads(path.read_text())
@@ -63,8 +74,9 @@ def lerobot_info(root: str | os.PathLike) -> dict:
     if not isinstance(info, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(info).__name__}")
     version = str(info.get("codebase_version", ""))
-    if not version.startswith("v3."):
-        raise DataError(f"{path}: codebase_version {version!r} is not v3.x (older layouts are not supported)")
+    if not version.startswith(versions):
+        wanted = " or ".join(f"{v}x" for v in versions)
+        raise DataError(f"{path}: codebase_version {version!r} is not {wanted} (other layouts are not supported)")
     for key in ("fps", "features"):
         if key not in info:
             raise DataError(f"{path}: no {key!r} entry")
@@ -156,12 +168,13 @@ def _select(table: pa.Table, features: dict, keys: Sequence[str], what: str, whe
 
 
 def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
-    """Read episode `episode` of a LeRobot v3 dataset into an Episode (videos decoded to RGB frames)."""
+    """Read episode `episode` of a LeRobot v3 or v2.x dataset into an Episode (videos decoded to RGB frames)."""
     root = Path(root)
-    info = lerobot_info(root)
+    info = lerobot_info(root, versions=("v3.", "v2."))
+    v2 = str(info["codebase_version"]).startswith("v2.")
     fps = float(info["fps"])
     features = info["features"]
-    rows = lerobot_episodes(root)
+    rows = _v2_episodes(root) if v2 else lerobot_episodes(root)
     meta = next((r for r in rows if r["episode_index"] == episode), None)
     if meta is None:
         raise DataError(f"{root}: episode {episode} out of range (dataset has {len(rows)} episodes)")
@@ -169,9 +182,13 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
     length = _field(meta, "length", int, where)
     if length <= 0:
         raise DataError(f"{where}: the episode has no frames")
-    data_path = root / _fill(info.get("data_path") or DATA_PATH, where,
-                             chunk_index=_field(meta, "data/chunk_index", int, where),
-                             file_index=_field(meta, "data/file_index", int, where))
+    if v2:
+        data_path = root / _fill(info.get("data_path") or "", where, episode_chunk=_v2_chunk(info, episode, where),
+                                 episode_index=episode)
+    else:
+        data_path = root / _fill(info.get("data_path") or DATA_PATH, where,
+                                 chunk_index=_field(meta, "data/chunk_index", int, where),
+                                 file_index=_field(meta, "data/file_index", int, where))
     table = _read_parquet(data_path)
     if "episode_index" not in table.column_names:
         raise DataError(f"{data_path}: no episode_index column")
@@ -181,17 +198,25 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
     if len(table) != length:
         raise DataError(f"{data_path}: episode {episode} has {len(table)} frames, metadata says {length}")
 
-    state_keys = [k for k in STATE_KEYS if k in table.column_names] or list(DROID_STATE_PARTS)
+    state_keys = [k for k in STATE_KEYS if k in table.column_names] or [
+        k for k in DROID_STATE_PARTS if k in table.column_names] or list(OPENPI_STATE_PARTS)
     state, joint_names = _select(table, features, state_keys, "state", data_path)
-    action_keys = ["action"] if "action" in table.column_names else list(DROID_ACTION_PARTS)
+    action_keys = next(([k] for k in ("action", OPENPI_ACTION_KEY) if k in table.column_names),
+                       list(DROID_ACTION_PARTS))
     actions, _ = _select(table, features, action_keys, "action", data_path)
     timestamps = _timestamps(table, fps, data_path)
     images = {}
     for key, feature in features.items():
-        if not key.startswith(IMAGE_PREFIX):
+        if not key.startswith(IMAGE_PREFIX) and not (v2 and feature.get("dtype") in ("image", "video")):
             continue
-        camera = key[len(IMAGE_PREFIX) :]
-        if feature.get("dtype") == "video":
+        camera = key.removeprefix(IMAGE_PREFIX)
+        if feature.get("dtype") == "video" and v2:
+            path = root / _fill(info.get("video_path") or "", where, episode_chunk=_v2_chunk(info, episode, where),
+                                video_key=key, episode_index=episode)
+            if not path.exists():
+                raise DataError(f"{path}: missing video file")
+            images[camera] = decode_video(path, 0.0, length, fps)
+        elif feature.get("dtype") == "video":
             images[camera] = _read_video_feature(root, info, meta, key, length, fps)
         elif feature.get("dtype") == "image" and key in table.column_names:
             images[camera] = _read_image_column(table, key, data_path)
@@ -205,6 +230,40 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
         )
     except DataError as err:
         raise DataError(f"{root}: episode {episode}: {err}") from err
+
+
+def _v2_episodes(root: Path) -> list[dict]:
+    """meta/episodes.jsonl of a v2.x dataset: one object per line with episode_index, tasks and length."""
+    path = root / "meta" / "episodes.jsonl"
+    rows = []
+    for number, line in enumerate(_jsonl(path), start=1):
+        _field(line, "episode_index", int, f"{path}:{number}")
+        rows.append(line)
+    return sorted(rows, key=lambda r: r["episode_index"])
+
+
+def _v2_chunk(info: dict, episode: int, where: str) -> int:
+    size = info.get("chunks_size", V2_CHUNKS_SIZE)
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise DataError(f"{where}: info.json chunks_size must be a positive integer, got {size!r}")
+    return episode // size
+
+
+def _jsonl(path: Path) -> list[dict]:
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError as err:
+        raise DataError(f"{path}: missing") from err
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{number}: invalid JSON ({err})") from err
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object")
+        rows.append(row)
+    return rows
 
 
 def _optional_vector(table: pa.Table, key: str, where: Path) -> np.ndarray | None:
@@ -251,6 +310,12 @@ def _read_image_column(table: pa.Table, key: str, where: Path) -> np.ndarray:
 
 
 def _episode_task(root: Path, table: pa.Table, meta: dict) -> str:
+    listed_v2 = root / "meta" / "tasks.jsonl"
+    if listed_v2.exists() and "task_index" in table.column_names and len(table):
+        by_index = {row.get("task_index"): row.get("task") for row in _jsonl(listed_v2)}
+        task = by_index.get(table.column("task_index")[0].as_py())
+        if isinstance(task, str):
+            return task
     path = root / "meta" / "tasks.parquet"
     if path.exists() and "task_index" in table.column_names and len(table):
         tasks = _read_parquet(path)

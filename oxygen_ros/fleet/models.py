@@ -53,7 +53,8 @@ def load_served(specs: Sequence[ModelSpec], device: str | torch.device, dtype: t
     it (`use_stage_graphs`)."""
     models = LoadedModels()
     for spec in specs:
-        loaded = load_model_source(spec.source, device, dtype, spec.seed)
+        loaded = load_model_source(spec.source, device, dtype, spec.seed, stats_file=spec.norm_stats,
+                                   norm_mode=spec.norm_mode)
         models.trained_on[spec.model_id] = loaded.trained_on
         models.cpu_kernel[spec.model_id] = apply_cpu_kernel(loaded.model, cpu_kernel)
         tokenizer = tokenizer_of(loaded.model) if tokenizer_of else tokenizer_for(loaded.model, None)

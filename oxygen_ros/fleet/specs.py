@@ -17,6 +17,8 @@ class ModelSpec:
     model_id: str
     source: str
     seed: int = 0
+    norm_stats: str = ""  # a checkpoint's: the user's stats file replacing its own (`model.norm_stats`)
+    norm_mode: str = ""  # a checkpoint's: one normalization mode for state and actions (`model.norm_mode`)
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:

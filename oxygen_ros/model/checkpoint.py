@@ -28,13 +28,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import GEMMA_2B, GEMMA_300M, PI05_CAMERAS, SIGLIP_SO400M_14, Pi05Config
-from .norm_stats import NormStatsError, check_norm_stats, is_buffer_stat, lerobot_stats, openpi_stats
+from .norm_stats import (
+    OPENPI_STATS_GLOB,
+    NormStatsError,
+    check_norm_stats,
+    is_buffer_stat,
+    lerobot_modes,
+    lerobot_stats,
+    normalization,
+    openpi_stats,
+    user_stats,
+)
+from .normalization import Normalization, NormStats
 from .pi05 import Pi05Model
-from .preprocess import NormStats
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -81,12 +91,17 @@ class TrainedOn:
 
     - `embodiment`: the profile this package trained it in (`save_checkpoint`'s `embodiment`, config.json key
       `oxygen_ros_embodiment`);
+    - `openpi_config`: openpi's train config name from config.json's `config_name` (openpi's converter takes
+      it but writes none), and `openpi_folders`, the names of the folder and its two parents, where openpi's
+      training puts it (`checkpoints/<config>/<exp>/<step>`; `control.openpi_configs` knows the names);
     - `openpi_asset_id`: openpi's norm-stats folder `assets/<asset_id>` (`trossen`: ALOHA, `droid`: DROID);
     - `lerobot_relative`: a LeRobot folder's `use_relative_actions` (its default false: absolute actions), with
       `lerobot_exclude` (`relative_exclude_joints`) and `lerobot_action_names` (`action_feature_names`).
     """
 
     embodiment: str | None = None
+    openpi_config: str | None = None
+    openpi_folders: tuple[str, ...] = ()
     openpi_asset_id: str | None = None
     lerobot_relative: bool | None = None
     lerobot_exclude: tuple[str, ...] = ()
@@ -96,7 +111,7 @@ class TrainedOn:
 @dataclass
 class LoadedCheckpoint:
     model: Pi05Model
-    norm_stats: NormStats
+    norm_stats: Normalization
     layout: str  # LEROBOT or OPENPI
     text_head: TextHead
     trained_on: TrainedOn = TrainedOn()
@@ -229,8 +244,11 @@ def load_checkpoint(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     text_head: str = "auto",
+    stats_file: str | Path | None = None,
+    norm_mode: str = "",
 ) -> LoadedCheckpoint:
-    """Build the model a LeRobot or openpi pi05 folder describes and load it strictly; see the module docstring."""
+    """Build the model a LeRobot or openpi pi05 folder describes and load it strictly; see the module docstring.
+    `stats_file` (a user's stats, `norm_stats.user_stats`) replaces the folder's stats, `norm_mode` its modes."""
     if text_head not in TEXT_HEADS:
         raise ValueError(f"text_head must be one of {' | '.join(TEXT_HEADS)}, got {text_head!r}")
     path = Path(path)
@@ -257,30 +275,65 @@ def load_checkpoint(
         chosen = TextHead("embedding", f"model.text_head is lm_head, but {why}" if text_head == "lm_head" else why)
     else:
         chosen = _choose_text_head(layout, text_head, state["backbone.embed_tokens.weight"], head, prefix)
-    try:
-        stats, where = openpi_stats(path) if layout == OPENPI else lerobot_stats(path, buffers)
-        check_norm_stats(stats, config, where)
-    except NormStatsError as err:
-        raise CheckpointError(str(err)) from None
+    norm, where = _normalization(path, data, layout, buffers, config, stats_file, norm_mode)
 
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     if chosen.choice == "lm_head":
         model.backbone.set_text_head(head.to(device=device, dtype=dtype))
     model.vision.reset_buffers()
     log.info("%s: %s layout, text head %s (%s)", path, layout, chosen.choice, chosen.reason)
-    return LoadedCheckpoint(model=model.eval(), norm_stats=stats, layout=layout, text_head=chosen,
-                            trained_on=_trained_on(data, layout, where))
+    log.info("%s: normalization %s from %s", path, norm.describe(), where)
+    return LoadedCheckpoint(model=model.eval(), norm_stats=norm, layout=layout, text_head=chosen,
+                            trained_on=_trained_on(data, layout, path))
 
 
-def _trained_on(data: dict, layout: str, stats_file: str) -> TrainedOn:
-    """`TrainedOn` from config.json and, for openpi, the norm stats' folder `assets/<asset_id>/`."""
+def checkpoint_normalization(path: str | Path, stats_file: str | Path | None = None,
+                             norm_mode: str = "") -> tuple[Normalization, str]:
+    """What `load_checkpoint` would normalize with, and where the stats came from, read without the weights (only
+    their names, and older LeRobot files' stats buffers); CheckpointError, one line, naming what is missing."""
+    path = Path(path)
+    data = _read_config(path / CONFIG_FILE)
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{WEIGHTS_FILE} not found in {path}")
+    try:
+        with safe_open(str(file), framework="pt") as weights:
+            names = list(weights.keys())
+            layout = _layout(dict.fromkeys(names))
+            buffers = {k: weights.get_tensor(k) for k in names if layout == LEROBOT and is_buffer_stat(k)}
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{WEIGHTS_FILE} is not a readable safetensors file: {err}") from None
+    return _normalization(path, data, layout, buffers, _config(data), stats_file, norm_mode)
+
+
+def _normalization(path: Path, data: dict, layout: str, buffers: dict, config: Pi05Config,
+                   stats_file: str | Path | None, norm_mode: str) -> tuple[Normalization, str]:
+    try:
+        if stats_file:
+            stats, where = user_stats(stats_file)
+        else:
+            stats, where = openpi_stats(path) if layout == OPENPI else lerobot_stats(path, buffers)
+        modes, eps = lerobot_modes(path, data) if layout == LEROBOT else (None, None)
+        norm = normalization(stats, layout, modes, eps, norm_mode)
+        check_norm_stats(norm, config, where)
+    except NormStatsError as err:
+        raise CheckpointError(str(err)) from None
+    return norm, where
+
+
+def _trained_on(data: dict, layout: str, folder: Path) -> TrainedOn:
+    """`TrainedOn` from config.json and, for openpi, the folder's `assets/<asset_id>/` (its norm stats' folder;
+    none when the folder has no single norm_stats.json, as after openpi's converter)."""
     ours = data.get(EMBODIMENT_KEY)
     if ours is not None:
         if not isinstance(ours, str) or not ours:
             raise CheckpointError(f"{CONFIG_FILE}: {EMBODIMENT_KEY} must be a profile name, got {ours!r}")
         return TrainedOn(embodiment=ours)
     if layout == OPENPI:
-        return TrainedOn(openpi_asset_id=Path(stats_file).parent.relative_to("assets").as_posix())
+        files = sorted(folder.glob(OPENPI_STATS_GLOB))
+        asset = files[0].parent.relative_to(folder / "assets").as_posix() if len(files) == 1 else None
+        folders = tuple(p.name for p in (folder.resolve(), *list(folder.resolve().parents)[:2]))
+        return TrainedOn(openpi_config=_openpi_config(data), openpi_folders=folders, openpi_asset_id=asset)
     relative, exclude = data.get("use_relative_actions", False), data.get("relative_exclude_joints", ["gripper"])
     names = data.get("action_feature_names")
     if not isinstance(relative, bool) or not _strings(exclude) or not (names is None or _strings(names)):
@@ -288,6 +341,13 @@ def _trained_on(data: dict, layout: str, stats_file: str) -> TrainedOn:
                               f"action_feature_names lists of names, got {relative!r}, {exclude!r}, {names!r}")
     return TrainedOn(lerobot_relative=relative, lerobot_exclude=tuple(exclude),
                      lerobot_action_names=None if names is None else tuple(names))
+
+
+def _openpi_config(data: dict) -> str | None:
+    named = data.get("config_name")
+    if named is not None and (not isinstance(named, str) or not named):
+        raise CheckpointError(f"{CONFIG_FILE}: config_name must be openpi's train config name, got {named!r}")
+    return named
 
 
 def _strings(value) -> bool:

@@ -22,8 +22,8 @@ from .checkpoint import WEIGHTS_FILE, TextHead, TrainedOn, load_checkpoint
 from .config import PRESETS, Pi05Config
 from .hub import HubError, parse_hub_id, snapshot
 from .norm_stats import PIPELINE_FILES, pipeline_steps
+from .normalization import Normalization
 from .pi05 import Pi05Model, build_model
-from .preprocess import NormStats
 from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from .user_cache import cached_file
 
@@ -43,7 +43,7 @@ CHECKPOINT_FILES = ("config.json", WEIGHTS_FILE, "policy_*.json", "policy_*.safe
 @dataclass
 class LoadedModel:
     model: Pi05Model
-    norm_stats: NormStats | None  # None for random weights
+    norm_stats: Normalization | None  # None for random weights
     description: str  # "preset tiny", "config <file>" or "checkpoint <dir> (...)", for logs
     text_head: TextHead | None = None  # a checkpoint's choice of text head
     trained_on: TrainedOn | None = None  # what a checkpoint says about its action space
@@ -71,16 +71,21 @@ def checkpoint_folder(source: str) -> Path:
 
 
 def load_model_source(source: str, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
-                      text_head: str = "auto") -> LoadedModel:
+                      text_head: str = "auto", stats_file: str = "", norm_mode: str = "") -> LoadedModel:
     """The model a source names; raises ValueError for a source that is none of the four kinds (a checkpoint
-    that cannot be loaded raises `CheckpointError`, OSError or RuntimeError)."""
+    that cannot be loaded raises `CheckpointError`, OSError or RuntimeError). `stats_file` and `norm_mode` (a
+    checkpoint's only; ValueError with a preset or config) replace its stats and modes (`load_checkpoint`)."""
+    if (stats_file or norm_mode) and (source in PRESETS or Path(source).is_file()):
+        raise ValueError(f"norm stats and a normalization mode apply to a checkpoint, and {source!r} is a random-init "
+                         f"model (it normalizes nothing)")
     if source in PRESETS:
         return LoadedModel(build_model(PRESETS[source], device, dtype, seed), None, f"preset {source}")
     path = Path(source)
     if path.is_file():
         return LoadedModel(build_model(Pi05Config.load_json(path), device, dtype, seed), None, f"config {path}")
     folder = checkpoint_folder(source)
-    loaded = load_checkpoint(folder, device, dtype, text_head=text_head)
+    loaded = load_checkpoint(folder, device, dtype, text_head=text_head, stats_file=stats_file or None,
+                             norm_mode=norm_mode)
     head = loaded.text_head
     where = str(folder) if folder == path else f"{source} ({folder})"
     return LoadedModel(loaded.model, loaded.norm_stats,

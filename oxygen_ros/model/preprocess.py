@@ -2,8 +2,8 @@
 
 The conventions are pi0.5's: each camera image is resized with padding (aspect ratio kept, centred, black
 borders) to the model resolution and scaled to [-1, 1]; a camera the robot lacks becomes a zero image with mask
-False; state and actions use quantile normalisation (q01 -> -1, q99 -> 1) from the checkpoint's norm stats; the
-model's padded action dimensions are cut back to the robot's.
+False; state and actions are normalized as the checkpoint says (`normalization.py`: its mode per feature and
+its stats); the model's padded action dimensions are cut back to the robot's.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ import torch.nn.functional as F
 
 from .config import Pi05Config, resized_shape
 from .inputs import ModelInputs
+from .normalization import ACTION_KEY, STATE_KEY, Normalization, NormStats, as_normalization
 from .prompt import tokenize_prompt
 from .tokenizer import Tokenizer
 
-# {"observation.state": {"q01": array, "q99": array, ...}, "action": {...}} as in LeRobot's stats files.
-NormStats = dict[str, dict[str, np.ndarray]]
-STATE_KEY = "observation.state"
-ACTION_KEY = "action"
-_EPS = 1e-6  # keeps a constant dimension (q01 == q99) from dividing by zero, as openpi does
+__all__ = ["ACTION_KEY", "STATE_KEY", "NormStats", "Observation", "normalized_state", "prepare_inputs",
+           "resize_with_pad", "robot_actions"]
 
 
 @dataclass
@@ -64,24 +62,15 @@ def resize_with_pad(image: np.ndarray | torch.Tensor, size: int) -> torch.Tensor
     return pixels / 127.5 - 1.0
 
 
-def quantile_normalize(x: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.ndarray:
-    return (x - q01) / (q99 - q01 + _EPS) * 2.0 - 1.0
-
-
-def quantile_unnormalize(y: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.ndarray:
-    return (y + 1.0) / 2.0 * (q99 - q01 + _EPS) + q01
-
-
-def normalized_state(state: np.ndarray, config: Pi05Config, norm_stats: NormStats | None) -> np.ndarray:
-    """Raw robot state -> quantile-normalised state zero-padded to the model's `state_dim`."""
+def normalized_state(state: np.ndarray, config: Pi05Config, norm_stats: Normalization | NormStats | None) -> np.ndarray:
+    """Raw robot state -> normalized state (`as_normalization`) zero-padded to the model's `state_dim`."""
     state = np.asarray(state, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(state)):
         raise ValueError(f"robot state contains NaN or infinite values: {state.tolist()}")
     if state.size > config.state_dim:
         raise ValueError(f"robot state has {state.size} dims, the model takes at most {config.state_dim}")
     if norm_stats is not None:
-        stats = norm_stats[STATE_KEY]
-        state = quantile_normalize(state, _stat(stats, "q01", state.size), _stat(stats, "q99", state.size))
+        state = as_normalization(norm_stats).normalize(STATE_KEY, state)
     return np.pad(state, (0, config.state_dim - state.size))
 
 
@@ -89,7 +78,7 @@ def prepare_inputs(
     observations: list[Observation],
     config: Pi05Config,
     tokenizer: Tokenizer,
-    norm_stats: NormStats | None = None,
+    norm_stats: Normalization | NormStats | None = None,
 ) -> ModelInputs:
     """A batch of observations -> CPU `ModelInputs` (float32 images); the caller moves them to the model."""
     size = config.vision.image_size
@@ -120,33 +109,22 @@ def prepare_inputs(
 
 
 def robot_actions(
-    actions: torch.Tensor, robot_action_dim: int, norm_stats: NormStats | None = None
+    actions: torch.Tensor, robot_action_dim: int, norm_stats: Normalization | NormStats | None = None
 ) -> np.ndarray:
     """Model actions [B, horizon, action_dim] (normalised) -> robot actions [B, horizon, robot_action_dim]."""
     if robot_action_dim > actions.shape[-1]:
         raise ValueError(f"robot has {robot_action_dim} action dims, the model only {actions.shape[-1]}")
     out = actions[..., :robot_action_dim].detach().float().cpu().numpy().astype(np.float64)
     if norm_stats is not None:
-        stats = norm_stats[ACTION_KEY]
-        out = quantile_unnormalize(
-            out, _stat(stats, "q01", robot_action_dim), _stat(stats, "q99", robot_action_dim)
-        )
+        out = as_normalization(norm_stats).unnormalize(ACTION_KEY, out)
     return out
 
 
 def normalized_action_offsets(offsets: np.ndarray, norm_stats: NormStats | None = None) -> np.ndarray:
     """Differences between robot actions [..., dims] -> the same differences in the model's normalised action space
-    (the normalisation is affine per dim, so a difference maps to a difference)."""
+    (every normalization mode is affine per dim, so a difference maps to a difference)."""
     offsets = np.asarray(offsets, dtype=np.float64)
-    if norm_stats is None:
+    norm = as_normalization(norm_stats)
+    if norm is None:
         return offsets.copy()
-    stats, dims = norm_stats[ACTION_KEY], offsets.shape[-1]
-    q01, q99 = _stat(stats, "q01", dims), _stat(stats, "q99", dims)
-    return quantile_normalize(offsets, q01, q99) - quantile_normalize(np.zeros(dims), q01, q99)
-
-
-def _stat(stats: dict[str, np.ndarray], name: str, dims: int) -> np.ndarray:
-    value = np.asarray(stats[name], dtype=np.float64).reshape(-1)
-    if value.size < dims:
-        raise ValueError(f"norm stat {name} has {value.size} dims, need {dims}")
-    return value[:dims]
+    return norm.normalize(ACTION_KEY, offsets) - norm.normalize(ACTION_KEY, np.zeros(offsets.shape[-1]))

@@ -47,6 +47,7 @@ from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.model.preprocess import normalized_state, resize_with_pad
 from oxygen_ros.model.prompt import tokenize_prompt
 from oxygen_ros.robots.state_check import StateCheck
+from oxygen_ros.robots.state_units import StateUnits, identity
 
 from .conversions import (
     ConversionError,
@@ -128,13 +129,16 @@ class FrameInputs:
     """Newest camera images and joint state; `next_frame` applies the rules in the module docstring."""
 
     def __init__(self, camera_topics: tuple[str, ...], camera_keys: tuple[str, ...], compressed: tuple[bool, ...],
-                 state_names: tuple[str, ...], limits: InputLimits, state_check: StateCheck | None = None):
+                 state_names: tuple[str, ...], limits: InputLimits, state_check: StateCheck | None = None,
+                 units: StateUnits | None = None):
         """`state_check`: drops a joint state that moved faster than the velocity limits allow (`implausible_state`,
-        `oxygen_ros.robots.state_check`)."""
+        `oxygen_ros.robots.state_check`); `units`: each state joint's name on the topic and its conversion into the
+        command's units (`oxygen_ros.robots.state_units`; default: the same names, as measured)."""
         self.state_check = state_check
         self.cameras = [_Camera(topic, key, c) for topic, key, c in
                         zip(camera_topics, camera_keys, compressed, strict=True)]
         self.state_names = state_names
+        self.units = units or identity(state_names)
         self.limits = limits
         self.state: np.ndarray | None = None
         self.state_stamp_ns = 0
@@ -189,7 +193,7 @@ class FrameInputs:
         try:
             if (err := self._out_of_order(newest, stamp_ns, now_ns)) is not None:
                 raise err
-            state = joint_positions(msg, self.state_names)
+            state = self.units.to_state(joint_positions(msg, self.units.topic_names))
             if self.state_check is not None and (why := self.state_check.check(state, stamp_ns, now_ns)):
                 raise ConversionError("implausible_state", why)
             self.state = state

@@ -16,9 +16,9 @@ from oxygen_ros.model import cpu_kernel
 from oxygen_ros.model.checkpoint import CheckpointError, checkpoint_config
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.loading import checkpoint_folder, checkpoint_tokenizer, load_model_source, tokenizer_for
+from oxygen_ros.model.normalization import Normalization
 from oxygen_ros.model.precision import DtypeChoice
 from oxygen_ros.model.precision import resolve_dtype as resolve_model_dtype
-from oxygen_ros.model.preprocess import NormStats
 from oxygen_ros.model.tokenizer import Tokenizer
 
 from .parameters import ParameterError, VlaParams, check_against_model
@@ -28,7 +28,7 @@ from .parameters import ParameterError, VlaParams, check_against_model
 class Policy:
     model: torch.nn.Module
     tokenizer: Tokenizer
-    norm_stats: NormStats | None
+    norm_stats: Normalization | None
     source: str  # "preset tiny in float32 (...)" or "checkpoint <dir> ... in <dtype> (...)", for logs
     embodiment_warning: str = ""  # why the profile does not fit the checkpoint, when embodiment_override allowed it
 
@@ -57,7 +57,8 @@ def load_policy(params: VlaParams) -> Policy:
             raise ParameterError(f"model.checkpoint {params.checkpoint!r} cannot be loaded: {err}") from err
         tokenizer, where = _tokenizer(params, lambda: checkpoint_tokenizer(folder, vocab_size, params.tokenizer))
         try:
-            loaded = load_model_source(str(folder), params.device, dtype, text_head=params.text_head)
+            loaded = load_model_source(str(folder), params.device, dtype, text_head=params.text_head,
+                                       stats_file=params.norm_stats, norm_mode=params.norm_mode)
         except (CheckpointError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: out of memory
             raise ParameterError(f"model.checkpoint {params.checkpoint!r} cannot be loaded: {err}") from err
         model, norm_stats, source = loaded.model, loaded.norm_stats, f"{loaded.description}, tokenizer {where}"

@@ -37,12 +37,13 @@ from oxygen_ros.control.limits import JointLimits, urdf_limits
 from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
 from oxygen_ros.model.checkpoint import TEXT_HEADS
 from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
+from oxygen_ros.model.normalization import ACTION_KEY, MODES, STATE_KEY, as_normalization
 from oxygen_ros.model.precision import DTYPE_NAMES
-from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 from oxygen_ros.model.rtc import GUIDANCE, PREFIX
 from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
 from oxygen_ros.robots.inputs import MAX_PIXELS
 from oxygen_ros.robots.rtc_guide import RtcSettings
+from oxygen_ros.robots.state_units import StateUnits, StateUnitsError, read_state_units
 from oxygen_ros.rtc_mask import Schedule
 
 PRESET_NAMES = ("tiny", "small", "pi05")
@@ -74,6 +75,9 @@ SPECS = (
                             "lifecycle services (a real robot: an operator or a lifecycle manager activates it)"),
     Spec("robot_description", "", "URDF text (as robot_state_publisher takes it): limits of the output groups' "
                                   "joints not given in output.<group>.*; empty: none from a URDF"),
+    Spec("robot_description_wait_s", 0.0, "> 0 with robot_description empty: wait this long at start for the "
+                                          "latched robot_description topic (robot_state_publisher's) and take "
+                                          "its URDF; 0: not read", ">= 0"),
     Spec("limits.policy", "clamp", "a plan past a position or velocity limit: clamp (positions into the range, "
                                    "a too fast plan slowed by stretching its time grid) or reject (nothing "
                                    "published, a hold); past max_jump it is rejected either way",
@@ -90,6 +94,11 @@ SPECS = (
                                 "a hub repo id; empty: with a checkpoint, the one it carries or names, else "
                                 "PaliGemma's (google/paligemma-3b-pt-224, as LeRobot); with a preset, a stand-in "
                                 "trained once into the user cache"),
+    # A checkpoint's normalization from the user's own dataset (docs/checkpoints.md, "Norm stats").
+    Spec("model.norm_stats", "", "the robot's own dataset stats replacing the checkpoint's (LeRobot's "
+                                 "meta/stats.json or openpi's norm_stats.json); empty: the checkpoint's"),
+    Spec("model.norm_mode", "", "one normalization mode for state and actions instead of the checkpoint's; empty: "
+                                "the checkpoint's", " | ".join(("<empty>", *MODES))),
     Spec("model.device", "auto", "torch device; auto: cuda when torch sees a CUDA device, else cpu",
          " | ".join(DEVICES)),
     Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
@@ -110,6 +119,13 @@ SPECS = (
                                            "budget", ">= 0"),
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
+    # The joint state in the robot's own names and units (robots/state_units.py, docs/safety.md).
+    Spec("joints.state_rename", OPTIONAL, "topic_name=state_name entries: the name a joint of joints.state_names "
+                                          "has on joint_states (a joint_state_broadcaster's URDF name); unset: the "
+                                          "same names"),
+    Spec("joints.state_convert", OPTIONAL, "state_name=conversion entries: the measured value -> the command's "
+                                           "units, invertible: aloha_gripper (an ALOHA gripper joint in rad), "
+                                           "range:LOW:HIGH, linear:OFFSET:SCALE; unset: as measured"),
     Spec("embodiment", "absolute", "what the checkpoint's state and action dims mean on this robot (deltas, "
                                    "velocities, sign flips, gripper units): a shipped profile or a profile YAML "
                                    "file (docs/embodiments.md)", " | ".join(shipped_names()) + " | <file>"),
@@ -254,6 +270,9 @@ class VlaParams:
     limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
     limit_policy: str = "clamp"
     rtc: RtcSettings = RtcSettings()  # with handover rtc_guided
+    norm_stats: str = ""  # a stats file replacing the checkpoint's; "": its own
+    state_units: StateUnits | None = None  # the joint state's names on the topic and its conversion; None: as is
+    norm_mode: str = ""  # one mode for state and actions; "": the checkpoint's
 
     @property
     def period_s(self) -> float:
@@ -478,6 +497,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         limits=limits,
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
         rtc=read_rtc(p),
+        **read_normalization(p, checkpoint=p.text("model.checkpoint")),
+        state_units=_state_units(values, state_names),
     )
 
 
@@ -486,6 +507,31 @@ def read_rtc(p: _Reader) -> RtcSettings:
     return RtcSettings(p.integer("output.rtc_execution_horizon"), p.choice("output.rtc_schedule", tuple(Schedule)),
                        p.number("output.rtc_max_guidance_weight", positive=True),
                        p.choice("output.rtc_method", (GUIDANCE, PREFIX)))
+
+
+def read_normalization(p: _Reader, checkpoint: str) -> dict[str, str]:
+    """model.norm_stats and model.norm_mode, which need a checkpoint; ParameterError naming the parameter."""
+    values = {"norm_stats": p.text("model.norm_stats"), "norm_mode": p.text("model.norm_mode")}
+    if values["norm_mode"] not in ("", *MODES):
+        raise ParameterError(f"model.norm_mode must be empty (the checkpoint's) or one of {' | '.join(MODES)}, got "
+                             f"{values['norm_mode']!r}")
+    for name, value in values.items():
+        if value and not checkpoint:
+            raise ParameterError(f"model.{name} applies to a checkpoint's normalization, and model.checkpoint is "
+                                 f"empty (a preset normalizes nothing)")
+    return values
+
+
+def read_description_wait(values: dict[str, Any]) -> float:
+    """robot_description_wait_s, checked (read before the other parameters: the URDF it waits for is one)."""
+    return _Reader(values).number("robot_description_wait_s")
+
+
+def _state_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateUnits:
+    try:
+        return read_state_units(state_names, values.get("joints.state_rename"), values.get("joints.state_convert"))
+    except StateUnitsError as err:
+        raise ParameterError(str(err)) from None
 
 
 def _device(choice: str) -> str:
@@ -521,10 +567,10 @@ def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
     if params.horizon > config.action_horizon:
         raise ParameterError(f"control.horizon ({params.horizon}) exceeds the model's action horizon "
                              f"({config.action_horizon})")
-    widths = {k: len(v["q01"]) for k, v in (norm_stats or {}).items() if "q01" in v}
+    norm = as_normalization(norm_stats)
     for feature, dims, name in ((STATE_KEY, state_dims, "joints.state_names"),
                                 (ACTION_KEY, len(params.action_names), "joints.action_names")):
-        width = widths.get(feature, dims)  # a preset has no stats
+        width = (norm.width(feature) if norm is not None else None) or dims  # a preset, IDENTITY: any width
         if width < dims:
             raise ParameterError(f"{name} gives {dims} model dims, the checkpoint's normalization stats of "
                                  f"{feature} only {width}")

@@ -109,8 +109,9 @@ from .log_throttle import LogThrottle
 from .markers import TOPIC as MARKER_TOPIC
 from .markers import MarkerOutput
 from .model_setup import load_policy
-from .parameters import ParameterError, declare_parameters, read_parameters
+from .parameters import ParameterError, declare_parameters, read_description_wait, read_parameters
 from .qos import LATCHED_QOS, SENSOR_QOS
+from .robot_description import description_from_topic
 
 NODE_NAME = "vla_node"
 LOG_THROTTLE_S = 5.0
@@ -121,7 +122,11 @@ class VlaNode(LifecycleNode):
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
         try:
-            self.params = read_parameters(declare_parameters(self))
+            values = declare_parameters(self)
+            wait_s = read_description_wait(values)
+            if not values["robot_description"] and wait_s > 0:
+                values["robot_description"] = description_from_topic(self, wait_s)
+            self.params = read_parameters(values)
         except BaseException:
             self.destroy_node()
             raise
@@ -244,7 +249,7 @@ class VlaNode(LifecycleNode):
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
         self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits,
-                                  StateCheck(p.groups, p.limits, p.state_names))
+                                  StateCheck(p.groups, p.limits, p.state_names), p.state_units)
         self._acted = 0
         self._narrated_version = -1
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)

@@ -26,6 +26,8 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "model.checkpoint": "",
     "model.text_head": "auto",
     "model.tokenizer": "",
+    "model.norm_stats": "",
+    "model.norm_mode": "",
     "model.device": "auto",
     "model.dtype": "auto",
     "model.cpu_kernel": "auto",
