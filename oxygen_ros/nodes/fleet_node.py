@@ -55,22 +55,8 @@ robots (model, rate, SLO, attainment), its loaded models and its measured load (
 ran jobs), which is how the controller knows it is alive. Pools are sized for ``max_robots_per_model``. A stage
 split plans from ``profile_file`` there (there is nothing to profile at start-up).
 
-Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms`` (without an assignment,
-or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``,
-``publish_late``, ``tokenizer`` (empty: the cached stand-in),
-``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
-``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
-VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
-``tokens_per_frame``, ``min_steps_per_frame`` (as the VLA node's ``language.*`` of those names),
-``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo), ``design``,
-``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
-``language.overlap_threads``),
-``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
-model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
-the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
-control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``, ``autostart``
-(configure and activate at start; false: wait for the lifecycle services), ``assignment_topic``, ``server_name``,
-``heartbeat_period_s``, ``max_robots_per_model``, ``rate_burst``.
+Parameters: the table in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
+`robots.engine_params`), and the VLA node's output parameters.
 """
 
 from __future__ import annotations
@@ -87,7 +73,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
@@ -101,8 +86,7 @@ from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.control.joint_groups import TRAJECTORY, VELOCITY
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
-from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
+from oxygen_ros.engine.runtime import ActionChunk, Runtime, TextUpdate
 from oxygen_ros.fleet import messages
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
@@ -110,35 +94,36 @@ from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.rate_cap import RateCap
 from oxygen_ros.fleet.server import FleetServer, NotServed, ServedRobot, served_robots
 from oxygen_ros.fleet.traffic import load_assignment
-from oxygen_ros.model.loading import tokenizer_for
-from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, UNUSED, CommandPath, Refusal
-from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.robots.engine import build_fleet, embodiment_fit
+from oxygen_ros.robots.instruction import Instruction
+from oxygen_ros.robots.session import RobotSession
 from oxygen_ros.robots.state_check import StateCheck
 
 from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
+from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
     WAITING_FOR_CAMERA,
     FrameInputs,
     InputLimits,
-    Instruction,
 )
 from .holds import hold_message
 from .lifecycle import ros_process, spinning
 from .parameters import (
+    AUTOSTART,
     GROUP_FIELDS,
     GROUP_SPECS,
     SPECS,
     ParameterError,
+    Reader,
     Spec,
-    _declare,
-    _group_names,
-    _Reader,
+    declare,
+    group_names,
     read_groups,
     read_limits,
 )
@@ -147,49 +132,6 @@ from .qos import LATCHED_QOS, SENSOR_QOS
 NODE_NAME = "fleet_server"
 LOG_THROTTLE_S = 5.0
 MAX_INSTRUCTION_CHARS = 2000
-DEFAULTS = {
-    "models": ["a=tiny:0"],
-    "robots": ["robot1"],
-    "robot_models": ["a"],
-    "slo_ms": 200.0,
-    "assignment_file": "",
-    "gpu_index": 0,
-    "device": "cpu",
-    "cpu_threads": 0,
-    "max_batch": 8,
-    "publish_late": False,
-    "tokenizer": "",
-    "instruction": "do the task",
-    "joint_names": [""],
-    "compressed": False,
-    "max_image_age_s": 0.0,
-    "max_state_age_s": 0.0,
-    "future_tolerance_s": 0.1,
-    "max_pixels": MAX_PIXELS,  # as the VLA node's cameras.max_pixels
-    "narrate_every": 10,
-    "max_new_tokens": 32,
-    "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)
-    "min_steps_per_frame": 1,
-    "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
-    "queue": "esf",
-    "design": "monolithic",  # monolithic | robion | disaggregated (designs.DEFAULT_DESIGN)
-    "overlap_threads": 0,  # monolithic: decode beside each batch's denoising on this many threads
-    "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
-    "profile_repeats": 3,
-    "guard": 1.1,  # co_run.DEFAULT_GUARD
-    "cuda_graphs": False,
-    "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
-    "action_dt": 0.02,  # seconds between chunk points, for robots whose embodiment names no rate
-    "embodiments": ["absolute"],  # one for every robot, or one per entry of robots
-    "embodiment_override": False,
-    "rate_hz": 10.0,
-    "status_rate_hz": 1.0,
-    "assignment_topic": "",  # the fleet controller's assignment (e.g. /fleet/assignment); empty: robots/assignment_file
-    "server_name": "",  # this server's name in the controller's assignment; empty: gpu<gpu_index>
-    "heartbeat_period_s": 0.5,
-    "max_robots_per_model": 8,  # under the controller: pools sized for this many robots of one model
-    "rate_burst": 2.0,  # frames a robot may send ahead of its rate before they are dropped at arrival
-}
 HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 # the VLA node's output parameters (`parameters.SPECS`, `output.<group>.*`), one setting for every robot
 OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
@@ -198,11 +140,11 @@ OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "o
 
 def declare_output_parameters(node) -> dict:
     """Declare the VLA node's output parameters on `node` (and each named group's); name -> value."""
-    values = {spec.name: _declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
-    for group in _group_names(values["output.groups"]):
+    values = {spec.name: declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
+    for group in group_names(values["output.groups"]):
         for field in GROUP_FIELDS:
             default, description = GROUP_SPECS[field]
-            values[f"output.{group}.{field}"] = _declare(node, Spec(f"output.{group}.{field}", default, description))
+            values[f"output.{group}.{field}"] = declare(node, Spec(f"output.{group}.{field}", default, description))
     return values
 
 
@@ -219,7 +161,7 @@ def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodim
     if absolute:
         raise ParameterError(f"output.{absolute[0]}.topic must be relative: each robot's goes in its namespace")
     holds, limits = read_limits(values, groups, joint_names)
-    p = _Reader(values)
+    p = Reader(values)
     return CommandPath(groups, holds, limits, p.choice("limits.policy", LIMIT_POLICIES), joint_names, joint_names,
                        time_step_s, embodiment.has_velocity, p.choice("output.handover", BLENDING_MODES),
                        p.number("output.temporal_ensemble_m"), p.integer("output.rtc_overlap"))
@@ -228,10 +170,11 @@ def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodim
 class RobotPort:
     """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
-    def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
-                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str, embodiment: Embodiment,
-                 output: dict, time_step_s: float):
-        self.node = node
+    def __init__(self, node: Node, runtime: Runtime, namespace: str, robot: ServedRobot, cameras: Sequence[str],
+                 compressed: bool, joint_names: tuple[str, ...], limits: InputLimits, instruction: str,
+                 embodiment: Embodiment, output: dict, time_step_s: float):
+        self.node, self.runtime = node, runtime
+        self.session: RobotSession | None = None  # made with the inputs, once the robot's joints are known
         self.output, self.time_step_s = output, time_step_s
         self.path: CommandPath | None = None  # made with the inputs, once the robot's joints are known
         self.group_pubs: list = []
@@ -242,8 +185,8 @@ class RobotPort:
         self.compressed = compressed
         self.limits = limits
         self.joint_names = joint_names
-        self.inputs = self.frame_inputs(joint_names) if joint_names else None
         self.instruction = Instruction(instruction, MAX_INSTRUCTION_CHARS)
+        self.inputs = self.frame_inputs(joint_names) if joint_names else None
         self.state = WAITING_FOR_CAMERA
         self.detail = ""
         self.frames = 0
@@ -277,6 +220,8 @@ class RobotPort:
                                                       else Float64MultiArray, f"{self.namespace}/{g.topic}", 10)
                            for g in path.groups]
         self.path = path
+        self.session = RobotSession(self.runtime, self.embodiment, self.instruction, len(joint_names),
+                                    self.robot.model_id)
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
                            (self.compressed,) * len(self.cameras), joint_names, self.limits,
                            StateCheck(path.groups, path.limits, joint_names))
@@ -289,9 +234,10 @@ class FleetNode(LifecycleNode):
 
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
-        self.params = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
-        self.autostart_param = bool(self.declare_parameter("autostart", True).value)
         try:
+            self.params = read_fleet({spec.name: declare(self, spec) for spec in FLEET_SPECS})
+            self.engine = fleet_engine(self.params)
+            self.autostart_param = declare(self, AUTOSTART)
             self.output = declare_output_parameters(self)
         except BaseException:
             self.destroy_node()
@@ -394,14 +340,10 @@ class FleetNode(LifecycleNode):
 
     def _configure(self) -> None:
         p = self.params
-        if p["cpu_threads"]:
-            torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
         live = bool(p["assignment_topic"])
         if live and p["assignment_file"]:
             raise ValueError("assignment_topic (the fleet controller's) and assignment_file: give one")
-        if p["heartbeat_period_s"] <= 0 or p["max_robots_per_model"] < 1 or p["rate_burst"] < 1:
-            raise ValueError("heartbeat_period_s must be > 0, max_robots_per_model >= 1 and rate_burst >= 1")
         assignment = load_assignment(p["assignment_file"]) if p["assignment_file"] else None
         served = [] if live else served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment,
                                                 p["gpu_index"])
@@ -411,21 +353,13 @@ class FleetNode(LifecycleNode):
         staged = p["design"] != "monolithic"
         # a stage split holds frames between their stages: room for a few batches, or two frames per robot
         frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
-        pool_slots = p["pool_slots"] or frame_slots + max(2, per_model)
-        scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
-                                    **node_decode_policy(p["tokens_per_frame"], p["min_steps_per_frame"],
-                                                         p["max_new_tokens"]),
-                                    control_period_s=1.0 / p["rate_hz"])
-        profile = ProfileTable.load(p["profile_file"]) if p["profile_file"] else None
-        self.server = FleetServer(specs, served,
-                                  RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots,
-                                                overlap_threads=p["overlap_threads"]),
-                                  lambda model: tokenizer_for(model, p["tokenizer"]), device,
-                                  on_chunk=self._publish_chunk, on_text=self._publish_text,
-                                  publish_late=p["publish_late"], design=p["design"], profile=profile,
-                                  cuda_graphs=p["cuda_graphs"], cpu_kernel=p["cpu_kernel"],
-                                  guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
-                                  profile_repeats=p["profile_repeats"], dynamic=live)
+        self.server = build_fleet(
+            self.engine, specs, served, device=device, max_batch=p["max_batch"], queue=p["queue"],
+            pool_slots=p["pool_slots"] or frame_slots + max(2, per_model), frame_slots=frame_slots,
+            on_chunk=self._publish_chunk, on_text=self._publish_text, publish_late=p["publish_late"],
+            design=p["design"], profile=ProfileTable.load(p["profile_file"]) if p["profile_file"] else None,
+            cuda_graphs=p["cuda_graphs"], guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
+            profile_repeats=p["profile_repeats"], dynamic=live)
         self.device = device
         # how a batch uses the device, for /diagnostics
         if staged:
@@ -440,13 +374,10 @@ class FleetNode(LifecycleNode):
         joint_names = tuple(n for n in p["joint_names"] if n)
         embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
         for robot in served:
-            reason = embodiments[robot.robot_id].mismatch(self.server.trained_on[robot.model_id], joint_names)
-            if reason and not p["embodiment_override"]:
-                raise ValueError(f"embodiment {embodiments[robot.robot_id].name} of robot {robot.robot_id} does not "
-                                 f"fit model {robot.model_id}: {reason} (or set embodiment_override)")
-            if reason:
-                self.get_logger().warning(f"{robot.robot_id}: embodiment does not fit model {robot.model_id}: "
-                                          f"{reason} (starting: embodiment_override is true)")
+            warning = embodiment_fit(embodiments[robot.robot_id], self.server.trained_on[robot.model_id],
+                                     joint_names, p["embodiment_override"], f"model {robot.model_id}", robot.robot_id)
+            if warning:
+                self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
         for robot in served:
             self._add_robot(robot, joint_names, embodiments[robot.robot_id])
         self.joint_names = joint_names
@@ -473,7 +404,7 @@ class FleetNode(LifecycleNode):
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
         try:
-            port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
+            port = RobotPort(self, self.server.runtime, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
                              embodiment, self.output, embodiment.time_step or p["action_dt"])
         except (EmbodimentError, ParameterError) as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
@@ -528,13 +459,9 @@ class FleetNode(LifecycleNode):
         except ValueError as err:
             self._refuse_robot(robot, str(err))
             return
-        reason = embodiment.mismatch(self.server.trained_on[robot.model_id], self.joint_names)
-        if reason and not self.params["embodiment_override"]:
-            self.server.remove_robot(robot.robot_id)
-            self.server.forget_robot(robot.robot_id)
-            self._refuse_robot(robot, f"embodiment {embodiment.name} does not fit model {robot.model_id}: {reason}")
-            return
         try:
+            embodiment_fit(embodiment, self.server.trained_on[robot.model_id], self.joint_names,
+                           self.params["embodiment_override"], f"model {robot.model_id}")
             port = self._add_robot(robot, self.joint_names, embodiment)
         except ValueError as err:
             self.server.remove_robot(robot.robot_id)
@@ -667,19 +594,16 @@ class FleetNode(LifecycleNode):
             self._hold(port, decision.state)
             return
         port.detail = ""
-        model = self.server.model_config(port.robot.robot_id)
-        served = self.server.runtime.served[port.robot.model_id]
-        state = port.embodiment.state_to_model(frame.state)
-        if port.instruction.fit_prompt(served.tokenizer, state, model, served.norm_stats) is not None:
+        observation, fitted = port.session.observation(frame.images, frame.state)
+        if fitted is not None:
             self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
                                       f"{port.instruction.text!r}")
         every = self.params["narrate_every"]
         narrate = every > 0 and port.frames % every == 0
         age_s = (now_ns - frame.stamp_ns) / 1e9
         try:
-            queued = self.server.submit(port.robot.robot_id,
-                                        Observation(frame.images, state, port.instruction.text), narrate,
-                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state))
+            queued = self.server.submit(port.robot.robot_id, observation, narrate, frame.stamp_ns, age_s,
+                                        context=(frame.frame_id, frame.state))
         except NotServed:
             self.refused_unassigned += 1
             return
@@ -714,16 +638,16 @@ class FleetNode(LifecycleNode):
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             self._hold(port, MODEL_ERROR)
             return
-        _, joint_names, state = chunk.context
-        command = port.embodiment.actions_to_robot(self.server.robot_actions(chunk, len(joint_names)), state)
+        _, state = chunk.context
+        command = port.session.command(chunk, state)
         with port.lock:
             if port.closed or self.lifecycle != "active" or port.state in SKIPPED_TICK_STATES:
                 return  # deactivated meanwhile, or the robot's inputs went stale since its frame (it is held)
             path = port.path
-            result = path.command(command.stacked(), chunk.stamp_ns + path.step_ns,
+            result = path.command(command, chunk.stamp_ns + path.step_ns,
                                   self.get_clock().now().nanoseconds, port.inputs.state)
             if not isinstance(result, Refusal):
-                trajectory, outputs = plan_messages(result, joint_names, path.groups, path.time_step_s)
+                trajectory, outputs = plan_messages(result, path.action_names, path.groups, path.time_step_s)
                 port.chunk_pub.publish(trajectory)
                 for publisher, msg in zip(port.group_pubs, outputs, strict=True):
                     publisher.publish(msg)

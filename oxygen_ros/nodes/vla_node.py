@@ -56,7 +56,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import rclpy
-import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import InvalidTopicNameException
@@ -69,10 +68,8 @@ from visualization_msgs.msg import MarkerArray
 
 from oxygen_ros.control.joint_groups import TRAJECTORY
 from oxygen_ros.data.stamps import stamp_to_ns
-from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
+from oxygen_ros.engine.runtime import Runtime, TextUpdate
 from oxygen_ros.engine.stats import percentile_ms
-from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 from oxygen_ros.robots.command_path import (
     LIMIT_REJECTED,
@@ -83,6 +80,9 @@ from oxygen_ros.robots.command_path import (
     CommandPath,
     Refusal,
 )
+from oxygen_ros.robots.engine import build_runtime
+from oxygen_ros.robots.instruction import Instruction
+from oxygen_ros.robots.session import RobotSession
 from oxygen_ros.robots.state_check import StateCheck
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
@@ -98,7 +98,6 @@ from .frame_inputs import (
     FrameInputs,
     InputFrame,
     InputLimits,
-    Instruction,
 )
 from .holds import hold_message
 from .lifecycle import ros_process, spinning
@@ -219,19 +218,9 @@ class VlaNode(LifecycleNode):
 
     def _configure(self) -> None:
         p = self.params
-        if p.cpu_threads:
-            torch.set_num_threads(p.cpu_threads)
         self.policy = load_policy(p)
         config = self.policy.config
         self.horizon = p.horizon or config.action_horizon
-        scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
-                                    deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
-                                    **node_decode_policy(p.tokens_per_frame, p.min_steps_per_frame,
-                                                         p.max_new_tokens),
-                                    admission=p.admission, max_preempted=p.max_preempted,
-                                    temperature=p.temperature, seed=p.seed)
-        runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
-                                       seed=p.seed, overlap_threads=p.overlap_threads)
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
@@ -242,11 +231,12 @@ class VlaNode(LifecycleNode):
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
-        served = Served(self.policy.model, self.policy.tokenizer, self.policy.norm_stats)
-        self.runtime = Runtime(served, runtime_config, on_text=self._publish_text)
-        self.runtime.warm_up(self._model_inputs(
-            {key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8) for key in p.camera_keys},
-            p.embodiment.state_to_model(np.zeros(len(p.state_names)))))
+        self.runtime = build_runtime(p, self.policy, self._publish_text, stream_every=p.stream_every,
+                                     deadline_margin_s=p.deadline_margin_s)
+        self.session = RobotSession(self.runtime, p.embodiment, self.instruction, len(p.action_names))
+        warm_up, _ = self.session.frame({key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8)
+                                         for key in p.camera_keys}, np.zeros(len(p.state_names)), False)
+        self.runtime.warm_up(warm_up.inputs)
         self.runtime.start()
         self.decoder = DecodeThread(self.inputs)
         self.chunk_pub = self._made(self.create_publisher(JointTrajectory, "action_chunk", 10))
@@ -446,29 +436,18 @@ class VlaNode(LifecycleNode):
 
     def _act(self, frame: InputFrame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
-        command [H, joints (x2 with velocities)] that the embodiment makes of it from the frame's own state (never a
-        newer one: a delta or a velocity is relative to what the model saw)."""
-        embodiment = self.params.embodiment
-        state = embodiment.state_to_model(frame.state)
+        command [H, joints (x2 with velocities)] the robot's session makes of it (`robots.session`)."""
+        start = time.perf_counter()  # the chunk's latency includes preprocessing
+        queued, fitted = self.session.frame(frame.images, frame.state, narrate, stamp_ns=frame.stamp_ns,
+                                            age_s=age_s, context=frame.frame_id, arrival=start)
         # the prompt must fit max_token_len with this instruction and state: shortened before acting if need be
-        outcome = self.instruction.fit_prompt(self.policy.tokenizer, state, self.policy.config,
-                                              self.policy.norm_stats)
-        if outcome == "cut":
+        if fitted == "cut":
             self.get_logger().warning(f"instruction too long for the model's prompt; using {self.instruction.text!r}")
-        elif outcome == "previous":
+        elif fitted == "previous":
             self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the previous task "
                                       f"{self.instruction.text!r}")
-        start = time.perf_counter()  # the chunk's latency includes preprocessing
-        inputs = self._model_inputs(frame.images, state)
-        chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
-                                                    context=frame.frame_id, arrival=start))
-        command = embodiment.actions_to_robot(self.runtime.robot_actions(chunk, len(self.params.action_names)),
-                                              frame.state)
-        return chunk, command.stacked()
-
-    def _model_inputs(self, images: dict, state: np.ndarray):
-        """The model's inputs from camera images and a state already in the model's space (the embodiment's)."""
-        return self.runtime.prepare(Observation(images=images, state=state, task=self.instruction.text))
+        chunk = self.runtime.act(queued)
+        return chunk, self.session.command(chunk, frame.state)
 
     def _throttled(self, key) -> str | None:
         """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.

@@ -45,6 +45,7 @@ from websockets.sync.server import ServerConnection, serve
 from ..control.embodiment import Embodiment
 from ..engine.runtime import ActionChunk, TextUpdate
 from ..fleet.server import FleetServer
+from ..robots.session import RobotSession
 from .protocol import ProtocolError, pack, unpack
 from .requests import RequestError, RequestReader
 
@@ -98,11 +99,12 @@ class _Pending:
 
 
 class OpenpiServer:
-    def __init__(self, fleet: FleetServer, reader: RequestReader, config: ServeConfig,
+    def __init__(self, fleet: FleetServer, session: RobotSession, reader: RequestReader, config: ServeConfig,
                  metadata: dict[str, Any]):
         """`fleet` hands its chunks and text to this server's `on_chunk` / `on_text` and holds one robot per client
-        slot, all on one model; it is started and closed with this server."""
+        slot, all on one model, whose replies `session` makes; it is started and closed with this server."""
         self.fleet = fleet
+        self.session = session
         self.reader = reader
         self.embodiment: Embodiment = reader.embodiment
         self.config = config
@@ -289,7 +291,7 @@ class OpenpiServer:
         width = len(self.embodiment.kinds) if self.embodiment.kinds is not None else \
             self.config.action_dims or request.state.size
         try:
-            actions = self.embodiment.openpi_actions(self.fleet.robot_actions(chunk, width), request.state)
+            actions = self.session.openpi_actions(chunk, request.state, width)
         except ValueError as err:
             raise RequestError("model_output", f"the model's chunk does not fit the embodiment: {err}") from None
         if not np.isfinite(actions).all():
