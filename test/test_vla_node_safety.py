@@ -319,7 +319,9 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
                        "-p", "cameras.compressed:=[false,true]", "-p", f"cameras.max_pixels:={4096 * 4096}",
                        "-p", "control.max_image_age_s:=2.0", "-p", f"model.checkpoint:={model[0]}",
                        "-p", f"model.tokenizer:={model[1]}", "-p", "language.every_n_frames:=10",
-                       "-p", "language.max_new_tokens:=4")
+                       "-p", "language.max_new_tokens:=4",
+                       # plans of 6 x 0.5 s outlast the 2 s image age allowed (one that has ended is refused)
+                       "-p", "control.time_step:=0.5")
     bomb = jpeg_claiming(4096, 4096)
     counter = robot.counter
 

@@ -95,7 +95,7 @@ from oxygen_ros.fleet.rate_cap import RateCap
 from oxygen_ros.fleet.server import FleetServer, NotServed, ServedRobot, served_robots
 from oxygen_ros.fleet.traffic import load_assignment
 from oxygen_ros.msg import EngineStatus, Narration
-from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, UNUSED, CommandPath, Refusal
+from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, PAST, UNUSED, CommandPath, Refusal
 from oxygen_ros.robots.engine import build_fleet, embodiment_fit
 from oxygen_ros.robots.instruction import Instruction
 from oxygen_ros.robots.session import RobotSession
@@ -108,6 +108,7 @@ from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
+    STALE_FRAME,
     WAITING_FOR_CAMERA,
     FrameInputs,
     InputLimits,
@@ -657,9 +658,10 @@ class FleetNode(LifecycleNode):
                 self.get_logger().warning(f"{port.namespace}: acted chunk not published: {result.detail}",
                                           throttle_duration_sec=LOG_THROTTLE_S)
                 return
-            if result.kind != LIMITS:
+            if result.kind not in (LIMITS, PAST):
                 port.model_errors += 1
-            port.state, port.detail = LIMIT_REJECTED if result.kind == LIMITS else MODEL_ERROR, result.detail
+            port.state = {LIMITS: LIMIT_REJECTED, PAST: STALE_FRAME}.get(result.kind, MODEL_ERROR)
+            port.detail = result.detail
         self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
         self._hold(port, port.state)
 

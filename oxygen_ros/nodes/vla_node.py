@@ -75,6 +75,7 @@ from oxygen_ros.robots.command_path import (
     LIMIT_REJECTED,
     LIMITS,
     NONFINITE,
+    PAST,
     UNUSED,
     Command,
     CommandPath,
@@ -93,6 +94,7 @@ from .frame_inputs import (
     JOINT_STATES,
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
+    STALE_FRAME,
     WAITING_FOR_CAMERA,
     DecodeThread,
     FrameInputs,
@@ -401,6 +403,10 @@ class VlaNode(LifecycleNode):
             if (suffix := self._throttled(("limits", refusal.limit))) is not None:
                 self.get_logger().warning(f"{self.detail} ({sum(path.limits_rejected.values())} refusals so far, "
                                           f"by joint){suffix}")
+        elif refusal.kind == PAST:  # the frame was too old for its plan: as a stale frame, the groups are held
+            self.state, self.detail = STALE_FRAME, refusal.detail
+            if (suffix := self._throttled(PAST)) is not None:
+                self.get_logger().warning(f"{self.detail} ({path.plans_past} such plans so far){suffix}")
         else:  # non-finite actions, or a plan that overflows in a controller's units
             self.state, self.detail = MODEL_ERROR, refusal.detail
             if (suffix := self._throttled(refusal.kind)) is not None:
