@@ -701,7 +701,9 @@ def aloha_node(tmp_path, ros_domain_id, *parameters: str):
     context = rclpy.Context()
     overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
                  "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "cameras.compressed:=false", "control.horizon:=4",
-                 *parameters]
+                 # 4 points 0.5 s apart: a plan outlasts this machine's time between stamping a frame and its tick
+                 # (one that has ended is refused)
+                 "control.time_step:=0.5", *parameters]
     rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
                      *[arg for value in overrides for arg in ("-p", value)]],
                context=context, domain_id=ros_domain_id)
