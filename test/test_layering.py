@@ -218,3 +218,25 @@ def test_no_front_end_builds_the_engine_or_calls_the_model_runner_itself():
                 if called in ENGINE_INSIDES or (isinstance(node.func, ast.Attribute) and called in RUNNER_CALLS):
                     offenders.append(f"{where}:{node.lineno}: calls {called}")
     assert not offenders, "\n".join(offenders)
+
+
+LIFECYCLE = ("on_configure", "on_activate", "on_deactivate", "on_cleanup", "on_shutdown", "on_error", "autostart",
+             "close")
+
+
+def test_the_managed_nodes_share_one_lifecycle_and_no_private_helper():
+    """The VLA node and the fleet node run one lifecycle (`nodes/managed_node.py`: the transitions, autostart,
+    the exit; each node's `main` is one call to its `main`) and no module imports another's private names (the fleet node once declared its output
+    parameters with parameters.py's `_declare`, `_group_names` and `_Reader`)."""
+    written = {}
+    private = []
+    for path in sorted((PACKAGE / "nodes").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                private += [f"{path.name}: {alias.name}" for alias in node.names if alias.name.startswith("_")]
+        if path.stem in ("vla_node", "fleet_node", "managed_node"):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and node.name in LIFECYCLE:
+                    written.setdefault(node.name, []).append(path.stem)
+    assert written == dict.fromkeys(LIFECYCLE, ["managed_node"]) and not private, (written, private)

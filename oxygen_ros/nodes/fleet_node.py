@@ -74,10 +74,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
-from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
@@ -87,7 +84,6 @@ from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embo
 from oxygen_ros.control.joint_groups import TRAJECTORY, VELOCITY
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
 from oxygen_ros.engine.runtime import ActionChunk, Runtime, TextUpdate
-from oxygen_ros.fleet import messages
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
@@ -103,7 +99,8 @@ from oxygen_ros.robots.state_check import StateCheck
 
 from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
-from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
+from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
+from .fleet_member import FleetMember
 from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
@@ -114,17 +111,14 @@ from .frame_inputs import (
     InputLimits,
 )
 from .holds import hold_message
-from .lifecycle import ros_process, spinning
+from .managed_node import ManagedNode
+from .managed_node import main as run_managed
 from .parameters import (
     AUTOSTART,
-    GROUP_FIELDS,
-    GROUP_SPECS,
-    SPECS,
     ParameterError,
     Reader,
-    Spec,
     declare,
-    group_names,
+    declare_output_parameters,
     read_groups,
     read_limits,
 )
@@ -133,22 +127,6 @@ from .qos import LATCHED_QOS, SENSOR_QOS
 NODE_NAME = "fleet_server"
 LOG_THROTTLE_S = 5.0
 MAX_INSTRUCTION_CHARS = 2000
-HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-# the VLA node's output parameters (`parameters.SPECS`, `output.<group>.*`), one setting for every robot
-OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
-                     "output.rtc_overlap", "output.groups")
-
-
-def declare_output_parameters(node) -> dict:
-    """Declare the VLA node's output parameters on `node` (and each named group's); name -> value."""
-    values = {spec.name: declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
-    for group in group_names(values["output.groups"]):
-        for field in GROUP_FIELDS:
-            default, description = GROUP_SPECS[field]
-            values[f"output.{group}.{field}"] = declare(node, Spec(f"output.{group}.{field}", default, description))
-    return values
-
-
 def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
                  ) -> CommandPath:
     """One robot's command path from the output parameters, its joints (state and action alike: the fleet
@@ -228,10 +206,10 @@ class RobotPort:
                            StateCheck(path.groups, path.limits, joint_names))
 
 
-class FleetNode(LifecycleNode):
-    """A managed node like the VLA node: `configure` loads the models, starts the server and subscribes;
-    `activate` starts serving (frames taken, chunks published); `deactivate` stops it; `cleanup` and `shutdown`
-    release the server. `autostart` (default true) walks it to active at start."""
+class FleetNode(ManagedNode, FleetMember):
+    """The lifecycle of `managed_node`, as the VLA node's: `configure` loads the models, starts the server and
+    subscribes; `activate` starts serving (frames taken, chunks published); `deactivate` stops it and holds every
+    robot; `cleanup` and `shutdown` release the server. Under the fleet controller, `FleetMember`."""
 
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
@@ -244,99 +222,42 @@ class FleetNode(LifecycleNode):
             self.destroy_node()
             raise
         self._check_timer = None
-        self.lifecycle = "unconfigured"
-        self.failure = ""
         self.server: FleetServer | None = None
-        self.worker_error: BaseException | None = None
         self.ports: dict[str, RobotPort] = {}
         self.draining: dict[str, RobotPort] = {}  # robots moved away whose frames in flight still finish
-        self._entities: list = []
-        self._live_timer = None
-        self.server_name = ""
-        self.applied_version = -1
         self.refused_unassigned = 0  # frames of robots not assigned here
-        self.stale_assignments = 0  # assignments older than the one applied
-        self.bad_assignments = 0
-        self.refused_robots: dict[str, str] = {}  # robots the controller placed here that this node cannot serve
-        self._load_mark = (time.monotonic(), 0.0)
+        self.joint_names: tuple[str, ...] = ()
+        self.member_init()
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
 
-    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        before = set(self.subscriptions) | set(self.publishers)
-        try:
-            self._configure()
-        except Exception as err:  # a model that does not load, a bad assignment file, ...
-            self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
-            self._release()
-            self.failure = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError | OSError) else str(err)
-            self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
-            return TransitionCallbackReturn.FAILURE
-        self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
-        self.failure, self.lifecycle = "", "inactive"
-        return TransitionCallbackReturn.SUCCESS
+    # ---- lifecycle (`managed_node`) ------------------------------------------------------------------------------
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+    def _start_acting(self) -> None:
         for port in self.ports.values():
             with port.lock:
                 if port.path is not None:  # nothing planned before this activation is blended into what follows
                     port.path.start()
-        self.lifecycle = "active"
-        return TransitionCallbackReturn.SUCCESS
 
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "inactive"  # first: no chunk is published after the holds
-        self._hold_all("deactivated")
-        return TransitionCallbackReturn.SUCCESS
+    def _stop_acting(self, reason: str) -> None:
+        self._hold_all(reason)
 
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        self.lifecycle = "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "finalized"
-        self._hold_all("shut down")
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "unconfigured"
-        self._hold_all("lifecycle error")
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def autostart(self) -> bool:
-        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
-        failed."""
-        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-            return False
-        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
-
-    def _release(self) -> None:
-        if self._check_timer is not None:
-            self.destroy_timer(self._check_timer)
-            self._check_timer = None
-        if self._live_timer is not None:
-            self.destroy_timer(self._live_timer)
-            self._live_timer = None
+    def _release_engine(self) -> None:
+        for timer in (self._check_timer, self._live_timer):
+            if timer is not None:
+                self.destroy_timer(timer)
+        self._check_timer = self._live_timer = None
         if self.server is not None:
             self.worker_error = self.server.runtime.worker_error  # kept for the exit status
             self.server.close()
             published = sum(p.actions_published for p in self.ports.values())
             self.get_logger().info(f"published {published} action chunks")
             self.server = None
-        entities = {id(e): e for e in self._entities}
         for port in [*self.ports.values(), *self.draining.values()]:
-            if not port.closed:
-                entities.update({id(e): e for e in [*port.subscriptions, *port.publishers]})
+            if not port.closed:  # robots placed after configure: their entities go with configure's
+                self._entities += [*port.subscriptions, *port.publishers]
                 port.closed = True
-        for entity in entities.values():
-            if isinstance(entity, Subscription):
-                self.destroy_subscription(entity)
-            else:
-                self.destroy_publisher(entity)
-        self._entities, self.ports, self.draining = [], {}, {}
+        self.ports, self.draining = {}, {}
         self.applied_version = -1
 
     def _configure(self) -> None:
@@ -383,11 +304,7 @@ class FleetNode(LifecycleNode):
             self._add_robot(robot, joint_names, embodiments[robot.robot_id])
         self.joint_names = joint_names
         if live:
-            self.server_name = p["server_name"] or f"gpu{p['gpu_index']}"
-            self.heartbeat_pub = self.create_publisher(String, messages.HEARTBEAT, HEARTBEAT_QOS)
-            self.create_subscription(String, p["assignment_topic"], self._on_assignment, LATCHED_QOS)
-            self._live_timer = self.create_timer(p["heartbeat_period_s"], self._live_tick)
-            self.get_logger().info(f"server {self.server_name}: robots come from {p['assignment_topic']}")
+            self.join_controller()
         self._check_timer = self.create_timer(1.0 / p["rate_hz"], self._check_inputs)
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
@@ -420,128 +337,6 @@ class FleetNode(LifecycleNode):
         port.subscriptions.append(self.create_subscription(
             String, f"{namespace}/instruction", lambda m, p=port: p.instruction.set(m.data), LATCHED_QOS))
         return port
-
-    # ---- assignments from the fleet controller (executor thread) ------------------------------------------------
-
-    def _on_assignment(self, msg: String) -> None:
-        try:
-            document = messages.read_assignment(msg.data)
-        except messages.MessageError as err:
-            self.bad_assignments += 1
-            self.get_logger().error(f"assignment refused: {err}", throttle_duration_sec=LOG_THROTTLE_S)
-            return
-        version = document["version"]
-        if version < self.applied_version:
-            self.stale_assignments += 1
-            self.get_logger().warning(f"assignment version {version} refused: older than version "
-                                      f"{self.applied_version}, which is applied")
-            return
-        if version == self.applied_version or self.server is None:
-            return
-        mine = messages.placed_on(document, self.server_name)
-        for robot_id, port in list(self.ports.items()):
-            placed = mine.get(robot_id)
-            if placed is None or placed.robot != port.robot:
-                self._drop_robot(robot_id)
-            elif port.rate_cap is None or port.rate_cap.rate_hz != placed.rate_hz:
-                port.rate_cap = RateCap(placed.rate_hz, self.params["rate_burst"])
-        for robot_id, placed in mine.items():
-            if robot_id not in self.ports and self.refused_robots.get(robot_id, (None,))[0] != placed.robot:
-                self._take_robot(placed)
-        self.applied_version = version
-        self.get_logger().info(f"assignment version {version} applied: serving {sorted(self.ports)}, models "
-                               f"{self.server.model_ids}")
-
-    def _take_robot(self, placed: messages.Placed) -> None:
-        robot = placed.robot
-        try:
-            embodiment = self._embodiment_of(robot.robot_id)
-            loaded = self.server.add_robot(robot)
-        except ValueError as err:
-            self._refuse_robot(robot, str(err))
-            return
-        try:
-            embodiment_fit(embodiment, self.server.trained_on[robot.model_id], self.joint_names,
-                           self.params["embodiment_override"], f"model {robot.model_id}")
-            port = self._add_robot(robot, self.joint_names, embodiment)
-        except ValueError as err:
-            self.server.remove_robot(robot.robot_id)
-            self.server.forget_robot(robot.robot_id)
-            self._refuse_robot(robot, str(err))
-            return
-        port.rate_cap = RateCap(placed.rate_hz, self.params["rate_burst"])
-        self.refused_robots.pop(robot.robot_id, None)
-        self.get_logger().info(f"{robot.robot_id}: served here (model {robot.model_id}"
-                               + (", loaded for it" if loaded else "") + f", SLO {1e3 * robot.slo_s:g} ms, "
-                               f"{placed.rate_hz:g} Hz)")
-
-    def _refuse_robot(self, robot: ServedRobot, reason: str) -> None:
-        self.refused_robots[robot.robot_id] = (robot, reason)
-        self.get_logger().error(f"{robot.robot_id}: assigned here but not served: {reason}")
-
-    def _embodiment_of(self, robot_id: str) -> Embodiment:
-        """A robot's profile under the controller: the one of `embodiments`, or its entry beside `robots`."""
-        names = self.params["embodiments"]
-        if len(names) != 1:
-            robots = [r.strip("/") for r in self.params["robots"]]
-            if len(names) != len(robots) or robot_id not in robots:
-                raise ValueError(f"no embodiment for robot {robot_id}: give one embodiment for all robots, or one "
-                                 "per entry of robots")
-            names = [names[robots.index(robot_id)]]
-        try:
-            return load_embodiment(names[0])
-        except EmbodimentError as err:
-            raise ValueError(f"embodiments: {err}") from None
-
-    def _drop_robot(self, robot_id: str) -> None:
-        """No more frames of `robot_id`; its publishers stay until its frames in flight are published."""
-        port = self.ports.pop(robot_id)
-        port.assigned = False
-        for subscription in port.subscriptions:
-            self.destroy_subscription(subscription)
-        port.subscriptions = []
-        self.server.remove_robot(robot_id)
-        self.draining[robot_id] = port
-        self.get_logger().info(f"{robot_id}: no longer served here; {self.server.in_flight(robot_id)} frames to "
-                               "finish")
-
-    def _live_tick(self) -> None:
-        """Drained robots' publishers go, idle models are let go, and the heartbeat leaves."""
-        if self.server is None:
-            return
-        for robot_id, port in list(self.draining.items()):
-            if self.server.in_flight(robot_id) == 0 or robot_id in self.ports:
-                with port.lock:
-                    port.closed = True
-                for publisher in port.publishers:
-                    self.destroy_publisher(publisher)
-                del self.draining[robot_id]
-                if robot_id not in self.server.robots:
-                    self.server.forget_robot(robot_id)
-                self.get_logger().info(f"{robot_id}: drained, its topics are gone")
-        for model_id in self.server.unload_idle_models():
-            self.get_logger().info(f"model {model_id} unloaded: no robot here needs it")
-        if self.lifecycle == "active":
-            self.heartbeat_pub.publish(String(data=messages.encode(self.heartbeat())))
-
-    def heartbeat(self) -> dict:
-        now, busy = time.monotonic(), self.server.runtime.busy_s
-        since, busy_before = self._load_mark
-        self._load_mark = (now, busy)
-        robots = {}
-        for robot_id, port in self.ports.items():
-            counts = self.server.robot_counts(robot_id)
-            with port.lock:
-                robots[robot_id] = {"model_id": port.robot.model_id, "slo_s": port.robot.slo_s,
-                                    "rate_hz": port.rate_cap.rate_hz if port.rate_cap else self.params["rate_hz"],
-                                    "attainment": counts.attainment, "frames": counts.on_time + counts.missed,
-                                    "over_rate": port.over_rate}
-        return {"server": self.server_name, "version": max(self.applied_version, 0), "robots": robots,
-                "models": self.server.model_ids, "load": min(1.0, (busy - busy_before) / max(now - since, 1e-9)),
-                "pending": self.server.runtime.frames_pending(), "draining": sorted(self.draining),
-                "refused_unassigned": self.refused_unassigned, "stale_assignments": self.stale_assignments,
-                "bad_assignments": self.bad_assignments,
-                "refused_robots": {r: why for r, (_, why) in self.refused_robots.items()}}
 
     # ---- inputs (executor thread) -------------------------------------------------------------------------
 
@@ -721,15 +516,18 @@ class FleetNode(LifecycleNode):
             port.narration_pub.publish(msg)
             port.narrations_published += 1
 
+    def health(self) -> Health:
+        """The node's own status while it serves no robot (not configured), as the VLA node's then."""
+        return Health(state=CONFIGURE_FAILED if self.failure else self.lifecycle,
+                      detail=self.failure or "configure to serve", stats=NO_STATS,
+                      target_rate_hz=self.params["rate_hz"], actions_published=0, dropped_frames=0,
+                      values={"lifecycle": self.lifecycle, "configure_error": self.failure or "none"})
+
     def _publish_status(self) -> None:
         stamp = self.get_clock().now().to_msg()
         if self.server is None:  # not configured: one status for the node, saying so
-            detail = f"configure failed: {self.failure}" if self.failure else "configure to serve"
-            health = Health(state=self.lifecycle, detail=detail, stats=NO_STATS,
-                            target_rate_hz=self.params["rate_hz"], actions_published=0, dropped_frames=0,
-                            values={"lifecycle": self.lifecycle})
-            self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{self.get_fully_qualified_name()}: "
-                                                          "fleet engine", self.params["device"]))
+            self.diagnostics_pub.publish(diagnostic_array(self.health(), stamp, f"{self.get_fully_qualified_name()}"
+                                                          ": fleet engine", self.params["device"]))
             return
         worker_error = self.server.runtime.worker_error
         for robot_id, port in self.ports.items():
@@ -758,11 +556,6 @@ class FleetNode(LifecycleNode):
             self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
                                                           self.device))
 
-    def close(self) -> None:
-        """At process exit (after the executor stopped): every robot held, the server's threads joined."""
-        self._hold_all("shut down")
-        self._release()
-
 
 def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Sequence[ServedRobot]
                       ) -> dict[str, Embodiment]:
@@ -784,22 +577,4 @@ def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Seque
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    with ros_process(NODE_NAME, argv) as (context, stop):
-        try:
-            node = FleetNode(context=context)
-        except ParameterError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        if node.autostart_param and not node.autostart():
-            print(f"error: {node.failure}", file=sys.stderr)
-            node.destroy_node()
-            return 1
-        with spinning(node, stop, before_destroy=node.close) as spinner:
-            stop.wait()
-        if spinner.failure is not None or node.worker_error is not None:
-            print(f"error: fleet node failed: {spinner.failure or node.worker_error!r}",
-                  file=sys.stderr)
-            return 1
-        return 0
-
+    return run_managed(FleetNode, NODE_NAME, sys.argv[1:] if argv is None else argv)

@@ -229,7 +229,26 @@ def declare_parameters(node) -> dict[str, Any]:
     """Declare every parameter of SPECS on `node`, then those of each output group; returns name -> value (None
     for unset required or optional ones)."""
     values = {spec.name: declare(node, spec) for spec in SPECS}
-    for group in group_names(values["output.groups"]):
+    values.update(declare_group_parameters(node, values["output.groups"]))
+    return values
+
+
+# the output parameters (`output.<group>.*` besides), which the fleet node takes too: one setting for every robot
+OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
+                     "output.rtc_overlap", "output.groups")
+
+
+def declare_output_parameters(node) -> dict[str, Any]:
+    """Declare the output parameters on `node` (and each named group's); name -> value."""
+    values = {spec.name: declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
+    values.update(declare_group_parameters(node, values["output.groups"]))
+    return values
+
+
+def declare_group_parameters(node, groups) -> dict[str, Any]:
+    """Declare `output.<group>.<field>` for each group `output.groups` names; name -> value."""
+    values = {}
+    for group in group_names(groups):
         for field in GROUP_FIELDS:
             default, description = GROUP_SPECS[field]
             spec = Spec(f"output.{group}.{field}", default, description)

@@ -55,12 +55,9 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import InvalidTopicNameException
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
@@ -102,8 +99,9 @@ from .frame_inputs import (
     InputLimits,
 )
 from .holds import hold_message
-from .lifecycle import ros_process, spinning
 from .log_throttle import LogThrottle
+from .managed_node import ManagedNode
+from .managed_node import main as run_managed
 from .markers import TOPIC as MARKER_TOPIC
 from .markers import MarkerOutput
 from .model_setup import load_policy
@@ -115,7 +113,10 @@ LOG_THROTTLE_S = 5.0
 WARM_UP_PIXELS = 224  # the warm-up frame's images (any size: they are resized to the model's input)
 
 
-class VlaNode(LifecycleNode):
+class VlaNode(ManagedNode):
+    """The lifecycle of `managed_node`: `configure` loads the model, warms it up with one frame and subscribes;
+    `activate` starts the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release it."""
+
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
         try:
@@ -124,14 +125,11 @@ class VlaNode(LifecycleNode):
             self.destroy_node()
             raise
         p = self.params
+        self.autostart_param = p.autostart
         self.add_on_set_parameters_callback(self._refuse_clock_change)
-        self.lifecycle = "unconfigured"
-        self.failure = ""  # why the last configure failed, until one succeeds
-        self._autostarting = False
         self.runtime: Runtime | None = None
         self.decoder: DecodeThread | None = None
         self.control_timer = None
-        self._entities: list = []  # subscriptions and publishers made by configure, destroyed by cleanup
         self.state = "unconfigured"
         self.detail = ""
         self.model_errors = 0
@@ -148,69 +146,17 @@ class VlaNode(LifecycleNode):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
 
-    # ---- lifecycle ----------------------------------------------------------------------------------------------
+    # ---- lifecycle (`managed_node`) ------------------------------------------------------------------------------
 
-    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Everything slow: the model, the runtime, one warm-up frame; then the inputs and outputs. On any failure
-        nothing stays half-made: the node is unconfigured again, the reason logged and on /diagnostics."""
-        try:
-            self._configure()
-        except Exception as err:  # a model that does not load, a topic name that is not valid, ...
-            self._release()
-            self.failure = str(err) if isinstance(err, ParameterError) else f"{type(err).__name__}: {err}"
-            self.state, self.detail = CONFIGURE_FAILED, self.failure
-            if not self._autostarting:  # autostart reports it as the process's one start-up line
-                self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
-            return TransitionCallbackReturn.FAILURE
-        self.failure = ""
-        self.lifecycle, self.state, self.detail = "inactive", "inactive", "configured; activate to act"
-        return TransitionCallbackReturn.SUCCESS
+    def _entered(self, lifecycle: str, detail: str, failed: bool = False) -> None:
+        self.lifecycle, self.detail = lifecycle, detail
+        self.state = CONFIGURE_FAILED if failed else WAITING_FOR_CAMERA if lifecycle == "active" else lifecycle
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle, self.state, self.detail = "active", WAITING_FOR_CAMERA, ""
+    def _start_acting(self) -> None:
         self.path.start()  # nothing planned before this activation is blended into what comes after
         self.control_timer = self.create_timer(self.params.period_s, self._control_tick)
         if (suffix := self._throttled("active")) is not None:  # a transition storm logs one line per period
             self.get_logger().info(f"active: acting on the inputs{suffix}")
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_acting("deactivated")
-        self.lifecycle, self.state, self.detail = "inactive", "inactive", "deactivated; activate to act"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        self.lifecycle, self.state, self.detail = "unconfigured", "unconfigured", "cleaned up"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_acting("shut down")
-        self._release()
-        self.lifecycle, self.state, self.detail = "finalized", "finalized", "shut down"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_acting("lifecycle error")
-        self._release()
-        self.lifecycle, self.state = "unconfigured", "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
-
-    def autostart(self) -> bool:
-        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
-        failed."""
-        self._autostarting = True
-        try:
-            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-                return False
-        finally:
-            self._autostarting = False
-        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
-
-    def close(self) -> None:
-        """At process exit (after the executor has stopped, before destroy_node): hold, then stop the threads."""
-        self._stop_acting("shut down")
-        self._release()
 
     def _stop_acting(self, reason: str) -> None:
         if self.control_timer is not None:
@@ -241,26 +187,26 @@ class VlaNode(LifecycleNode):
         self.runtime.warm_up(warm_up.inputs)
         self.runtime.start()
         self.decoder = DecodeThread(self.inputs)
-        self.chunk_pub = self._made(self.create_publisher(JointTrajectory, "action_chunk", 10))
+        self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
         self.group_pubs = []
         for group in p.groups:
             try:
                 kind = JointTrajectory if group.interface == TRAJECTORY else Float64MultiArray
-                self.group_pubs.append((group, self._made(self.create_publisher(kind, group.topic, 10))))
+                self.group_pubs.append((group, self.create_publisher(kind, group.topic, 10)))
             except InvalidTopicNameException as err:
                 raise ParameterError(f"output.{group.name}.topic: {err}") from None
-        self.narration_pub = self._made(self.create_publisher(Narration, "narration", 50))
-        self.markers = MarkerOutput(self._made(self.create_publisher(MarkerArray, MARKER_TOPIC, 10))
+        self.narration_pub = self.create_publisher(Narration, "narration", 50)
+        self.markers = MarkerOutput(self.create_publisher(MarkerArray, MARKER_TOPIC, 10)
                                     if p.markers else None, p.marker_frame)
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
             try:
-                self._made(self.create_subscription(CompressedImage if compressed else Image,
+                self.create_subscription(CompressedImage if compressed else Image,
                                                     f"{topic}/compressed" if compressed else topic,
-                                                    lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS))
+                                                    lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS)
             except InvalidTopicNameException as err:
                 raise ParameterError(f"cameras.topics: {err}") from None
-        self._made(self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS))
-        self._made(self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS))
+        self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
+        self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS)
         limits_text = "none" if p.limits is None else f"{p.limit_policy} ({len(p.limits.joints)} joints)"
         self.get_logger().info(
             f"{self.policy.source} on {p.device}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
@@ -272,24 +218,14 @@ class VlaNode(LifecycleNode):
         if self.policy.embodiment_warning:
             self.get_logger().warning(f"{self.policy.embodiment_warning} (starting: embodiment_override is true)")
 
-    def _made(self, entity):
-        self._entities.append(entity)
-        return entity
-
-    def _release(self) -> None:
-        """Undo `_configure` (whatever of it was done): threads joined, entities destroyed, the model dropped."""
+    def _release_engine(self) -> None:
+        """Undo `_configure` (whatever of it was done): threads joined, the model dropped."""
         if self.decoder is not None:
             self.decoder.close()
             self.decoder = None
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
-        for entity in self._entities:
-            if isinstance(entity, Subscription):
-                self.destroy_subscription(entity)
-            else:
-                self.destroy_publisher(entity)
-        self._entities = []
         self.policy = None
 
     def _refuse_clock_change(self, parameters) -> SetParametersResult:
@@ -551,21 +487,4 @@ def _shown(text: str, limit: int = 200) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    with ros_process(NODE_NAME, argv) as (context, stop):
-        try:
-            node = VlaNode(context=context)
-        except ParameterError as err:
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {err}")
-            return 1
-        if node.params.autostart and not node.autostart():
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {node.failure}")
-            node.destroy_node()
-            return 1
-        with spinning(node, stop, before_destroy=node.close) as spinner:
-            stop.wait()
-        if spinner.failure is not None:
-            failure = spinner.failure
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"a callback raised {type(failure).__name__}: {failure}")
-            return 1
-        return 0
+    return run_managed(VlaNode, NODE_NAME, sys.argv[1:] if argv is None else argv)
