@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,10 @@ from ..command_line import CommandParser, existing_file, port_number, positive_f
 from ..control.embodiment import load_embodiment
 from ..fleet.models import ModelSpec
 from ..fleet.server import ServedRobot
+from ..robots.command_path import CommandPath
 from ..robots.engine import build_fleet, check_device, checkpoint_source, embodiment_fit
 from ..robots.engine_params import ParameterError, read_engine
+from ..robots.output_params import command_path
 from ..robots.session import RobotSession
 from ..serving.params import ACTION_NAMES, engine_parameters
 from ..serving.requests import RequestReader
@@ -54,6 +57,7 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     if action_names is not None and embodiment.kinds is not None and len(action_names) != len(embodiment.kinds):
         raise ValueError(f"embodiment {embodiment.name} has {len(embodiment.kinds)} action dims, "
                          f"{ACTION_NAMES} has {len(action_names)}")
+    path_of = reply_limits(p, embodiment, e)
     check_device(e.device)
     source, _, tokenizer, _ = checkpoint_source(e)  # a folder or a hub id with its tokenizer, as the node finds them
     robots = [ServedRobot(f"client{i}", MODEL_ID, capacity.slo_s) for i in range(capacity.max_clients)]
@@ -84,8 +88,28 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
         metadata["action_dim"] = width
     config = dataclasses.replace(config, action_dims=width)
     session = RobotSession(fleet.runtime, embodiment, None, width or 0, MODEL_ID)  # prompts come with requests
-    holder["server"] = server = OpenpiServer(fleet, session, reader, config, metadata)
+    holder["server"] = server = OpenpiServer(fleet, session, reader, config, metadata, path_of)
     return server
+
+
+def reply_limits(p: dict[str, Any], embodiment, e) -> Callable[[], CommandPath] | None:
+    """With output groups given (`output.groups`, their joints' limits or `robot_description`): what makes each
+    client's command path, checked now; None without (openpi clients often have no limits to give)."""
+    if p["output.groups"] is None:
+        return None
+    names = p[ACTION_NAMES]
+    if names is None:
+        raise ValueError(f"output.groups: the groups' joints are named in {ACTION_NAMES}; set it")
+    if embodiment.has_velocity:
+        raise ValueError(f"output.groups: embodiment {embodiment.name}'s replies hold velocities; serve applies "
+                         "joint limits to position replies only")
+    step_s = embodiment.time_step or e.period_s
+
+    def path_of() -> CommandPath:
+        return command_path(p, tuple(names), embodiment, step_s)
+
+    path_of()  # a group or a limit that does not fit is a start-up error
+    return path_of
 
 
 def api_key(given: str | None) -> str | None:

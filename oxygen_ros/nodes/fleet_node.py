@@ -79,10 +79,8 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
-from oxygen_ros.control.chunk_executor import BLENDING_MODES
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
-from oxygen_ros.control.joint_groups import TRAJECTORY, VELOCITY
-from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
+from oxygen_ros.control.joint_groups import TRAJECTORY
 from oxygen_ros.engine.runtime import ActionChunk, Runtime, TextUpdate
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
@@ -94,6 +92,7 @@ from oxygen_ros.msg import EngineStatus, Narration
 from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, PAST, UNUSED, CommandPath, Refusal
 from oxygen_ros.robots.engine import build_fleet, embodiment_fit
 from oxygen_ros.robots.instruction import Instruction
+from oxygen_ros.robots.output_params import command_path
 from oxygen_ros.robots.session import RobotSession
 from oxygen_ros.robots.state_check import StateCheck
 
@@ -116,34 +115,23 @@ from .managed_node import main as run_managed
 from .parameters import (
     AUTOSTART,
     ParameterError,
-    Reader,
     declare,
     declare_output_parameters,
-    read_groups,
-    read_limits,
 )
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
 LOG_THROTTLE_S = 5.0
 MAX_INSTRUCTION_CHARS = 2000
-def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
-                 ) -> CommandPath:
-    """One robot's command path from the output parameters, its joints (state and action alike: the fleet
-    node's robots command the joints they report) and its profile; ParameterError if they do not fit."""
-    groups = read_groups(values, joint_names)
-    velocity = [g.name for g in groups if g.interface == VELOCITY]
-    if velocity and not embodiment.has_velocity:
-        raise ParameterError(f"output.{velocity[0]}.interface velocity needs velocities, and embodiment "
-                             f"{embodiment.name} makes positions only")
-    absolute = [g.name for g in groups if g.topic.startswith("/")]
+def robot_command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
+                       ) -> CommandPath:
+    """One robot's command path (`output_params.command_path`: its joints are its state and action alike, the
+    fleet node's robots command the joints they report), its group topics in its namespace."""
+    path = command_path(values, joint_names, embodiment, time_step_s)
+    absolute = [g.name for g in path.groups if g.topic.startswith("/")]
     if absolute:
         raise ParameterError(f"output.{absolute[0]}.topic must be relative: each robot's goes in its namespace")
-    holds, limits = read_limits(values, groups, joint_names)
-    p = Reader(values)
-    return CommandPath(groups, holds, limits, p.choice("limits.policy", LIMIT_POLICIES), joint_names, joint_names,
-                       time_step_s, embodiment.has_velocity, p.choice("output.handover", BLENDING_MODES),
-                       p.number("output.temporal_ensemble_m"), p.integer("output.rtc_overlap"))
+    return path
 
 
 class RobotPort:
@@ -194,7 +182,7 @@ class RobotPort:
         embodiment: EmbodimentError; against the output groups: ParameterError), and its command path with one
         publisher per output group, in its namespace."""
         self.embodiment.check_joints(joint_names, joint_names)
-        path = command_path(self.output, joint_names, self.embodiment, self.time_step_s)
+        path = robot_command_path(self.output, joint_names, self.embodiment, self.time_step_s)
         self.group_pubs = [self.node.create_publisher(JointTrajectory if g.interface == TRAJECTORY
                                                       else Float64MultiArray, f"{self.namespace}/{g.topic}", 10)
                            for g in path.groups]

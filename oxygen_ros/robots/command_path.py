@@ -195,6 +195,14 @@ class CommandPath:
                              self.time_step_s * result.time_scale)
                 for c, values, held in zip(groups, np.split(result.values, ends, axis=1), moved, strict=True)]
 
+    def robot_positions(self, command: Command) -> np.ndarray:
+        """A checked plan's positions [n, action joints] in the robot's action units: each group's, limits applied,
+        taken back out of its controller's units; a joint in no group as computed."""
+        positions = np.array(command.positions, dtype=np.float64)
+        for group, part in zip(self.groups, command.groups, strict=True):
+            positions[:, list(group.columns)] = (part.positions - np.asarray(group.offset)) / np.asarray(group.scale)
+        return positions
+
     def stop(self, reason: str, measured: np.ndarray | None) -> list[Hold]:
         """One hold per group being commanded, which is then no longer; `measured`: the last plausible joint state
         (`state_names` order; a group is commanded only once one has arrived)."""

@@ -3,9 +3,11 @@
 A node parameter file (`config/aloha.yaml`, `config/droid.yaml`) nests its parameters under
 ``<node>: ros__parameters:``; the server reads the sections ``/**`` and ``vla_node``, flattens them to the node's
 dotted names and takes the engine's options (`robots.engine_params.ENGINE_SPECS`: model, embodiment, narration,
-denoising, default prompt, the image budget) with the node's defaults and checks, from the same table. The node's ROS wiring
-(topics, joint names, hand-over, output groups) means nothing to the server and is ignored, except
-``joints.action_names``, whose length is the reply width for a profile of any width. Later files and ``name=value``
+denoising, default prompt, the image budget) with the node's defaults and checks, from the same table, and the
+output parameters (`robot_description`, `limits.policy`, `output.*`: `robots.output_params`), whose groups and
+joint limits the server then applies to every reply (`commands/serve.py`). The rest of the node's ROS wiring
+(topics, state joint names) means nothing to the server and is ignored; ``joints.action_names`` is the reply
+width for a profile of any width, and the joints the output groups name. Later files and ``name=value``
 overrides (YAML values, as ``-p name:=value``) win; an override naming anything else is refused.
 """
 
@@ -17,10 +19,13 @@ from typing import Any
 
 import yaml
 
-from oxygen_ros.robots.engine_params import ENGINE_SPECS, Reader
+from oxygen_ros.robots.engine_params import ENGINE_SPECS, OPTIONAL, Reader
+from oxygen_ros.robots.output_params import OUTPUT_SPECS, group_defaults
 
 SECTIONS = ("/**", "vla_node", "/vla_node")
 ENGINE_DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in ENGINE_SPECS}
+OUTPUT_DEFAULTS: dict[str, Any] = {spec.name: None if spec.default is OPTIONAL else spec.default
+                                   for spec in OUTPUT_SPECS}
 ACTION_NAMES = "joints.action_names"
 
 
@@ -50,18 +55,19 @@ def read_file(path: str | Path) -> dict[str, Any]:
 
 def engine_parameters(files: Sequence[str | Path], overrides: Sequence[str]) -> dict[str, Any]:
     """The defaults, then each file's engine options, then each ``name=value``; ValueError naming the parameter."""
-    values = dict(ENGINE_DEFAULTS, **{ACTION_NAMES: None})
+    values = dict(ENGINE_DEFAULTS, **OUTPUT_DEFAULTS, **{ACTION_NAMES: None})
     for path in files:
-        values.update({k: v for k, v in read_file(path).items() if k in values})
+        values.update({k: v for k, v in read_file(path).items() if k in values or k.startswith("output.")})
     for text in overrides:
         name, separator, raw = text.partition("=")
         name = name.strip()
-        if not separator or name not in values:
+        if not separator or not (name in values or name.startswith("output.")):
             raise ValueError(f"--param {text!r}: expected NAME=VALUE with NAME one of {', '.join(values)}")
         try:
             values[name] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             raise ValueError(f"--param {text!r}: the value is not a YAML scalar or list") from None
+    values.update(group_defaults(values))
     reader = Reader(values)
     values.update({spec.name: reader.value(spec) for spec in ENGINE_SPECS})  # one check, as the nodes'
     names = values[ACTION_NAMES]
