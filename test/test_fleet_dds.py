@@ -25,7 +25,10 @@ def test_robot_clients_measure_latency_from_the_frame_stamp(tmp_path, ros_env):
     # the past and judges them against 1 s, so each chunk it gets is late by its stamp, not by its round trip.
     fleet = subprocess.Popen(python_node(
         "oxygen_ros.nodes.fleet_node", "-p", "models:=['a=tiny:0','b=tiny:1']", "-p", "robots:=[robot1,robot2]",
-        "-p", "robot_models:=[a,b]", "-p", "slo_ms:=30000.0", "-p", "cpu_threads:=1", "-p", "narrate_every:=0"),
+        "-p", "robot_models:=[a,b]", "-p", "slo_ms:=30000.0", "-p", "cpu_threads:=1", "-p", "narrate_every:=0",
+        # plans of 8 x 0.5 s: client 2's, from frames stamped 2 s ago, have not ended when they go out (one that
+        # has is refused, as a controller would refuse it)
+        "-p", "action_dt:=0.5"),
         env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     clients = {}
     for name, slo_ms, backdate_s in (("robot1", 30000.0, 0.0), ("robot2", 1000.0, 2.0)):

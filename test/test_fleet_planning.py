@@ -50,7 +50,7 @@ def test_one_design_default_everywhere():
     from oxygen_ros.commands.fleet_assign import build_parser
     from oxygen_ros.fleet.capacity import TARGET
     from oxygen_ros.nodes.fleet_controller import DEFAULTS as CONTROLLER
-    from oxygen_ros.nodes.fleet_node import DEFAULTS
+    from oxygen_ros.nodes.fleet_parameters import DEFAULTS
 
     config = yaml.safe_load(open("config/fleet.yaml"))["/**"]["ros__parameters"]
     args = build_parser().parse_args(["--fleet", "config/fleet.yaml", "--profile", "config/fleet.yaml", "--gpus", "1",

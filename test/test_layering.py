@@ -191,3 +191,53 @@ def test_the_fleet_controller_starts_without_torch_the_runtime_or_evaluation():
     engine's runtime, and nothing of `evaluation/` (which serves nothing)."""
     watched = ("torch", "transformers", "oxygen_ros.engine.runtime", "oxygen_ros.evaluation")
     assert loaded_after_importing(["oxygen_ros.nodes.fleet_controller"], watched) == []
+
+
+# The front ends receive and reply; the engine is built and driven from `robots/` (its parameters, `build_runtime` /
+# `build_fleet`, a robot's session). The benchmark commands measure the engine itself and `train-tiny` trains and
+# scores the model: they serve no robot.
+FRONT_ENDS = ("nodes", "serving", "commands")
+BENCHMARKS = ("commands/serve_bench.py", "commands/fleet_bench.py", "commands/train_tiny.py")
+ENGINE_INSIDES = {"SchedulerConfig", "RuntimeConfig", "node_decode_policy", "ModelRunner", "FleetServer", "Runtime",
+                  "Served"}
+RUNNER_CALLS = {"prepare", "robot_actions", "prefill", "sample_actions"}  # the runner's work on a frame and a chunk
+
+
+def test_no_front_end_builds_the_engine_or_calls_the_model_runner_itself():
+    offenders = []
+    paths = [p for folder in FRONT_ENDS for p in sorted((PACKAGE / folder).glob("*.py"))
+             if str(p.relative_to(PACKAGE)) not in BENCHMARKS]
+    assert len(paths) > 40
+    for path in paths:
+        where = path.relative_to(PACKAGE)
+        offenders += [f"{where}: imports {name}" for name in _imports(path) if name.startswith(
+            ("oxygen_ros.engine.model_runner", "oxygen_ros.engine.scheduler"))]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = node.func.id if isinstance(node.func, ast.Name) else \
+                    node.func.attr if isinstance(node.func, ast.Attribute) else ""
+                if called in ENGINE_INSIDES or (isinstance(node.func, ast.Attribute) and called in RUNNER_CALLS):
+                    offenders.append(f"{where}:{node.lineno}: calls {called}")
+    assert not offenders, "\n".join(offenders)
+
+
+LIFECYCLE = ("on_configure", "on_activate", "on_deactivate", "on_cleanup", "on_shutdown", "on_error", "autostart",
+             "close")
+
+
+def test_the_managed_nodes_share_one_lifecycle_and_no_private_helper():
+    """The VLA node and the fleet node run one lifecycle (`nodes/managed_node.py`: the transitions, autostart,
+    the exit; each node's `main` is one call to its `main`) and no module imports another's private names (the fleet node once declared its output
+    parameters with parameters.py's `_declare`, `_group_names` and `_Reader`)."""
+    written = {}
+    private = []
+    for path in sorted((PACKAGE / "nodes").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                private += [f"{path.name}: {alias.name}" for alias in node.names if alias.name.startswith("_")]
+        if path.stem in ("vla_node", "fleet_node", "managed_node"):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and node.name in LIFECYCLE:
+                    written.setdefault(node.name, []).append(path.stem)
+    assert written == dict.fromkeys(LIFECYCLE, ["managed_node"]) and not private, (written, private)

@@ -2,12 +2,13 @@
 joint-state plausibility check that feeds it (issue 45 H2, H3)."""
 
 import math
+import warnings
 
 import numpy as np
 
 from oxygen_ros.control.joint_groups import JointGroup
 from oxygen_ros.control.limits import CLAMP, REJECT, JointLimits
-from oxygen_ros.robots.command_path import LIMITS, NONFINITE, OVERFLOW, Command, CommandPath, Refusal
+from oxygen_ros.robots.command_path import LIMITS, NONFINITE, OVERFLOW, PAST, Command, CommandPath, Refusal
 from oxygen_ros.robots.state_check import StateCheck
 
 INF = math.inf
@@ -49,6 +50,34 @@ def test_the_jump_limit_is_measured_from_the_state_given():
     assert isinstance(p.command(chunk, STEP_NS, 0, np.array([0.0, 0.0, 0.0])), Command)
     far = p.command(chunk, STEP_NS, 0, np.array([0.9, 0.0, 0.0]))
     assert isinstance(far, Refusal) and far.limit == "jump" and p.limits_rejected == {"a": 1}
+
+
+def test_a_plan_that_ends_before_it_goes_out_is_refused_and_counted():
+    """Frames up to 1 s old under load made plans that had ended when published (a joint_trajectory_controller
+    refuses a trajectory that ends in the past): refused and counted instead, in every hand-over."""
+    for handover in ("newest_wins", "temporal_ensemble"):
+        p = CommandPath((ARM, HAND), ("position", "position"), limits(), CLAMP, ("a", "b", "c"), ("a", "b", "c"),
+                        0.1, False, handover)
+        chunk = np.zeros((8, 3))  # points at first, first + 0.1 s, ... first + 0.7 s
+        last_ns = STEP_NS + 7 * STEP_NS
+        assert isinstance(p.command(chunk, STEP_NS, last_ns, np.zeros(3)), Command)  # the last point still ahead
+        p.start()
+        late = p.command(chunk, STEP_NS, last_ns + 1, np.zeros(3))
+        if handover == "newest_wins":  # the hand-over itself refuses a chunk with every point past (`unused`)
+            assert isinstance(late, Refusal) and late.kind == PAST and p.plans_past == 1, late
+            assert "ended 0 ms before it could go out" in late.detail and p.counts()["plans_past"] == 1
+        else:
+            assert isinstance(late, Refusal) and p.plans_past + p.chunks_unused == 1, late
+
+
+def test_a_jump_checked_state_that_overflows_in_the_controllers_units_is_refused_without_a_warning():
+    """A 1e308 hand state (no velocity limit on it: plausible) is 2.1123 * 1e308 in the controller's units: the
+    jump check refuses the plan quietly (numpy's overflow RuntimeWarning was printed from `_limited`)."""
+    p = path(limits(max_jump=(INF, INF, 0.5)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        refused = p.command(np.zeros((2, 3)), STEP_NS, 0, np.array([0.0, 0.0, 1e308]))
+    assert isinstance(refused, Refusal) and refused.limit == "jump" and p.limits_rejected == {"c": 1}
 
 
 def test_holds_are_clamped_into_the_range_and_refused_when_not_finite():

@@ -16,6 +16,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from oxygen_ros.commands.bench_client import droid_request
 from oxygen_ros.commands.serve import MODEL_ID, Capacity, build_server
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.serving.params import engine_parameters
 from oxygen_ros.serving.server import ServeConfig
 
@@ -219,3 +220,45 @@ def test_serve_normalizes_with_the_users_stats_and_refuses_an_unknown_mode_in_on
         build_server(engine_parameters([], [*base, f"model.norm_stats={stats}", "model.norm_mode=ZSCORE"]),
                      ServeConfig(port=0), Capacity())
     assert "\n" not in str(err.value)
+def aloha_ask(state: np.ndarray) -> dict:
+    """ALOHA's request (two 32 x 32 cameras, 14 joints) with fixed flow-matching noise: a repeatable answer."""
+    image = np.zeros((3, 32, 32), np.uint8)
+    noise = np.random.default_rng(7).normal(size=(HORIZON, ACTION_DIM)).astype(np.float32)
+    return {"state": state, "images": {"cam_high": image, "cam_left_wrist": image}, "prompt": "pick", "noise": noise}
+
+
+@contextmanager
+def aloha_server(*limits: str):
+    """A started ALOHA server (the tiny preset's random weights) with the output parameters `limits`; a client."""
+    names = ",".join(ALOHA_JOINT_NAMES)
+    p = engine_parameters([], ["embodiment=aloha", "model.dtype=float32", "model.cpu_kernel=off",
+                               f"joints.action_names=[{names}]", *limits])
+    server = build_server(p, ServeConfig(port=0), Capacity(1, 1, 60.0)).start()
+    policy = WebsocketClientPolicy("127.0.0.1", server.port)
+    try:
+        yield policy
+    finally:
+        policy._ws.close()
+        server.close()
+
+
+def test_joint_limits_given_to_the_server_clamp_or_refuse_every_reply():
+    """Without output parameters a reply is the model's; with a group's limits (as the VLA node's `output.*`) the
+    same request's reply has that joint clamped into its range and every other joint unchanged, and with
+    `limits.policy: reject` it is refused with the reason; a start-up without the joints named is one error."""
+    state = np.zeros(14)
+    waist = ALOHA_JOINT_NAMES.index("left_waist")
+    group = ["output.groups=[waist]", "output.waist.joints=[left_waist]", "output.waist.lower=-0.001",
+             "output.waist.upper=0.001"]
+    with aloha_server() as policy:
+        free = policy.infer(aloha_ask(state))["actions"]
+    assert np.abs(free[:, waist]).max() > 0.001  # random weights: far outside the range below
+    with aloha_server(*group) as policy:
+        clamped = policy.infer(aloha_ask(state))["actions"]
+    assert np.abs(clamped[:, waist]).max() <= 0.001 + 1e-9
+    np.testing.assert_allclose(np.delete(clamped, waist, axis=1), np.delete(free, waist, axis=1), atol=1e-6)
+    with aloha_server(*group, "limits.policy=reject") as policy, \
+            pytest.raises(RuntimeError, match=r"refused the request \(limits\): plan refused \(range limit"):
+        policy.infer(aloha_ask(state))
+    with pytest.raises(ValueError, match="output.groups: the groups' joints are named in joints.action_names"):
+        build_server(engine_parameters([], ["embodiment=aloha", *group]), ServeConfig(port=0), Capacity())

@@ -45,21 +45,26 @@ class Trajectories:
 
     def __init__(self, node, topics):
         self.lock = threading.Lock()
+        self.node = node
         self.heard = {topic: [] for topic in topics}
+        self.received: dict[int, int] = {}  # id(msg) -> when it arrived (the listening node's clock)
         for topic in topics:
             node.create_subscription(JointTrajectory, topic, lambda msg, t=topic: self._keep(t, msg), 100)
 
     def _keep(self, topic: str, msg: JointTrajectory) -> None:
+        received_ns = self.node.get_clock().now().nanoseconds
         with self.lock:
             self.heard[topic].append(msg)
+            self.received[id(msg)] = received_ns
 
     def refusals(self) -> list[tuple[str, str]]:
         """(topic, why) for each message a joint_trajectory_controller with Jazzy's and Kilted's defaults, owning
-        exactly the message's joints, would refuse. Every rule but "ends in the past": whether a plan arrives
-        before its end depends on this machine's speed (test_control_trajectory_rules.py checks that rule)."""
+        exactly the message's joints, would refuse when it arrived as it did here, "ends in the past" included (the
+        node refuses a plan that has ended before it goes out, so only transport could make one late)."""
         with self.lock:
             return [(topic, why) for topic, messages in self.heard.items() for msg in messages
-                    if (why := trajectory_refusal(msg, ControllerSettings(tuple(msg.joint_names)), 0)) is not None]
+                    if (why := trajectory_refusal(msg, ControllerSettings(tuple(msg.joint_names)),
+                                                  self.received[id(msg)])) is not None]
 
     def get(self, topic: str) -> list[JointTrajectory]:
         with self.lock:

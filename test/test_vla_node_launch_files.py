@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from oxygen_ros.nodes.fleet_parameters import DEFAULTS as FLEET_DEFAULTS
 from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.nodes.replay_node import build_parser as replay_parser
 from oxygen_ros.robots.inputs import MAX_PIXELS
@@ -254,7 +255,7 @@ def test_fleet_launch_starts_the_controller_and_fleet_nodes_with_the_installed_p
     config = share_path(default_params)
     assert config == REPO / "config" / "fleet.yaml"
     # every key of the shipped file is a parameter the node it is for declares, with the same type as its default
-    fleet, controller = node_defaults("fleet_node"), node_defaults("fleet_controller")
+    fleet, controller = FLEET_DEFAULTS, node_defaults("fleet_controller")
     shipped = yaml.safe_load(config.read_text())
     parameters, own = shipped["/**"]["ros__parameters"], shipped["fleet_controller"]["ros__parameters"]
     assert set(parameters) == set(fleet) and set(own) <= set(controller) <= set(parameters) | set(own)

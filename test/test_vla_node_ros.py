@@ -39,7 +39,8 @@ ARMED = ["--params-file", str(ALOHA), "--params-file", str(REPO / "test" / "data
 CAMERAS = ["camera/cam_high/image_raw", "camera/cam_left_wrist/image_raw"]
 TINY = ["-p", "model.preset:=tiny", "-p", f"cameras.topics:=[{','.join(CAMERAS)}]",
         "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "-p", "cameras.compressed:=[false,false]",
-        "-p", "control.horizon:=6",
+        "-p", "control.horizon:=6", "-p", "control.time_step:=0.1",  # 0.6 s plans: longer than a loaded machine's
+        # frame ages (a plan that has ended when it would go out is refused, as a controller would refuse it)
         "-p", "model.cpu_threads:=1", "-p", "status.rate_hz:=10.0"]
 STARTUP_TIMEOUT_S = 240.0  # importing torch and building the model; minutes on a busy machine
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from diagnostic_msgs.msg import DiagnosticStatus
@@ -240,31 +241,40 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
     assert [r for r in heard.refusals() if r != (TOPICS["rest"], "Empty trajectory received.")] == []
 
 
-def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(tmp_path, ros_domain_id, capfd):
-    """In this process (the services themselves are driven over DDS above): a checkpoint that does not load."""
+@pytest.mark.parametrize("kind", ["vla_node", "fleet_node"])
+def test_a_configure_that_fails_leaves_the_node_unconfigured_with_the_reason(tmp_path, ros_domain_id, capfd, kind):
+    """In this process (the services themselves are driven over DDS above), for both nodes (one lifecycle,
+    `managed_node`): a checkpoint that does not load leaves nothing half-made, the reason on /diagnostics and in the
+    log."""
     import rclpy
 
+    from oxygen_ros.nodes.fleet_node import FleetNode
     from oxygen_ros.nodes.vla_node import VlaNode
 
     context = rclpy.Context()
-    rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(ALOHA), *TINY, "-p", "autostart:=false",
-                     "-p", f"model.checkpoint:={tmp_path}", "-p", "model.tokenizer:=tok.model"],
-               context=context, domain_id=ros_domain_id)
-    node = VlaNode(context=context)
+    if kind == "vla_node":
+        args = ["--params-file", str(ALOHA), *TINY, "-p", f"model.checkpoint:={tmp_path}",
+                "-p", "model.tokenizer:=tok.model"]
+    else:
+        args = ["-p", f"models:=['a={tmp_path}']", "-p", "robots:=[arm]", "-p", "robot_models:=[a]"]
+    rclpy.init(args=[kind, "--ros-args", *args, "-p", "autostart:=false"], context=context, domain_id=ros_domain_id)
+    node = VlaNode(context=context) if kind == "vla_node" else FleetNode(context=context)
+    reason = "model.checkpoint" if kind == "vla_node" else "config.json not found"
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
         assert node.trigger_activate() != TransitionCallbackReturn.SUCCESS  # never half-active
-        assert node.lifecycle == "unconfigured" and node.runtime is None and node.control_timer is None
+        assert node.lifecycle == "unconfigured"
+        assert (node.runtime, node.control_timer) == (None, None) if kind == "vla_node" else node.server is None
         level, message = level_and_message(node.health())
-        assert level == DiagnosticStatus.ERROR and message.startswith(
-            "configure failed, unconfigured: model.checkpoint") and "cannot be loaded" in message, message
-        assert node.health().values["configure_error"].startswith("model.checkpoint")
+        assert level == DiagnosticStatus.ERROR and message.startswith(f"configure failed, unconfigured: {reason}"), \
+            message
+        assert node.health().values["configure_error"].startswith(reason)
     finally:
         node.close()
         node.destroy_node()
         context.try_shutdown()
         context.destroy()
-    assert "configure failed, still unconfigured: model.checkpoint" in capfd.readouterr().err
+    assert f"configure failed, still unconfigured: {reason}" in capfd.readouterr().err
 
 
 def overflowing_text_head(folder) -> tuple[str, str]:
@@ -319,7 +329,9 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
                        "-p", "cameras.compressed:=[false,true]", "-p", f"cameras.max_pixels:={4096 * 4096}",
                        "-p", "control.max_image_age_s:=2.0", "-p", f"model.checkpoint:={model[0]}",
                        "-p", f"model.tokenizer:={model[1]}", "-p", "language.every_n_frames:=10",
-                       "-p", "language.max_new_tokens:=4")
+                       "-p", "language.max_new_tokens:=4",
+                       # plans of 6 x 0.5 s outlast the 2 s image age allowed (one that has ended is refused)
+                       "-p", "control.time_step:=0.5")
     bomb = jpeg_claiming(4096, 4096)
     counter = robot.counter
 

@@ -31,7 +31,7 @@ from oxygen_ros.nodes.conversions import (
     ns_to_stamp,
 )
 from oxygen_ros.nodes.diagnostics import Health, diagnostic_array, engine_status, level_and_message
-from oxygen_ros.nodes.frame_inputs import DecodeThread, FrameInputs, InputLimits, Instruction
+from oxygen_ros.nodes.frame_inputs import DecodeThread, FrameInputs, InputLimits
 from oxygen_ros.nodes.log_throttle import LogThrottle
 from oxygen_ros.nodes.parameters import (
     GROUP_SPECS,
@@ -42,6 +42,7 @@ from oxygen_ros.nodes.parameters import (
     check_against_model,
     read_parameters,
 )
+from oxygen_ros.robots.instruction import Instruction
 
 REPO = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(0)
@@ -700,7 +701,9 @@ def aloha_node(tmp_path, ros_domain_id, *parameters: str):
     context = rclpy.Context()
     overrides = [f"model.checkpoint:={checkpoint}", f"model.tokenizer:={tokenizer}", "cameras.topics:=[a,b]",
                  "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "cameras.compressed:=false", "control.horizon:=4",
-                 *parameters]
+                 # 4 points 0.5 s apart: a plan outlasts this machine's time between stamping a frame and its tick
+                 # (one that has ended is refused)
+                 "control.time_step:=0.5", *parameters]
     rclpy.init(args=["vla_node", "--ros-args", "--params-file", str(REPO / "config" / "aloha.yaml"),
                      *[arg for value in overrides for arg in ("-p", value)]],
                context=context, domain_id=ros_domain_id)
@@ -780,7 +783,7 @@ def test_a_delta_chunk_is_added_to_the_state_the_model_saw_not_a_newer_one(tmp_p
         deltas = np.zeros((node.horizon, 14))
         deltas[:, :6], deltas[:, 7:13], deltas[:, [6, 13]] = 0.05, -0.05, 0.3
         monkeypatch.setattr(node.runtime, "act", act_while_the_arm_moves)
-        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims: deltas)  # the model's raw output
+        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims, model_id: deltas)  # the model's raw output
         node.chunk_pub = published = Published()
         node._control_tick()
         assert node.actions_published == 1, node.detail
@@ -815,7 +818,7 @@ def test_a_scaled_group_is_jump_checked_and_held_in_its_controllers_units(tmp_pa
         names = list(node.params.state_names)
         column = names.index("left_gripper")
         raw = np.zeros((node.horizon, 14))  # the model's output, gripper column set per tick
-        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims: raw)
+        monkeypatch.setattr(node.runtime, "robot_actions", lambda chunk, dims, model_id: raw)
         node.chunk_pub = Published()
         node.group_pubs = [(group, Published()) for group, _ in node.group_pubs]
         sent = node.group_pubs[0][1]

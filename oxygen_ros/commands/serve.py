@@ -12,23 +12,20 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from .. import __version__
 from ..command_line import CommandParser, existing_file, port_number, positive_float
 from ..control.embodiment import load_embodiment
-from ..engine.runtime import RuntimeConfig
-from ..engine.scheduler import SchedulerConfig, node_decode_policy
 from ..fleet.models import ModelSpec
-from ..fleet.server import FleetServer, ServedRobot
-from ..model import cpu_kernel
-from ..model.checkpoint import checkpoint_config
-from ..model.config import get_preset
-from ..model.loading import checkpoint_folder, checkpoint_tokenizer, tokenizer_for
-from ..model.precision import resolve_dtype
+from ..fleet.server import ServedRobot
+from ..robots.command_path import CommandPath
+from ..robots.engine import build_fleet, check_device, checkpoint_source, embodiment_fit
+from ..robots.engine_params import ParameterError, read_engine
+from ..robots.output_params import command_path
+from ..robots.session import RobotSession
 from ..serving.params import ACTION_NAMES, engine_parameters
 from ..serving.requests import RequestReader
 from ..serving.server import OpenpiServer, ServeConfig
@@ -50,61 +47,39 @@ class Capacity:
 def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> OpenpiServer:
     """The server the engine parameters `p` (`params.engine_parameters`) describe, not started; ValueError (or
     OSError for an unreadable file) with the reason otherwise."""
-    if capacity.max_clients < 1 or capacity.slo_s <= 0 or p["control.rate_hz"] <= 0:
-        raise ValueError("--max-clients must be >= 1, --slo-ms and control.rate_hz > 0")
-    if p["model.text_head"] != "auto":
+    e = read_engine(p)
+    if capacity.max_clients < 1 or capacity.slo_s <= 0:
+        raise ValueError("--max-clients must be >= 1 and --slo-ms > 0")
+    if e.text_head != "auto":
         raise ValueError("model.text_head: serve loads a checkpoint's text head as the stack that wrote it (auto)")
-    if p["model.cpu_threads"]:
-        torch.set_num_threads(p["model.cpu_threads"])
-    embodiment = load_embodiment(p["embodiment"])
+    embodiment = load_embodiment(e.embodiment_name)
     action_names = p[ACTION_NAMES]
     if action_names is not None and embodiment.kinds is not None and len(action_names) != len(embodiment.kinds):
         raise ValueError(f"embodiment {embodiment.name} has {len(embodiment.kinds)} action dims, "
                          f"{ACTION_NAMES} has {len(action_names)}")
-    device = p["model.device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("model.device is cuda but torch sees no CUDA device (use cpu or auto)")
-    if p["model.checkpoint"]:  # a folder or a hub id, and the tokenizer it was trained with, as the node finds them
-        folder = checkpoint_folder(p["model.checkpoint"])
-        shape = checkpoint_config(folder)
-        tokenizer, _ = checkpoint_tokenizer(folder, shape.vocab_size, p["model.tokenizer"])
-        source = str(folder)
-    else:
-        shape, source, tokenizer = get_preset(p["model.preset"]), p["model.preset"], None
-    dtype = resolve_dtype(p["model.dtype"], device, get_preset("pi05") if p["model.checkpoint"] else shape).dtype
-    scheduler = SchedulerConfig(
-        num_steps=p["control.denoise_steps"] or shape.num_steps, control_period_s=1.0 / p["control.rate_hz"],
-        max_new_tokens=p["language.max_new_tokens"], admission=p["language.admission"],
-        max_preempted=p["language.max_preempted"], temperature=p["language.temperature"], seed=p["model.seed"],
-        queue="esf", max_batch=capacity.max_batch,
-        **node_decode_policy(p["language.tokens_per_frame"], p["language.min_steps_per_frame"],
-                             p["language.max_new_tokens"]))
-    runtime = RuntimeConfig(scheduler, pool_slots=capacity.max_batch + max(1, p["language.pool_slots"] - 1),
-                            stream_every=0, seed=p["model.seed"], overlap_threads=p["language.overlap_threads"],
-                            rtc=config.rtc.engine_config())  # for the requests that ask for real-time chunking
+    path_of = reply_limits(p, embodiment, e)
+    check_device(e.device)
+    source, _, tokenizer, _ = checkpoint_source(e)  # a folder or a hub id with its tokenizer, as the node finds them
     robots = [ServedRobot(f"client{i}", MODEL_ID, capacity.slo_s) for i in range(capacity.max_clients)]
     holder: dict[str, OpenpiServer] = {}
+    fleet = build_fleet(e, [ModelSpec(MODEL_ID, source, e.seed, e.norm_stats, e.norm_mode)], robots,
+                        device=e.device, max_batch=capacity.max_batch, queue="esf",
+                        pool_slots=capacity.max_batch + max(1, e.pool_slots - 1), stream_every=0,
+                        tokenizer=tokenizer, choose_dtype=True,
+                        rtc=config.rtc.engine_config(),  # for the requests that ask for real-time chunking
+                        on_chunk=lambda chunk: holder["server"].on_chunk(chunk),
+                        on_text=lambda update: holder["server"].on_text(update), publish_late=True)
     try:
-        spec = ModelSpec(MODEL_ID, source, p["model.seed"], p["model.norm_stats"], p["model.norm_mode"])
-        fleet = FleetServer([spec], robots, runtime,
-                            lambda model: tokenizer or tokenizer_for(model, p["model.tokenizer"] or None), device, dtype,
-                            on_chunk=lambda chunk: holder["server"].on_chunk(chunk),
-                            on_text=lambda update: holder["server"].on_text(update), publish_late=True,
-                            cpu_kernel=p["model.cpu_kernel"])
-    except (cpu_kernel.CpuKernelUnavailable, RuntimeError) as err:  # RuntimeError: a checkpoint that does not load
-        raise ValueError(f"cannot load the model: {err}") from err
-    reason = embodiment.mismatch(fleet.trained_on[MODEL_ID], tuple(action_names or ()))
-    if reason is not None:
-        line = f"embodiment {embodiment.name} does not fit the model: {reason}"
-        if not p["embodiment_override"]:
-            fleet.close()
-            raise ValueError(f"{line} (choose the profile it was trained in, or set embodiment_override: true)")
-        log.warning(f"{line} (serving: embodiment_override is true)")
+        warning = embodiment_fit(embodiment, fleet.trained_on[MODEL_ID], action_names or (), e.embodiment_override,
+                                 "the model")
+    except ParameterError:
+        fleet.close()
+        raise
+    if warning:
+        log.warning(f"{warning} (serving: embodiment_override is true)")
     model = fleet.model_config(robots[0].robot_id)
-    reader = RequestReader(embodiment, (model.action_horizon, model.action_dim), p["cameras.max_pixels"],
-                           p["instruction.default"])
+    reader = RequestReader(embodiment, (model.action_horizon, model.action_dim), e.max_pixels,
+                           e.default_instruction)
     keys = embodiment.openpi_keys
     metadata = {**keys.metadata, "server": "oxygen-ros serve", "version": __version__, "embodiment": embodiment.name,
                 "action_horizon": model.action_horizon, "state_keys": [k for k, _ in keys.state],
@@ -113,8 +88,29 @@ def build_server(p: dict[str, Any], config: ServeConfig, capacity: Capacity) -> 
     if width is not None:
         metadata["action_dim"] = width
     config = dataclasses.replace(config, action_dims=width)
-    holder["server"] = server = OpenpiServer(fleet, reader, config, metadata)
+    session = RobotSession(fleet.runtime, embodiment, None, width or 0, MODEL_ID)  # prompts come with requests
+    holder["server"] = server = OpenpiServer(fleet, session, reader, config, metadata, path_of)
     return server
+
+
+def reply_limits(p: dict[str, Any], embodiment, e) -> Callable[[], CommandPath] | None:
+    """With output groups given (`output.groups`, their joints' limits or `robot_description`): what makes each
+    client's command path, checked now; None without (openpi clients often have no limits to give)."""
+    if p["output.groups"] is None:
+        return None
+    names = p[ACTION_NAMES]
+    if names is None:
+        raise ValueError(f"output.groups: the groups' joints are named in {ACTION_NAMES}; set it")
+    if embodiment.has_velocity:
+        raise ValueError(f"output.groups: embodiment {embodiment.name}'s replies hold velocities; serve applies "
+                         "joint limits to position replies only")
+    step_s = embodiment.time_step or e.period_s
+
+    def path_of() -> CommandPath:
+        return command_path(p, tuple(names), embodiment, step_s)
+
+    path_of()  # a group or a limit that does not fit is a start-up error
+    return path_of
 
 
 def api_key(given: str | None) -> str | None:

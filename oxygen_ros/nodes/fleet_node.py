@@ -58,22 +58,8 @@ robots (model, rate, SLO, attainment), its loaded models and its measured load (
 ran jobs), which is how the controller knows it is alive. Pools are sized for ``max_robots_per_model``. A stage
 split plans from ``profile_file`` there (there is nothing to profile at start-up).
 
-Parameters: ``models`` (``id=source[:seed]``), ``robots``, ``robot_models``, ``slo_ms`` (without an assignment,
-or for robots it gives no SLO), ``assignment_file``, ``gpu_index``, ``device``, ``cpu_threads``, ``max_batch``,
-``publish_late``, ``tokenizer`` (empty: the cached stand-in),
-``instruction`` (used until one arrives), ``joint_names`` (empty: those of each robot's first joint state),
-``compressed``, ``max_image_age_s``, ``max_state_age_s``, ``future_tolerance_s``, ``max_pixels`` (as the
-VLA node's ``control.*``/``cameras.*`` of those names), ``narrate_every`` (0: never), ``max_new_tokens``,
-``tokens_per_frame``, ``min_steps_per_frame`` (as the VLA node's ``language.*`` of those names),
-``pool_slots`` (per model), ``queue`` (esf | rr | lqf | fifo), ``design``,
-``overlap_threads`` (monolithic only: decode beside each batch's denoising, as the VLA node's
-``language.overlap_threads``),
-``profile_file``, ``profile_repeats``, ``guard``, ``cuda_graphs`` (a CUDA device only: replay CUDA graphs per
-model, stage, bucket and SM partition; on a CPU the node refuses to start), ``cpu_kernel`` (auto | on | off, as
-the VLA node's ``model.cpu_kernel``), ``action_dt`` (seconds between chunk points), ``rate_hz`` (the robots' nominal
-control rate, for the rate warning), ``status_rate_hz``, ``embodiments``, ``embodiment_override``, ``autostart``
-(configure and activate at start; false: wait for the lifecycle services), ``assignment_topic``, ``server_name``,
-``heartbeat_period_s``, ``max_robots_per_model``, ``rate_burst``.
+Parameters: the table in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
+`robots.engine_params`), and the VLA node's output parameters.
 """
 
 from __future__ import annotations
@@ -90,154 +76,78 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import torch
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
-from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.control.handover import HANDOVERS, RTC_GUIDED
-from oxygen_ros.control.joint_groups import TRAJECTORY, VELOCITY
-from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
-from oxygen_ros.engine.runtime import ActionChunk, RuntimeConfig, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
-from oxygen_ros.fleet import messages
+from oxygen_ros.control.joint_groups import TRAJECTORY
+from oxygen_ros.engine.runtime import ActionChunk, Runtime, TextUpdate
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
 from oxygen_ros.fleet.rate_cap import RateCap
 from oxygen_ros.fleet.server import FleetServer, NotServed, ServedRobot, served_robots
 from oxygen_ros.fleet.traffic import load_assignment
-from oxygen_ros.model.loading import tokenizer_for
-from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
-from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, UNUSED, CommandPath, Refusal
-from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, PAST, UNUSED, CommandPath, Refusal
+from oxygen_ros.robots.engine import build_fleet, embodiment_fit
+from oxygen_ros.robots.engine_params import Reader
+from oxygen_ros.robots.instruction import Instruction
+from oxygen_ros.robots.output_params import command_path, read_rtc
 from oxygen_ros.robots.rtc_guide import REFUSED, Plain, RtcGuide, rtc_guide
+from oxygen_ros.robots.session import RobotSession
 from oxygen_ros.robots.state_check import StateCheck
 
 from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
-from .diagnostics import NO_STATS, Health, diagnostic_array, engine_status
+from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
+from .fleet_member import FleetMember
+from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
+    STALE_FRAME,
     WAITING_FOR_CAMERA,
     FrameInputs,
     InputLimits,
-    Instruction,
 )
 from .holds import hold_message
-from .lifecycle import ros_process, spinning
+from .managed_node import ManagedNode
+from .managed_node import main as run_managed
 from .parameters import (
-    GROUP_FIELDS,
-    GROUP_SPECS,
-    SPECS,
+    AUTOSTART,
     ParameterError,
-    Spec,
-    _declare,
-    _group_names,
-    _Reader,
-    read_groups,
-    read_limits,
-    read_rtc,
+    declare,
+    declare_output_parameters,
 )
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
 LOG_THROTTLE_S = 5.0
 MAX_INSTRUCTION_CHARS = 2000
-DEFAULTS = {
-    "models": ["a=tiny:0"],
-    "robots": ["robot1"],
-    "robot_models": ["a"],
-    "slo_ms": 200.0,
-    "assignment_file": "",
-    "gpu_index": 0,
-    "device": "cpu",
-    "cpu_threads": 0,
-    "max_batch": 8,
-    "publish_late": False,
-    "tokenizer": "",
-    "instruction": "do the task",
-    "joint_names": [""],
-    "compressed": False,
-    "max_image_age_s": 0.0,
-    "max_state_age_s": 0.0,
-    "future_tolerance_s": 0.1,
-    "max_pixels": MAX_PIXELS,  # as the VLA node's cameras.max_pixels
-    "narrate_every": 10,
-    "max_new_tokens": 32,
-    "tokens_per_frame": 0,  # 0: adaptive k; N: N decode steps per frame (as the VLA node's language.*)
-    "min_steps_per_frame": 1,
-    "pool_slots": 0,  # per model; 0: max_batch + one narration per robot of the busiest model (at least 2)
-    "queue": "esf",
-    "design": "monolithic",  # monolithic | robion | disaggregated (designs.DEFAULT_DESIGN)
-    "overlap_threads": 0,  # monolithic: decode beside each batch's denoising on this many threads
-    "profile_file": "",  # a stage split's profile table (fleet-profile); empty: profiled at start-up
-    "profile_repeats": 3,
-    "guard": 1.1,  # co_run.DEFAULT_GUARD
-    "cuda_graphs": False,
-    "cpu_kernel": "auto",  # auto | on | off: decode steps through the compiled CPU kernel (as model.cpu_kernel)
-    "action_dt": 0.02,  # seconds between chunk points, for robots whose embodiment names no rate
-    "embodiments": ["absolute"],  # one for every robot, or one per entry of robots
-    "embodiment_override": False,
-    "rate_hz": 10.0,
-    "status_rate_hz": 1.0,
-    "assignment_topic": "",  # the fleet controller's assignment (e.g. /fleet/assignment); empty: robots/assignment_file
-    "server_name": "",  # this server's name in the controller's assignment; empty: gpu<gpu_index>
-    "heartbeat_period_s": 0.5,
-    "max_robots_per_model": 8,  # under the controller: pools sized for this many robots of one model
-    "rate_burst": 2.0,  # frames a robot may send ahead of its rate before they are dropped at arrival
-}
-HEARTBEAT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-# the VLA node's output parameters (`parameters.SPECS`, `output.<group>.*`), one setting for every robot
-OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
-                     "output.rtc_overlap", "output.rtc_execution_horizon", "output.rtc_schedule",
-                     "output.rtc_max_guidance_weight", "output.rtc_method", "output.groups")
-
-
-def declare_output_parameters(node) -> dict:
-    """Declare the VLA node's output parameters on `node` (and each named group's); name -> value."""
-    values = {spec.name: _declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
-    for group in _group_names(values["output.groups"]):
-        for field in GROUP_FIELDS:
-            default, description = GROUP_SPECS[field]
-            values[f"output.{group}.{field}"] = _declare(node, Spec(f"output.{group}.{field}", default, description))
-    return values
-
-
-def command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
-                 ) -> CommandPath:
-    """One robot's command path from the output parameters, its joints (state and action alike: the fleet
-    node's robots command the joints they report) and its profile; ParameterError if they do not fit."""
-    groups = read_groups(values, joint_names)
-    velocity = [g.name for g in groups if g.interface == VELOCITY]
-    if velocity and not embodiment.has_velocity:
-        raise ParameterError(f"output.{velocity[0]}.interface velocity needs velocities, and embodiment "
-                             f"{embodiment.name} makes positions only")
-    absolute = [g.name for g in groups if g.topic.startswith("/")]
+def robot_command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
+                       ) -> CommandPath:
+    """One robot's command path (`output_params.command_path`: its joints are its state and action alike, the
+    fleet node's robots command the joints they report), its group topics in its namespace."""
+    path = command_path(values, joint_names, embodiment, time_step_s)
+    absolute = [g.name for g in path.groups if g.topic.startswith("/")]
     if absolute:
         raise ParameterError(f"output.{absolute[0]}.topic must be relative: each robot's goes in its namespace")
-    holds, limits = read_limits(values, groups, joint_names)
-    p = _Reader(values)
-    return CommandPath(groups, holds, limits, p.choice("limits.policy", LIMIT_POLICIES), joint_names, joint_names,
-                       time_step_s, embodiment.has_velocity, p.choice("output.handover", HANDOVERS),
-                       p.number("output.temporal_ensemble_m"), p.integer("output.rtc_overlap"))
+    return path
 
 
 class RobotPort:
     """One robot as the node sees it: its inputs, counters and publishers, all in its namespace."""
 
-    def __init__(self, node: Node, namespace: str, robot: ServedRobot, cameras: Sequence[str], compressed: bool,
-                 joint_names: tuple[str, ...], limits: InputLimits, instruction: str, embodiment: Embodiment,
-                 output: dict, time_step_s: float):
-        self.node = node
+    def __init__(self, node: Node, runtime: Runtime, namespace: str, robot: ServedRobot, cameras: Sequence[str],
+                 compressed: bool, joint_names: tuple[str, ...], limits: InputLimits, instruction: str,
+                 embodiment: Embodiment, output: dict, time_step_s: float):
+        self.node, self.runtime = node, runtime
+        self.session: RobotSession | None = None  # made with the inputs, once the robot's joints are known
         self.output, self.time_step_s = output, time_step_s
         self.path: CommandPath | None = None  # made with the inputs, once the robot's joints are known
         self.rtc: RtcGuide | None = None  # with handover rtc_guided: its real-time chunking (`robots.rtc_guide`)
@@ -249,8 +159,8 @@ class RobotPort:
         self.compressed = compressed
         self.limits = limits
         self.joint_names = joint_names
-        self.inputs = self.frame_inputs(joint_names) if joint_names else None
         self.instruction = Instruction(instruction, MAX_INSTRUCTION_CHARS)
+        self.inputs = self.frame_inputs(joint_names) if joint_names else None
         self.state = WAITING_FOR_CAMERA
         self.detail = ""
         self.frames = 0
@@ -279,136 +189,78 @@ class RobotPort:
         embodiment: EmbodimentError; against the output groups: ParameterError), and its command path with one
         publisher per output group, in its namespace."""
         self.embodiment.check_joints(joint_names, joint_names)
-        path = command_path(self.output, joint_names, self.embodiment, self.time_step_s)
+        path = robot_command_path(self.output, joint_names, self.embodiment, self.time_step_s)
         self.group_pubs = [self.node.create_publisher(JointTrajectory if g.interface == TRAJECTORY
                                                       else Float64MultiArray, f"{self.namespace}/{g.topic}", 10)
                            for g in path.groups]
         self.path = path
+        self.session = RobotSession(self.runtime, self.embodiment, self.instruction, len(joint_names),
+                                    self.robot.model_id)
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
                            (self.compressed,) * len(self.cameras), joint_names, self.limits,
                            StateCheck(path.groups, path.limits, joint_names))
 
 
-class FleetNode(LifecycleNode):
-    """A managed node like the VLA node: `configure` loads the models, starts the server and subscribes;
-    `activate` starts serving (frames taken, chunks published); `deactivate` stops it; `cleanup` and `shutdown`
-    release the server. `autostart` (default true) walks it to active at start."""
+class FleetNode(ManagedNode, FleetMember):
+    """The lifecycle of `managed_node`, as the VLA node's: `configure` loads the models, starts the server and
+    subscribes; `activate` starts serving (frames taken, chunks published); `deactivate` stops it and holds every
+    robot; `cleanup` and `shutdown` release the server. Under the fleet controller, `FleetMember`."""
 
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
-        self.params = {name: self.declare_parameter(name, value).value for name, value in DEFAULTS.items()}
-        self.autostart_param = bool(self.declare_parameter("autostart", True).value)
         try:
+            self.params = read_fleet({spec.name: declare(self, spec) for spec in FLEET_SPECS})
+            self.engine = fleet_engine(self.params)
+            self.autostart_param = declare(self, AUTOSTART)
             self.output = declare_output_parameters(self)
         except BaseException:
             self.destroy_node()
             raise
         self._check_timer = None
-        self.lifecycle = "unconfigured"
-        self.failure = ""
         self.server: FleetServer | None = None
-        self.worker_error: BaseException | None = None
         self.ports: dict[str, RobotPort] = {}
         self.draining: dict[str, RobotPort] = {}  # robots moved away whose frames in flight still finish
-        self._entities: list = []
-        self._live_timer = None
-        self.server_name = ""
-        self.applied_version = -1
         self.refused_unassigned = 0  # frames of robots not assigned here
-        self.stale_assignments = 0  # assignments older than the one applied
-        self.bad_assignments = 0
-        self.refused_robots: dict[str, str] = {}  # robots the controller placed here that this node cannot serve
-        self._load_mark = (time.monotonic(), 0.0)
+        self.joint_names: tuple[str, ...] = ()
+        self.member_init()
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
 
-    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        before = set(self.subscriptions) | set(self.publishers)
-        try:
-            self._configure()
-        except Exception as err:  # a model that does not load, a bad assignment file, ...
-            self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
-            self._release()
-            self.failure = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError | OSError) else str(err)
-            self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
-            return TransitionCallbackReturn.FAILURE
-        self._entities = [e for e in [*self.subscriptions, *self.publishers] if e not in before]
-        self.failure, self.lifecycle = "", "inactive"
-        return TransitionCallbackReturn.SUCCESS
+    # ---- lifecycle (`managed_node`) ------------------------------------------------------------------------------
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+    def _start_acting(self) -> None:
         for port in self.ports.values():
             with port.lock:
                 if port.path is not None:  # nothing planned before this activation is blended into what follows
                     port.path.start()
-        self.lifecycle = "active"
-        return TransitionCallbackReturn.SUCCESS
 
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "inactive"  # first: no chunk is published after the holds
-        self._hold_all("deactivated")
-        return TransitionCallbackReturn.SUCCESS
+    def _stop_acting(self, reason: str) -> None:
+        self._hold_all(reason)
 
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        self.lifecycle = "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "finalized"
-        self._hold_all("shut down")
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle = "unconfigured"
-        self._hold_all("lifecycle error")
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def autostart(self) -> bool:
-        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
-        failed."""
-        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-            return False
-        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
-
-    def _release(self) -> None:
-        if self._check_timer is not None:
-            self.destroy_timer(self._check_timer)
-            self._check_timer = None
-        if self._live_timer is not None:
-            self.destroy_timer(self._live_timer)
-            self._live_timer = None
+    def _release_engine(self) -> None:
+        for timer in (self._check_timer, self._live_timer):
+            if timer is not None:
+                self.destroy_timer(timer)
+        self._check_timer = self._live_timer = None
         if self.server is not None:
             self.worker_error = self.server.runtime.worker_error  # kept for the exit status
             self.server.close()
             published = sum(p.actions_published for p in self.ports.values())
             self.get_logger().info(f"published {published} action chunks")
             self.server = None
-        entities = {id(e): e for e in self._entities}
         for port in [*self.ports.values(), *self.draining.values()]:
-            if not port.closed:
-                entities.update({id(e): e for e in [*port.subscriptions, *port.publishers]})
+            if not port.closed:  # robots placed after configure: their entities go with configure's
+                self._entities += [*port.subscriptions, *port.publishers]
                 port.closed = True
-        for entity in entities.values():
-            if isinstance(entity, Subscription):
-                self.destroy_subscription(entity)
-            else:
-                self.destroy_publisher(entity)
-        self._entities, self.ports, self.draining = [], {}, {}
+        self.ports, self.draining = {}, {}
         self.applied_version = -1
 
     def _configure(self) -> None:
         p = self.params
-        if p["cpu_threads"]:
-            torch.set_num_threads(p["cpu_threads"])
         specs = [ModelSpec.parse(text) for text in p["models"]]
         live = bool(p["assignment_topic"])
         if live and p["assignment_file"]:
             raise ValueError("assignment_topic (the fleet controller's) and assignment_file: give one")
-        if p["heartbeat_period_s"] <= 0 or p["max_robots_per_model"] < 1 or p["rate_burst"] < 1:
-            raise ValueError("heartbeat_period_s must be > 0, max_robots_per_model >= 1 and rate_burst >= 1")
         assignment = load_assignment(p["assignment_file"]) if p["assignment_file"] else None
         served = [] if live else served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment,
                                                 p["gpu_index"])
@@ -418,24 +270,16 @@ class FleetNode(LifecycleNode):
         staged = p["design"] != "monolithic"
         # a stage split holds frames between their stages: room for a few batches, or two frames per robot
         frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
-        pool_slots = p["pool_slots"] or frame_slots + max(2, per_model)
-        scheduler = SchedulerConfig(max_new_tokens=p["max_new_tokens"], queue=p["queue"], max_batch=p["max_batch"],
-                                    **node_decode_policy(p["tokens_per_frame"], p["min_steps_per_frame"],
-                                                         p["max_new_tokens"]),
-                                    control_period_s=1.0 / p["rate_hz"])
-        profile = ProfileTable.load(p["profile_file"]) if p["profile_file"] else None
-        output = _Reader(self.output)  # real-time chunking's settings, for every robot (handover rtc_guided)
+        output = Reader(self.output)  # real-time chunking's settings, for every robot (handover rtc_guided)
         self.handover, self.rtc = output.choice("output.handover", HANDOVERS), read_rtc(output)
-        self.server = FleetServer(specs, served,
-                                  RuntimeConfig(scheduler, pool_slots=pool_slots, frame_slots=frame_slots,
-                                                overlap_threads=p["overlap_threads"],
-                                                rtc=self.rtc.engine_config() if self.handover == RTC_GUIDED else None),
-                                  lambda model: tokenizer_for(model, p["tokenizer"]), device,
-                                  on_chunk=self._publish_chunk, on_text=self._publish_text,
-                                  publish_late=p["publish_late"], design=p["design"], profile=profile,
-                                  cuda_graphs=p["cuda_graphs"], cpu_kernel=p["cpu_kernel"],
-                                  guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
-                                  profile_repeats=p["profile_repeats"], dynamic=live)
+        self.server = build_fleet(
+            self.engine, specs, served, device=device, max_batch=p["max_batch"], queue=p["queue"],
+            pool_slots=p["pool_slots"] or frame_slots + max(2, per_model), frame_slots=frame_slots,
+            on_chunk=self._publish_chunk, on_text=self._publish_text, publish_late=p["publish_late"],
+            design=p["design"], profile=ProfileTable.load(p["profile_file"]) if p["profile_file"] else None,
+            cuda_graphs=p["cuda_graphs"], guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
+            profile_repeats=p["profile_repeats"], dynamic=live,
+            rtc=self.rtc.engine_config() if self.handover == RTC_GUIDED else None)
         self.device = device
         # how a batch uses the device, for /diagnostics
         if staged:
@@ -450,22 +294,15 @@ class FleetNode(LifecycleNode):
         joint_names = tuple(n for n in p["joint_names"] if n)
         embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
         for robot in served:
-            reason = embodiments[robot.robot_id].mismatch(self.server.trained_on[robot.model_id], joint_names)
-            if reason and not p["embodiment_override"]:
-                raise ValueError(f"embodiment {embodiments[robot.robot_id].name} of robot {robot.robot_id} does not "
-                                 f"fit model {robot.model_id}: {reason} (or set embodiment_override)")
-            if reason:
-                self.get_logger().warning(f"{robot.robot_id}: embodiment does not fit model {robot.model_id}: "
-                                          f"{reason} (starting: embodiment_override is true)")
+            warning = embodiment_fit(embodiments[robot.robot_id], self.server.trained_on[robot.model_id],
+                                     joint_names, p["embodiment_override"], f"model {robot.model_id}", robot.robot_id)
+            if warning:
+                self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
         for robot in served:
             self._add_robot(robot, joint_names, embodiments[robot.robot_id])
         self.joint_names = joint_names
         if live:
-            self.server_name = p["server_name"] or f"gpu{p['gpu_index']}"
-            self.heartbeat_pub = self.create_publisher(String, messages.HEARTBEAT, HEARTBEAT_QOS)
-            self.create_subscription(String, p["assignment_topic"], self._on_assignment, LATCHED_QOS)
-            self._live_timer = self.create_timer(p["heartbeat_period_s"], self._live_tick)
-            self.get_logger().info(f"server {self.server_name}: robots come from {p['assignment_topic']}")
+            self.join_controller()
         self._check_timer = self.create_timer(1.0 / p["rate_hz"], self._check_inputs)
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
@@ -483,7 +320,7 @@ class FleetNode(LifecycleNode):
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
         try:
-            port = RobotPort(self, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
+            port = RobotPort(self, self.server.runtime, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
                              embodiment, self.output, embodiment.time_step or p["action_dt"])
         except (EmbodimentError, ParameterError) as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
@@ -501,132 +338,6 @@ class FleetNode(LifecycleNode):
         port.subscriptions.append(self.create_subscription(
             String, f"{namespace}/instruction", lambda m, p=port: p.instruction.set(m.data), LATCHED_QOS))
         return port
-
-    # ---- assignments from the fleet controller (executor thread) ------------------------------------------------
-
-    def _on_assignment(self, msg: String) -> None:
-        try:
-            document = messages.read_assignment(msg.data)
-        except messages.MessageError as err:
-            self.bad_assignments += 1
-            self.get_logger().error(f"assignment refused: {err}", throttle_duration_sec=LOG_THROTTLE_S)
-            return
-        version = document["version"]
-        if version < self.applied_version:
-            self.stale_assignments += 1
-            self.get_logger().warning(f"assignment version {version} refused: older than version "
-                                      f"{self.applied_version}, which is applied")
-            return
-        if version == self.applied_version or self.server is None:
-            return
-        mine = messages.placed_on(document, self.server_name)
-        for robot_id, port in list(self.ports.items()):
-            placed = mine.get(robot_id)
-            if placed is None or placed.robot != port.robot:
-                self._drop_robot(robot_id)
-            elif port.rate_cap is None or port.rate_cap.rate_hz != placed.rate_hz:
-                port.rate_cap = RateCap(placed.rate_hz, self.params["rate_burst"])
-        for robot_id, placed in mine.items():
-            if robot_id not in self.ports and self.refused_robots.get(robot_id, (None,))[0] != placed.robot:
-                self._take_robot(placed)
-        self.applied_version = version
-        self.get_logger().info(f"assignment version {version} applied: serving {sorted(self.ports)}, models "
-                               f"{self.server.model_ids}")
-
-    def _take_robot(self, placed: messages.Placed) -> None:
-        robot = placed.robot
-        try:
-            embodiment = self._embodiment_of(robot.robot_id)
-            loaded = self.server.add_robot(robot)
-        except ValueError as err:
-            self._refuse_robot(robot, str(err))
-            return
-        reason = embodiment.mismatch(self.server.trained_on[robot.model_id], self.joint_names)
-        if reason and not self.params["embodiment_override"]:
-            self.server.remove_robot(robot.robot_id)
-            self.server.forget_robot(robot.robot_id)
-            self._refuse_robot(robot, f"embodiment {embodiment.name} does not fit model {robot.model_id}: {reason}")
-            return
-        try:
-            port = self._add_robot(robot, self.joint_names, embodiment)
-        except ValueError as err:
-            self.server.remove_robot(robot.robot_id)
-            self.server.forget_robot(robot.robot_id)
-            self._refuse_robot(robot, str(err))
-            return
-        port.rate_cap = RateCap(placed.rate_hz, self.params["rate_burst"])
-        self.refused_robots.pop(robot.robot_id, None)
-        self.get_logger().info(f"{robot.robot_id}: served here (model {robot.model_id}"
-                               + (", loaded for it" if loaded else "") + f", SLO {1e3 * robot.slo_s:g} ms, "
-                               f"{placed.rate_hz:g} Hz)")
-
-    def _refuse_robot(self, robot: ServedRobot, reason: str) -> None:
-        self.refused_robots[robot.robot_id] = (robot, reason)
-        self.get_logger().error(f"{robot.robot_id}: assigned here but not served: {reason}")
-
-    def _embodiment_of(self, robot_id: str) -> Embodiment:
-        """A robot's profile under the controller: the one of `embodiments`, or its entry beside `robots`."""
-        names = self.params["embodiments"]
-        if len(names) != 1:
-            robots = [r.strip("/") for r in self.params["robots"]]
-            if len(names) != len(robots) or robot_id not in robots:
-                raise ValueError(f"no embodiment for robot {robot_id}: give one embodiment for all robots, or one "
-                                 "per entry of robots")
-            names = [names[robots.index(robot_id)]]
-        try:
-            return load_embodiment(names[0])
-        except EmbodimentError as err:
-            raise ValueError(f"embodiments: {err}") from None
-
-    def _drop_robot(self, robot_id: str) -> None:
-        """No more frames of `robot_id`; its publishers stay until its frames in flight are published."""
-        port = self.ports.pop(robot_id)
-        port.assigned = False
-        for subscription in port.subscriptions:
-            self.destroy_subscription(subscription)
-        port.subscriptions = []
-        self.server.remove_robot(robot_id)
-        self.draining[robot_id] = port
-        self.get_logger().info(f"{robot_id}: no longer served here; {self.server.in_flight(robot_id)} frames to "
-                               "finish")
-
-    def _live_tick(self) -> None:
-        """Drained robots' publishers go, idle models are let go, and the heartbeat leaves."""
-        if self.server is None:
-            return
-        for robot_id, port in list(self.draining.items()):
-            if self.server.in_flight(robot_id) == 0 or robot_id in self.ports:
-                with port.lock:
-                    port.closed = True
-                for publisher in port.publishers:
-                    self.destroy_publisher(publisher)
-                del self.draining[robot_id]
-                if robot_id not in self.server.robots:
-                    self.server.forget_robot(robot_id)
-                self.get_logger().info(f"{robot_id}: drained, its topics are gone")
-        for model_id in self.server.unload_idle_models():
-            self.get_logger().info(f"model {model_id} unloaded: no robot here needs it")
-        if self.lifecycle == "active":
-            self.heartbeat_pub.publish(String(data=messages.encode(self.heartbeat())))
-
-    def heartbeat(self) -> dict:
-        now, busy = time.monotonic(), self.server.runtime.busy_s
-        since, busy_before = self._load_mark
-        self._load_mark = (now, busy)
-        robots = {}
-        for robot_id, port in self.ports.items():
-            counts = self.server.robot_counts(robot_id)
-            with port.lock:
-                robots[robot_id] = {"model_id": port.robot.model_id, "slo_s": port.robot.slo_s,
-                                    "rate_hz": port.rate_cap.rate_hz if port.rate_cap else self.params["rate_hz"],
-                                    "attainment": counts.attainment, "frames": counts.on_time + counts.missed,
-                                    "over_rate": port.over_rate}
-        return {"server": self.server_name, "version": max(self.applied_version, 0), "robots": robots,
-                "models": self.server.model_ids, "load": min(1.0, (busy - busy_before) / max(now - since, 1e-9)),
-                "pending": self.server.runtime.frames_pending(), "draining": sorted(self.draining),
-                "refused_unassigned": self.refused_unassigned, "stale_assignments": self.stale_assignments,
-                "bad_assignments": self.bad_assignments,
-                "refused_robots": {r: why for r, (_, why) in self.refused_robots.items()}}
 
     # ---- inputs (executor thread) -------------------------------------------------------------------------
 
@@ -680,20 +391,17 @@ class FleetNode(LifecycleNode):
             self._hold(port, decision.state)
             return
         port.detail = ""
-        model = self.server.model_config(port.robot.robot_id)
-        served = self.server.runtime.served[port.robot.model_id]
-        state = port.embodiment.state_to_model(frame.state)
-        if port.instruction.fit_prompt(served.tokenizer, state, model, served.norm_stats) is not None:
+        observation, fitted = port.session.observation(frame.images, frame.state)
+        if fitted is not None:
             self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
                                       f"{port.instruction.text!r}")
         every = self.params["narrate_every"]
         narrate = every > 0 and port.frames % every == 0
         age_s = (now_ns - frame.stamp_ns) / 1e9
-        committed = self._rtc_request(port, frame.stamp_ns, state)
+        committed = self._rtc_request(port, frame.stamp_ns, port.embodiment.state_to_model(frame.state))
         try:
-            queued = self.server.submit(port.robot.robot_id,
-                                        Observation(frame.images, state, port.instruction.text), narrate,
-                                        frame.stamp_ns, age_s, context=(frame.frame_id, port.joint_names, frame.state),
+            queued = self.server.submit(port.robot.robot_id, observation, narrate, frame.stamp_ns, age_s,
+                                        context=(frame.frame_id, frame.state),
                                         committed=committed)
         except NotServed:
             self.refused_unassigned += 1
@@ -743,8 +451,8 @@ class FleetNode(LifecycleNode):
             self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
             self._hold(port, MODEL_ERROR)
             return
-        _, joint_names, state = chunk.context
-        command = port.embodiment.actions_to_robot(self.server.robot_actions(chunk, len(joint_names)), state)
+        _, state = chunk.context
+        command = port.session.command(chunk, state)
         with port.lock:
             if port.closed or self.lifecycle != "active" or port.state in SKIPPED_TICK_STATES:
                 return  # deactivated meanwhile, or the robot's inputs went stale since its frame (it is held)
@@ -752,11 +460,11 @@ class FleetNode(LifecycleNode):
             now_ns = self.get_clock().now().nanoseconds
             if port.rtc is not None:  # the delay this chunk had: control steps from its frame's stamp to now
                 port.rtc.arrived(chunk.stamp_ns, now_ns)
-            result = path.command(command.stacked(), chunk.stamp_ns + path.step_ns, now_ns, port.inputs.state)
+            result = path.command(command, chunk.stamp_ns + path.step_ns, now_ns, port.inputs.state)
             if not isinstance(result, Refusal):
                 if port.rtc is not None:  # the robot executes this chunk now
                     port.rtc.executing(chunk.actions, chunk.stamp_ns, port.embodiment.state_to_model(state))
-                trajectory, outputs = plan_messages(result, joint_names, path.groups, path.time_step_s)
+                trajectory, outputs = plan_messages(result, path.action_names, path.groups, path.time_step_s)
                 port.chunk_pub.publish(trajectory)
                 for publisher, msg in zip(port.group_pubs, outputs, strict=True):
                     publisher.publish(msg)
@@ -766,9 +474,10 @@ class FleetNode(LifecycleNode):
                 self.get_logger().warning(f"{port.namespace}: acted chunk not published: {result.detail}",
                                           throttle_duration_sec=LOG_THROTTLE_S)
                 return
-            if result.kind != LIMITS:
+            if result.kind not in (LIMITS, PAST):
                 port.model_errors += 1
-            port.state, port.detail = LIMIT_REJECTED if result.kind == LIMITS else MODEL_ERROR, result.detail
+            port.state = {LIMITS: LIMIT_REJECTED, PAST: STALE_FRAME}.get(result.kind, MODEL_ERROR)
+            port.detail = result.detail
         self.get_logger().error(f"{port.namespace}: {port.detail}", throttle_duration_sec=LOG_THROTTLE_S)
         self._hold(port, port.state)
 
@@ -830,15 +539,18 @@ class FleetNode(LifecycleNode):
             port.narration_pub.publish(msg)
             port.narrations_published += 1
 
+    def health(self) -> Health:
+        """The node's own status while it serves no robot (not configured), as the VLA node's then."""
+        return Health(state=CONFIGURE_FAILED if self.failure else self.lifecycle,
+                      detail=self.failure or "configure to serve", stats=NO_STATS,
+                      target_rate_hz=self.params["rate_hz"], actions_published=0, dropped_frames=0,
+                      values={"lifecycle": self.lifecycle, "configure_error": self.failure or "none"})
+
     def _publish_status(self) -> None:
         stamp = self.get_clock().now().to_msg()
         if self.server is None:  # not configured: one status for the node, saying so
-            detail = f"configure failed: {self.failure}" if self.failure else "configure to serve"
-            health = Health(state=self.lifecycle, detail=detail, stats=NO_STATS,
-                            target_rate_hz=self.params["rate_hz"], actions_published=0, dropped_frames=0,
-                            values={"lifecycle": self.lifecycle})
-            self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{self.get_fully_qualified_name()}: "
-                                                          "fleet engine", self.params["device"]))
+            self.diagnostics_pub.publish(diagnostic_array(self.health(), stamp, f"{self.get_fully_qualified_name()}"
+                                                          ": fleet engine", self.params["device"]))
             return
         worker_error = self.server.runtime.worker_error
         for robot_id, port in self.ports.items():
@@ -868,11 +580,6 @@ class FleetNode(LifecycleNode):
             self.diagnostics_pub.publish(diagnostic_array(health, stamp, f"{port.namespace}: fleet engine",
                                                           self.device))
 
-    def close(self) -> None:
-        """At process exit (after the executor stopped): every robot held, the server's threads joined."""
-        self._hold_all("shut down")
-        self._release()
-
 
 def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Sequence[ServedRobot]
                       ) -> dict[str, Embodiment]:
@@ -894,22 +601,4 @@ def robot_embodiments(robots: Sequence[str], names: Sequence[str], served: Seque
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    with ros_process(NODE_NAME, argv) as (context, stop):
-        try:
-            node = FleetNode(context=context)
-        except ParameterError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        if node.autostart_param and not node.autostart():
-            print(f"error: {node.failure}", file=sys.stderr)
-            node.destroy_node()
-            return 1
-        with spinning(node, stop, before_destroy=node.close) as spinner:
-            stop.wait()
-        if spinner.failure is not None or node.worker_error is not None:
-            print(f"error: fleet node failed: {spinner.failure or node.worker_error!r}",
-                  file=sys.stderr)
-            return 1
-        return 0
-
+    return run_managed(FleetNode, NODE_NAME, sys.argv[1:] if argv is None else argv)

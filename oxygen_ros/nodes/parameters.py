@@ -15,12 +15,9 @@ URDF text, as robot_state_publisher takes it).
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
-import torch
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import (
     InvalidParameterTypeException,
@@ -29,94 +26,63 @@ from rclpy.exceptions import (
 )
 from rclpy.parameter import Parameter
 
-from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
+from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.control.handover import HANDOVERS
-from oxygen_ros.control.joint_groups import INTERFACES, TRAJECTORY, VELOCITY, JointGroup
+from oxygen_ros.control.joint_groups import VELOCITY, JointGroup
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
-from oxygen_ros.control.limits import JointLimits, urdf_limits
-from oxygen_ros.engine.scheduler import ADMISSION_POLICIES
-from oxygen_ros.model.checkpoint import TEXT_HEADS
-from oxygen_ros.model.cpu_kernel import CHOICES as CPU_KERNEL_CHOICES
-from oxygen_ros.model.normalization import ACTION_KEY, MODES, STATE_KEY, as_normalization
-from oxygen_ros.model.precision import DTYPE_NAMES
-from oxygen_ros.model.rtc import GUIDANCE, PREFIX
-from oxygen_ros.robots.command_path import HOLD_MODES, HOLD_POSITION
-from oxygen_ros.robots.inputs import MAX_PIXELS
+from oxygen_ros.control.limits import JointLimits
+from oxygen_ros.model.normalization import ACTION_KEY, STATE_KEY, as_normalization
+from oxygen_ros.robots.engine_params import (
+    ENGINE,
+    OPTIONAL,
+    REQUIRED,
+    EngineParams,
+    ParameterError,
+    Reader,
+    Spec,
+    read_engine,
+)
+from oxygen_ros.robots.output_params import (
+    GROUP_FIELDS,
+    GROUP_SPECS,
+    OUTPUT,
+    group_names,
+    read_groups,
+    read_limits,
+    read_rtc,
+)
 from oxygen_ros.robots.rtc_guide import RtcSettings
 from oxygen_ros.robots.state_units import StateUnits, StateUnitsError, read_state_units
-from oxygen_ros.rtc_mask import Schedule
 
-PRESET_NAMES = ("tiny", "small", "pi05")
-DEVICES = ("auto", "cpu", "cuda")
 LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
-REQUIRED = object()  # marks a parameter without a default (robot-specific: comes from the parameter file)
-OPTIONAL = object()  # marks a string array that may stay unset
-GROUP_FIELDS = ("joints", "interface", "topic", "scale", "offset", "hold", "lower", "upper", "max_velocity",
-                "max_jump")
-LIMIT_FIELDS = ("lower", "upper", "max_velocity", "max_jump")
-MAX_UNIT_FACTOR = 1e6  # the largest |scale| and |offset| of a group: beyond it, a change of units overflows
-GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
-
-class ParameterError(ValueError):
-    """A parameter is missing, of the wrong type or out of range; the message names it."""
-
-
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    default: Any  # a value (its type is the parameter's type), or REQUIRED for a string array
-    description: str
-    constraints: str = ""
-
-
+AUTOSTART = Spec("autostart", True, "walk the managed node through configure and activate at start; false: wait for "
+                                     "the lifecycle services (a real robot: an operator or a lifecycle manager "
+                                     "activates it)", read=("flag",))
 SPECS = (
-    Spec("autostart", True, "walk the managed node through configure and activate at start; false: wait for the "
-                            "lifecycle services (a real robot: an operator or a lifecycle manager activates it)"),
-    Spec("robot_description", "", "URDF text (as robot_state_publisher takes it): limits of the output groups' "
-                                  "joints not given in output.<group>.*; empty: none from a URDF"),
+    AUTOSTART,
+    OUTPUT["robot_description"],
     Spec("robot_description_wait_s", 0.0, "> 0 with robot_description empty: wait this long at start for the "
                                           "latched robot_description topic (robot_state_publisher's) and take "
                                           "its URDF; 0: not read", ">= 0"),
-    Spec("limits.policy", "clamp", "a plan past a position or velocity limit: clamp (positions into the range, "
-                                   "a too fast plan slowed by stretching its time grid) or reject (nothing "
-                                   "published, a hold); past max_jump it is rejected either way",
-         " | ".join(LIMIT_POLICIES)),
-    Spec("model.preset", "tiny", "random-init model shape, used when model.checkpoint is empty",
-         " | ".join(PRESET_NAMES)),
-    Spec("model.checkpoint", "", "pi05 checkpoint (LeRobot's or openpi's PyTorch layout): a folder, or a hub repo "
-                                 "id org/name[@revision] resolved into the hub cache (HF_HUB_OFFLINE=1: cached "
-                                 "snapshots only); overrides model.preset"),
-    Spec("model.text_head", "auto", "matrix a checkpoint decodes narration with; auto: as the stack that wrote it "
-                                    "(LeRobot: its lm_head when it differs from the embedding; openpi: the "
-                                    "embedding)", " | ".join(TEXT_HEADS)),
-    Spec("model.tokenizer", "", "tokenizer (SentencePiece .model or tokenizer.json): a file, a folder holding one, or "
-                                "a hub repo id; empty: with a checkpoint, the one it carries or names, else "
-                                "PaliGemma's (google/paligemma-3b-pt-224, as LeRobot); with a preset, a stand-in "
-                                "trained once into the user cache"),
-    # A checkpoint's normalization from the user's own dataset (docs/checkpoints.md, "Norm stats").
-    Spec("model.norm_stats", "", "the robot's own dataset stats replacing the checkpoint's (LeRobot's "
-                                 "meta/stats.json or openpi's norm_stats.json); empty: the checkpoint's"),
-    Spec("model.norm_mode", "", "one normalization mode for state and actions instead of the checkpoint's; empty: "
-                                "the checkpoint's", " | ".join(("<empty>", *MODES))),
-    Spec("model.device", "auto", "torch device; auto: cuda when torch sees a CUDA device, else cpu",
-         " | ".join(DEVICES)),
-    Spec("model.dtype", "auto", "weights and KV cache dtype; auto: bfloat16 on cuda and on a cpu with native "
-                                "bfloat16 where it measures faster, else float32",
-         " | ".join(DTYPE_NAMES)),
-    Spec("model.cpu_kernel", "auto", "a decode step's backbone layers and greedy choice as compiled calls on a cpu "
-                                     "(built once with the system C++ compiler); auto: where it builds and the cpu "
-                                     "has AVX-512 or AVX2 with FMA, else the eager step", " | ".join(CPU_KERNEL_CHOICES)),
-    Spec("model.seed", 0, "weights of a random-init preset and the flow-matching noise", ">= 0"),
-    Spec("model.cpu_threads", 0, "torch intra-op threads; 0: torch's default", ">= 0"),
+    OUTPUT["limits.policy"],
+    ENGINE["model.preset"],
+    ENGINE["model.checkpoint"],
+    ENGINE["model.text_head"],
+    ENGINE["model.tokenizer"],
+    ENGINE["model.norm_stats"],
+    ENGINE["model.norm_mode"],
+    ENGINE["model.device"],
+    ENGINE["model.dtype"],
+    ENGINE["model.cpu_kernel"],
+    ENGINE["model.seed"],
+    ENGINE["model.cpu_threads"],
     Spec("cameras.topics", REQUIRED, "camera image topics (relative names), one per model image key"),
     Spec("cameras.keys", REQUIRED, "model image key for each topic of cameras.topics (same order)"),
     Spec("cameras.compressed", False, "subscribe to <topic>/compressed (sensor_msgs/CompressedImage, jpeg or "
                                       "png) instead of sensor_msgs/Image: one bool for all cameras or one "
                                       "per camera"),
-    Spec("cameras.max_pixels", MAX_PIXELS, "refuse images larger than this many pixels (width x height, read "
-                                           "from the message or the JPEG/PNG header before decoding); 0: no "
-                                           "budget", ">= 0"),
+    ENGINE["cameras.max_pixels"],
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
     # The joint state in the robot's own names and units (robots/state_units.py, docs/safety.md).
@@ -126,12 +92,9 @@ SPECS = (
     Spec("joints.state_convert", OPTIONAL, "state_name=conversion entries: the measured value -> the command's "
                                            "units, invertible: aloha_gripper (an ALOHA gripper joint in rad), "
                                            "range:LOW:HIGH, linear:OFFSET:SCALE; unset: as measured"),
-    Spec("embodiment", "absolute", "what the checkpoint's state and action dims mean on this robot (deltas, "
-                                   "velocities, sign flips, gripper units): a shipped profile or a profile YAML "
-                                   "file (docs/embodiments.md)", " | ".join(shipped_names()) + " | <file>"),
-    Spec("embodiment_override", False, "start even when the checkpoint says it was trained in another embodiment "
-                                       "(a warning instead of the start-up error)"),
-    Spec("control.rate_hz", 10.0, "control ticks per second (one prefill and one action chunk per tick)", "> 0"),
+    ENGINE["embodiment"],
+    ENGINE["embodiment_override"],
+    ENGINE["control.rate_hz"],
     Spec("control.horizon", 0, "trajectory points to publish per chunk; 0: the model's whole horizon",
          "0 .. model horizon"),
     Spec("control.time_step", 0.0, "seconds between trajectory points; 0: 1 / control.rate_hz", ">= 0"),
@@ -143,79 +106,37 @@ SPECS = (
                                          "clock vs header stamp); 0 disables the check", ">= 0"),
     Spec("control.future_tolerance_s", 0.1, "skip a tick whose image or joint state is stamped more than this "
                                             "ahead of the node clock; 0 disables the check", ">= 0"),
-    Spec("control.denoise_steps", 0, "flow-matching Euler steps per chunk; 0: the model's default", ">= 0"),
+    ENGINE["control.denoise_steps"],
     Spec("language.policy", "every_n_frames", "which frames start a narration",
          " | ".join(LANGUAGE_POLICIES)),
     Spec("language.every_n_frames", 10, "with every_n_frames: narrate one acted frame in this many", ">= 1"),
-    Spec("language.max_new_tokens", 32, "token budget of one narration", ">= 1"),
-    Spec("language.temperature", 0.0, "narration sampling temperature; 0: greedy (each narration samples from its "
-         "own stream seeded by model.seed, so batching never changes its text)", ">= 0"),
+    ENGINE["language.max_new_tokens"],
+    ENGINE["language.temperature"],
     Spec("language.stream_every", 8, "publish partial narration every this many tokens; 0: final text only",
          ">= 0"),
-    Spec("language.tokens_per_frame", 0, "0: adaptive k (narration decodes in the slack before the next tick, "
-                                         "so the control rate holds however long the text); N: exactly N decode "
-                                         "steps after each frame that leaves narration work, which the next tick "
-                                         "waits for (the same tokens per frame on any machine)", ">= 0"),
-    Spec("language.min_steps_per_frame", 1, "with adaptive k: decode steps each frame still owes the narration, "
-                                            "slack or not, so the text never starves; 0: none", ">= 0"),
-    Spec("language.overlap_threads", 0, "decode narration beside each chunk's denoising on this many of "
-                                        "model.cpu_threads (the control path keeps the rest; on cuda any value > 0 "
-                                        "lets the two streams share the device); 0: only between chunks", ">= 0"),
-    Spec("language.pool_slots", 8, "KV cache slots (one for the action path, the rest for narrations)", ">= 2"),
-    Spec("language.admission", "drop_oldest", "what a new narration does when every slot is busy",
-         " | ".join(ADMISSION_POLICIES)),
-    Spec("language.max_preempted", 16, "with admission preempt: narrations waiting for a slot; past it the "
-                                       "oldest waiting one is dropped", ">= 0"),
-    Spec("instruction.default", "", "task text used until an instruction message arrives"),
+    ENGINE["language.tokens_per_frame"],
+    ENGINE["language.min_steps_per_frame"],
+    ENGINE["language.overlap_threads"],
+    ENGINE["language.pool_slots"],
+    ENGINE["language.admission"],
+    ENGINE["language.max_preempted"],
+    ENGINE["instruction.default"],
     Spec("instruction.max_chars", 200, "longer instructions are cut to this many characters", ">= 1"),
     Spec("status.rate_hz", 2.0, "engine_status and /diagnostics publications per second", "> 0"),
-    Spec("output.handover", "newest_wins", "what a new chunk does to the plan already published: newest_wins "
-                                           "publishes each chunk as computed; temporal_ensemble and rtc publish "
-                                           "the blend of the received chunks from the present control step on; "
-                                           "rtc_guided publishes each chunk as computed, sampled with real-time "
-                                           "chunking's guidance toward the chunk being executed (docs/rtc.md)",
-         " | ".join(HANDOVERS)),
-    Spec("output.temporal_ensemble_m", 0.01, "with temporal_ensemble: weight exp(-m i) of the i-th oldest "
-                                             "prediction for a step", ">= 0"),
-    Spec("output.rtc_overlap", 0, "with rtc: blend over at most this many steps after the hand-over; 0: the "
-                                  "whole overlap with the published plan", ">= 0"),
-    Spec("output.rtc_execution_horizon", 0, "with rtc_guided: the chunk index where guidance toward the executed "
-                                            "chunk stops (the paper's H - s); 0: every executed point", ">= 0"),
-    Spec("output.rtc_schedule", Schedule.EXP.value, "with rtc_guided: the guidance weights' decay after the delay",
-         " | ".join(Schedule)),
-    Spec("output.rtc_max_guidance_weight", 5.0, "with rtc_guided: the clip of the guidance weight (beta)", "> 0"),
-    Spec("output.rtc_method", GUIDANCE, "with rtc_guided: guidance (inpainting, any checkpoint) or prefix (the "
-                                        "committed actions given as known: a checkpoint trained with train-tiny "
-                                        "--rtc-max-delay; no backward pass)", f"{GUIDANCE} | {PREFIX}"),
-    Spec("output.groups", OPTIONAL, "joint groups, each published as its own JointTrajectory (one per "
-                                    "controller); unset: action_chunk only"),
+    OUTPUT["output.handover"],
+    OUTPUT["output.temporal_ensemble_m"],
+    OUTPUT["output.rtc_overlap"],
+    OUTPUT["output.rtc_execution_horizon"],
+    OUTPUT["output.rtc_schedule"],
+    OUTPUT["output.rtc_max_guidance_weight"],
+    OUTPUT["output.rtc_method"],
+    OUTPUT["output.groups"],
     Spec("visualization.markers", False, "also publish chunk_markers (visualization_msgs/MarkerArray) for RViz: the "
                                          "published plan as a chart (a lane per action joint over its time) and "
                                          "each final narration as text"),
     Spec("visualization.frame_id", "base_link", "frame the chunk_markers chart stands in"),
 )
 
-GROUP_SPECS = {  # output.<group>.<field>: default, description
-    "joints": (REQUIRED, "the group's joints, picked by name from joints.action_names, in the controller's order"),
-    "interface": (TRAJECTORY, "what the group's controller takes: trajectory (trajectory_msgs/JointTrajectory, "
-                              "a joint_trajectory_controller) or velocity (std_msgs/Float64MultiArray, a "
-                              "forward_command_controller: each tick the plan's velocity for the step that executes "
-                              "now; needs an embodiment with velocities)"),
-    "topic": ("", "the group's topic; empty: <group>_controller/joint_trajectory (trajectory) or "
-                  "<group>_controller/commands (velocity)"),
-    "scale": (None, "robot = offset + scale * model, per joint: a number for every joint or a list, one per "
-                    "joint; unset: 1"),
-    "offset": (None, "see scale; unset: 0"),
-    "hold": ("", "what the group's controller gets when the node stops commanding it: position (one point at the "
-                 "measured position, offset + scale * measured; a trajectory group's default) or empty (a trajectory "
-                 "without points); zero (every velocity 0: a velocity group's only hold)"),
-    "lower": (None, "position lower limit per joint in the controller's units (after scale and offset; a number "
-                    "for all or a list); unset: from robot_description, else none"),
-    "upper": (None, "position upper limit, as lower"),
-    "max_velocity": (None, "velocity limit between plan points per joint (the controller's units/s), as lower"),
-    "max_jump": (None, "largest distance from the measured position (offset + scale * measured) to the first point "
-                       "that executes, per joint, in the controller's units; unset: none"),
-}
 
 
 @dataclass(frozen=True)
@@ -279,14 +200,17 @@ class VlaParams:
         return 1.0 / self.rate_hz
 
 
-# Choices that include the words off / on, which YAML and `-p` read as the booleans false / true when bare.
-WORD_CHOICES = ("language.policy", "model.cpu_kernel")
+# Choices that include the words off / on, which YAML and `-p` read as the booleans false / true when bare (the
+# engine's are known by their specs' `read`).
+WORD_CHOICES = ("language.policy",)
 
 
 def _descriptor(spec: Spec) -> ParameterDescriptor:
     # Floats are dynamically typed so that integer values are accepted (checked in read_parameters); so are the
-    # WORD_CHOICES (a bare off arrives as a boolean), and a group's scale and offset (unset, a number or a list).
-    dynamic = isinstance(spec.default, float) or spec.default is None \
+    # choices with the words off / on (a bare off arrives as a boolean), and a group's scale and offset (unset, a
+    # number or a list).
+    words = spec.read[:1] == ("choice",) and bool({"off", "on"} & set(spec.read[1]))
+    dynamic = isinstance(spec.default, float) or spec.default is None or words \
         or spec.name in ("cameras.compressed", *WORD_CHOICES)
     return ParameterDescriptor(name=spec.name, description=spec.description, additional_constraints=spec.constraints,
                                read_only=True, dynamic_typing=dynamic)
@@ -295,16 +219,37 @@ def _descriptor(spec: Spec) -> ParameterDescriptor:
 def declare_parameters(node) -> dict[str, Any]:
     """Declare every parameter of SPECS on `node`, then those of each output group; returns name -> value (None
     for unset required or optional ones)."""
-    values = {spec.name: _declare(node, spec) for spec in SPECS}
-    for group in _group_names(values["output.groups"]):
-        for field in GROUP_FIELDS:
-            default, description = GROUP_SPECS[field]
-            spec = Spec(f"output.{group}.{field}", default, description)
-            values[spec.name] = _declare(node, spec)
+    values = {spec.name: declare(node, spec) for spec in SPECS}
+    values.update(declare_group_parameters(node, values["output.groups"]))
     return values
 
 
-def _declare(node, spec: Spec):
+# the output parameters (`output.<group>.*` besides), which the fleet node takes too: one setting for every robot
+OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
+                     "output.rtc_overlap", "output.rtc_execution_horizon", "output.rtc_schedule",
+                     "output.rtc_max_guidance_weight", "output.rtc_method", "output.groups")
+
+
+def declare_output_parameters(node) -> dict[str, Any]:
+    """Declare the output parameters on `node` (and each named group's); name -> value."""
+    values = {spec.name: declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
+    values.update(declare_group_parameters(node, values["output.groups"]))
+    return values
+
+
+def declare_group_parameters(node, groups) -> dict[str, Any]:
+    """Declare `output.<group>.<field>` for each group `output.groups` names; name -> value."""
+    values = {}
+    for group in group_names(groups):
+        for field in GROUP_FIELDS:
+            default, description = GROUP_SPECS[field]
+            spec = Spec(f"output.{group}.{field}", default, description)
+            values[spec.name] = declare(node, spec)
+    return values
+
+
+def declare(node, spec: Spec):
+    """Declare `spec` on `node`, read-only; its value (None for an unset required or optional one)."""
     default = Parameter.Type.STRING_ARRAY if spec.default in (REQUIRED, OPTIONAL) else spec.default
     try:
         node.declare_parameter(spec.name, default, _descriptor(spec))
@@ -316,98 +261,9 @@ def _declare(node, spec: Spec):
         return None
 
 
-def _group_names(value) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    names = _Reader({"output.groups": value}).names("output.groups")
-    bad = [n for n in names if not GROUP_NAME.fullmatch(n) or n in ("handover", "temporal_ensemble_m",
-                                                                      "rtc_overlap", "rtc_execution_horizon",
-                                                                      "rtc_schedule", "rtc_max_guidance_weight",
-                                                                      "rtc_method",
-                                                                      "groups")]
-    if bad:
-        raise ParameterError(f"output.groups: {bad} cannot name a group (a letter, then letters, digits or _; not "
-                             f"an output.* parameter)")
-    return names
-
-
-def read_groups(values: dict[str, Any], action_names: tuple[str, ...]) -> tuple[JointGroup, ...]:
-    """The output groups, checked: every joint known and in one group only, topics distinct, finite non-zero
-    scales."""
-    p = _Reader(values)
-    groups, owner, topics = [], {}, {}
-    for name in _group_names(values["output.groups"]):
-        key = f"output.{name}"
-        joints = p.names(f"{key}.joints")
-        unknown = [j for j in joints if j not in action_names]
-        if unknown:
-            raise ParameterError(f"{key}.joints: {unknown} are not in joints.action_names {list(action_names)}")
-        shared = [f"{j} (also in {owner[j]})" for j in joints if j in owner]
-        if shared:
-            raise ParameterError(f"{key}.joints: {', '.join(shared)}: a joint belongs to one group only")
-        owner.update(dict.fromkeys(joints, name))
-        interface = p.choice(f"{key}.interface", INTERFACES)
-        default_topic = "joint_trajectory" if interface == TRAJECTORY else "commands"
-        topic = p.text(f"{key}.topic") or f"{name}_controller/{default_topic}"
-        if topic in topics:
-            raise ParameterError(f"{key}.topic {topic!r} is also group {topics[topic]}'s: one topic per group")
-        topics[topic] = name
-        scale = p.per_joint(f"{key}.scale", len(joints), 1.0)
-        if 0.0 in scale:
-            raise ParameterError(f"{key}.scale must not be 0 (a joint that never moves), got {list(scale)}")
-        offset = p.per_joint(f"{key}.offset", len(joints), 0.0)
-        for field, numbers in (("scale", scale), ("offset", offset)):
-            if max(abs(v) for v in numbers) > MAX_UNIT_FACTOR:
-                raise ParameterError(f"{key}.{field} must be within +-{MAX_UNIT_FACTOR:g} (a change of units), got "
-                                     f"{list(numbers)}")
-        groups.append(JointGroup(name, topic, joints, tuple(action_names.index(j) for j in joints), scale, offset,
-                                 interface))
-    return tuple(groups)
-
-
-def read_limits(values: dict[str, Any], groups: tuple[JointGroup, ...],
-                state_names: tuple[str, ...]) -> tuple[tuple[str, ...], JointLimits | None]:
-    """Each group's hold and its joints' limits (parameters first, then `robot_description`), as one JointLimits
-    over every group's joints in group order; None when no joint has a limit. The measured position a position
-    hold or a jump limit needs is the joint state's, so such joints must be in joints.state_names."""
-    p = _Reader(values)
-    description = p.text("robot_description")
-    joints = tuple(j for g in groups for j in g.joints)
-    try:
-        from_urdf = urdf_limits(description, joints) if description and joints else {}
-    except ValueError as err:
-        raise ParameterError(str(err)) from None
-    holds, columns = [], {field: [] for field in LIMIT_FIELDS}
-    for group in groups:
-        key = f"output.{group.name}"
-        modes = HOLD_MODES[group.interface]
-        holds.append(p.text(f"{key}.hold") or modes[0])
-        if holds[-1] not in modes:
-            raise ParameterError(f"{key}.hold must be one of {' | '.join(modes)} for a {group.interface} group, got "
-                                 f"{holds[-1]!r}")
-        urdf = [from_urdf.get(j) for j in group.joints]
-        defaults = {"lower": [u.lower if u else -math.inf for u in urdf],
-                    "upper": [u.upper if u else math.inf for u in urdf],
-                    "max_velocity": [u.velocity if u else math.inf for u in urdf],
-                    "max_jump": [math.inf] * len(group.joints)}
-        for field in LIMIT_FIELDS:
-            given = p.per_joint(f"{key}.{field}", len(group.joints), math.nan, finite=False)
-            columns[field] += [d if math.isnan(v) else v for v, d in zip(given, defaults[field], strict=True)]
-        needs_state = holds[-1] == HOLD_POSITION or np.isfinite(columns["max_jump"][-len(group.joints):]).any()
-        unmeasured = [j for j in group.joints if j not in state_names]
-        if needs_state and unmeasured:
-            raise ParameterError(f"{key}.joints: {unmeasured} are not in joints.state_names, but a position hold "
-                                 f"and max_jump need each joint's measured position (or set {key}.hold: empty)")
-    try:
-        limits = JointLimits(joints, *(np.array(columns[f], dtype=np.float64) for f in LIMIT_FIELDS))
-    except ValueError as err:
-        raise ParameterError(f"output.*.{{{', '.join(LIMIT_FIELDS)}}}: {err}") from None
-    return tuple(holds), limits if limits.any else None
-
-
 def read_parameters(values: dict[str, Any]) -> VlaParams:
     """Check each value on its own and build VlaParams; raises ParameterError naming the parameter."""
-    p = _Reader(values)
+    p = Reader(values)
     topics = p.names("cameras.topics")
     keys = p.names("cameras.keys")
     if len(topics) != len(keys):
@@ -422,20 +278,16 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         compressed = tuple(compressed)
     else:
         raise ParameterError(f"cameras.compressed must be a bool or a list of bools, got {compressed!r}")
-    rate_hz = p.number("control.rate_hz", positive=True)
+    engine = read_engine(values)
+    rate_hz = engine.rate_hz
     time_step = p.number("control.time_step")
     deadline_margin = p.number("control.deadline_margin_s")
     if deadline_margin >= 1.0 / rate_hz:
         raise ParameterError(f"control.deadline_margin_s ({deadline_margin}) must be shorter than the control "
                              f"period ({1.0 / rate_hz:.4f} s)")
-    words = {name: {False: "off", True: "on"}[values[name]] for name in WORD_CHOICES
-             if isinstance(values[name], bool)}  # `policy: off` unquoted
-    if words:
-        values = {**values, **words}
-        p = _Reader(values)
     action_names = p.names("joints.action_names")
     state_names = p.names("joints.state_names")
-    embodiment = read_embodiment(p.text("embodiment"), state_names, action_names)
+    embodiment = read_embodiment(engine.embodiment_name, state_names, action_names)
     time_step = time_step or embodiment.time_step or 1.0 / rate_hz
     if embodiment.has_velocity and not math.isclose(time_step, embodiment.time_step, rel_tol=1e-5):
         raise ParameterError(f"control.time_step {time_step:g} s differs from the {embodiment.time_step:g} s step "
@@ -447,43 +299,22 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
                              f"{embodiment.name} makes positions only (a velocity profile such as droid has them)")
     holds, limits = read_limits(values, groups, state_names)
     return VlaParams(
-        preset=p.choice("model.preset", PRESET_NAMES),
-        checkpoint=p.text("model.checkpoint"),
-        text_head=p.choice("model.text_head", TEXT_HEADS),
-        tokenizer=p.text("model.tokenizer"),
-        device=_device(p.choice("model.device", DEVICES)),
-        dtype=p.choice("model.dtype", DTYPE_NAMES),
-        cpu_kernel=p.choice("model.cpu_kernel", CPU_KERNEL_CHOICES),
-        seed=p.integer("model.seed"),
-        cpu_threads=p.integer("model.cpu_threads"),
+        **{f.name: getattr(engine, f.name) for f in fields(EngineParams) if f.name != "embodiment_name"},
         camera_topics=topics,
         camera_keys=keys,
         camera_compressed=compressed,
-        max_pixels=p.integer("cameras.max_pixels"),
         state_names=state_names,
         action_names=action_names,
         embodiment=embodiment,
-        embodiment_override=p.flag("embodiment_override"),
-        rate_hz=rate_hz,
         horizon=p.integer("control.horizon"),
         time_step_s=time_step,
         deadline_margin_s=deadline_margin,
         max_image_age_s=p.number("control.max_image_age_s"),
         max_state_age_s=p.number("control.max_state_age_s"),
         future_tolerance_s=p.number("control.future_tolerance_s"),
-        denoise_steps=p.integer("control.denoise_steps"),
         language_policy=p.choice("language.policy", LANGUAGE_POLICIES),
         every_n_frames=p.integer("language.every_n_frames", minimum=1),
-        max_new_tokens=p.integer("language.max_new_tokens", minimum=1),
-        temperature=p.number("language.temperature"),
         stream_every=p.integer("language.stream_every"),
-        tokens_per_frame=p.integer("language.tokens_per_frame"),
-        min_steps_per_frame=p.integer("language.min_steps_per_frame"),
-        overlap_threads=p.integer("language.overlap_threads"),
-        pool_slots=p.integer("language.pool_slots", minimum=2),
-        admission=p.choice("language.admission", ADMISSION_POLICIES),
-        max_preempted=p.integer("language.max_preempted"),
-        default_instruction=p.text("instruction.default"),
         max_chars=p.integer("instruction.max_chars", minimum=1),
         status_rate_hz=p.number("status.rate_hz", positive=True),
         handover=p.choice("output.handover", HANDOVERS),
@@ -497,34 +328,13 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         limits=limits,
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
         rtc=read_rtc(p),
-        **read_normalization(p, checkpoint=p.text("model.checkpoint")),
         state_units=_state_units(values, state_names),
     )
 
 
-def read_rtc(p: _Reader) -> RtcSettings:
-    """The `output.rtc_*` parameters of real-time chunking (`output.handover: rtc_guided`)."""
-    return RtcSettings(p.integer("output.rtc_execution_horizon"), p.choice("output.rtc_schedule", tuple(Schedule)),
-                       p.number("output.rtc_max_guidance_weight", positive=True),
-                       p.choice("output.rtc_method", (GUIDANCE, PREFIX)))
-
-
-def read_normalization(p: _Reader, checkpoint: str) -> dict[str, str]:
-    """model.norm_stats and model.norm_mode, which need a checkpoint; ParameterError naming the parameter."""
-    values = {"norm_stats": p.text("model.norm_stats"), "norm_mode": p.text("model.norm_mode")}
-    if values["norm_mode"] not in ("", *MODES):
-        raise ParameterError(f"model.norm_mode must be empty (the checkpoint's) or one of {' | '.join(MODES)}, got "
-                             f"{values['norm_mode']!r}")
-    for name, value in values.items():
-        if value and not checkpoint:
-            raise ParameterError(f"model.{name} applies to a checkpoint's normalization, and model.checkpoint is "
-                                 f"empty (a preset normalizes nothing)")
-    return values
-
-
 def read_description_wait(values: dict[str, Any]) -> float:
     """robot_description_wait_s, checked (read before the other parameters: the URDF it waits for is one)."""
-    return _Reader(values).number("robot_description_wait_s")
+    return Reader(values).number("robot_description_wait_s")
 
 
 def _state_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateUnits:
@@ -532,13 +342,6 @@ def _state_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateU
         return read_state_units(state_names, values.get("joints.state_rename"), values.get("joints.state_convert"))
     except StateUnitsError as err:
         raise ParameterError(str(err)) from None
-
-
-def _device(choice: str) -> str:
-    """`auto` made concrete (the node, its logs and diagnostics see cpu or cuda)."""
-    if choice != "auto":
-        return choice
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def read_embodiment(spec: str, state_names: tuple[str, ...], action_names: tuple[str, ...]) -> Embodiment:
@@ -574,70 +377,3 @@ def check_against_model(params: VlaParams, config, norm_stats=None) -> None:
         if width < dims:
             raise ParameterError(f"{name} gives {dims} model dims, the checkpoint's normalization stats of "
                                  f"{feature} only {width}")
-
-
-class _Reader:
-    def __init__(self, values: dict[str, Any]):
-        self.values = values
-
-    def _get(self, name: str):
-        return self.values[name]
-
-    def text(self, name: str) -> str:
-        value = self._get(name)
-        if not isinstance(value, str):
-            raise ParameterError(f"{name} must be a string, got {value!r}")
-        return value.strip()
-
-    def choice(self, name: str, options: tuple[str, ...]) -> str:
-        value = self.text(name)
-        if value not in options:
-            raise ParameterError(f"{name} must be one of {' | '.join(options)}, got {value!r}")
-        return value
-
-    def flag(self, name: str) -> bool:
-        value = self._get(name)
-        if not isinstance(value, bool):
-            raise ParameterError(f"{name} must be true or false, got {value!r}")
-        return value
-
-    def integer(self, name: str, minimum: int = 0) -> int:
-        value = self._get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ParameterError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        return value
-
-    def number(self, name: str, positive: bool = False) -> float:
-        value = self._get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ParameterError(f"{name} must be a number, got {value!r}")
-        if value < 0 or (positive and value == 0):
-            raise ParameterError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
-        return float(value)
-
-    def per_joint(self, name: str, count: int, default: float, finite: bool = True) -> tuple[float, ...]:
-        """A number for all `count` joints, or a list with one per joint; unset: `default` for each. NaN is never
-        accepted; infinities only with `finite` False."""
-        value = self._get(name)
-        if value is None:
-            return (default,) * count
-        numbers = list(value) if isinstance(value, list | tuple) else [value] * count
-        if len(numbers) != count or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                            and (math.isfinite(v) or not finite and not math.isnan(v))
-                                            for v in numbers):
-            kind = "finite number" if finite else "number (not NaN)"
-            raise ParameterError(f"{name} must be a {kind} or a list of {count} (one per joint), got {value!r}")
-        return tuple(float(v) for v in numbers)
-
-    def names(self, name: str) -> tuple[str, ...]:
-        value = self._get(name)
-        if value is None:
-            raise ParameterError(f"{name} is not set: pass a parameter file (config/aloha.yaml, "
-                                 f"config/droid.yaml) or -p {name}:=[...]")
-        names = tuple(str(v).strip() for v in value)
-        if not names or not all(names):
-            raise ParameterError(f"{name} must be a non-empty list of non-empty names, got {list(value)}")
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ParameterError(f"{name} lists {duplicates} more than once")
-        return names

@@ -57,13 +57,9 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
-import rclpy
-import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import InvalidTopicNameException
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.subscription import Subscription
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
@@ -71,21 +67,23 @@ from visualization_msgs.msg import MarkerArray
 
 from oxygen_ros.control.joint_groups import TRAJECTORY
 from oxygen_ros.data.stamps import stamp_to_ns
-from oxygen_ros.engine.runtime import Runtime, RuntimeConfig, Served, TextUpdate
-from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
+from oxygen_ros.engine.runtime import Runtime, TextUpdate
 from oxygen_ros.engine.stats import percentile_ms
-from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.msg import EngineStatus, Narration
 from oxygen_ros.robots.command_path import (
     LIMIT_REJECTED,
     LIMITS,
     NONFINITE,
+    PAST,
     UNUSED,
     Command,
     CommandPath,
     Refusal,
 )
+from oxygen_ros.robots.engine import build_runtime
+from oxygen_ros.robots.instruction import Instruction
 from oxygen_ros.robots.rtc_guide import REFUSED, Plain, rtc_guide
+from oxygen_ros.robots.session import RobotSession
 from oxygen_ros.robots.state_check import StateCheck
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
@@ -96,16 +94,17 @@ from .frame_inputs import (
     JOINT_STATES,
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
+    STALE_FRAME,
     WAITING_FOR_CAMERA,
     DecodeThread,
     FrameInputs,
     InputFrame,
     InputLimits,
-    Instruction,
 )
 from .holds import hold_message
-from .lifecycle import ros_process, spinning
 from .log_throttle import LogThrottle
+from .managed_node import ManagedNode
+from .managed_node import main as run_managed
 from .markers import TOPIC as MARKER_TOPIC
 from .markers import MarkerOutput
 from .model_setup import load_policy
@@ -118,7 +117,10 @@ LOG_THROTTLE_S = 5.0
 WARM_UP_PIXELS = 224  # the warm-up frame's images (any size: they are resized to the model's input)
 
 
-class VlaNode(LifecycleNode):
+class VlaNode(ManagedNode):
+    """The lifecycle of `managed_node`: `configure` loads the model, warms it up with one frame and subscribes;
+    `activate` starts the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release it."""
+
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
         try:
@@ -131,15 +133,12 @@ class VlaNode(LifecycleNode):
             self.destroy_node()
             raise
         p = self.params
+        self.autostart_param = p.autostart
         self.add_on_set_parameters_callback(self._refuse_clock_change)
-        self.lifecycle = "unconfigured"
-        self.failure = ""  # why the last configure failed, until one succeeds
-        self._autostarting = False
         self.runtime: Runtime | None = None
         self.rtc = None  # with handover rtc_guided: the robot's real-time chunking (`robots.rtc_guide`)
         self.decoder: DecodeThread | None = None
         self.control_timer = None
-        self._entities: list = []  # subscriptions and publishers made by configure, destroyed by cleanup
         self.state = "unconfigured"
         self.detail = ""
         self.model_errors = 0
@@ -156,69 +155,17 @@ class VlaNode(LifecycleNode):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
 
-    # ---- lifecycle ----------------------------------------------------------------------------------------------
+    # ---- lifecycle (`managed_node`) ------------------------------------------------------------------------------
 
-    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Everything slow: the model, the runtime, one warm-up frame; then the inputs and outputs. On any failure
-        nothing stays half-made: the node is unconfigured again, the reason logged and on /diagnostics."""
-        try:
-            self._configure()
-        except Exception as err:  # a model that does not load, a topic name that is not valid, ...
-            self._release()
-            self.failure = str(err) if isinstance(err, ParameterError) else f"{type(err).__name__}: {err}"
-            self.state, self.detail = CONFIGURE_FAILED, self.failure
-            if not self._autostarting:  # autostart reports it as the process's one start-up line
-                self.get_logger().error(f"configure failed, still unconfigured: {self.failure}")
-            return TransitionCallbackReturn.FAILURE
-        self.failure = ""
-        self.lifecycle, self.state, self.detail = "inactive", "inactive", "configured; activate to act"
-        return TransitionCallbackReturn.SUCCESS
+    def _entered(self, lifecycle: str, detail: str, failed: bool = False) -> None:
+        self.lifecycle, self.detail = lifecycle, detail
+        self.state = CONFIGURE_FAILED if failed else WAITING_FOR_CAMERA if lifecycle == "active" else lifecycle
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.lifecycle, self.state, self.detail = "active", WAITING_FOR_CAMERA, ""
+    def _start_acting(self) -> None:
         self.path.start()  # nothing planned before this activation is blended into what comes after
         self.control_timer = self.create_timer(self.params.period_s, self._control_tick)
         if (suffix := self._throttled("active")) is not None:  # a transition storm logs one line per period
             self.get_logger().info(f"active: acting on the inputs{suffix}")
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_acting("deactivated")
-        self.lifecycle, self.state, self.detail = "inactive", "inactive", "deactivated; activate to act"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        self.lifecycle, self.state, self.detail = "unconfigured", "unconfigured", "cleaned up"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_acting("shut down")
-        self._release()
-        self.lifecycle, self.state, self.detail = "finalized", "finalized", "shut down"
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_acting("lifecycle error")
-        self._release()
-        self.lifecycle, self.state = "unconfigured", "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
-
-    def autostart(self) -> bool:
-        """Configure and activate, as a lifecycle manager would; False (the reason in `failure`) if configure
-        failed."""
-        self._autostarting = True
-        try:
-            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-                return False
-        finally:
-            self._autostarting = False
-        return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
-
-    def close(self) -> None:
-        """At process exit (after the executor has stopped, before destroy_node): hold, then stop the threads."""
-        self._stop_acting("shut down")
-        self._release()
 
     def _stop_acting(self, reason: str) -> None:
         if self.control_timer is not None:
@@ -228,23 +175,9 @@ class VlaNode(LifecycleNode):
 
     def _configure(self) -> None:
         p = self.params
-        if p.cpu_threads:
-            torch.set_num_threads(p.cpu_threads)
         self.policy = load_policy(p)
         config = self.policy.config
         self.horizon = p.horizon or config.action_horizon
-        scheduler = SchedulerConfig(num_steps=p.denoise_steps or config.num_steps, control_period_s=p.period_s,
-                                    deadline_margin_s=p.deadline_margin_s, max_new_tokens=p.max_new_tokens,
-                                    **node_decode_policy(p.tokens_per_frame, p.min_steps_per_frame,
-                                                         p.max_new_tokens),
-                                    admission=p.admission, max_preempted=p.max_preempted,
-                                    temperature=p.temperature, seed=p.seed)
-        # real-time chunking (handover rtc_guided): the chunk being executed and the measured delays guide each frame
-        self.rtc = rtc_guide(p.handover, p.rtc, self.path.step_ns, self.horizon, config, p.embodiment,
-                             self.policy.norm_stats)
-        runtime_config = RuntimeConfig(scheduler=scheduler, pool_slots=p.pool_slots, stream_every=p.stream_every,
-                                       seed=p.seed, overlap_threads=p.overlap_threads,
-                                       rtc=self.rtc.config if self.rtc else None)
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
                              future_tolerance_s=p.future_tolerance_s,
                              images=ImageLimits(p.max_pixels, config.vision.image_size))
@@ -255,33 +188,38 @@ class VlaNode(LifecycleNode):
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
         self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
-        served = Served(self.policy.model, self.policy.tokenizer, self.policy.norm_stats)
-        self.runtime = Runtime(served, runtime_config, on_text=self._publish_text)
-        self.runtime.warm_up(self._model_inputs(
-            {key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8) for key in p.camera_keys},
-            p.embodiment.state_to_model(np.zeros(len(p.state_names)))))
+        # real-time chunking (handover rtc_guided): the chunk being executed and the measured delays guide each frame
+        self.rtc = rtc_guide(p.handover, p.rtc, self.path.step_ns, self.horizon, config, p.embodiment,
+                             self.policy.norm_stats)
+        self.runtime = build_runtime(p, self.policy, self._publish_text, stream_every=p.stream_every,
+                                     deadline_margin_s=p.deadline_margin_s,
+                                     rtc=self.rtc.config if self.rtc else None)
+        self.session = RobotSession(self.runtime, p.embodiment, self.instruction, len(p.action_names))
+        warm_up, _ = self.session.frame({key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8)
+                                         for key in p.camera_keys}, np.zeros(len(p.state_names)), False)
+        self.runtime.warm_up(warm_up.inputs)
         self.runtime.start()
         self.decoder = DecodeThread(self.inputs)
-        self.chunk_pub = self._made(self.create_publisher(JointTrajectory, "action_chunk", 10))
+        self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
         self.group_pubs = []
         for group in p.groups:
             try:
                 kind = JointTrajectory if group.interface == TRAJECTORY else Float64MultiArray
-                self.group_pubs.append((group, self._made(self.create_publisher(kind, group.topic, 10))))
+                self.group_pubs.append((group, self.create_publisher(kind, group.topic, 10)))
             except InvalidTopicNameException as err:
                 raise ParameterError(f"output.{group.name}.topic: {err}") from None
-        self.narration_pub = self._made(self.create_publisher(Narration, "narration", 50))
-        self.markers = MarkerOutput(self._made(self.create_publisher(MarkerArray, MARKER_TOPIC, 10))
+        self.narration_pub = self.create_publisher(Narration, "narration", 50)
+        self.markers = MarkerOutput(self.create_publisher(MarkerArray, MARKER_TOPIC, 10)
                                     if p.markers else None, p.marker_frame)
         for index, (topic, compressed) in enumerate(zip(p.camera_topics, p.camera_compressed, strict=True)):
             try:
-                self._made(self.create_subscription(CompressedImage if compressed else Image,
+                self.create_subscription(CompressedImage if compressed else Image,
                                                     f"{topic}/compressed" if compressed else topic,
-                                                    lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS))
+                                                    lambda msg, i=index: self._on_image(i, msg), SENSOR_QOS)
             except InvalidTopicNameException as err:
                 raise ParameterError(f"cameras.topics: {err}") from None
-        self._made(self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS))
-        self._made(self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS))
+        self.create_subscription(JointState, "joint_states", self._on_joint_state, SENSOR_QOS)
+        self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS)
         limits_text = "none" if p.limits is None else f"{p.limit_policy} ({len(p.limits.joints)} joints)"
         self.get_logger().info(
             f"{self.policy.source} on {p.device}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
@@ -293,24 +231,14 @@ class VlaNode(LifecycleNode):
         if self.policy.embodiment_warning:
             self.get_logger().warning(f"{self.policy.embodiment_warning} (starting: embodiment_override is true)")
 
-    def _made(self, entity):
-        self._entities.append(entity)
-        return entity
-
-    def _release(self) -> None:
-        """Undo `_configure` (whatever of it was done): threads joined, entities destroyed, the model dropped."""
+    def _release_engine(self) -> None:
+        """Undo `_configure` (whatever of it was done): threads joined, the model dropped."""
         if self.decoder is not None:
             self.decoder.close()
             self.decoder = None
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
-        for entity in self._entities:
-            if isinstance(entity, Subscription):
-                self.destroy_subscription(entity)
-            else:
-                self.destroy_publisher(entity)
-        self._entities = []
         self.policy = None
 
     def _refuse_clock_change(self, parameters) -> SetParametersResult:
@@ -426,6 +354,10 @@ class VlaNode(LifecycleNode):
             if (suffix := self._throttled(("limits", refusal.limit))) is not None:
                 self.get_logger().warning(f"{self.detail} ({sum(path.limits_rejected.values())} refusals so far, "
                                           f"by joint){suffix}")
+        elif refusal.kind == PAST:  # the frame was too old for its plan: as a stale frame, the groups are held
+            self.state, self.detail = STALE_FRAME, refusal.detail
+            if (suffix := self._throttled(PAST)) is not None:
+                self.get_logger().warning(f"{self.detail} ({path.plans_past} such plans so far){suffix}")
         else:  # non-finite actions, or a plan that overflows in a controller's units
             self.state, self.detail = MODEL_ERROR, refusal.detail
             if (suffix := self._throttled(refusal.kind)) is not None:
@@ -463,29 +395,23 @@ class VlaNode(LifecycleNode):
 
     def _act(self, frame: InputFrame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
-        command [H, joints (x2 with velocities)] that the embodiment makes of it from the frame's own state (never a
-        newer one: a delta or a velocity is relative to what the model saw)."""
-        embodiment = self.params.embodiment
-        state = embodiment.state_to_model(frame.state)
+        command [H, joints (x2 with velocities)] the robot's session makes of it (`robots.session`)."""
+        start = time.perf_counter()  # the chunk's latency includes preprocessing
+        model_state = self.params.embodiment.state_to_model(frame.state)
+        queued, fitted = self.session.frame(frame.images, frame.state, narrate, stamp_ns=frame.stamp_ns,
+                                            age_s=age_s, context=frame.frame_id, arrival=start,
+                                            committed=self._rtc_request(frame.stamp_ns, model_state))
         # the prompt must fit max_token_len with this instruction and state: shortened before acting if need be
-        outcome = self.instruction.fit_prompt(self.policy.tokenizer, state, self.policy.config,
-                                              self.policy.norm_stats)
-        if outcome == "cut":
+        if fitted == "cut":
             self.get_logger().warning(f"instruction too long for the model's prompt; using {self.instruction.text!r}")
-        elif outcome == "previous":
+        elif fitted == "previous":
             self.get_logger().warning(f"no part of the instruction fits the model's prompt; keeping the previous task "
                                       f"{self.instruction.text!r}")
-        start = time.perf_counter()  # the chunk's latency includes preprocessing
-        inputs = self._model_inputs(frame.images, state)
-        committed = self._rtc_request(frame.stamp_ns, state)
-        chunk = self.runtime.act(self.runtime.frame(inputs, narrate, stamp_ns=frame.stamp_ns, age_s=age_s,
-                                                    context=frame.frame_id, arrival=start, committed=committed))
+        chunk = self.runtime.act(queued)
         if self.rtc is not None:  # the delay this chunk had: control steps from its frame's stamp to now
             self.rtc.arrived(frame.stamp_ns, self.get_clock().now().nanoseconds)
-            self._rtc_state = state
-        command = embodiment.actions_to_robot(self.runtime.robot_actions(chunk, len(self.params.action_names)),
-                                              frame.state)
-        return chunk, command.stacked()
+            self._rtc_state = model_state
+        return chunk, self.session.command(chunk, frame.state)
 
     def _rtc_request(self, stamp_ns: int, state: np.ndarray):
         """With rtc_guided: the chunk being executed and the estimated delay for this frame, or None (sampled
@@ -499,10 +425,6 @@ class VlaNode(LifecycleNode):
             self.get_logger().warning(f"real-time chunking: frame sampled without guidance ({request.kind}): "
                                       f"{request.detail} ({self.rtc.plain[request.kind]} so far){suffix}")
         return None
-
-    def _model_inputs(self, images: dict, state: np.ndarray):
-        """The model's inputs from camera images and a state already in the model's space (the embodiment's)."""
-        return self.runtime.prepare(Observation(images=images, state=state, task=self.instruction.text))
 
     def _throttled(self, key) -> str | None:
         """None if a line of this kind went out less than LOG_THROTTLE_S ago, else the line's suffix.
@@ -601,21 +523,4 @@ def _shown(text: str, limit: int = 200) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    with ros_process(NODE_NAME, argv) as (context, stop):
-        try:
-            node = VlaNode(context=context)
-        except ParameterError as err:
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {err}")
-            return 1
-        if node.params.autostart and not node.autostart():
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {node.failure}")
-            node.destroy_node()
-            return 1
-        with spinning(node, stop, before_destroy=node.close) as spinner:
-            stop.wait()
-        if spinner.failure is not None:
-            failure = spinner.failure
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"a callback raised {type(failure).__name__}: {failure}")
-            return 1
-        return 0
+    return run_managed(VlaNode, NODE_NAME, sys.argv[1:] if argv is None else argv)

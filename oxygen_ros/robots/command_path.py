@@ -6,7 +6,9 @@ commands a robot passes it through here, in this order, and publishes only what 
 
 1. a chunk with a non-finite value is refused (`nonfinite`);
 2. the hand-over (`oxygen_ros.control.handover`) makes it the plan to execute, or refuses it (`unused`: every point
-   already past);
+   already past); a plan whose last point is already past when it goes out (its frame waited too long under load)
+   is refused (`past`, counted in `plans_past`): a joint_trajectory_controller refuses a trajectory that ends in
+   the past, and the robot gets a hold instead;
 3. each output group takes its joints in its controller's units (`oxygen_ros.control.joint_groups`); a value
    that overflows there is refused (`overflow`);
 4. the joint limits (`oxygen_ros.control.limits`) clamp or refuse the groups' plan (`limits`), `max_jump` measured
@@ -35,7 +37,7 @@ HOLD_EMPTY = "empty"  # a trajectory without points
 HOLD_ZERO = "zero"  # a velocity group's: every joint's velocity 0
 HOLD_MODES = {TRAJECTORY: (HOLD_POSITION, HOLD_EMPTY), VELOCITY: (HOLD_ZERO,)}  # by the group's interface
 
-NONFINITE, UNUSED, OVERFLOW, LIMITS = "nonfinite", "unused", "overflow", "limits"  # why a chunk is refused
+NONFINITE, UNUSED, OVERFLOW, LIMITS, PAST = "nonfinite", "unused", "overflow", "limits", "past"  # why refused
 LIMIT_REJECTED = "limit_rejected"  # a front end's state (engine_status.state): its last plan was refused by the limits
 
 
@@ -63,8 +65,8 @@ class Command:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A chunk not published: `kind` (NONFINITE, UNUSED, OVERFLOW, LIMITS), why in words, and for LIMITS which
-    limit refused it."""
+    """A chunk not published: `kind` (NONFINITE, UNUSED, OVERFLOW, LIMITS, PAST), why in words, and for LIMITS
+    which limit refused it."""
 
     kind: str
     detail: str
@@ -99,6 +101,7 @@ class CommandPath:
         self.nonfinite_chunks = 0
         self.overflows = 0  # plans that overflow in a controller's units
         self.chunks_unused = 0  # chunks the hand-over could not use
+        self.plans_past = 0  # plans whose last point had passed when they would have gone out
         self.limits_clamped = 0  # published plans with positions moved into range
         self.limits_slowed = 0  # published plans whose time grid was stretched
         self.limits_rejected: dict[str, int] = {}  # joint -> plans refused for it
@@ -114,6 +117,7 @@ class CommandPath:
             "holds_clamped": self.holds_clamped,
             "holds_refused": self.holds_refused,
             "last_hold_reason": self.last_hold_reason,
+            "plans_past": self.plans_past,
             "limits": "none" if self.limits is None else self.policy,
             "limits_clamped": self.limits_clamped,
             "limits_slowed": self.limits_slowed,
@@ -144,6 +148,12 @@ class CommandPath:
         if isinstance(plan, str):
             self.chunks_unused += 1
             return Refusal(UNUSED, plan)
+        end_ns = plan.first_ns + (len(plan.values) - 1) * plan.step_ns
+        if end_ns < now_ns:  # never sent: a controller refuses a trajectory that ends in the past
+            self.plans_past += 1
+            return Refusal(PAST, f"the plan ended {(now_ns - end_ns) / 1e6:.0f} ms before it could go out (its frame "
+                                 f"was {(now_ns - first_ns) / 1e6 + self.time_step_s * 1e3:.0f} ms old); not "
+                                 "published")
         joints = len(self.action_names)
         positions = plan.values[:, :joints]
         velocities = plan.values[:, joints:] if plan.values.shape[1] > joints else None
@@ -168,7 +178,8 @@ class CommandPath:
         planned = np.concatenate([c.positions for c in groups], axis=1)
         # in the controller's units, as the plan; a joint without a measured position has no jump limit
         # (`parameters.read_limits`): its NaN never exceeds one
-        at = np.concatenate([g.measured_to_robot(measured, self.state_names) for g in self.groups])
+        with np.errstate(over="ignore", invalid="ignore"):  # a state that overflows there is never within a jump
+            at = np.concatenate([g.measured_to_robot(measured, self.state_names) for g in self.groups])
         result = apply_limits(planned, self.limits, at, self.time_step_s, first, self.policy)
         if not isinstance(result, Limited):
             for joint in result.joints:
@@ -183,6 +194,14 @@ class CommandPath:
                              else np.where(held, 0.0, c.velocities / result.time_scale),
                              self.time_step_s * result.time_scale)
                 for c, values, held in zip(groups, np.split(result.values, ends, axis=1), moved, strict=True)]
+
+    def robot_positions(self, command: Command) -> np.ndarray:
+        """A checked plan's positions [n, action joints] in the robot's action units: each group's, limits applied,
+        taken back out of its controller's units; a joint in no group as computed."""
+        positions = np.array(command.positions, dtype=np.float64)
+        for group, part in zip(self.groups, command.groups, strict=True):
+            positions[:, list(group.columns)] = (part.positions - np.asarray(group.offset)) / np.asarray(group.scale)
+        return positions
 
     def stop(self, reason: str, measured: np.ndarray | None) -> list[Hold]:
         """One hold per group being commanded, which is then no longer; `measured`: the last plausible joint state

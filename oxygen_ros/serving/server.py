@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,9 @@ from ..control.embodiment import Embodiment
 from ..engine.runtime import ActionChunk, TextUpdate
 from ..fleet.server import FleetServer
 from ..model.rtc import Committed
+from ..robots.command_path import LIMITS, CommandPath, Refusal
 from ..robots.rtc_guide import Plain, RtcGuide, RtcSettings
+from ..robots.session import RobotSession
 from .protocol import ProtocolError, pack, unpack
 from .requests import RequestError, RequestReader
 
@@ -73,6 +76,7 @@ class _Client:
 
     robot_id: str
     peer: str
+    path: CommandPath | None = None  # its replies' joint limits, when the server has them
     requests: int = 0
     refused: Counter = field(default_factory=Counter)
     narrations: list = field(default_factory=list)
@@ -103,11 +107,14 @@ class _Pending:
 
 
 class OpenpiServer:
-    def __init__(self, fleet: FleetServer, reader: RequestReader, config: ServeConfig,
-                 metadata: dict[str, Any]):
+    def __init__(self, fleet: FleetServer, session: RobotSession, reader: RequestReader, config: ServeConfig,
+                 metadata: dict[str, Any], path_of: Callable[[], CommandPath] | None = None):
         """`fleet` hands its chunks and text to this server's `on_chunk` / `on_text` and holds one robot per client
-        slot, all on one model; it is started and closed with this server."""
+        slot, all on one model, whose replies `session` makes; it is started and closed with this server.
+        `path_of`: each connection's command path (joint limits on every reply), None: replies as computed."""
         self.fleet = fleet
+        self.session = session
+        self.path_of = path_of
         self.reader = reader
         self.embodiment: Embodiment = reader.embodiment
         self.config = config
@@ -213,7 +220,8 @@ class OpenpiServer:
         # woken beside the control thread's for every operator (serve-bench, tiny preset, 4 clients: 57 requests/s
         # with a team per connection, 145 without; OpenMP keeps the count per thread, `oxygen_ros/openmp.py`).
         torch.set_num_threads(1)
-        client = _Client(robot_id, _peer(ws), rtc=self._rtc_guide())
+        client = _Client(robot_id, _peer(ws), path=self.path_of() if self.path_of else None,
+                         rtc=self._rtc_guide())
         log.info(f"client {client.peer} connected ({robot_id})")
         try:
             ws.send(pack(self.metadata))
@@ -306,11 +314,13 @@ class OpenpiServer:
         width = len(self.embodiment.kinds) if self.embodiment.kinds is not None else \
             self.config.action_dims or request.state.size
         try:
-            actions = self.embodiment.openpi_actions(self.fleet.robot_actions(chunk, width), request.state)
+            actions = self.session.openpi_actions(chunk, request.state, width)
         except ValueError as err:
             raise RequestError("model_output", f"the model's chunk does not fit the embodiment: {err}") from None
         if not np.isfinite(actions).all():
             raise RequestError("nonfinite_actions", "the model's actions are not finite; none are sent")
+        if client.path is not None:
+            actions = _limited(client.path, actions, request.state)
         reply = {"actions": actions, "policy_timing": {"infer_ms": 1e3 * chunk.latency_s},
                  "deadline_missed": bool(chunk.missed)}
         if client.rtc is not None:  # the client executes this chunk now; a guided request hears that it was
@@ -355,6 +365,22 @@ class OpenpiServer:
                 raise RequestError("expired", f"not computed within its {1e3 * slo_s:g} ms deadline (--slo-ms): "
                                               "the server is busy")
         return pending.chunk
+
+
+def _limited(path: CommandPath, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """A reply [H, action joints] through the client's command path (the joint limits, `max_jump` from the
+    request's state): clamped, or RequestError when refused. An openpi reply has no time grid, so a plan the
+    velocity limits would slow down is refused rather than sent faster than they allow."""
+    if state.size != actions.shape[1]:
+        raise RequestError("state_shape", f"joint limits need the state of each of the {actions.shape[1]} action "
+                                          f"joints, got {state.size} values")
+    now_ns = time.time_ns()
+    result = path.command(actions, now_ns + path.step_ns, now_ns, state)
+    if isinstance(result, Refusal):
+        raise RequestError(result.kind, result.detail)
+    if any(part.step_s != path.time_step_s for part in result.groups):
+        raise RequestError(LIMITS, "plan refused (velocity limit): an openpi reply cannot be slowed down")
+    return path.robot_positions(result).astype(actions.dtype)
 
 
 def _peer(connection: ServerConnection) -> str:
