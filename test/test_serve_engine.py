@@ -216,7 +216,8 @@ def test_serve_normalizes_with_the_users_stats_and_refuses_an_unknown_mode_in_on
         np.testing.assert_array_equal(norm["action"]["std"], [0.3] * 14)
     finally:
         server.close()
-    with pytest.raises(ValueError, match=r"^normalization mode 'ZSCORE' is not one of MEAN_STD \| MIN_MAX") as err:
+    with pytest.raises(ValueError, match=r"^model.norm_mode must be empty \(the checkpoint's\) or one of "
+                                         r"MEAN_STD \| MIN_MAX") as err:
         build_server(engine_parameters([], [*base, f"model.norm_stats={stats}", "model.norm_mode=ZSCORE"]),
                      ServeConfig(port=0), Capacity())
     assert "\n" not in str(err.value)
