@@ -194,10 +194,11 @@ def test_the_fleet_controller_starts_without_torch_the_runtime_or_evaluation():
 
 
 # The front ends receive and reply; the engine is built and driven from `robots/` (its parameters, `build_runtime` /
-# `build_fleet`, a robot's session). The benchmark commands measure the engine itself and `train-tiny` trains and
-# scores the model: they serve no robot.
+# `build_fleet`, a robot's session). The benchmark commands measure the engine itself, `train-tiny` trains and
+# scores the model, and `sim-eval`'s in-process path runs the checkpoint directly (the upper bound its ROS and
+# serve paths are compared with): they serve no robot.
 FRONT_ENDS = ("nodes", "serving", "commands")
-BENCHMARKS = ("commands/serve_bench.py", "commands/fleet_bench.py", "commands/train_tiny.py")
+BENCHMARKS = ("commands/serve_bench.py", "commands/fleet_bench.py", "commands/train_tiny.py", "commands/sim_eval.py")
 ENGINE_INSIDES = {"SchedulerConfig", "RuntimeConfig", "node_decode_policy", "ModelRunner", "FleetServer", "Runtime",
                   "Served"}
 RUNNER_CALLS = {"prepare", "robot_actions", "prefill", "sample_actions"}  # the runner's work on a frame and a chunk

@@ -102,14 +102,15 @@ def test_only_the_rtc_guided_hand_over_makes_a_guide_and_its_horizon_is_the_exec
 
 
 def test_the_nodes_parameters_choose_the_method_and_refuse_an_unknown_one():
-    from oxygen_ros.nodes.parameters import ParameterError, _Reader, read_rtc
+    from oxygen_ros.robots.engine_params import ParameterError, Reader
+    from oxygen_ros.robots.output_params import read_rtc
 
     values = {"output.rtc_execution_horizon": 3, "output.rtc_schedule": "linear",
               "output.rtc_max_guidance_weight": 10.0, "output.rtc_method": "prefix"}
-    settings = read_rtc(_Reader(values))
+    settings = read_rtc(Reader(values))
     config = settings.config(6)
     assert (config.execution_horizon, config.schedule, config.max_guidance_weight, config.method) == \
         (3, "linear", 10.0, "prefix")
     assert settings.engine_config().method == "prefix"
     with pytest.raises(ParameterError, match="output.rtc_method must be one of guidance | prefix"):
-        read_rtc(_Reader({**values, "output.rtc_method": "blend"}))
+        read_rtc(Reader({**values, "output.rtc_method": "blend"}))

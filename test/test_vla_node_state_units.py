@@ -65,8 +65,16 @@ def run_robot(ros_domain_id, extra: list[str]) -> tuple[list[np.ndarray], dict[s
         robot.create_subscription(JointTrajectory, f"{group}_controller/joint_trajectory",
                                   lambda msg, g=group: heard[g].append(msg), 100)
     model_states = []
-    act_inputs = node._model_inputs
-    node._model_inputs = lambda images, state: (model_states.append(np.array(state)), act_inputs(images, state))[1]
+    from oxygen_ros.robots.session import RobotSession
+
+    observe = RobotSession.observation
+
+    def spy(session, images, state):  # the state the model gets: the session's observation, in the model's space
+        observation, fitted = observe(session, images, state)
+        model_states.append(np.array(observation.state))
+        return observation, fitted
+
+    RobotSession.observation = spy
     spinner = Spinner(context, [node, robot])
     try:
         assert node.autostart(), node.failure
@@ -83,6 +91,7 @@ def run_robot(ros_domain_id, extra: list[str]) -> tuple[list[np.ndarray], dict[s
         holds = {g: [m for m in heard[g] if is_hold(m)] for g in GRIPPERS}
         return model_states, holds, node.path
     finally:
+        RobotSession.observation = observe
         node.close()
         spinner.close([node, robot])
         context.try_shutdown()
