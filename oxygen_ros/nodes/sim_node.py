@@ -39,7 +39,9 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
+from rclpy.exceptions import ParameterUninitializedException
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
@@ -109,8 +111,18 @@ class SimNode(Node):
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
             ("status_period_s", 1.0), ("stamps", "sim"))}
+        # Episode k's seed: seeds[k] when the list is given (an evaluation's held-out seeds), else seed + k.
+        self.declare_parameter("seeds", Parameter.Type.INTEGER_ARRAY)
+        try:
+            p["seeds"] = [int(s) for s in self.get_parameter("seeds").value]
+        except ParameterUninitializedException:
+            p["seeds"] = []
         if p["blending"] not in BLENDING_MODES:
             raise ValueError(f"blending must be one of {BLENDING_MODES}, got {p['blending']!r}")
+        if p["seeds"]:
+            p["max_episodes"] = p["max_episodes"] or len(p["seeds"])
+            if p["max_episodes"] > len(p["seeds"]):
+                raise ValueError(f"max_episodes {p['max_episodes']} is more than the {len(p['seeds'])} seeds given")
         if p["stamps"] not in STAMP_MODES:
             raise ValueError(f"stamps must be one of {STAMP_MODES}, got {p['stamps']!r}")
         self.params = p
@@ -125,6 +137,9 @@ class SimNode(Node):
         self.episode, self.successes, self.diverged_episodes = 0, 0, 0
         self.reward = 0.0
         self.episode_max_rewards: list[float] = []  # the highest reward stage of each ended episode
+        self.episode_lengths: list[int] = []  # steps each ended episode ran (to its success, end or divergence)
+        self.episode_seeds: list[int] = []  # the seed each episode was reset with
+        self.episode_diverged: list[bool] = []  # whether each ended episode ended by diverging physics
         self.chunks_received, self.chunks_malformed = 0, 0
         self._ticks: deque[float] = deque(maxlen=101)
         self._step_ms: deque[float] = deque(maxlen=500)
@@ -210,6 +225,8 @@ class SimNode(Node):
             "episode_step": self.env.steps, "sim_time": step * DT, "successes": self.successes,
             "diverged_episodes": self.diverged_episodes, "reward": self.reward,
             "episode_max_reward": self.env.episode_max_reward, "episode_max_rewards": list(self.episode_max_rewards),
+            "episode_lengths": list(self.episode_lengths), "episode_seeds": list(self.episode_seeds),
+            "episode_diverged": list(self.episode_diverged),
             "task_max_reward": self.env.max_reward, "reward_stages": list(REWARD_STAGES[self.env.task]),
             "target_rate_hz": self.params["rate_hz"], "achieved_rate_hz": rate,
             "step_ms_p50": float(np.median(step_ms)), "step_ms_max": float(step_ms.max()),
@@ -236,15 +253,20 @@ class SimNode(Node):
         return False
 
     def _start_episode(self):
-        obs = self.env.reset(seed=self.params["seed"] + self.episode)
+        seeds = self.params["seeds"]
+        seed = seeds[self.episode] if seeds else self.params["seed"] + self.episode
+        obs = self.env.reset(seed=seed)
+        self.episode_seeds.append(seed)
         with self.lock:
             self.chunks.reset(obs.qpos)
         self._publish_instruction()
         return obs
 
-    def _end_episode(self, success: bool) -> None:
+    def _end_episode(self, success: bool, diverged: bool = False) -> None:
+        self.episode_diverged.append(diverged)
         self.successes += int(success)
         self.episode_max_rewards.append(self.env.episode_max_reward)
+        self.episode_lengths.append(self.env.steps)
         if self.recorder is not None and len(self.recorder):
             path = self.recorder.write(next_episode_path(self.params["record_path"]),
                                        compress=self.params["record_compress"], max_reward=self.env.max_reward)
@@ -288,7 +310,7 @@ class SimNode(Node):
             if self.recorder is not None:
                 self.recorder.add_reward(self.reward)
             if result is None or result.success or result.truncated:
-                self._end_episode(result is not None and result.success)
+                self._end_episode(result is not None and result.success, diverged=result is None)
                 if 0 < self.params["max_episodes"] <= self.episode:
                     break
                 obs = self._start_episode()
