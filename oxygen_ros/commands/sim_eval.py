@@ -194,15 +194,17 @@ def evaluate_ros(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], ar
     from . import sim_eval_ros as ros
 
     started = time.monotonic()
-    run = ros.evaluate(checkpoint, seeds, list(policy.cameras), image_size(policy), args.blending,
-                       args.policy_rate, args.sim_rate, args.steps, out, args.policy_param, args.user_domain, args.policy)
+    run = ros.evaluate(checkpoint, seeds, list(policy.cameras), image_size(policy), args.blending, args.policy_rate,
+                       args.sim_rate, args.steps, out, args.policy_param, args.user_domain, args.policy,
+                       args.inject_delay)
     summary = run["summary"]
     latency = summary["chunk_latency_steps"]
     result = {**summarize(run["episodes"]), "control_rate_hz": summary["step"] / summary["wall_s"],
               "chunk_ms": {"p50": latency["median"] * DT * 1e3, "p99": latency["max"] * DT * 1e3,
                            "count": latency["count"], "what": "sim time from the source frame to arrival; "
                                                               "p99 column is the max"},
-              "chunk_latency_steps": latency, "blending": args.blending, "policy_rate_hz": args.policy_rate,
+              "chunk_latency_steps": latency, "blending": args.blending, "inject_delay_steps": args.inject_delay,
+              "policy_rate_hz": args.policy_rate,
               "switch_discontinuity": summary["switch_discontinuity"], "jerk_rms": summary["jerk_rms"],
               "chunks_accepted": summary["chunks_accepted"], "chunks_rejected": summary["chunks_rejected"],
               "held_steps": summary["held_steps"], "wall_seconds": time.monotonic() - started}
@@ -230,6 +232,8 @@ def build_parser() -> CommandParser:
                         help="inproc and serve: actions executed per chunk (0: the whole chunk)")
     parser.add_argument("--steps", type=int, default=MAX_EPISODE_STEPS, help="steps per episode (50 Hz)")
     parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc", help="ros: sim_node's hand-over")
+    parser.add_argument("--inject-delay", type=int, default=0, metavar="STEPS",
+                        help="ros: sim_node holds each chunk this many steps after its frame (inject_delay_steps)")
     parser.add_argument("--policy-rate", type=float, default=12.5, help="ros: the VLA node's control.rate_hz")
     parser.add_argument("--sim-rate", type=float, default=50.0,
                         help="ros: sim_node's wall-clock pacing (rate_hz; 0: as fast as it goes)")
@@ -244,9 +248,10 @@ def build_parser() -> CommandParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.episodes <= 0 or args.steps <= 0 or args.execute < 0 or args.policy_rate <= 0 or args.sim_rate < 0:
-        raise UsageError("--episodes, --steps and --policy-rate must be positive, --execute and --sim-rate not "
-                         "negative")
+    if (args.episodes <= 0 or args.steps <= 0 or args.policy_rate <= 0
+            or min(args.execute, args.sim_rate, args.inject_delay) < 0):
+        raise UsageError("--episodes, --steps and --policy-rate must be positive, --execute, --sim-rate and "
+                         "--inject-delay not negative")
     torch.set_num_threads(1)
     out = Path(args.out)
     try:

@@ -24,8 +24,9 @@ STARTUP_S = 240.0  # both nodes importing torch and rclpy, the model loading, on
 
 
 def sim_node_command(seeds: list[int], cameras: list[str], size: tuple[int, int], blending: str, rate_hz: float,
-                     steps: int, record: Path) -> list[str]:
-    params = {"task": "transfer_cube", "episode_steps": steps, "blending": blending, "cameras": f"[{','.join(cameras)}]",
+                     steps: int, record: Path, delay_steps: int = 0) -> list[str]:
+    params = {"task": "transfer_cube", "episode_steps": steps, "inject_delay_steps": delay_steps,
+              "blending": blending, "cameras": f"[{','.join(cameras)}]",
               "image_height": size[0], "image_width": size[1], "seeds": f"[{','.join(map(str, seeds))}]",
               "max_episodes": len(seeds), "rate_hz": rate_hz, "record_path": record, "record_compress": "true",
               "wait_for_policy": "true"}
@@ -46,7 +47,7 @@ def policy_node_command(policy: str, checkpoint: str, cameras: list[str], rate_h
 
 def evaluate(checkpoint: str, seeds: list[int], cameras: list[str], size: tuple[int, int], blending: str,
              policy_rate_hz: float, sim_rate_hz: float, steps: int, out: Path, policy_params: list[str] | None = None,
-             user_domain: bool = False, policy: str = VLA_NODE) -> dict:
+             user_domain: bool = False, policy: str = VLA_NODE, delay_steps: int = 0) -> dict:
     """Run the episodes; {"episodes": records, "summary": sim_node's summary, "record": folder of episodes}."""
     out.mkdir(parents=True, exist_ok=True)
     record = out / "episodes"
@@ -55,7 +56,8 @@ def evaluate(checkpoint: str, seeds: list[int], cameras: list[str], size: tuple[
     seconds = len(seeds) * steps * DT
     timeout = STARTUP_S + seconds * (4.0 if sim_rate_hz > 0 else 2.0)
     with open(sim_log, "w") as sim_out, open(policy_log, "w") as policy_out:
-        sim = subprocess.Popen(sim_node_command(seeds, cameras, size, blending, sim_rate_hz, steps, record), env=env,
+        sim = subprocess.Popen(sim_node_command(seeds, cameras, size, blending, sim_rate_hz, steps, record,
+                                                delay_steps), env=env,
                                stdout=sim_out, stderr=subprocess.STDOUT)
         node = subprocess.Popen(policy_node_command(policy, checkpoint, cameras, policy_rate_hz, policy_params or [],
                                                     out), env=env, stdout=policy_out, stderr=subprocess.STDOUT)

@@ -15,7 +15,8 @@ end the episode as a failure, with an error line and a count (`diverged_episodes
 With `stamps: wall` (several sims served by one fleet node, which runs on the system clock) frames are stamped
 with the system clock when published and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
 frame it names (a stamp that names no recent frame is rejected), so the chunk executor still works in sim time.
-`instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
+`inject_delay_steps: d` holds each chunk until d steps after its source frame (an injected inference delay, for
+measuring the hand-over under delay with a fast policy). `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
 Stepping runs on the main thread (the renderer's GL context lives there) and publishes from it, which is safe;
@@ -110,7 +111,7 @@ class SimNode(Node):
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
-            ("status_period_s", 1.0), ("stamps", "sim"))}
+            ("status_period_s", 1.0), ("stamps", "sim"), ("inject_delay_steps", 0))}
         # Episode k's seed: seeds[k] when the list is given (an evaluation's held-out seeds), else seed + k.
         self.declare_parameter("seeds", Parameter.Type.INTEGER_ARRAY)
         try:
@@ -123,6 +124,8 @@ class SimNode(Node):
             p["max_episodes"] = p["max_episodes"] or len(p["seeds"])
             if p["max_episodes"] > len(p["seeds"]):
                 raise ValueError(f"max_episodes {p['max_episodes']} is more than the {len(p['seeds'])} seeds given")
+        if p["inject_delay_steps"] < 0:
+            raise ValueError(f"inject_delay_steps must be >= 0, got {p['inject_delay_steps']}")
         if p["stamps"] not in STAMP_MODES:
             raise ValueError(f"stamps must be one of {STAMP_MODES}, got {p['stamps']!r}")
         self.params = p
@@ -147,6 +150,7 @@ class SimNode(Node):
         self._wall_order: deque[int] = deque()
         self._wall_latency_ms: deque[float] = deque(maxlen=500)  # stamps: wall: chunk receipt - its frame's stamp
         self._started = time.monotonic()
+        self._delayed: deque[tuple[int, tuple]] = deque()  # inject_delay_steps: (step it takes effect, chunk)
 
         if p["stamps"] == "sim":
             self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
@@ -177,6 +181,10 @@ class SimNode(Node):
                 ahead = stamp - self.chunks.step * DT
                 if ahead > MAX_LEAD_S:
                     raise ValueError(f"stamped {ahead:.2f} s ahead of sim time (is the policy on use_sim_time?)")
+                due = round(frame_stamp / DT) + self.params["inject_delay_steps"]
+                if self.chunks.step < due:  # an injected inference delay: the chunk waits for its step
+                    self._delayed.append((due, (actions, stamp, time_step, frame_stamp)))
+                    return
                 arrival = self.chunks.add_chunk(actions, stamp, time_step, frame_stamp)
         except ValueError as err:
             self.chunks_malformed += 1
@@ -294,6 +302,8 @@ class SimNode(Node):
             now = time.monotonic()
             self._ticks.append(now)
             with self.lock:
+                while self._delayed and self._delayed[0][0] <= self.chunks.step:
+                    self.chunks.add_chunk(*self._delayed.popleft()[1])
                 command = self.chunks.next_command()
             if self.recorder is not None:
                 self.recorder.add(obs.images, obs.qpos, obs.qvel, command)
