@@ -7,6 +7,8 @@ for the frame at step k is published when the frame of step k + delay arrives: a
 (`python sim_chunk_responder.py --ros-args -p delay_steps:=2`) so the demo can use it as its policy process;
 there `mismatch:=0.03` adds a random per-chunk offset (rad) so successive chunks disagree as a real policy's do.
 `bang:=5.0` instead commands every joint to +-5 rad on alternate steps: violent enough to make the physics diverge.
+`plan:=FILE.npy` instead answers with rows of a [T, 14] array of joint targets indexed by absolute sim step (the
+last row past its end): a known plan, e.g. a demonstration, replayed over DDS.
 """
 
 import math
@@ -49,6 +51,8 @@ class ChunkResponder(Node):
         self.horizon = self.declare_parameter("horizon", horizon).value
         self.mismatch = self.declare_parameter("mismatch", 0.0).value
         self.bang = self.declare_parameter("bang", float(bang)).value
+        plan = self.declare_parameter("plan", "").value
+        self.plan = np.load(plan) if plan else None
         self.rng = np.random.default_rng(0)
         self.send_malformed = send_malformed_first
         self.base: np.ndarray | None = None
@@ -78,6 +82,8 @@ class ChunkResponder(Node):
         actions = target(self.base, np.arange(source, source + self.horizon))
         if self.mismatch:
             actions[:, list(MOVING)] += self.rng.normal(0.0, self.mismatch, len(MOVING))
+        if self.plan is not None:
+            actions = self.plan[np.minimum(np.arange(source, source + self.horizon), len(self.plan) - 1)]
         if self.bang:
             signs = np.where(np.arange(source, source + self.horizon) % 2 == 0, -1.0, 1.0)
             actions = np.repeat(self.bang * signs[:, None], 14, axis=1)

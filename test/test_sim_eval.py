@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from oxygen_ros.command_line import UsageError
-from oxygen_ros.commands.sim_eval import evaluation_seeds, run_episode, wilson_interval
 from oxygen_ros.commands.sim_eval import main as eval_main
+from oxygen_ros.commands.sim_eval import run_episode
 from oxygen_ros.commands.sim_record import main as record_main
 from oxygen_ros.commands.train_tiny import main as train_main
 from oxygen_ros.sim.aloha_env import AlohaSimEnv
 from oxygen_ros.sim.delayed_loop import run_delayed
 from oxygen_ros.sim.demonstrations import EPISODE_STEPS, demonstration
+from oxygen_ros.sim.evaluation import evaluation_seeds, wilson_interval
 
 pytestmark = pytest.mark.system  # MuJoCo physics
 
@@ -46,9 +47,10 @@ def test_an_episode_counts_success_at_gym_alohas_top_reward(monkeypatch):
         held_still = run_episode(env, ReplayPolicy(env, np.repeat(demo.episode.actions[:1], 400, axis=0)), 0, 8)
     finally:
         env.close()
-    assert done == {"seed": 0, "max_reward": 4.0, "success": True, "success_step": first, "steps": EPISODE_STEPS,
-                    "diverged": False}
+    assert done == {"seed": 0, "max_reward": 4.0, "success": True, "success_step": first, "steps": first,
+                    "diverged": False}  # the episode ends at success, as sim_node ends it
     assert held_still["success"] is False and held_still["max_reward"] == 0.0
+    assert held_still["steps"] == EPISODE_STEPS
 
 
 def test_record_train_and_evaluate_end_to_end_on_held_out_seeds(tmp_path, monkeypatch, capsys):
@@ -65,9 +67,10 @@ def test_record_train_and_evaluate_end_to_end_on_held_out_seeds(tmp_path, monkey
     result = json.loads((tmp_path / "eval" / "sim_eval.json").read_text())
     assert result["seeds"] == [max(tried) + 1, max(tried) + 2] and not set(result["seeds"]) & set(tried)
     assert [e["steps"] for e in result["episodes"]] == [12, 12] and result["trials"] == 2
-    assert result["steps_per_second"] > 0 and result["chunk_ms"]["p99"] >= result["chunk_ms"]["p50"] > 0
+    assert result["control_rate_hz"] > 0 and result["chunk_ms"]["p99"] >= result["chunk_ms"]["p50"] > 0
     assert result["successes"] == sum(e["max_reward"] == 4 for e in result["episodes"])
-    assert f"sim-eval: {result['successes']}/2 transferred" in printed and f"{len(tried)} training seeds avoided" in printed
+    assert f"sim-eval [inproc]: {result['successes']}/2 transferred" in printed
+    assert f"{len(tried)} training seeds avoided" in printed
     # a checkpoint that says it acts in another embodiment: one line, nothing evaluated
     other = tmp_path / "other"
     shutil.copytree(ckpt, other)

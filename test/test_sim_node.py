@@ -124,6 +124,18 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     assert convert_main(["aloha", path, str(bag)]) == 0
 
 
+def test_an_injected_delay_holds_each_chunk_until_its_step(ros_context, ros_env, tmp_path):
+    """inject_delay_steps 3: a policy answering at once still has its chunks take effect 3 steps after their frame
+    at the earliest (the executor then skips their first 3 actions), as a model 3 steps slow would."""
+    responder = ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False)
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=60,
+        max_episodes=1, wait_for_policy="true", inject_delay_steps=3), responder)
+    assert code == 0, output
+    latency = summary_of(output)["chunk_latency_steps"]
+    assert latency["count"] > 20 and latency["min"] >= 3, latency
+
+
 def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):
     """A policy commanding +-5 rad bang-bang makes MuJoCo's state invalid within a few steps: each episode ends
     as a counted failure, is still recorded, and the sim resets and runs the next; the process exits 0."""

@@ -1,19 +1,25 @@
-"""`oxygen-ros sim-eval CHECKPOINT`: a trained policy on gym-aloha's transfer_cube, in process (no ROS), M seeded
-episodes whose seeds are not the training seeds.
+"""`oxygen-ros sim-eval CHECKPOINT [--path inproc|ros|serve]`: a trained policy on gym-aloha's transfer_cube in
+closed loop, M seeded episodes whose seeds are not the training seeds, through one of three paths with the same
+checkpoint and seeds:
 
-Each episode resets the sim with its seed (the cube pose, gym-aloha's sampler), then repeatedly computes a chunk
-from the current camera frame(s) and joint state and executes its first `--execute` actions open loop (as openpi's
-ALOHA example executes chunks), for gym-aloha's 300 steps. Success is gym-aloha's own: the task's top reward stage
-reached at some step. The evaluation seeds are the first M integers from `--seed` that the training data did not
-use: a checkpoint trained on a `sim-record` dataset lists every seed that dataset tried (its `training.json`,
-`sim_seeds`), and a seed among them is skipped. It prints the success rate with a 95 % (Wilson) interval, the
-histogram of each episode's best reward stage, the mean episode length to success, the steps per second of wall
-time (in process the sim waits for each chunk) and each chunk's time (p50 / p99), and writes `sim_eval.json`
-(every episode's seed, best stage and length) under `--out`. A checkpoint trained in another embodiment than
-gym-aloha's (ALOHA) is refused in one line; an episode whose physics diverges is one line, counts as a failure,
-and the evaluation goes on.
+- `inproc` (the upper bound): the model in this process; each chunk computed from the current camera frame(s) and
+  joint state, its first `--execute` actions executed open loop, the sim waiting for each chunk;
+- `ros`: `sim_node` + `vla_node` over DDS on sim time (`commands/sim_eval_ros.py`), the node's checks and the
+  sim's hand-over (`--blending`) as a user runs them, the sim paced at `--sim-rate` whatever the policy does;
+- `serve`: `oxygen-ros serve` and openpi-client's `WebsocketClientPolicy` + `ActionChunkBroker`, the request
+  openpi's ALOHA sim example sends (`commands/sim_eval_serve.py`).
 
-With `--delay D` (control steps) and `--handover` the chunks arrive D steps after their frame while the robot goes on
+Each episode resets the sim with its seed (the cube pose, gym-aloha's sampler) and ends at gym-aloha's top reward
+stage (success, as gym-aloha counts it) or its 300 steps. The evaluation seeds are the first M integers from
+`--seed` that the training data did not use: a checkpoint trained on a `sim-record` dataset lists every seed that
+dataset tried (its `training.json`, `sim_seeds`). It prints the success rate with a 95 % (Wilson) interval, how
+many episodes reached each reward stage, the mean episode length, the control rate achieved (sim steps per second
+of wall time) and the chunk latency, and writes `sim_eval.json` (every episode's seed, best stage and length) and
+a contact sheet of the first success and of the first failure under `--out`. A checkpoint trained in another
+embodiment than gym-aloha's (ALOHA) is refused in one line; an episode whose physics diverges is one line, counts
+as a failure, and the evaluation goes on.
+
+In process, with `--delay D` (control steps) and `--handover` the chunks arrive D steps after their frame while the robot goes on
 executing (`sim/delayed_loop.py`): a new frame once the previous chunk arrived and `--execute` steps passed (0: as
 soon as it arrived), the hand-over `newest_wins`, `temporal_ensemble`, `rtc` (the post-hoc blend) or `rtc_guided`
 (each chunk sampled with real-time chunking's guidance toward the chunk being executed, `model/rtc.py`); the result
@@ -23,7 +29,6 @@ adds the switch discontinuity and the jerk of the commands.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -32,7 +37,9 @@ import numpy as np
 import torch
 
 from ..command_line import CommandParser, UsageError, progress
+from ..control.chunk_executor import BLENDING_MODES
 from ..control.embodiment import load_embodiment
+from ..data.aloha import read_aloha
 from ..data.episode import DataError
 from ..model.checkpoint import load_checkpoint
 from ..model.kv_cache import KVCache
@@ -40,31 +47,15 @@ from ..model.preprocess import Observation, prepare_inputs, robot_actions
 from ..model.rtc import Committed, GuidedSampler
 from ..model.tokenizer import load_tokenizer
 from ..robots.rtc_guide import RtcGuide, RtcSettings
-from ..sim.aloha_env import DT, MAX_EPISODE_STEPS, REWARD_STAGES, AlohaSimEnv, SimulationDiverged
+from ..sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv, SimulationDiverged
 from ..sim.delayed_loop import HANDOVERS, run_delayed
+from ..sim.evaluation import evaluation_seeds, percentiles_ms, report_lines, summarize
+from .processes import add_user_domain_argument, child_env
+from .sim_demo import contact_sheet, parameter_override
 from .train_tiny import ALOHA_CAMERA_KEYS, INFO_FILE, TOKENIZER_FILE, predict_chunks
 
 EMBODIMENT = "aloha"  # gym-aloha's ViperX pair: ALOHA's joints and units
-
-
-def evaluation_seeds(first: int, count: int, training_seeds: set[int]) -> list[int]:
-    """The first `count` integers from `first` that are not training seeds."""
-    seeds, seed = [], first
-    while len(seeds) < count:
-        if seed not in training_seeds:
-            seeds.append(seed)
-        seed += 1
-    return seeds
-
-
-def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a success rate (95 % by default)."""
-    if trials == 0:
-        return 0.0, 1.0
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+PATHS = ("inproc", "ros", "serve")
 
 
 class CheckpointPolicy:
@@ -130,18 +121,22 @@ class CheckpointPolicy:
         return self.embodiment.actions_to_robot(robot, qpos[None]).positions[0]
 
 
-def run_episode(env: AlohaSimEnv, policy: CheckpointPolicy, seed: int, execute: int) -> dict:
-    """One seeded episode; its best reward stage, whether it succeeded, and at which step."""
+def run_episode(env: AlohaSimEnv, policy: CheckpointPolicy, seed: int, execute: int, frames: list | None = None
+                ) -> dict:
+    """One seeded episode, ended at success or gym-aloha's time limit; its best reward stage, whether it succeeded,
+    and at which step. `frames`, when given, gets each step's camera images."""
     observation = env.reset(seed)
     succeeded_at, diverged = None, False
     try:
-        while env.steps < env.max_steps:
+        while succeeded_at is None and env.steps < env.max_steps:
             for action in policy.chunk(observation.images, observation.qpos, env.instruction)[:execute]:
+                if frames is not None:
+                    frames.append(observation.images)
                 result = env.step(action)
                 observation = result.observation
-                if result.success and succeeded_at is None:
+                if result.success:
                     succeeded_at = env.steps
-                if result.truncated:
+                if result.success or result.truncated:
                     break
     except SimulationDiverged as err:
         print(f"sim-eval: seed {seed}: {err}; counted as a failure", file=sys.stderr)
@@ -164,33 +159,119 @@ def run_delayed_episode(env: AlohaSimEnv, policy: CheckpointPolicy, seed: int, e
             "success_step": done.success_step, "steps": done.steps, "diverged": False, "smoothness": done.stats}
 
 
-def evaluate_policy(policy: CheckpointPolicy, seeds: list[int], execute: int, max_steps: int, delay: int | None = None,
-                    handover: str | None = None) -> dict:
+def checkpoint_env(policy: CheckpointPolicy, max_steps: int) -> AlohaSimEnv:
+    """The sim rendering the checkpoint's cameras at the size it was trained on."""
+    height, width = image_size(policy)
+    return AlohaSimEnv("transfer_cube", cameras=list(policy.cameras), height=height, width=width, max_steps=max_steps)
+
+
+def image_size(policy: CheckpointPolicy) -> tuple[int, int]:
     sizes = set(policy.cameras.values())
     if len(sizes) != 1:
         raise DataError(f"the checkpoint's cameras have different image sizes {policy.cameras}")
-    height, width = sizes.pop()
-    env = AlohaSimEnv("transfer_cube", cameras=list(policy.cameras), height=height, width=width, max_steps=max_steps)
+    return sizes.pop()
+
+
+class Examples:
+    """The frames of the first success and the first failure, for the contact sheets."""
+
+    def __init__(self):
+        self.kept: dict[bool, tuple[int, list]] = {}
+
+    def wants(self) -> bool:
+        return len(self.kept) < 2
+
+    def offer(self, record: dict, frames: list) -> None:
+        if frames and record["success"] not in self.kept:
+            self.kept[record["success"]] = (record["seed"], frames)
+
+    def write(self, out: Path) -> list[Path]:
+        written = []
+        for success, (seed, frames) in sorted(self.kept.items()):
+            images = {cam: np.stack([f[cam] for f in frames]) for cam in frames[0]}
+            written.append(contact_sheet(images, out / f"contact_{'success' if success else 'failure'}_seed{seed}.png",
+                                         1 / DT))
+        return written
+
+
+def evaluate_in_process(policy: CheckpointPolicy, seeds: list[int], execute: int, max_steps: int,
+                        examples: Examples, delay: int = 0, handover: str | None = None) -> dict:
+    env = checkpoint_env(policy, max_steps)
     started = time.monotonic()
+    episodes = []
     try:
-        episodes = [run_episode(env, policy, seed, execute) if handover is None else
-                    run_delayed_episode(env, policy, seed, execute, delay, handover)
-                    for seed in progress(seeds, desc="sim-eval")]
+        for seed in progress(seeds, desc="sim-eval"):
+            frames = [] if examples.wants() and handover is None else None
+            episodes.append(run_episode(env, policy, seed, execute, frames) if handover is None else
+                            run_delayed_episode(env, policy, seed, execute, delay, handover))
+            examples.offer(episodes[-1], frames)
     finally:
         env.close()
-    successes = sum(e["success"] for e in episodes)
-    stages = REWARD_STAGES["transfer_cube"]
-    histogram = {stages[level]: sum(1 for e in episodes if int(e["max_reward"]) >= level)
-                 for level in range(1, len(stages))}
-    lengths = [e["success_step"] for e in episodes if e["success"]]
     wall = time.monotonic() - started
-    chunk_ms = 1000 * np.asarray(policy.seconds or [0.0])
-    return {"steps_per_second": sum(e["steps"] for e in episodes) / wall,
-            "chunk_ms": {"p50": float(np.median(chunk_ms)), "p99": float(np.quantile(chunk_ms, 0.99))},"episodes": episodes, "successes": successes, "trials": len(episodes),
-            "success_rate": successes / len(episodes), "interval_95": wilson_interval(successes, len(episodes)),
-            "reached_stage": histogram, "mean_steps_to_success": float(np.mean(lengths)) if lengths else None,
-            "diverged": sum(e["diverged"] for e in episodes), "seeds": seeds, "execute": execute,
-            "wall_seconds": wall, **({} if handover is None else smoothness(episodes, delay, handover))}
+    return {**summarize(episodes), "control_rate_hz": sum(e["steps"] for e in episodes) / wall,
+            "chunk_ms": {**percentiles_ms(policy.seconds), "what": "preprocessing and model, in process"},
+            "execute": execute, "wall_seconds": wall,
+            **({} if handover is None else smoothness(episodes, delay, handover))}
+
+
+def evaluate_serve(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], execute: int, max_steps: int,
+                   out: Path, examples: Examples) -> dict:
+    from openpi_client.action_chunk_broker import ActionChunkBroker
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from . import sim_eval_serve as serve
+
+    if list(policy.cameras) != ["top"]:
+        raise DataError(f"the serve path sends openpi's ALOHA sim request (the top camera as cam_high); the "
+                        f"checkpoint takes {list(policy.cameras)}")
+    server = serve.ServeChild(serve.serve_arguments(checkpoint), child_env(), out / "serve.log")
+    env = checkpoint_env(policy, max_steps)
+    try:
+        client = serve.TimedPolicy(WebsocketClientPolicy("127.0.0.1", server.wait_ready()))
+        broker = ActionChunkBroker(client, action_horizon=execute)
+        started = time.monotonic()
+        episodes = []
+        for seed in progress(seeds, desc="sim-eval serve"):
+            frames = [] if examples.wants() else None
+            episodes.append(serve.run_episode(env, broker, seed, frames=frames))
+            examples.offer(episodes[-1], frames)
+        wall = time.monotonic() - started
+    finally:
+        env.close()
+        server.close()
+    return {**summarize(episodes), "control_rate_hz": sum(e["steps"] for e in episodes) / wall,
+            "chunk_ms": {**percentiles_ms(client.seconds), "what": "openpi-client round trip"},
+            "execute": execute, "wall_seconds": wall}
+
+
+def evaluate_ros(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], args, out: Path) -> dict:
+    from . import sim_eval_ros as ros
+
+    started = time.monotonic()
+    run = ros.evaluate(checkpoint, seeds, list(policy.cameras), image_size(policy), args.blending, args.policy_rate,
+                       args.sim_rate, args.steps, out, args.policy_param, args.user_domain, args.policy,
+                       args.inject_delay)
+    summary = run["summary"]
+    latency = summary["chunk_latency_steps"]
+    result = {**summarize(run["episodes"]), "control_rate_hz": summary["step"] / summary["wall_s"],
+              "chunk_ms": {"p50": latency["median"] * DT * 1e3, "p99": latency["max"] * DT * 1e3,
+                           "count": latency["count"], "what": "sim time from the source frame to arrival; "
+                                                              "p99 column is the max"},
+              "chunk_latency_steps": latency, "blending": args.blending, "inject_delay_steps": args.inject_delay,
+              "policy_rate_hz": args.policy_rate,
+              "switch_discontinuity": summary["switch_discontinuity"], "jerk_rms": summary["jerk_rms"],
+              "chunks_accepted": summary["chunks_accepted"], "chunks_rejected": summary["chunks_rejected"],
+              "held_steps": summary["held_steps"], "wall_seconds": time.monotonic() - started}
+    examples = {}
+    for path, record in zip(summary["episodes_written"], result["episodes"]):
+        if record["success"] not in examples:
+            examples[record["success"]] = (record["seed"], path)
+    result["contact_sheets"] = []
+    for success, (seed, path) in sorted(examples.items()):
+        episode = read_aloha(path)
+        sheet = out / f"contact_{'success' if success else 'failure'}_seed{seed}.png"
+        result["contact_sheets"].append(str(contact_sheet(episode.images, sheet, episode.fps)))
+    return result
 
 
 def smoothness(episodes: list[dict], delay: int, handover: str) -> dict:
@@ -209,52 +290,72 @@ def smoothness(episodes: list[dict], delay: int, handover: str) -> dict:
 def build_parser() -> CommandParser:
     parser = CommandParser("sim-eval", __doc__)
     parser.add_argument("checkpoint", help="checkpoint folder (train-tiny's, with training.json)")
+    parser.add_argument("--path", choices=PATHS, default="inproc",
+                        help="inproc: the model in this process; ros: sim_node + vla_node over DDS; serve: "
+                        "oxygen-ros serve and openpi-client")
     parser.add_argument("--episodes", type=int, default=50, help="evaluation episodes")
     parser.add_argument("--seed", type=int, default=100_000, help="the first evaluation seed")
-    parser.add_argument("--execute", type=int, default=0, help="actions executed per chunk (0: the whole chunk)")
+    parser.add_argument("--execute", type=int, default=0,
+                        help="inproc and serve: actions executed per chunk (0: the whole chunk)")
     parser.add_argument("--steps", type=int, default=MAX_EPISODE_STEPS, help="steps per episode (50 Hz)")
-    parser.add_argument("--out", default="out/sim_eval", help="folder for sim_eval.json")
+    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc", help="ros: sim_node's hand-over")
+    parser.add_argument("--inject-delay", type=int, default=0, metavar="STEPS",
+                        help="ros: sim_node holds each chunk this many steps after its frame (inject_delay_steps)")
+    parser.add_argument("--policy-rate", type=float, default=12.5, help="ros: the VLA node's control.rate_hz")
+    parser.add_argument("--sim-rate", type=float, default=50.0,
+                        help="ros: sim_node's wall-clock pacing (rate_hz; 0: as fast as it goes)")
+    parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
+                        help="ros: the policy node (a module run with -m or a .py script speaking the sim's topics)")
+    parser.add_argument("--policy-param", nargs="*", default=[], type=parameter_override, metavar="NAME:=VALUE",
+                        help="ros: more VLA node parameters (YAML values)")
     parser.add_argument("--delay", type=int, default=0,
-                        help="control steps between a frame and its chunk's arrival (with --handover)")
+                        help="inproc: control steps between a frame and its chunk's arrival (with --handover)")
     parser.add_argument("--handover", choices=HANDOVERS,
-                        help="chunks arrive --delay steps late while the robot executes, handed over so (default: "
-                             "none, each chunk executed at once, open loop)")
+                        help="inproc: chunks arrive --delay steps late while the robot executes, handed over so "
+                             "(default: none, each chunk executed at once, open loop)")
+    parser.add_argument("--out", default="out/sim_eval", help="folder for sim_eval.json and the contact sheets")
+    add_user_domain_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.episodes <= 0 or args.steps <= 0 or args.execute < 0 or args.delay < 0:
-        raise UsageError("--episodes and --steps must be positive, --execute and --delay not negative")
+    if (args.episodes <= 0 or args.steps <= 0 or args.policy_rate <= 0
+            or min(args.execute, args.sim_rate, args.inject_delay, args.delay) < 0):
+        raise UsageError("--episodes, --steps and --policy-rate must be positive, --execute, --sim-rate, "
+                         "--inject-delay and --delay not negative")
     if args.delay and args.handover is None:
         raise UsageError("--delay needs --handover")
+    if args.handover is not None and args.path != "inproc":
+        raise UsageError("--delay and --handover delay the in-process path; the ros path takes --inject-delay and "
+                         "--blending")
     torch.set_num_threads(1)
+    out = Path(args.out)
     try:
         policy = CheckpointPolicy(args.checkpoint, rtc=RtcSettings() if args.handover == "rtc_guided" else None)
         horizon = policy.model.config.action_horizon
         execute = min(args.execute or horizon, horizon) if args.handover is None else max(args.execute, 1)
         seeds = evaluation_seeds(args.seed, args.episodes, policy.training_seeds)
-        result = evaluate_policy(policy, seeds, execute, args.steps, args.delay, args.handover)
-        if policy.guide is not None:  # frames guided, and the plain ones by reason
-            result["rtc"] = {k: v for k, v in policy.guide.counts().items() if k != "rtc_delay_steps"}
-    except (DataError, OSError, ValueError) as err:
+        out.mkdir(parents=True, exist_ok=True)
+        examples = Examples()
+        if args.path == "inproc":
+            result = evaluate_in_process(policy, seeds, execute, args.steps, examples, args.delay, args.handover)
+            if policy.guide is not None:  # frames guided, and the plain ones by reason
+                result["rtc"] = {k: v for k, v in policy.guide.counts().items() if k != "rtc_delay_steps"}
+        elif args.path == "serve":
+            result = evaluate_serve(args.checkpoint, policy, seeds, execute, args.steps, out, examples)
+        else:
+            result = evaluate_ros(args.checkpoint, policy, seeds, args, out)
+        result.setdefault("contact_sheets", [str(p) for p in examples.write(out)])
+    except (DataError, OSError, ValueError, RuntimeError) as err:
         print(f"sim-eval failed: {err}", file=sys.stderr)
         return 1
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    result.update(path=args.path, checkpoint=str(args.checkpoint), training_seeds_avoided=len(policy.training_seeds))
     (out / "sim_eval.json").write_text(json.dumps(result, indent=1) + "\n")
-    low, high = result["interval_95"]
-    cadence = f"{execute} of {horizon} actions per chunk" if args.handover is None else \
-        f"a frame every {max(execute, args.delay)} steps, chunks {args.delay} steps late"
-    print(f"sim-eval: {result['successes']}/{result['trials']} transferred ({result['success_rate']:.0%}, 95 % "
-          f"interval {low:.0%}-{high:.0%}), seeds {seeds[0]}..{seeds[-1]} ({len(policy.training_seeds)} training "
-          f"seeds avoided), {cadence}, {result['diverged']} diverged, {result['wall_seconds']:.0f} s")
-    for stage, count in result["reached_stage"].items():
-        print(f"  reached {stage:<32} {count}/{result['trials']}")
-    mean = result["mean_steps_to_success"]
-    print(f"  mean steps to success            {mean:.0f}" if mean is not None else "  mean steps to success            -")
-    print(f"  steps per second (wall)          {result['steps_per_second']:.1f} (the sim waits for each chunk)")
-    print(f"  chunk time p50 / p99             {result['chunk_ms']['p50']:.1f} / {result['chunk_ms']['p99']:.1f} ms")
+    for line in report_lines(result, args.path):
+        print(line)
+    print(f"  {len(policy.training_seeds)} training seeds avoided; {result['wall_seconds']:.0f} s wall; wrote "
+          f"{out / 'sim_eval.json'}" + "".join(f", {p}" for p in result["contact_sheets"]))
     if args.handover is not None:
         jump, most, jerk = result["discontinuity_mean"], result["discontinuity_max"], result["jerk_rms"]
         shown = "-" if jump is None else f"{jump:.4f} (max {most:.4f})"

@@ -15,7 +15,8 @@ end the episode as a failure, with an error line and a count (`diverged_episodes
 With `stamps: wall` (several sims served by one fleet node, which runs on the system clock) frames are stamped
 with the system clock when published and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
 frame it names (a stamp that names no recent frame is rejected), so the chunk executor still works in sim time.
-`instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
+`inject_delay_steps: d` holds each chunk until d steps after its source frame (an injected inference delay, for
+measuring the hand-over under delay with a fast policy). `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
 Stepping runs on the main thread (the renderer's GL context lives there) and publishes from it, which is safe;
@@ -39,7 +40,9 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
+from rclpy.exceptions import ParameterUninitializedException
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
@@ -108,9 +111,21 @@ class SimNode(Node):
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
-            ("status_period_s", 1.0), ("stamps", "sim"))}
+            ("status_period_s", 1.0), ("stamps", "sim"), ("inject_delay_steps", 0))}
+        # Episode k's seed: seeds[k] when the list is given (an evaluation's held-out seeds), else seed + k.
+        self.declare_parameter("seeds", Parameter.Type.INTEGER_ARRAY)
+        try:
+            p["seeds"] = [int(s) for s in self.get_parameter("seeds").value]
+        except ParameterUninitializedException:
+            p["seeds"] = []
         if p["blending"] not in BLENDING_MODES:
             raise ValueError(f"blending must be one of {BLENDING_MODES}, got {p['blending']!r}")
+        if p["seeds"]:
+            p["max_episodes"] = p["max_episodes"] or len(p["seeds"])
+            if p["max_episodes"] > len(p["seeds"]):
+                raise ValueError(f"max_episodes {p['max_episodes']} is more than the {len(p['seeds'])} seeds given")
+        if p["inject_delay_steps"] < 0:
+            raise ValueError(f"inject_delay_steps must be >= 0, got {p['inject_delay_steps']}")
         if p["stamps"] not in STAMP_MODES:
             raise ValueError(f"stamps must be one of {STAMP_MODES}, got {p['stamps']!r}")
         self.params = p
@@ -125,6 +140,9 @@ class SimNode(Node):
         self.episode, self.successes, self.diverged_episodes = 0, 0, 0
         self.reward = 0.0
         self.episode_max_rewards: list[float] = []  # the highest reward stage of each ended episode
+        self.episode_lengths: list[int] = []  # steps each ended episode ran (to its success, end or divergence)
+        self.episode_seeds: list[int] = []  # the seed each episode was reset with
+        self.episode_diverged: list[bool] = []  # whether each ended episode ended by diverging physics
         self.chunks_received, self.chunks_malformed = 0, 0
         self._ticks: deque[float] = deque(maxlen=101)
         self._step_ms: deque[float] = deque(maxlen=500)
@@ -132,6 +150,7 @@ class SimNode(Node):
         self._wall_order: deque[int] = deque()
         self._wall_latency_ms: deque[float] = deque(maxlen=500)  # stamps: wall: chunk receipt - its frame's stamp
         self._started = time.monotonic()
+        self._delayed: deque[tuple[int, tuple]] = deque()  # inject_delay_steps: (step it takes effect, chunk)
 
         if p["stamps"] == "sim":
             self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
@@ -162,6 +181,10 @@ class SimNode(Node):
                 ahead = stamp - self.chunks.step * DT
                 if ahead > MAX_LEAD_S:
                     raise ValueError(f"stamped {ahead:.2f} s ahead of sim time (is the policy on use_sim_time?)")
+                due = round(frame_stamp / DT) + self.params["inject_delay_steps"]
+                if self.chunks.step < due:  # an injected inference delay: the chunk waits for its step
+                    self._delayed.append((due, (actions, stamp, time_step, frame_stamp)))
+                    return
                 arrival = self.chunks.add_chunk(actions, stamp, time_step, frame_stamp)
         except ValueError as err:
             self.chunks_malformed += 1
@@ -210,6 +233,8 @@ class SimNode(Node):
             "episode_step": self.env.steps, "sim_time": step * DT, "successes": self.successes,
             "diverged_episodes": self.diverged_episodes, "reward": self.reward,
             "episode_max_reward": self.env.episode_max_reward, "episode_max_rewards": list(self.episode_max_rewards),
+            "episode_lengths": list(self.episode_lengths), "episode_seeds": list(self.episode_seeds),
+            "episode_diverged": list(self.episode_diverged),
             "task_max_reward": self.env.max_reward, "reward_stages": list(REWARD_STAGES[self.env.task]),
             "target_rate_hz": self.params["rate_hz"], "achieved_rate_hz": rate,
             "step_ms_p50": float(np.median(step_ms)), "step_ms_max": float(step_ms.max()),
@@ -236,15 +261,20 @@ class SimNode(Node):
         return False
 
     def _start_episode(self):
-        obs = self.env.reset(seed=self.params["seed"] + self.episode)
+        seeds = self.params["seeds"]
+        seed = seeds[self.episode] if seeds else self.params["seed"] + self.episode
+        obs = self.env.reset(seed=seed)
+        self.episode_seeds.append(seed)
         with self.lock:
             self.chunks.reset(obs.qpos)
         self._publish_instruction()
         return obs
 
-    def _end_episode(self, success: bool) -> None:
+    def _end_episode(self, success: bool, diverged: bool = False) -> None:
+        self.episode_diverged.append(diverged)
         self.successes += int(success)
         self.episode_max_rewards.append(self.env.episode_max_reward)
+        self.episode_lengths.append(self.env.steps)
         if self.recorder is not None and len(self.recorder):
             path = self.recorder.write(next_episode_path(self.params["record_path"]),
                                        compress=self.params["record_compress"], max_reward=self.env.max_reward)
@@ -272,6 +302,8 @@ class SimNode(Node):
             now = time.monotonic()
             self._ticks.append(now)
             with self.lock:
+                while self._delayed and self._delayed[0][0] <= self.chunks.step:
+                    self.chunks.add_chunk(*self._delayed.popleft()[1])
                 command = self.chunks.next_command()
             if self.recorder is not None:
                 self.recorder.add(obs.images, obs.qpos, obs.qvel, command)
@@ -288,7 +320,7 @@ class SimNode(Node):
             if self.recorder is not None:
                 self.recorder.add_reward(self.reward)
             if result is None or result.success or result.truncated:
-                self._end_episode(result is not None and result.success)
+                self._end_episode(result is not None and result.success, diverged=result is None)
                 if 0 < self.params["max_episodes"] <= self.episode:
                     break
                 obs = self._start_episode()
