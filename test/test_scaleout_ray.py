@@ -209,6 +209,8 @@ def test_the_controller_process_killed_comes_back_with_the_routes_and_nobody_mov
 
 
 def test_a_node_killed_under_robots_its_robots_are_served_again_by_the_other_replica(pool):
+    # both replicas live first: a controller restarted by the test before takes them back as they answer its probes
+    wait_for(lambda: status(pool)["alive"] == ["replica0", "replica1"], "both replicas live", pool)
     robots = [Robot(pool, "r1", "a"), Robot(pool, "r2", "a"), Robot(pool, "r3", "b")]
     for robot in robots:
         robot.start()

@@ -49,7 +49,7 @@ from ..model.tokenizer import load_tokenizer
 from ..robots.rtc_guide import RtcGuide, RtcSettings
 from ..sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv, SimulationDiverged
 from ..sim.delayed_loop import HANDOVERS, run_delayed
-from ..sim.evaluation import evaluation_seeds, percentiles_ms, report_lines, summarize
+from ..sim.evaluation import episode_record, evaluation_seeds, percentiles_ms, report_lines, summarize
 from .processes import add_user_domain_argument, child_env
 from .sim_demo import contact_sheet, parameter_override
 from .train_tiny import ALOHA_CAMERA_KEYS, INFO_FILE, TOKENIZER_FILE, predict_chunks
@@ -141,8 +141,7 @@ def run_episode(env: AlohaSimEnv, policy: CheckpointPolicy, seed: int, execute: 
     except SimulationDiverged as err:
         print(f"sim-eval: seed {seed}: {err}; counted as a failure", file=sys.stderr)
         diverged = True
-    return {"seed": seed, "max_reward": env.episode_max_reward, "success": succeeded_at is not None,
-            "success_step": succeeded_at, "steps": env.steps, "diverged": diverged}
+    return episode_record(env, seed, succeeded_at, diverged)
 
 
 def run_delayed_episode(env: AlohaSimEnv, policy: CheckpointPolicy, seed: int, execute: int, delay: int,

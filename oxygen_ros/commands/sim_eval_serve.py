@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..sim.aloha_env import DT, AlohaSimEnv, SimulationDiverged
+from ..sim.evaluation import episode_record
 from .processes import stop
 
 REQUEST_SIZE = 224  # openpi's example resizes the top camera to 224 x 224 with padding
@@ -111,8 +112,7 @@ def run_episode(env: AlohaSimEnv, broker, seed: int, max_hz: float = 1 / DT, fra
     except SimulationDiverged as err:
         print(f"sim-eval: seed {seed}: {err}; counted as a failure", file=sys.stderr)
         diverged = True
-    return {"seed": seed, "max_reward": env.episode_max_reward, "success": succeeded_at is not None,
-            "success_step": succeeded_at, "steps": env.steps, "diverged": diverged}
+    return episode_record(env, seed, succeeded_at, diverged)
 
 
 def serve_arguments(checkpoint: str) -> list[str]:

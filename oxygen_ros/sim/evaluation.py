@@ -15,6 +15,13 @@ import numpy as np
 from .aloha_env import REWARD_STAGES
 
 
+def episode_record(env, seed: int, succeeded_at: int | None, diverged: bool) -> dict:
+    """One episode as every path records it: its seed, best reward stage, success (gym-aloha's top stage reached)
+    and the step it came at, its length and whether its physics diverged."""
+    return {"seed": seed, "max_reward": env.episode_max_reward, "success": succeeded_at is not None,
+            "success_step": succeeded_at, "steps": env.steps, "diverged": diverged}
+
+
 def evaluation_seeds(first: int, count: int, training_seeds: set[int]) -> list[int]:
     """The first `count` integers from `first` that are not training seeds."""
     seeds, seed = [], first
