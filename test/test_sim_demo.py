@@ -29,7 +29,7 @@ def test_sim_demo_runs_the_closed_loop_and_writes_its_outputs(tmp_path, demo_env
     from sensor_msgs.msg import Image as ImageMsg
 
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "sim-demo", "--seconds", "2", "--cameras", "top",
+    command = [sys.executable, "-m", "oxygen_ros.commands.cli", "sim-demo", "--seconds", "4", "--cameras", "top",
                "left_wrist", "--size", "64", "96", "--out", str(out), "--policy", RESPONDER, "--policy-param",
                "delay_steps:=3", "--timeout", "60", "--user-domain"]
     env = dict(ros_env, MUJOCO_GL="egl")

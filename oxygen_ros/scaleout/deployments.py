@@ -3,8 +3,8 @@
 - `PlacementController`: a named, detached Ray actor (`CONTROLLER`, one per cluster by construction) owning the
   routing table (`routing.RoutingTable`: the fleet placement's MILP). Threaded: `route` reads the published table
   while a join's MILP runs on another of its threads, and its own watch thread probes every replica (`ping` through
-  Serve, `probe_timeout_s`), marks one that does not answer down (its robots wait for the re-plan, which the same
-  thread runs, coalesced) and back up, and tells a replica that lost a robot (`release`).
+  Serve, `probe_timeout_s`), marks one that leaves `probe_misses` probes in a row unanswered down (its robots wait
+  for the re-plan, which the same thread runs, coalesced) and back up, and tells a replica that lost a robot (`release`).
 - `FleetReplica`: the engine's multi-robot server on one device (`replica.ReplicaCore`), deployed once per slot
   (`replica0`, `replica1`, ...; one replica each): the slots are the placement's servers, and Ray places, health
   checks and restarts each slot's process.
@@ -49,10 +49,14 @@ class PlacementController:
     """The routing table's owner (see the module); plain methods, made a Ray actor by `start_controller`."""
 
     def __init__(self, replicas: list[str], models: list[str], max_robots_per_replica: int,
-                 probe_period_s: float = 0.5, probe_timeout_s: float = 1.0, app: str = APP):
+                 probe_period_s: float = 0.5, probe_timeout_s: float = 1.0, probe_misses: int = 3, app: str = APP):
         self.table = make_table(replicas, models, max_robots_per_replica)
         self.app = app
         self.probe_period_s, self.probe_timeout_s = probe_period_s, probe_timeout_s
+        # a replica is down after this many probes in a row went unanswered: one slow answer on a loaded host is not
+        # a dead replica (marking it down would move its robots for nothing)
+        self.probe_misses = probe_misses
+        self._missed: Counter = Counter()  # replica -> probes unanswered in a row
         self.counts: Counter = Counter()
         self.events: list[tuple[float, str, str]] = []  # (wall time, replica, "down" | "up")
         self._releases: dict[tuple[str, str], int] = {}  # (robot, replica that lost it) -> the version then
@@ -118,7 +122,9 @@ class PlacementController:
         while True:
             for replica in self.table.replicas:
                 alive = self._probe(replica)
-                if not alive and replica in self._seen and replica in self.table.placement.alive:
+                self._missed[replica] = 0 if alive else self._missed[replica] + 1
+                if not alive and self._missed[replica] >= self.probe_misses and replica in self._seen \
+                        and replica in self.table.placement.alive:
                     self.table.replica_down(replica)
                     self._event(replica, "down")
                 elif alive and (self.table.replica_up(replica) or replica not in self._seen):
