@@ -109,12 +109,17 @@ def test_replay_of_absolute_bag_topics_lands_in_the_node_namespace(tmp_path, ros
                              QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT))
     process = subprocess.Popen(command, env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert spin_until(node, lambda: len(received) == 20, timeout=60), (received, process.poll())
+        assert spin_until(node, lambda: len(received) == 20 or process.poll() is not None, timeout=60), received
+        spin_until(node, lambda: len(received) == 20, timeout=1.0)  # the last ones still on their way
     finally:
         stop(process)
         output = process.stdout.read()
         node.destroy_node()
-    assert received == [float(i) for i in range(20)], output
+    assert process.returncode == 0, output
+    # the replay waited for this subscriber: the first message arrived; the topic is best effort (as the bag's
+    # publisher offered it), so a loaded machine may drop some later ones, never reorder or invent them
+    assert received[:1] == [0.0] and received == sorted(set(received)), (received, output)
+    assert set(received) <= {float(i) for i in range(20)}, received
 
 
 def test_later_parameter_files_override_earlier_ones_in_the_node(tmp_path, ros_env):
