@@ -398,7 +398,7 @@ class FleetNode(ManagedNode, FleetMember):
         every = self.params["narrate_every"]
         narrate = every > 0 and port.frames % every == 0
         age_s = (now_ns - frame.stamp_ns) / 1e9
-        committed = self._rtc_request(port, frame.stamp_ns, port.embodiment.state_to_model(frame.state))
+        committed = self._rtc_request(port, frame.stamp_ns, frame.state)
         try:
             queued = self.server.submit(port.robot.robot_id, observation, narrate, frame.stamp_ns, age_s,
                                         context=(frame.frame_id, frame.state),
@@ -419,12 +419,14 @@ class FleetNode(ManagedNode, FleetMember):
         port.frames += 1
 
     def _rtc_request(self, port: RobotPort, stamp_ns: int, state):
-        """With rtc_guided: the chunk the robot is executing and its estimated delay for this frame, or None
-        (sampled plainly; a bad request is logged, every plain frame counted by reason in `rtc_plain_*`)."""
+        """With rtc_guided: the chunk the robot is executing and its estimated delay for this frame (`state`: the
+        frame's, robot units), or None (sampled plainly; a bad request is logged, every plain frame counted by
+        reason in `rtc_plain_*`)."""
         if port.rtc is None:
             return None
+        model_state = port.embodiment.state_to_model(state)
         with port.lock:
-            request = port.rtc.request(stamp_ns, state)
+            request = port.rtc.request(stamp_ns, model_state)
         if not isinstance(request, Plain):
             return request
         if request.kind in REFUSED:

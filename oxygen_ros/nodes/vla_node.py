@@ -397,7 +397,8 @@ class VlaNode(ManagedNode):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
         command [H, joints (x2 with velocities)] the robot's session makes of it (`robots.session`)."""
         start = time.perf_counter()  # the chunk's latency includes preprocessing
-        model_state = self.params.embodiment.state_to_model(frame.state)
+        # the frame's state in the model's space, for real-time chunking only (the session makes its own)
+        model_state = self.params.embodiment.state_to_model(frame.state) if self.rtc is not None else None
         queued, fitted = self.session.frame(frame.images, frame.state, narrate, stamp_ns=frame.stamp_ns,
                                             age_s=age_s, context=frame.frame_id, arrival=start,
                                             committed=self._rtc_request(frame.stamp_ns, model_state))
