@@ -14,7 +14,7 @@ from oxygen_ros.data.aloha import read_aloha
 
 from ros_test_utils import listen_while_running
 
-RESPONDER = str(Path(__file__).resolve().parent / "sim_chunk_responder.py")
+RESPONDER = str(Path(__file__).resolve().parents[1] / "sim_chunk_responder.py")
 
 
 @pytest.fixture

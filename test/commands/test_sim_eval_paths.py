@@ -17,7 +17,7 @@ from oxygen_ros.sim.evaluation import evaluation_seeds
 
 pytestmark = pytest.mark.system  # MuJoCo physics, DDS, child processes
 
-RESPONDER = str(Path(__file__).resolve().parent / "sim_chunk_responder.py")
+RESPONDER = str(Path(__file__).resolve().parents[1] / "sim_chunk_responder.py")
 SIZE = 32  # px: the cameras of the reduced checkpoint
 
 

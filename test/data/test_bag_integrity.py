@@ -35,7 +35,7 @@ from oxygen_ros.data.mcap_chunks import CRC_AT, chunks
 from oxygen_ros.data.msgtypes import bag_typestore
 from oxygen_ros.data.report import main as report_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def oxygen_ros(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from oxygen_ros.fleet.profile_table import ProfileCost, ProfileTable, synthetic_
 from oxygen_ros.fleet.simulator import DESIGNS, SimConfig, make_arrivals, make_scheduler, simulate
 from oxygen_ros.fleet.traffic import InfeasibleAssignment, RobotSpec
 
-MEASURED = ProfileTable.load(Path(__file__).parent / "data" / "fleet_cpu_lut.json")  # fleet-profile, 2 tiny models
+MEASURED = ProfileTable.load(Path(__file__).parents[1] / "fixtures" / "fleet_cpu_lut.json")  # fleet-profile, 2 tiny models
 
 
 def test_bisection_finds_the_last_count_at_the_target():

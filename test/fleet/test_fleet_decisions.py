@@ -27,7 +27,7 @@ from oxygen_ros.fleet.traffic import RobotSpec
 
 from engine_fixtures import observation, tokenizer  # noqa: F401 - pytest fixture
 
-LUT = ProfileTable.load(Path(__file__).parent / "data" / "fleet_cpu_lut.json")  # fleet-profile, 2 tiny models
+LUT = ProfileTable.load(Path(__file__).parents[1] / "fixtures" / "fleet_cpu_lut.json")  # fleet-profile, 2 tiny models
 SLOWDOWN = LUT.meta["co_run_slowdown"]
 # 12 robots at 25 Hz on 2 models for 0.4 s, budgets of 30 and 80 ms: more than the device serves in time, so
 # batches grow and frames expire in the queue (both are decisions to compare)

@@ -90,7 +90,7 @@ def test_the_controller_refuses_a_metrics_port_it_cannot_serve_in_one_line(case,
     from oxygen_ros.nodes.fleet_controller import main
 
     monkeypatch.setenv("ROS_DOMAIN_ID", str(ros_domain_id))
-    lut = Path(__file__).parent / "data" / "fleet_cpu_lut.json"
+    lut = Path(__file__).parents[1] / "fixtures" / "fleet_cpu_lut.json"
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()

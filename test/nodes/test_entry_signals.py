@@ -11,7 +11,7 @@ from pathlib import Path
 
 from test_vla_node_ros import ARMED, TINY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NODE_ARGS = ["--ros-args", *ARMED, *TINY]
 ENTRIES = {  # how a node process is started: `python -m` and the console script's function
     "module": ["-m", "oxygen_ros.nodes.vla_node"],

@@ -29,7 +29,7 @@ from ros_test_utils import rclpy, spin_until, stop_process
 
 pytestmark = pytest.mark.system
 
-LUT = Path(__file__).parent / "data" / "fleet_cpu_lut.json"  # models a and b
+LUT = Path(__file__).parents[1] / "fixtures" / "fleet_cpu_lut.json"  # models a and b
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb")  # the tiny preset's; the first one makes a frame
 SERVERS = ("gpu0", "gpu1", "gpu2")
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)

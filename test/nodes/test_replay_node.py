@@ -33,7 +33,7 @@ from oxygen_ros.data.episode_bag import LATCHED_QOS, SENSOR_QOS, offered_qos
 from oxygen_ros.nodes.replay_node import ReplayNode
 from oxygen_ros.nodes.replay_node import main as replay_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def shm_paths_of(pid: int) -> set[str]:

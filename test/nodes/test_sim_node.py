@@ -25,7 +25,7 @@ from oxygen_ros.nodes.sim_node import chunk_from_msg
 from ros_test_utils import rclpy, spin_until
 
 SIM = ["-m", "oxygen_ros.nodes.sim_node", "--ros-args"]
-PARAMS_FILE = Path(__file__).resolve().parents[1] / "config" / "sim_aloha.yaml"
+PARAMS_FILE = Path(__file__).resolve().parents[2] / "config" / "sim_aloha.yaml"
 
 
 def sim_args(params_file: Path | None = None, **params) -> list[str]:
@@ -252,7 +252,7 @@ def test_chunk_from_msg_maps_joints_by_name_and_rejects_mismatches():
 def test_sim_node_is_installed_as_an_executable_and_the_demo_is_a_subcommand():
     from oxygen_ros.commands.cli import SUBCOMMANDS
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     setup_py = re.search(r"NODE_EXECUTABLES = \[(.*)\]", (root / "setup.py").read_text()).group(1)
     cmake = re.search(r"set\(OXYGEN_ROS_NODE_EXECUTABLES ([^)]*)\)", (root / "CMakeLists.txt").read_text()).group(1)
     assert '"sim_node"' in setup_py and "sim_node" in cmake.split()

@@ -35,7 +35,7 @@ from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
 from oxygen_ros.nodes.conversions import trajectory_refusal
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 
-DROID = Path(__file__).resolve().parents[1] / "config" / "droid.yaml"
+DROID = Path(__file__).resolve().parents[2] / "config" / "droid.yaml"
 CAMERAS = ["camera/exterior_image_1_left/image_raw", "camera/wrist_image_left/image_raw"]
 JOINTS = [f"panda_joint{i}" for i in range(1, 8)] + ["gripper"]
 STEP = 1 / 15  # pi05_droid's control period

@@ -31,11 +31,11 @@ from oxygen_ros.nodes.conversions import ns_to_stamp
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 from oxygen_ros.nodes.vla_node import main as vla_node_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ALOHA = REPO / "config" / "aloha.yaml"
 # The shipped file starts disarmed (autostart false); these nodes drive a test robot at once. A file, not `-p`, so a
 # parameter file given later (a test's own) still decides.
-ARMED = ["--params-file", str(ALOHA), "--params-file", str(REPO / "test" / "data" / "armed.yaml")]
+ARMED = ["--params-file", str(ALOHA), "--params-file", str(REPO / "test" / "fixtures" / "armed.yaml")]
 CAMERAS = ["camera/cam_high/image_raw", "camera/cam_left_wrist/image_raw"]
 TINY = ["-p", "model.preset:=tiny", "-p", f"cameras.topics:=[{','.join(CAMERAS)}]",
         "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]", "-p", "cameras.compressed:=[false,false]",

@@ -18,7 +18,7 @@ from oxygen_ros.nodes.latency_probe import SensorPublisher
 
 from ros_test_utils import node_lines
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JOINTS = ["left_waist", "left_shoulder", "left_elbow", "left_forearm_roll", "left_wrist_angle", "left_wrist_rotate",
           "left_gripper", "right_waist", "right_shoulder", "right_elbow", "right_forearm_roll", "right_wrist_angle",
           "right_wrist_rotate", "right_gripper"]

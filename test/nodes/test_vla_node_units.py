@@ -44,7 +44,7 @@ from oxygen_ros.nodes.parameters import (
 )
 from oxygen_ros.robots.instruction import Instruction
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(0)
 RGB = RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8)
 
@@ -929,7 +929,7 @@ def test_cpu_kernel_parameter_reaches_the_model(tmp_path, ros_domain_id):
 def test_the_droid_controllers_overlay_closes_the_gripper_on_one_and_reads_it_back():
     from oxygen_ros.serving.params import read_file
 
-    config = Path(__file__).resolve().parents[1] / "config"
+    config = Path(__file__).resolve().parents[2] / "config"
     values = parameter_values()
     for name in ("droid.yaml", "droid_controllers.yaml"):
         values.update(read_file(config / name))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_FILES = ["CMakeLists.txt", "package.xml", "setup.py", "setup.cfg", "msg", "oxygen_ros", "launch",
                  "config", "resource", "cmake", "test", "scripts", "docs"]  # the tests read docs/ too
 MARKER = "<!-- workspace-build-wheels"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = ["test_gpu", "pi05_graphs", "frame_parts", "pi05_eager", "goals", "fleet_profile", "summary"]
 sys.path.insert(0, str(REPO / "scripts"))
 from gpu_env import NEEDED  # noqa: E402 - the scripts folder is no package

@@ -94,7 +94,7 @@ def test_engine_status_lists_every_state_the_node_reports():
     no other."""
     from oxygen_ros.nodes import clock_check, diagnostics, frame_inputs, vla_node
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     definition = (repo / "msg" / "EngineStatus.msg").read_text()
     comment = definition[:definition.index("string state")]
     listed = re.findall(r'"([a-z_]+)"', comment[comment.index("# Why the node"):])

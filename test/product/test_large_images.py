@@ -12,7 +12,7 @@ from sensor_msgs.msg import Image
 
 from ros_test_utils import spin_until, start_python, stop_process
 
-PROFILE = Path(__file__).resolve().parents[1] / "config" / "fastdds_large_images.xml"
+PROFILE = Path(__file__).resolve().parents[2] / "config" / "fastdds_large_images.xml"
 FRAMES = 60
 
 PUBLISHER = textwrap.dedent(f"""

@@ -18,7 +18,7 @@ from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.nodes.replay_node import build_parser as replay_parser
 from oxygen_ros.robots.inputs import MAX_PIXELS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NODE_PARAMETERS = {spec.name for spec in SPECS} | {"use_sim_time"}
 
 

@@ -28,7 +28,7 @@ from oxygen_ros.launch_helpers import (
 
 from ros_test_utils import rclpy, spin_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JS = "sensor_msgs/msg/JointState"
 
 

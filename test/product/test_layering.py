@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
+PACKAGE = Path(__file__).resolve().parents[2] / "oxygen_ros"
 ROS_ONLY = {"nodes", "msg"}
 FORBIDDEN = ("rclpy", "oxygen_ros.nodes", "oxygen_ros.msg", "sensor_msgs", "std_msgs", "trajectory_msgs")
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPU_TORCH = ("pip install torch==2.13.0+cpu || "
              "pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu")
 

@@ -13,7 +13,7 @@ from oxygen_ros.msg import EngineStatus
 from oxygen_ros.nodes.markers import TOPIC as MARKERS_TOPIC
 from oxygen_ros.nodes.parameters import SPECS
 
-CONFIG = Path(__file__).resolve().parents[1] / "config"
+CONFIG = Path(__file__).resolve().parents[2] / "config"
 NUMERIC = {"float", "double", "int32", "uint32", "int64", "uint64"}
 
 

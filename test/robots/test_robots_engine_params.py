@@ -11,7 +11,7 @@ from oxygen_ros.nodes.parameters import OPTIONAL, REQUIRED, SPECS
 from oxygen_ros.robots.engine_params import ENGINE, ENGINE_SPECS, ParameterError, read_engine
 from oxygen_ros.serving.params import engine_parameters
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def shown(default) -> str:

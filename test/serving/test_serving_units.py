@@ -16,7 +16,7 @@ from oxygen_ros.serving.params import ENGINE_DEFAULTS, engine_parameters, read_f
 from oxygen_ros.serving.protocol import ProtocolError, pack, unpack
 from oxygen_ros.serving.requests import MAX_ERROR_CHARS, RequestError, RequestReader
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(0)
 IMAGE = RNG.integers(0, 256, (48, 64, 3), dtype=np.uint8)
 
