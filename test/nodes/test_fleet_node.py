@@ -3,7 +3,7 @@
 engine_status; the node serves only its GPU's robots and loads only their models, each robot with its SLO from the
 assignment file and its own embodiment (one is a DROID arm: its velocities integrated from its frame's state); a
 frame whose stamp is already past its deadline is never served and is counted, in the robot's engine_status and on
-/diagnostics. (The default whole-device design over DDS: `test_fleet_dds.py`.)"""
+/diagnostics. (The default whole-device design over DDS: `test_fleet_node_clients.py`.)"""
 
 import json
 import subprocess
