@@ -3,6 +3,7 @@ test tiers (`system`: processes, DDS, the simulator, colcon; everything else is 
 
 import itertools
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,6 +24,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # reused by every other one (child processes inherit it; files are named by their inputs and written atomically, so
 # runs side by side share it safely). A test about the cache itself points XDG_CACHE_HOME elsewhere.
 os.environ["XDG_CACHE_HOME"] = os.path.join(tempfile.gettempdir(), f"oxygen_ros_test_cache_{os.getuid()}")
+
+# The tests sit in one folder per layer of the package (docs/testing.md: the map). A test module may take helpers
+# from another folder's by module name (`from test_vla_node_ros import Spinner`), so every test folder is on the
+# import path whichever folder or file pytest is given; this folder, with the shared helpers, is there already (pytest
+# puts a conftest's folder first). Test module names are unique across folders (test/product/test_layout.py).
+sys.path += [str(folder) for folder in sorted(Path(__file__).resolve().parent.iterdir())
+             if folder.is_dir() and any(folder.glob("test_*.py")) and str(folder) not in sys.path]
 
 from engine_fixtures import tokenizer  # noqa: E402, F401 - the fixture, for every test here
 

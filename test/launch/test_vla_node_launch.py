@@ -3,7 +3,7 @@
 The node starts as `ros2 launch` would start it (installed executable, installed config/aloha.yaml plus overrides
 for the tiny test preset, which has two cameras); a publisher in this test feeds it camera images and joint states
 until an action chunk arrives; after shutdown (SIGINT from launch) the node must have exited with code 0.
-pytest runs the same checks without launch_testing in test/test_vla_node_ros.py.
+pytest runs the same checks without launch_testing in test/nodes/test_vla_node_ros.py.
 """
 
 import os
