@@ -96,9 +96,10 @@ LEVELS = {
     "data": 3, "fleet": 3,  # episodes and bags (their reports use the engine's percentiles); serving many robots
     "sim": 4, "evaluation": 4,  # the simulator (it records episodes); benchmarks and the fleet simulator
     "robots": 4,  # what every commanded robot goes through: the command path, the state check
-    "nodes": 5, "serving": 5,  # ROS nodes (the robot client scores with evaluation's robot side); openpi's protocol
-    "scaleout": 6,  # the fleet on Ray Serve: replicas of the fleet server behind openpi's protocol
-    "commands": 7,  # the oxygen-ros command and the commands that are only that
+    "serving": 5,  # openpi's protocol: the server, and the robot side's client and fence
+    "nodes": 6,  # ROS nodes (the robot client scores with evaluation's robot side; a remote engine is a client)
+    "scaleout": 7,  # the fleet on Ray Serve: replicas of the fleet server behind openpi's protocol
+    "commands": 8,  # the oxygen-ros command and the commands that are only that
 }
 
 

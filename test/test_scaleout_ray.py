@@ -20,8 +20,8 @@ from websockets.exceptions import ConnectionClosedError
 
 from oxygen_ros.commands.bench_client import droid_request
 from oxygen_ros.scaleout.deployments import ACTIVE_S, APP
-from oxygen_ros.scaleout.fence import ChunkFence
 from oxygen_ros.scaleout.pool import PoolConfig, start_pool
+from oxygen_ros.serving.fence import ChunkFence
 from oxygen_ros.serving.protocol import pack, unpack
 
 pytestmark = pytest.mark.system
