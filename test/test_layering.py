@@ -186,12 +186,12 @@ def test_the_nodes_without_a_model_start_without_torch_or_lerobots_format():
     assert loaded_after_importing(nodes, ("torch", "transformers", "pyarrow", "av")) == []
 
 
-def test_the_fleet_controller_starts_without_torch_the_runtime_or_evaluation():
-    """The fleet controller places robots and runs no model: what it plans with (the simulator on the profile
-    table, the SLO-safe loads, the controller's messages) lies in `fleet/` and imports neither torch nor the
-    engine's runtime, and nothing of `evaluation/` (which serves nothing)."""
+def test_the_pools_routing_table_loads_without_torch_the_runtime_or_evaluation():
+    """The pool's placement controller places robots and runs no model: its routing table over the fleet
+    placement (`scaleout.routing`, `fleet.placement`) imports neither torch nor the engine's runtime, and nothing of
+    `evaluation/` (which serves nothing)."""
     watched = ("torch", "transformers", "oxygen_ros.engine.runtime", "oxygen_ros.evaluation")
-    assert loaded_after_importing(["oxygen_ros.nodes.fleet_controller"], watched) == []
+    assert loaded_after_importing(["oxygen_ros.scaleout.routing"], watched) == []
 
 
 # The front ends receive and reply; the engine is built and driven from `robots/` (its parameters, `build_runtime` /
