@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,11 +88,11 @@ class RemoteEngine:
         self.chunks = 0
         self.connections = 0
         self._ws: ClientConnection | None = None
+        self._open = ExitStack()  # the connection's context: closing it closes the connection
 
     def close(self) -> None:
-        if self._ws is not None:
-            self._ws.close()
-            self._ws = None
+        self._open.close()
+        self._ws = None
 
     def counts(self) -> dict[str, int | str]:
         """What engine_status and /diagnostics report of the remote engine."""
@@ -144,16 +145,18 @@ class RemoteEngine:
 
     def _connect(self) -> ClientConnection:
         headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
-        try:
-            ws = connect(self.url, additional_headers=headers, open_timeout=self.timeout_s, compression=None,
-                         max_size=MAX_REPLY_BYTES, close_timeout=self.timeout_s)
-        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as err:
-            raise RemoteError(UNREACHABLE, f"cannot connect to {self.url}: {type(err).__name__}: {err}") from None
-        try:
-            metadata = unpack(ws.recv(timeout=self.timeout_s))
-        except (TimeoutError, ConnectionClosed, OSError, ProtocolError) as err:
-            ws.close()
-            raise RemoteError(UNREACHABLE, f"{self.url} sent no metadata: {_closed(err)}") from None
+        with ExitStack() as opening:
+            try:
+                ws = opening.enter_context(connect(self.url, additional_headers=headers, open_timeout=self.timeout_s,
+                                                   compression=None, max_size=MAX_REPLY_BYTES,
+                                                   close_timeout=self.timeout_s))
+            except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as err:
+                raise RemoteError(UNREACHABLE, f"cannot connect to {self.url}: {type(err).__name__}: {err}") from None
+            try:
+                metadata = unpack(ws.recv(timeout=self.timeout_s))
+            except (TimeoutError, ConnectionClosed, OSError, ProtocolError) as err:
+                raise RemoteError(UNREACHABLE, f"{self.url} sent no metadata: {_closed(err)}") from None
+            self._open = opening.pop_all()  # kept open past this block
         self.metadata = metadata if isinstance(metadata, dict) else {}
         self.pool = isinstance(self.metadata.get("epoch"), int)
         self.connections += 1
