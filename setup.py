@@ -7,7 +7,7 @@ same code with console scripts; the interfaces are built separately by CMake int
 
 from setuptools import find_packages, setup
 
-NODE_EXECUTABLES = ["vla_node", "replay_node", "record_node", "sim_node", "fleet_node", "fleet_controller", "scripted_policy", "velocity_watchdog"]
+NODE_EXECUTABLES = ["vla_node", "replay_node", "record_node", "sim_node", "fleet_node", "scripted_policy", "velocity_watchdog"]
 
 setup(
     packages=find_packages(include=["oxygen_ros", "oxygen_ros.*"]),

@@ -26,11 +26,11 @@ from ..robots.engine import build_fleet, check_device, checkpoint_source, embodi
 from ..robots.engine_params import ParameterError, read_engine
 from ..robots.output_params import command_path
 from ..robots.session import RobotSession
+from ..serving.client import API_KEY_ENV
 from ..serving.params import ACTION_NAMES, engine_parameters
 from ..serving.requests import RequestReader
 from ..serving.server import OpenpiServer, ServeConfig
 
-API_KEY_ENV = "OXYGEN_ROS_API_KEY"
 MODEL_ID = "policy"
 log = logging.getLogger("oxygen_ros.serve")
 

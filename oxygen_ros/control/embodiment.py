@@ -166,6 +166,21 @@ class Embodiment:
         positions[..., velocity] = sign * model[..., velocity]
         return positions
 
+    def openpi_to_model(self, reply: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """What openpi's policy returned for this robot [..., H, A] (`openpi_actions`) and the robot state [..., S]
+        of the frame it was computed from -> the model's unnormalized actions [..., H, A], so that
+        `actions_to_robot` makes of a remote engine's reply the command the local engine makes of its chunk (the
+        action filter is the robot side's, as openpi's clients apply it). Velocity dims came as the model's
+        numbers with the profile's signs; the other dims as absolute positions in robot units."""
+        reply = np.asarray(reply, dtype=np.float64)
+        if self.kinds is None:
+            return reply.copy()
+        velocity = [dim for dim, kind in enumerate(self.kinds) if kind == VELOCITY]
+        model = self.actions_to_model(reply, state)  # positions and deltas back in the model's space
+        sign = np.ones(len(velocity)) if self.action_map is None else np.asarray(self.action_map.sign)[velocity]
+        model[..., velocity] = sign * reply[..., velocity]
+        return model
+
     def actions_to_model(self, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
         """Recorded absolute robot actions [..., H, A] from the frame whose robot state is [..., S] -> the model's
         unnormalized actions [..., H, A] (what training fits): the inverse of `actions_to_robot`'s positions where

@@ -30,7 +30,7 @@ from .planners import MonolithicPlanner, StageJob, StagePlanner
 from .queues import QUEUE_POLICIES
 
 if TYPE_CHECKING:  # a request's type only: the plans name requests, and the scheduler and what simulates with it
-    # (the fleet controller) run without torch, which the requests' tensors need
+    # (the fleet simulator, `fleet-assign`) run without torch, which the requests' tensors need
     from .language import LanguageRequest
 
 ADMISSION_POLICIES = ("drop_new", "drop_oldest", "preempt")

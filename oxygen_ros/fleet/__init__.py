@@ -6,6 +6,6 @@ scheduler over ``two_stage`` queues), ``profile_table`` (stage latencies, and th
 ``profiler`` (timing the served runners), ``specs`` (model specs and served robots as plain values), ``models`` and
 ``device`` (what a server loads, and where; ``sm_partition`` for the GPU's shares), ``traffic`` (robots -> GPUs),
 ``simulator`` (the scheduler and the designs on a simulated clock, with the simulator-only ``baselines``),
-``capacity`` (robots at the target over seeds, the SLO-safe loads) and ``placement`` (the fleet controller's
-decisions). Nothing here imports rclpy; the controller's planning modules import no torch.
+``capacity`` (robots at the target over seeds, the SLO-safe loads) and ``placement`` (the live placement's
+decisions, which the Ray pool's controller runs). Nothing here imports rclpy; the planning modules import no torch.
 """

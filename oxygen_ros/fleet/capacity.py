@@ -193,27 +193,3 @@ def place_slo_safe(robots: Sequence[RobotSpec], n_devices: int, loads: SloSafeLo
         capacity_now *= step
     raise InfeasibleAssignment(f"no placement of {len(robots)} robots on {n_devices} devices reaches "
                                f"{loads.target:.0%} on every device down to capacity {min_capacity}")
-
-
-class DeviceCheck:
-    """``check(robots)`` -> None when one device serves `robots` at the target on every seed in the simulator
-    (the table, config and seeds given), else the reason: the fleet controller's check of a server it is about to
-    change, since the SLO-safe loads of several classes add up optimistically. Results are kept per set of (model,
-    rate, SLO) classes and counts."""
-
-    def __init__(self, lut: ProfileTable, config: SimConfig, seeds: Sequence[int] = range(2), target: float = TARGET):
-        self.lut, self.config, self.seeds, self.target = lut, config, list(seeds), target
-        self._seen: dict[tuple, str | None] = {}
-
-    def __call__(self, robots: Sequence[RobotSpec]) -> str | None:
-        key = tuple(sorted((r.model_id, r.rate_hz, r.slo_s) for r in robots))
-        if key not in self._seen:
-            self._seen[key] = None
-            for seed in self.seeds:
-                result = simulate(list(robots), dict.fromkeys((r.robot_id for r in robots), 0), self.lut,
-                                  replace(self.config, seed=seed))
-                if result.attainment < self.target:
-                    self._seen[key] = (f"{len(robots)} robots there simulate to {result.attainment:.3f} < "
-                                       f"{self.target:.0%} (seed {seed})")
-                    break
-        return self._seen[key]

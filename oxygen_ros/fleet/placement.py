@@ -1,5 +1,5 @@
-"""The fleet controller's placement, without ROS: which server serves which robot, kept current as robots join and
-leave and servers come and go.
+"""The fleet's live placement, without ROS (the Ray pool's placement controller runs it, `scaleout/routing.py`):
+which server serves which robot, kept current as robots join and leave and servers come and go.
 
 A robot's load is its fraction of one server (`load_of(robot)`, e.g. `fleet.capacity.SloSafeLoads`:
 1 / the robots like it one device serves at the target attainment in the simulator on the profile table); a
@@ -13,14 +13,13 @@ resident copy), then the lowest maximum load.
   the target (no placement under `capacity`, even moving others; or `fits` says a server it would change misses
   the target). Others move only where the new robot could not fit without it.
 - `leave`: the robot's share is free at once; nobody else moves.
-- `server_down` (its heartbeat lapsed): only its robots are re-placed, every other robot stays pinned; those
+- `server_down` (it stopped answering): only its robots are re-placed, every other robot stays pinned; those
   that fit nowhere wait as unplaced, with the reason, and are tried again at the next re-plan (a server back up,
   a robot leaving).
 - Re-plans that place several robots (after a lapse, a server back, a leave with robots waiting) are coalesced and
   run at most once per `min_replan_interval_s` (`tick`); a join or leave is answered at once.
-- Every change raises `version`; `document()` is what the controller publishes and `restore` takes it back (a
-  restarted controller), as `restore_from_servers` takes the servers' own reports, without moving anyone; `adopt`
-  takes a report heard late.
+- Every change raises `version`; `restore_from_servers` takes the placement back from the servers' own reports (a
+  restarted controller) without moving anyone.
 """
 
 from __future__ import annotations
@@ -154,7 +153,6 @@ class FleetPlacement:
         self.version = 0
         self.moved: list[str] = []  # robots the last change moved from one server to another
         self.replans = 0
-        self.restore_warnings: list[str] = []  # robots a restored assignment gave models this controller lacks
         self._replan_wanted = False
         self._last_replan = -math.inf
 
@@ -165,21 +163,6 @@ class FleetPlacement:
 
     def server_load(self, server: str) -> float:
         return sum(self.loads[r.robot_id] for r in self.robots_on(server))
-
-    def document(self) -> dict:
-        """The assignment as published: version, robot -> server, each robot's model, SLO and rate, the robots
-        waiting for a server and why, and per server its load and whether it is alive (as of the last change of
-        a robot's placement: a server coming or going without robots raises no version)."""
-        robots = sorted(self.robots)
-        return {
-            "version": self.version,
-            "server_of": dict(sorted(self.server_of.items())),
-            "model_of": {r: self.robots[r].model_id for r in robots},
-            "slo_of": {r: self.robots[r].slo_s for r in robots},
-            "rate_of": {r: self.robots[r].rate_hz for r in robots},
-            "unplaced": dict(sorted(self.unplaced.items())),
-            "servers": {s: {"alive": s in self.alive, "load": self.server_load(s)} for s in self.servers},
-        }
 
     # ---- robots ---------------------------------------------------------------------------------------------------
 
@@ -340,18 +323,8 @@ class FleetPlacement:
 
     # ---- a restarted controller -----------------------------------------------------------------------------------
 
-    def restore(self, document: Mapping) -> None:
-        """Take back a published assignment (`document()`) as it is, version included: nobody moves. Robots of
-        models this controller does not serve are kept (they are served) but named in `restore_warnings`."""
-        robots = {}
-        for robot_id, model_id in document["model_of"].items():
-            robots[robot_id] = RobotSpec(robot_id, model_id, float(document["rate_of"][robot_id]),
-                                         float(document["slo_of"][robot_id]))
-        self._restore(robots, dict(document.get("server_of", {})), dict(document.get("unplaced", {})),
-                      int(document["version"]))
-
     def restore_from_servers(self, reports: Mapping[str, Mapping]) -> None:
-        """Rebuild the placement from the servers' own reports (heartbeats: ``{"version": v, "robots": {id:
+        """Rebuild the placement from the servers' own reports (``{"version": v, "robots": {id:
         {"model_id", "rate_hz", "slo_s"}}}`` per server): every robot stays where it is served. A robot two servers
         report (one of them behind) goes with the server whose report is newest."""
         robots, server_of, newest = {}, {}, {}
@@ -364,35 +337,15 @@ class FleetPlacement:
             newest[server] = int(report.get("version", 0))
         self._restore(robots, server_of, {}, max(newest.values(), default=0))
 
-    def adopt(self, server: str, report: Mapping) -> list[str]:
-        """Robots a live server reports serving at this placement's version that the placement does not know (a
-        restarted controller that did not hear that server while it recovered) join the placement where they are
-        served; a report of another version is not the placement's and changes nothing. Returns those adopted."""
-        if server not in self.alive or int(report.get("version", -1)) != self.version:
-            return []
-        adopted = []
-        for robot_id, spec in sorted(report.get("robots", {}).items()):
-            if robot_id in self.robots:
-                continue
-            robot = RobotSpec(robot_id, spec["model_id"], float(spec["rate_hz"]), float(spec["slo_s"]))
-            self.robots[robot_id], self.loads[robot_id] = robot, float(self.load_of(robot))
-            self.server_of[robot_id] = server
-            adopted.append(robot_id)
-        if adopted:
-            self.moved = []
-            self.version += 1
-        return adopted
-
     def _restore(self, robots: dict[str, RobotSpec], server_of: dict[str, str], unplaced: dict[str, str],
                  version: int) -> None:
         unknown = sorted(set(server_of.values()) - set(self.servers))
         if unknown:
-            raise ValueError(f"the assignment names servers this controller does not have: {unknown}")
+            raise ValueError(f"the reports name servers this placement does not have: {unknown}")
         self.robots = robots
         self.loads = {r: float(self.load_of(spec)) for r, spec in robots.items()}
         self.server_of = server_of
         self.unplaced = {r: unplaced.get(r, "waiting for a server") for r in robots if r not in server_of}
-        self.restore_warnings = sorted(r for r, spec in robots.items() if spec.model_id not in self.models)
         self.version = version
         self.moved = []
         self._replan_wanted = bool(self.unplaced)

@@ -21,7 +21,7 @@ The ROS node (`nodes/fleet_node.py`) is a thin layer over this; nothing here kno
 
 Which robots a server serves (`served_robots`) is a plain function of its parameters and the traffic
 controller's assignment file; which models and on which device: `models.py`, `device.py`. A `dynamic` server (a
-fleet node under the fleet controller) starts with the robots it has, possibly none: `add_robot` loads a robot's
+replica of the Ray pool, `scaleout/replica.py`) starts with the robots it has, possibly none: `add_robot` loads a robot's
 model on its first use, `remove_robot` stops taking its frames while those in flight finish (`in_flight`), and
 `unload_idle_models` lets a model go once no robot needs it and none of its frames is left.
 """

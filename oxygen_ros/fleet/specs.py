@@ -1,6 +1,6 @@
 """What a fleet server is asked to serve, as plain values: its models (`ModelSpec`) and its robots (`ServedRobot`).
 
-Light on purpose (no torch, no runtime): the fleet controller and the controller's messages name models and robots
+Light on purpose (no torch, no runtime): the placement and the pool's ingress and controller name models and robots
 without loading anything; `models.py` loads what a `ModelSpec` names and `server.py` serves the robots.
 """
 

@@ -78,10 +78,6 @@ def fleet_node() -> int:
     return run("fleet_node")
 
 
-def fleet_controller() -> int:
-    return run("fleet_controller")
-
-
 def scripted_policy() -> int:
     return run("scripted_policy")
 

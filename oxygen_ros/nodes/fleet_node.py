@@ -45,18 +45,8 @@ Several GPUs: one node per GPU with the same ``assignment_file`` (``oxygen-ros f
 loads only those robots' models, and with ``device: cuda`` runs on ``cuda:<gpu_index>``, so the ROS graph is the
 only link.
 
-Under the fleet controller (``assignment_topic``, e.g. ``/fleet/assignment``; `fleet_controller`): the node
-starts with no robot and applies every assignment the controller publishes live, as the server named
-``server_name`` (default ``gpu<gpu_index>``): a robot placed here gets its subscriptions and publishers, its model
-is loaded on its first robot; a robot no longer placed here loses its subscriptions at once, its frames in flight
-still finish and are published, then its publishers go, and its model is let go when no robot needs it. An
-assignment older than the one applied is refused (counted, logged), one that cannot be read too. A frame past a
-robot's rate (the assignment's, a token bucket of ``rate_burst`` frames) is dropped at arrival, counted in its
-``over_rate`` and ``dropped_frames``; frames of robots not assigned here are refused, counted. Every
-``heartbeat_period_s`` while active the node publishes on ``/fleet/heartbeat`` the version it applied, its
-robots (model, rate, SLO, attainment), its loaded models and its measured load (the share of wall time its device
-ran jobs), which is how the controller knows it is alive. Pools are sized for ``max_robots_per_model``. A stage
-split plans from ``profile_file`` there (there is nothing to profile at start-up).
+A fleet placed live across machines runs on Ray Serve instead (`oxygen-ros fleet-ray`, docs/ray.md): its robots
+run the VLA node with ``engine.remote``.
 
 Parameters: the table in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
 `robots.engine_params`), and the VLA node's output parameters.
@@ -72,7 +62,6 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
     sys.exit(run("fleet_node"))
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -89,8 +78,7 @@ from oxygen_ros.engine.runtime import ActionChunk, Runtime, TextUpdate
 from oxygen_ros.fleet.device import serving_device
 from oxygen_ros.fleet.models import ModelSpec
 from oxygen_ros.fleet.profile_table import ProfileTable
-from oxygen_ros.fleet.rate_cap import RateCap
-from oxygen_ros.fleet.server import FleetServer, NotServed, ServedRobot, served_robots
+from oxygen_ros.fleet.server import FleetServer, ServedRobot, served_robots
 from oxygen_ros.fleet.traffic import load_assignment
 from oxygen_ros.msg import EngineStatus, Narration
 from oxygen_ros.robots.command_path import LIMIT_REJECTED, LIMITS, PAST, UNUSED, CommandPath, Refusal
@@ -105,7 +93,6 @@ from oxygen_ros.robots.state_check import StateCheck
 from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
-from .fleet_member import FleetMember
 from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
@@ -167,10 +154,7 @@ class RobotPort:
         self.actions_published = 0
         self.narrations_published = 0
         self.model_errors = 0
-        self.over_rate = 0  # frames dropped at arrival: past the robot's rate cap
-        self.rate_cap: RateCap | None = None  # under the controller: the rate it placed the robot for
-        self.assigned = True  # False once the controller moved it away: its frames are refused
-        self.closed = False  # its publishers are gone (a robot that left, drained)
+        self.closed = False  # its publishers are gone (the node's cleanup)
         self.subscriptions: list = []
         self.lock = threading.Lock()  # the executor thread and the runtime's threads both touch the counters
         self.chunk_pub = node.create_publisher(JointTrajectory, f"{namespace}/action_chunk", 10)
@@ -201,10 +185,10 @@ class RobotPort:
                            StateCheck(path.groups, path.limits, joint_names))
 
 
-class FleetNode(ManagedNode, FleetMember):
+class FleetNode(ManagedNode):
     """The lifecycle of `managed_node`, as the VLA node's: `configure` loads the models, starts the server and
     subscribes; `activate` starts serving (frames taken, chunks published); `deactivate` stops it and holds every
-    robot; `cleanup` and `shutdown` release the server. Under the fleet controller, `FleetMember`."""
+    robot; `cleanup` and `shutdown` release the server."""
 
     def __init__(self, context=None):
         super().__init__(NODE_NAME, context=context)
@@ -219,10 +203,6 @@ class FleetNode(ManagedNode, FleetMember):
         self._check_timer = None
         self.server: FleetServer | None = None
         self.ports: dict[str, RobotPort] = {}
-        self.draining: dict[str, RobotPort] = {}  # robots moved away whose frames in flight still finish
-        self.refused_unassigned = 0  # frames of robots not assigned here
-        self.joint_names: tuple[str, ...] = ()
-        self.member_init()
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
 
@@ -238,35 +218,28 @@ class FleetNode(ManagedNode, FleetMember):
         self._hold_all(reason)
 
     def _release_engine(self) -> None:
-        for timer in (self._check_timer, self._live_timer):
-            if timer is not None:
-                self.destroy_timer(timer)
-        self._check_timer = self._live_timer = None
+        if self._check_timer is not None:
+            self.destroy_timer(self._check_timer)
+            self._check_timer = None
         if self.server is not None:
             self.worker_error = self.server.runtime.worker_error  # kept for the exit status
             self.server.close()
             published = sum(p.actions_published for p in self.ports.values())
             self.get_logger().info(f"published {published} action chunks")
             self.server = None
-        for port in [*self.ports.values(), *self.draining.values()]:
-            if not port.closed:  # robots placed after configure: their entities go with configure's
+        for port in self.ports.values():
+            if not port.closed:
                 self._entities += [*port.subscriptions, *port.publishers]
                 port.closed = True
-        self.ports, self.draining = {}, {}
-        self.applied_version = -1
+        self.ports = {}
 
     def _configure(self) -> None:
         p = self.params
         specs = [ModelSpec.parse(text) for text in p["models"]]
-        live = bool(p["assignment_topic"])
-        if live and p["assignment_file"]:
-            raise ValueError("assignment_topic (the fleet controller's) and assignment_file: give one")
         assignment = load_assignment(p["assignment_file"]) if p["assignment_file"] else None
-        served = [] if live else served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment,
-                                                p["gpu_index"])
+        served = served_robots(p["robots"], p["robot_models"], p["slo_ms"] / 1e3, assignment, p["gpu_index"])
         device = serving_device(p["device"], p["gpu_index"])
-        per_model = p["max_robots_per_model"] if live else \
-            max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
+        per_model = max([sum(r.model_id == s.model_id for r in served) for s in specs] + [1])
         staged = p["design"] != "monolithic"
         # a stage split holds frames between their stages: room for a few batches, or two frames per robot
         frame_slots = max(4 * p["max_batch"], p["max_batch"] + 2 * per_model) if staged else p["max_batch"]
@@ -278,7 +251,7 @@ class FleetNode(ManagedNode, FleetMember):
             on_chunk=self._publish_chunk, on_text=self._publish_text, publish_late=p["publish_late"],
             design=p["design"], profile=ProfileTable.load(p["profile_file"]) if p["profile_file"] else None,
             cuda_graphs=p["cuda_graphs"], guard=p["guard"], cpu_threads=p["cpu_threads"] or None,
-            profile_repeats=p["profile_repeats"], dynamic=live,
+            profile_repeats=p["profile_repeats"],
             rtc=self.rtc.engine_config() if self.handover == RTC_GUIDED else None)
         self.device = device
         # how a batch uses the device, for /diagnostics
@@ -300,9 +273,6 @@ class FleetNode(ManagedNode, FleetMember):
                 self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
         for robot in served:
             self._add_robot(robot, joint_names, embodiments[robot.robot_id])
-        self.joint_names = joint_names
-        if live:
-            self.join_controller()
         self._check_timer = self.create_timer(1.0 / p["rate_hz"], self._check_inputs)
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
@@ -363,17 +333,9 @@ class FleetNode(ManagedNode, FleetMember):
     def _on_image(self, port: RobotPort, index: int, msg) -> None:
         if self.lifecycle != "active":
             return  # configured, not serving: no frame is queued
-        if not port.assigned:  # a callback of a robot moved away an instant ago
-            self.refused_unassigned += 1
-            return
         if port.inputs is None:
             return  # no joint names known yet: nothing to pick the state by
         now_ns = self.get_clock().now().nanoseconds
-        if index == 0 and port.rate_cap is not None and not port.rate_cap.admit(time.monotonic()):
-            with port.lock:
-                port.over_rate += 1
-            self._warn_drop(port, f"frame past the robot's rate cap of {port.rate_cap.rate_hz:g} Hz (counted)")
-            return
         try:
             port.inputs.on_image(index, msg, now_ns)
         except ConversionError as err:
@@ -403,9 +365,6 @@ class FleetNode(ManagedNode, FleetMember):
             queued = self.server.submit(port.robot.robot_id, observation, narrate, frame.stamp_ns, age_s,
                                         context=(frame.frame_id, frame.state),
                                         committed=committed)
-        except NotServed:
-            self.refused_unassigned += 1
-            return
         except ValueError as err:
             with port.lock:
                 port.model_errors += 1
@@ -437,8 +396,8 @@ class FleetNode(ManagedNode, FleetMember):
     # ---- outputs (the runtime's threads) ----------------------------------------------------------------------
 
     def _port_of(self, robot_id: str) -> RobotPort | None:
-        """The port whose publishers a robot's output leaves by: served, or still draining."""
-        return self.ports.get(robot_id) or self.draining.get(robot_id)
+        """The port whose publishers a robot's output leaves by."""
+        return self.ports.get(robot_id)
 
     def _publish_chunk(self, chunk: ActionChunk) -> None:
         """The robot's absolute command through its command path (`robots.command_path`), as the VLA node's: a
@@ -506,7 +465,7 @@ class FleetNode(ManagedNode, FleetMember):
                                         f"{hold.refused}", throttle_duration_sec=LOG_THROTTLE_S)
 
     def _hold_all(self, reason: str) -> None:
-        for port in [*self.ports.values(), *self.draining.values()]:
+        for port in self.ports.values():
             self._hold(port, reason)
 
     def _check_inputs(self) -> None:
@@ -530,7 +489,7 @@ class FleetNode(ManagedNode, FleetMember):
     def _publish_text(self, update: TextUpdate) -> None:
         port = self._port_of(update.robot_id)
         if port is None:
-            return  # the narration of a robot gone, drained and its topics removed
+            return  # the narration of a robot whose node was cleaned up
         msg = Narration(request_id=update.request_id, text=update.text, num_tokens=update.num_tokens,
                         final=update.final)
         msg.header.stamp = ns_to_stamp(update.stamp_ns)
@@ -565,13 +524,13 @@ class FleetNode(ManagedNode, FleetMember):
                     state=port.state, detail=port.detail,
                     stats=replace(self.server.stats(robot_id), deadline_misses=late),
                     target_rate_hz=self.params["rate_hz"], actions_published=port.actions_published,
-                    dropped_frames=(port.inputs.dropped_frames if port.inputs else 0) + dropped + port.over_rate,
+                    dropped_frames=(port.inputs.dropped_frames if port.inputs else 0) + dropped,
                     worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
                     values={"narrations_published": port.narrations_published, "model_errors": port.model_errors,
                             "model": port.robot.model_id, "slo_ms": f"{1e3 * port.robot.slo_s:g}",
                             "slo_attainment": f"{counts.attainment:.4f}", "chunks_on_time": counts.on_time,
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
-                            "expired_in_queue": counts.expired_in_queue, "over_rate": port.over_rate,
+                            "expired_in_queue": counts.expired_in_queue,
                             "late_chunks_published": self.params["publish_late"],
                             "batching": self.batching, "lifecycle": self.lifecycle,
                             **(port.path.counts() if port.path else {}),

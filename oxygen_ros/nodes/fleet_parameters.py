@@ -2,7 +2,7 @@
 
 The engine parameters the fleet node shares with the VLA node and `serve` are the same specs under the fleet node's
 flat names (`ENGINE_NAMES`: default, description and check from `ENGINE_SPECS`); the rest are the fleet's own
-(models and robots, placement, designs, the fleet controller's). `read_fleet` checks every value by its spec and
+(models and robots, placement, designs). `read_fleet` checks every value by its spec and
 `fleet_engine` gives the engine parameters (`EngineParams`, the engine's defaults for what the fleet node does not
 set) that `robots.engine.build_fleet` builds the server from. The output parameters (`robot_description`,
 `limits.policy`, `output.*`) are the VLA node's (`parameters.declare_output_parameters`).
@@ -93,15 +93,6 @@ FLEET_SPECS = (
     _engine("embodiment_override"),
     _engine("rate_hz"),
     Spec("status_rate_hz", 1.0, "engine_status and /diagnostics publications per second", "> 0", ("positive",)),
-    Spec("assignment_topic", "", "the fleet controller's assignment topic (e.g. /fleet/assignment); empty: robots "
-                                 "or assignment_file", read=("text",)),
-    Spec("server_name", "", "this server's name in the controller's assignment; empty: gpu<gpu_index>",
-         read=("text",)),
-    Spec("heartbeat_period_s", 0.5, "under the controller: seconds between heartbeats", "> 0", ("positive",)),
-    Spec("max_robots_per_model", 8, "under the controller: pools sized for this many robots of one model", ">= 1",
-         ("integer", 1)),
-    Spec("rate_burst", 2.0, "frames a robot may send ahead of its rate before they are dropped at arrival", ">= 1",
-         ("number", 1.0)),
 )
 DEFAULTS = {spec.name: spec.default for spec in FLEET_SPECS}
 

@@ -77,6 +77,11 @@ SPECS = (
     ENGINE["model.cpu_kernel"],
     ENGINE["model.seed"],
     ENGINE["model.cpu_threads"],
+    Spec("engine.remote", "", "ws:// or wss:// URL of a remote engine (a pool's ingress, .../robots/<id>?model=<id>&"
+                              "rate_hz=<hz>&slo_ms=<ms>, or oxygen-ros serve), its API key from $OXYGEN_ROS_API_KEY;"
+                              " the model.* parameters are then unused. Empty: the model runs in this node"),
+    Spec("engine.timeout_s", 1.0, "with engine.remote: a reply later than this is lost (the groups are held and "
+                                  "the connection opened again)", "> 0"),
     Spec("cameras.topics", REQUIRED, "camera image topics (relative names), one per model image key"),
     Spec("cameras.keys", REQUIRED, "model image key for each topic of cameras.topics (same order)"),
     Spec("cameras.compressed", False, "subscribe to <topic>/compressed (sensor_msgs/CompressedImage, jpeg or "
@@ -194,6 +199,8 @@ class VlaParams:
     norm_stats: str = ""  # a stats file replacing the checkpoint's; "": its own
     state_units: StateUnits | None = None  # the joint state's names on the topic and its conversion; None: as is
     norm_mode: str = ""  # one mode for state and actions; "": the checkpoint's
+    remote: str = ""  # a remote engine's URL (`serving.client`); "": the model runs in the node
+    remote_timeout_s: float = 1.0
 
     @property
     def period_s(self) -> float:
@@ -298,6 +305,8 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         raise ParameterError(f"output.{velocity_groups[0]}.interface velocity needs velocities, and embodiment "
                              f"{embodiment.name} makes positions only (a velocity profile such as droid has them)")
     holds, limits = read_limits(values, groups, state_names)
+    handover = p.choice("output.handover", HANDOVERS)
+    remote = _remote(p, embodiment, keys, handover)
     return VlaParams(
         **{f.name: getattr(engine, f.name) for f in fields(EngineParams) if f.name != "embodiment_name"},
         camera_topics=topics,
@@ -317,7 +326,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         stream_every=p.integer("language.stream_every"),
         max_chars=p.integer("instruction.max_chars", minimum=1),
         status_rate_hz=p.number("status.rate_hz", positive=True),
-        handover=p.choice("output.handover", HANDOVERS),
+        handover=handover,
         ensemble_m=p.number("output.temporal_ensemble_m"),
         rtc_overlap=p.integer("output.rtc_overlap"),
         groups=groups,
@@ -329,7 +338,31 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
         rtc=read_rtc(p),
         state_units=_state_units(values, state_names),
+        remote=remote,
+        remote_timeout_s=p.number("engine.timeout_s", positive=True),
     )
+
+
+def _remote(p: Reader, embodiment: Embodiment, camera_keys: tuple[str, ...], handover: str) -> str:
+    """engine.remote, checked: a websocket URL, a profile that names openpi's keys, a camera for each image the
+    policy requires, and no hand-over that needs the engine in the node."""
+    url = p.text("engine.remote")
+    if not url:
+        return ""
+    if not url.startswith(("ws://", "wss://")):
+        raise ParameterError(f"engine.remote must be a ws:// or wss:// URL, got {url[:80]!r}")
+    if embodiment.openpi_keys is None:
+        raise ParameterError(f"engine.remote: embodiment {embodiment.name} has no openpi_keys section, so it does not "
+                             "say what the remote engine reads (docs/embodiments.md)")
+    keys = embodiment.openpi_keys
+    missing = [key for key, model_key in keys.images if key not in keys.optional_images and model_key not in camera_keys]
+    if missing:
+        raise ParameterError(f"engine.remote: embodiment {embodiment.name}'s policy requires the images {missing}; "
+                             f"map a camera to each of {[dict(keys.images)[key] for key in missing]} in cameras.keys")
+    if handover == "rtc_guided":
+        raise ParameterError("output.handover rtc_guided guides the model's sampling in this node: with engine.remote "
+                             "take another hand-over")
+    return url
 
 
 def read_description_wait(values: dict[str, Any]) -> float:

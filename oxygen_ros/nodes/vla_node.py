@@ -52,6 +52,7 @@ if __name__ == "__main__":  # `python -m`: catch the stop signals before the imp
 
     sys.exit(run("vla_node"))
 
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -85,6 +86,7 @@ from oxygen_ros.robots.instruction import Instruction
 from oxygen_ros.robots.rtc_guide import REFUSED, Plain, rtc_guide
 from oxygen_ros.robots.session import RobotSession
 from oxygen_ros.robots.state_check import StateCheck
+from oxygen_ros.serving.client import API_KEY_ENV, RemoteEngine, RemoteError
 
 from .clock_check import CLOCK_MISMATCH, ClockCheck
 from .command_messages import plan_messages, plan_stamp_ns
@@ -136,6 +138,8 @@ class VlaNode(ManagedNode):
         self.autostart_param = p.autostart
         self.add_on_set_parameters_callback(self._refuse_clock_change)
         self.runtime: Runtime | None = None
+        self.remote: RemoteEngine | None = None  # with engine.remote: the engine this node sends its frames to
+        self.policy = None
         self.rtc = None  # with handover rtc_guided: the robot's real-time chunking (`robots.rtc_guide`)
         self.decoder: DecodeThread | None = None
         self.control_timer = None
@@ -175,30 +179,26 @@ class VlaNode(ManagedNode):
 
     def _configure(self) -> None:
         p = self.params
-        self.policy = load_policy(p)
-        config = self.policy.config
-        self.horizon = p.horizon or config.action_horizon
+        if p.remote:  # the engine is elsewhere: frames go there, the checks and the command path stay here
+            self.remote = RemoteEngine(p.remote, os.environ.get(API_KEY_ENV) or None, p.embodiment.openpi_keys,
+                                       len(p.action_names), p.remote_timeout_s)
+            self.horizon, image_size, source = p.horizon or None, 0, f"remote engine {p.remote.split('?')[0]}"
+        else:
+            self.policy = load_policy(p)
+            self.horizon, image_size = p.horizon or self.policy.config.action_horizon, \
+                self.policy.config.vision.image_size
+            source = f"{self.policy.source} on {p.device}"
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
-                             future_tolerance_s=p.future_tolerance_s,
-                             images=ImageLimits(p.max_pixels, config.vision.image_size))
+                             future_tolerance_s=p.future_tolerance_s, images=ImageLimits(p.max_pixels, image_size))
         self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits,
                                   StateCheck(p.groups, p.limits, p.state_names), p.state_units)
         self._acted = 0
         self._narrated_version = -1
         self._tick_times: deque[float] = deque(maxlen=500)  # whole control tick (frame, act, publish)
-        self._act_times: deque[float] = deque(maxlen=500)  # runtime.act alone
+        self._act_times: deque[float] = deque(maxlen=500)  # runtime.act (or the remote engine's round trip) alone
         self._frame_ages: deque[float] = deque(maxlen=500)  # tick start (node clock) - source image stamp
-        # real-time chunking (handover rtc_guided): the chunk being executed and the measured delays guide each frame
-        self.rtc = rtc_guide(p.handover, p.rtc, self.path.step_ns, self.horizon, config, p.embodiment,
-                             self.policy.norm_stats)
-        self.runtime = build_runtime(p, self.policy, self._publish_text, stream_every=p.stream_every,
-                                     deadline_margin_s=p.deadline_margin_s,
-                                     rtc=self.rtc.config if self.rtc else None)
-        self.session = RobotSession(self.runtime, p.embodiment, self.instruction, len(p.action_names))
-        warm_up, _ = self.session.frame({key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8)
-                                         for key in p.camera_keys}, np.zeros(len(p.state_names)), False)
-        self.runtime.warm_up(warm_up.inputs)
-        self.runtime.start()
+        if self.remote is None:
+            self._start_engine()
         self.decoder = DecodeThread(self.inputs)
         self.chunk_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
         self.group_pubs = []
@@ -222,17 +222,36 @@ class VlaNode(ManagedNode):
         self.create_subscription(String, "instruction", self._on_instruction, LATCHED_QOS)
         limits_text = "none" if p.limits is None else f"{p.limit_policy} ({len(p.limits.joints)} joints)"
         self.get_logger().info(
-            f"{self.policy.source} on {p.device}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
+            f"{source}: cameras {dict(zip(p.camera_topics, p.camera_keys, strict=True))}, "
             f"{len(p.state_names)} state / {len(p.action_names)} action joints, embodiment {p.embodiment.name}, "
-            f"{p.rate_hz:g} Hz, horizon {self.horizon} x {p.time_step_s:g} s, language {p.language_policy}, "
+            f"{p.rate_hz:g} Hz, horizon {self.horizon or 'of each reply'} x {p.time_step_s:g} s, language "
+            f"{'none (remote engine)' if self.remote else p.language_policy}, "
             f"hand-over {p.handover}, limits {limits_text}"
             + "".join(f", {g.name} -> {self.group_pubs[i][1].topic_name} {list(g.joints)} (hold {p.holds[i]})"
                       for i, g in enumerate(p.groups)))
-        if self.policy.embodiment_warning:
+        if self.policy is not None and self.policy.embodiment_warning:
             self.get_logger().warning(f"{self.policy.embodiment_warning} (starting: embodiment_override is true)")
+
+    def _start_engine(self) -> None:
+        """The model in this node: loaded runtime, warmed up with one frame, started."""
+        p, config = self.params, self.policy.config
+        # real-time chunking (handover rtc_guided): the chunk being executed and the measured delays guide each frame
+        self.rtc = rtc_guide(p.handover, p.rtc, self.path.step_ns, self.horizon, config, p.embodiment,
+                             self.policy.norm_stats)
+        self.runtime = build_runtime(p, self.policy, self._publish_text, stream_every=p.stream_every,
+                                     deadline_margin_s=p.deadline_margin_s,
+                                     rtc=self.rtc.config if self.rtc else None)
+        self.session = RobotSession(self.runtime, p.embodiment, self.instruction, len(p.action_names))
+        warm_up, _ = self.session.frame({key: np.zeros((WARM_UP_PIXELS, WARM_UP_PIXELS, 3), np.uint8)
+                                         for key in p.camera_keys}, np.zeros(len(p.state_names)), False)
+        self.runtime.warm_up(warm_up.inputs)
+        self.runtime.start()
 
     def _release_engine(self) -> None:
         """Undo `_configure` (whatever of it was done): threads joined, the model dropped."""
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
         if self.decoder is not None:
             self.decoder.close()
             self.decoder = None
@@ -316,6 +335,9 @@ class VlaNode(ManagedNode):
         narrate = self._should_narrate()
         try:
             chunk, actions = self._act(frame, narrate, (now_ns - frame.stamp_ns) / 1e9)
+        except RemoteError as err:
+            self._remote_failed(err)
+            return
         except Exception as err:  # a model error must not stop the robot's node; it is reported instead
             self.model_errors += 1
             self.state, self.detail = MODEL_ERROR, f"{type(err).__name__}: {err}"
@@ -327,7 +349,7 @@ class VlaNode(ManagedNode):
         if narrate:
             self._narrated_version = self.instruction.version
         step_ns = self.path.step_ns  # point i of the chunk is for its frame's time + (i + 1) steps
-        command = self.path.command(actions[:self.horizon], frame.stamp_ns + step_ns,
+        command = self.path.command(actions[:self.horizon or None], frame.stamp_ns + step_ns,
                                     self.get_clock().now().nanoseconds, self.inputs.state)
         if isinstance(command, Refusal):
             self._refused(command)
@@ -339,6 +361,16 @@ class VlaNode(ManagedNode):
         self._act_times.append(chunk.latency_s)
         self._frame_ages.append((now_ns - frame.stamp_ns) / 1e9)
         self._tick_times.append(time.perf_counter() - start)
+
+    def _remote_failed(self, err: RemoteError) -> None:
+        """A frame the remote engine gave no chunk to act on: the groups are held, whatever the kind (an engine out
+        of reach is a stale input; a chunk from a replica that no longer owns the robot never reaches a
+        controller), the state names it, and it is logged (throttled per kind) and counted (`RemoteEngine`)."""
+        self.state, self.detail = err.kind, str(err)
+        if (suffix := self._throttled(("remote", err.kind))) is not None:
+            self.get_logger().warning(f"remote engine: {self.detail} ({self.remote.failures[err.kind]} such frames "
+                                      f"so far){suffix}")
+        self._hold(err.kind)
 
     def _refused(self, refusal: Refusal) -> None:
         """A chunk the command path did not pass: logged (throttled per kind), state set, and the groups held,
@@ -396,6 +428,11 @@ class VlaNode(ManagedNode):
     def _act(self, frame: InputFrame, narrate: bool, age_s: float):
         """The chunk (the camera frame_id travels as its context, for the narration) and the robot's absolute
         command [H, joints (x2 with velocities)] the robot's session makes of it (`robots.session`)."""
+        if self.remote is not None:  # the reply: openpi's actions, made the robot's command as the session makes one
+            chunk = self.remote.act(frame.images, frame.state, self.instruction.text)
+            embodiment = self.params.embodiment
+            return chunk, embodiment.actions_to_robot(embodiment.openpi_to_model(chunk.actions, frame.state),
+                                                      frame.state).stacked()
         start = time.perf_counter()  # the chunk's latency includes preprocessing
         # the frame's state in the model's space, for real-time chunking only (the session makes its own)
         model_state = self.params.embodiment.state_to_model(frame.state) if self.rtc is not None else None
@@ -436,6 +473,8 @@ class VlaNode(ManagedNode):
 
     def _should_narrate(self) -> bool:
         policy = self.params.language_policy
+        if self.remote is not None:  # narration is not carried through a remote engine
+            return False
         if policy == "every_n_frames":
             return self._acted % self.params.every_n_frames == 0
         if policy == "on_instruction_change":
@@ -474,15 +513,16 @@ class VlaNode(ManagedNode):
 
     def health(self) -> Health:
         safety = {"lifecycle": self.lifecycle, "configure_error": self.failure or "none", **self.path.counts()}
-        if self.runtime is None:  # not configured: no engine to report on
+        if self.runtime is None and self.remote is None:  # not configured: no engine to report on
             return Health(state=self.state, detail=self.detail, stats=NO_STATS, target_rate_hz=self.params.rate_hz,
                           actions_published=self.actions_published, dropped_frames=0, values=safety)
-        worker_error = self.runtime.worker_error
+        worker_error = self.runtime.worker_error if self.runtime is not None else None
         overhead = [t - a for t, a in zip(self._tick_times, self._act_times, strict=True)]
         drops = self.inputs.drop_counts()
         image_age, state_age = self.inputs.image_age_ns, self.inputs.state_age_ns
         return Health(
-            state=self.state, detail=self.detail, stats=self.runtime.stats(), target_rate_hz=self.params.rate_hz,
+            state=self.state, detail=self.detail, stats=self.runtime.stats() if self.runtime is not None else NO_STATS,
+            target_rate_hz=self.params.rate_hz,
             actions_published=self.actions_published, dropped_frames=sum(drops.values()),
             worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
             language_error=self.language_error,
@@ -503,6 +543,7 @@ class VlaNode(ManagedNode):
                 "nonfinite_chunks": self.path.nonfinite_chunks + self.path.overflows,
                 "handover": self.params.handover,
                 **(self.rtc.counts() if self.rtc is not None else {}),
+                **(self.remote.counts() if self.remote is not None else {}),
                 "chunks_unused": self.path.chunks_unused,
                 "clock_mismatch": self.clock_check.hint() or "none",
                 "instructions_ignored": self.instruction.ignored,

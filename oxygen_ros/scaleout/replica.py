@@ -30,9 +30,9 @@ from ..control.embodiment import Embodiment
 from ..engine.runtime import ActionChunk, RuntimeConfig
 from ..fleet.server import FleetServer, NotServed
 from ..fleet.specs import ModelSpec, ServedRobot
+from ..serving.fence import PLACEMENT_KEY
 from ..serving.protocol import ProtocolError, unpack
 from ..serving.requests import RequestError, RequestReader
-from .fence import PLACEMENT_KEY
 from .routing import Route
 
 WAIT_SLICE_S = 0.05

@@ -43,6 +43,24 @@ def test_openpi_actions_are_the_robot_command_with_velocities_left_as_velocities
     np.testing.assert_array_equal(load_embodiment("absolute").openpi_actions(model[:, :5], state), model[:, :5])
 
 
+@pytest.mark.parametrize("name", ["absolute", "aloha", "droid"])
+def test_a_remote_engines_openpi_reply_becomes_the_command_the_local_engine_makes(name):
+    """A robot served by a remote engine gets openpi's reply (`openpi_actions`); `openpi_to_model` takes it back to
+    the model's actions, so the robot's command is the local engine's, action filter (DROID's clip) included."""
+    profile = load_embodiment(name)
+    rng = np.random.default_rng(1)
+    width = 5 if profile.kinds is None else len(profile.kinds)
+    model = rng.uniform(-1.5, 1.5, (10, width))  # past DROID's clip of [-1, 1]: the robot side clips
+    state = rng.uniform(-0.5, 0.5, profile.state_dims or width)
+    if name == "aloha":
+        state[[6, 13]] = 0.03  # a finger position inside the gripper's range (m)
+        model[:, [6, 13]] = rng.uniform(0.1, 0.9, (10, 2))
+    reply = profile.openpi_actions(model, state)
+    local, remote = profile.actions_to_robot(model, state), profile.actions_to_robot(
+        profile.openpi_to_model(reply, state), state)
+    np.testing.assert_allclose(remote.stacked(), local.stacked(), atol=1e-9)
+
+
 def test_droid_velocities_are_normalized_steps_of_0_2_rad_added_to_the_frame_state():
     """DROID's `joint_velocity_to_delta`: v = 0.5 moves a joint 0.1 rad per 15 Hz step, so 15 steps (1 s) end
     1.5 rad from the frame's joints at 1.5 rad/s (1.0 = 3 rad/s)."""

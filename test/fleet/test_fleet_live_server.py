@@ -1,4 +1,4 @@
-"""A fleet server whose robots come and go (what a fleet node under the fleet controller runs; real tiny models on
+"""A fleet server whose robots come and go (what a replica of the Ray pool runs; real tiny models on
 CPU): it starts with no robot, loads a model on its first robot, serves it, stops taking a removed robot's frames
 while those in flight still finish, and lets a model go once no robot needs it and none of its frames is left."""
 

@@ -1,11 +1,9 @@
-"""The fleet controller's placement without ROS (`fleet/placement.py`): robots stay where they are unless they could
-not fit otherwise, a join is accepted with its server or refused with the reason, a leave frees its share, a lapsed
+"""The live placement without ROS (`fleet/placement.py`, which the Ray pool's controller runs): robots stay where
+they are unless they could not fit otherwise, a join is accepted with its server or refused with the reason, a leave frees its share, a lapsed
 server's robots (only they) are re-placed, re-plans are rate-limited, and a restarted controller takes the
-placement back without moving anyone."""
+placement back from the servers' reports without moving anyone."""
 
 import math
-
-import pytest
 
 from oxygen_ros.fleet.placement import FleetPlacement, solve
 from oxygen_ros.fleet.traffic import RobotSpec
@@ -129,23 +127,16 @@ def test_robots_that_fit_nowhere_wait_with_the_reason_and_are_placed_when_a_serv
     fleet.server_down(down)
     fleet.tick(1.0)
     assert len(fleet.unplaced) == 2 and all("lapsed" in why for why in fleet.unplaced.values())
-    document = fleet.document()
-    assert set(document["unplaced"]) == set(fleet.unplaced) and not document["servers"][down]["alive"]
+    assert down not in fleet.alive
     assert fleet.server_up(down) and not fleet.server_up(down)
     assert fleet.tick(2.0) and not fleet.unplaced and len(fleet.server_of) == 4
 
 
-def test_a_restarted_controller_takes_the_placement_back_without_moving_anyone():
+def test_a_restarted_controller_takes_the_placement_back_from_the_servers_without_moving_anyone():
     fleet = placement()
     for i in range(5):
         fleet.join(spec(f"r{i}", "ab"[i % 2], rate=2.0 + i, slo=0.1 + i / 100))
-    document = fleet.document()
-    restarted = placement()
-    restarted.restore(document)
-    assert restarted.document() == document and restarted.version == fleet.version
-    assert restarted.join(spec("r9", "a")).version == fleet.version + 1
-    assert {r: s for r, s in restarted.server_of.items() if r != "r9"} == fleet.server_of
-    # from the servers' own reports (no assignment heard): the same placement, the newest report's version
+    # from the servers' own reports: the same placement, the newest report's version
     reports = {s: {"version": fleet.version, "robots": {r.robot_id: {"model_id": r.model_id, "rate_hz": r.rate_hz,
                                                                        "slo_s": r.slo_s} for r in fleet.robots_on(s)}}
                for s in fleet.servers}
@@ -158,8 +149,8 @@ def test_a_restarted_controller_takes_the_placement_back_without_moving_anyone()
     rebuilt.restore_from_servers(reports)
     assert rebuilt.server_of == fleet.server_of and rebuilt.version == fleet.version
     assert rebuilt.robots == fleet.robots
-    with pytest.raises(ValueError, match="servers this controller does not have"):
-        placement(servers=("s0",)).restore(document)
+    assert rebuilt.join(spec("r9", "a")).version == fleet.version + 1
+    assert {r: s for r, s in rebuilt.server_of.items() if r != "r9"} == fleet.server_of
 
 
 def test_the_milp_keeps_pinned_robots_and_leaves_out_optional_ones_that_do_not_fit():
@@ -171,21 +162,3 @@ def test_the_milp_keeps_pinned_robots_and_leaves_out_optional_ones_that_do_not_f
     assert solution.server_of == {"p": "s1", "o2": "s1"} and solution.unplaced == ["o1"]
     assert solve(robots, loads, ["s0"], 1.0) is None  # every robot required, one server: no placement
     assert solve([], {}, [], 1.0).server_of == {}
-
-
-def test_robots_a_server_reports_late_are_adopted_where_they_are_at_the_same_version_only():
-    fleet = placement()
-    for i in range(3):
-        fleet.join(spec(f"r{i}", "a"))
-    where = fleet.server_of["r0"]
-    document = fleet.document()
-    restarted = placement()
-    restarted.restore({**document, "server_of": {r: s for r, s in document["server_of"].items() if s != where},
-                       "model_of": {r: m for r, m in document["model_of"].items() if fleet.server_of[r] != where}})
-    report = {"version": fleet.version, "robots": {r.robot_id: {"model_id": "a", "rate_hz": 5.0, "slo_s": 0.1}
-                                                   for r in fleet.robots_on(where)}}
-    assert restarted.adopt(where, {**report, "version": fleet.version - 1}) == []  # not this placement's
-    adopted = restarted.adopt(where, report)
-    assert adopted and all(restarted.server_of[r] == where for r in adopted)
-    assert restarted.server_of == fleet.server_of and restarted.version == fleet.version + 1
-    assert restarted.adopt(where, {**report, "version": restarted.version}) == []  # known: nothing to adopt

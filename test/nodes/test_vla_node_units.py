@@ -537,6 +537,24 @@ def test_parameters_are_validated_with_clear_errors():
             read_parameters(parameter_values(**changes))
 
 
+def test_a_remote_engine_is_a_websocket_url_whose_profile_says_what_it_reads(tmp_path):
+    url = "ws://pool:8000/robots/arm1?model=a&rate_hz=5&slo_ms=200"
+    params = read_parameters(parameter_values(engine__remote=f" {url} ", engine__timeout_s=2))
+    assert (params.remote, params.remote_timeout_s) == (url, 2.0)
+    assert read_parameters(parameter_values()).remote == ""  # unset: the model runs in the node
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\nabout: absolute positions, no openpi keys\n")
+    for changes, message in (
+            ({"engine__remote": "http://pool:8000"}, "engine.remote must be a ws:// or wss:// URL"),
+            ({"engine__remote": url, "engine__timeout_s": 0.0}, "engine.timeout_s must be > 0"),
+            ({"engine__remote": url, "embodiment": str(bare)}, "embodiment bare has no openpi_keys section"),
+            ({"engine__remote": url, "cameras__keys": ["left_wrist_0_rgb", "right_wrist_0_rgb"]},
+             r"requires the images \['observation/image'\]; map a camera to each of \['base_0_rgb'\]"),
+            ({"engine__remote": url, "output__handover": "rtc_guided"}, "with engine.remote take another hand-over")):
+        with pytest.raises(ParameterError, match=message):
+            read_parameters(parameter_values(**changes))
+
+
 def test_decode_policy_parameters_choose_adaptive_k_with_its_floor_or_a_fixed_k():
     params = read_parameters(parameter_values())  # the default: adaptive k, one step a frame owed
     assert (params.tokens_per_frame, params.min_steps_per_frame) == (0, 1)

@@ -16,7 +16,6 @@ import yaml
 from oxygen_ros.nodes.fleet_parameters import DEFAULTS as FLEET_DEFAULTS
 from oxygen_ros.nodes.parameters import SPECS
 from oxygen_ros.nodes.replay_node import build_parser as replay_parser
-from oxygen_ros.robots.inputs import MAX_PIXELS
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_PARAMETERS = {spec.name for spec in SPECS} | {"use_sim_time"}
@@ -231,45 +230,30 @@ def test_demo_launch_matches_the_demo_command_and_its_parameter_files_are_node_p
         assert {w for w in words if w.startswith("--")} <= options[words[1]]
 
 
-def node_defaults(module: str) -> dict:
-    """The node's DEFAULTS table read from its source (importing the node would load rclpy and torch): literals,
-    and the shared constants it names."""
-    source = (REPO / "oxygen_ros" / "nodes" / f"{module}.py").read_text()
-    table = re.search(r"^DEFAULTS = (\{.*?\n\})", source, re.S | re.M).group(1)
-    return eval(compile(ast.parse(table, mode="eval"), module, "eval"), {"__builtins__": {}, "MAX_PIXELS": MAX_PIXELS})
-
-
-def test_fleet_launch_starts_the_controller_and_fleet_nodes_with_the_installed_parameter_file():
+def test_fleet_launch_starts_a_fleet_node_with_the_installed_parameter_file():
     import yaml
 
     tree = parse("launch/fleet.launch.py")
     nodes = calls(tree, "Node")
     executables = {keyword(node, "executable").value for node in nodes}
     from_setup, from_cmake = installed_executables()
-    assert executables == {"fleet_node", "fleet_controller"} and executables <= from_setup & from_cmake
+    assert executables == {"fleet_node"} and executables <= from_setup & from_cmake
     assert all(keyword(node, "package").value == package_name() for node in nodes)
-    assert launch_configurations(tree) <= declared_arguments(tree) == {"params_file", "gpus", "profile_file",
-                                                                       "assignment_file", "gpu_index",
-                                                                       "metrics_port"}
+    assert launch_configurations(tree) <= declared_arguments(tree) == {"params_file", "profile_file",
+                                                                       "assignment_file", "gpu_index"}
     (default_params,) = calls(assigned(tree, "ARGUMENTS"), "PathJoinSubstitution")
     config = share_path(default_params)
     assert config == REPO / "config" / "fleet.yaml"
-    # every key of the shipped file is a parameter the node it is for declares, with the same type as its default
-    fleet, controller = FLEET_DEFAULTS, node_defaults("fleet_controller")
+    # every key of the shipped file is a parameter the node declares, with the same type as its default
     shipped = yaml.safe_load(config.read_text())
-    parameters, own = shipped["/**"]["ros__parameters"], shipped["fleet_controller"]["ros__parameters"]
-    assert set(parameters) == set(fleet) and set(own) <= set(controller) <= set(parameters) | set(own)
-    assert all(type(parameters[k]) is type(v) for k, v in fleet.items()), "a type differs from the node's"
-    assert all(type(own[k]) is type(controller[k]) for k in own), "a type differs from the controller's"
-    assert all(type(parameters[k]) is type(controller[k]) for k in set(controller) - set(own))
+    assert set(shipped) == {"/**"}
+    parameters = shipped["/**"]["ros__parameters"]
+    assert set(parameters) == set(FLEET_DEFAULTS)
+    assert all(type(parameters[k]) is type(v) for k, v in FLEET_DEFAULTS.items()), "a type differs from the node's"
     assert len(parameters["robots"]) == len(parameters["robot_models"])
-    # the parameters the launch file sets are declared by the node it sets them on
-    overrides = [set(constant_strings(d)) & (set(fleet) | set(controller)) for d in ast.walk(tree)
-                 if isinstance(d, ast.Dict)]
-    assert {"gpu_index", "server_name", "assignment_topic", "profile_file", "servers",
-            "metrics_port"} <= set().union(*overrides)
+    # the parameters the launch file sets are declared by the node
     source = (REPO / "launch" / "fleet.launch.py").read_text()
-    assert '"servers": [f"gpu{g}"' in source and '"server_name": f"gpu{g}"' in source
+    assert {"gpu_index", "profile_file", "assignment_file"} <= {name for name in FLEET_DEFAULTS if f'"{name}"' in source}
 
 
 def test_launch_tests_are_importable_by_plain_pytest():

@@ -96,9 +96,10 @@ LEVELS = {
     "data": 3, "fleet": 3,  # episodes and bags (their reports use the engine's percentiles); serving many robots
     "sim": 4, "evaluation": 4,  # the simulator (it records episodes); benchmarks and the fleet simulator
     "robots": 4,  # what every commanded robot goes through: the command path, the state check
-    "nodes": 5, "serving": 5,  # ROS nodes (the robot client scores with evaluation's robot side); openpi's protocol
-    "scaleout": 6,  # the fleet on Ray Serve: replicas of the fleet server behind openpi's protocol
-    "commands": 7,  # the oxygen-ros command and the commands that are only that
+    "serving": 5,  # openpi's protocol: the server, and the robot side's client and fence
+    "nodes": 6,  # ROS nodes (the robot client scores with evaluation's robot side; a remote engine is a client)
+    "scaleout": 7,  # the fleet on Ray Serve: replicas of the fleet server behind openpi's protocol
+    "commands": 8,  # the oxygen-ros command and the commands that are only that
 }
 
 
@@ -185,12 +186,12 @@ def test_the_nodes_without_a_model_start_without_torch_or_lerobots_format():
     assert loaded_after_importing(nodes, ("torch", "transformers", "pyarrow", "av")) == []
 
 
-def test_the_fleet_controller_starts_without_torch_the_runtime_or_evaluation():
-    """The fleet controller places robots and runs no model: what it plans with (the simulator on the profile
-    table, the SLO-safe loads, the controller's messages) lies in `fleet/` and imports neither torch nor the
-    engine's runtime, and nothing of `evaluation/` (which serves nothing)."""
+def test_the_pools_routing_table_loads_without_torch_the_runtime_or_evaluation():
+    """The pool's placement controller places robots and runs no model: its routing table over the fleet
+    placement (`scaleout.routing`, `fleet.placement`) imports neither torch nor the engine's runtime, and nothing of
+    `evaluation/` (which serves nothing)."""
     watched = ("torch", "transformers", "oxygen_ros.engine.runtime", "oxygen_ros.evaluation")
-    assert loaded_after_importing(["oxygen_ros.nodes.fleet_controller"], watched) == []
+    assert loaded_after_importing(["oxygen_ros.scaleout.routing"], watched) == []
 
 
 # The front ends receive and reply; the engine is built and driven from `robots/` (its parameters, `build_runtime` /

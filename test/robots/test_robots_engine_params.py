@@ -74,9 +74,8 @@ def test_a_bad_engine_value_is_the_same_line_in_every_front_end(engine_name, val
 
 def test_the_fleet_nodes_own_parameters_are_checked_by_their_specs():
     defaults = {spec.name: spec.default for spec in FLEET_SPECS}
-    for name, value, line in (("rate_burst", 0.5, "rate_burst must be >= 1, got 0.5"),
-                              ("max_robots_per_model", 0, "max_robots_per_model must be an integer >= 1, got 0"),
-                              ("heartbeat_period_s", 0.0, "heartbeat_period_s must be > 0, got 0.0"),
+    for name, value, line in (("max_batch", 0, "max_batch must be an integer >= 1, got 0"),
+                              ("status_rate_hz", 0.0, "status_rate_hz must be > 0, got 0.0"),
                               ("design", "lockstep", "design must be one of monolithic | robion | disaggregated, "
                                                      "got 'lockstep'"),
                               ("robots", ["a", "a"], "robots lists ['a'] more than once")):

@@ -13,15 +13,24 @@ import time
 
 import pytest
 import ray
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from ray import serve
 from ray.cluster_utils import Cluster
+from test_replay_node import Child
+from test_vla_node_embodiment import CAMERAS as DROID_CAMERAS
+from test_vla_node_embodiment import DROID
+from test_vla_node_embodiment import JOINTS as DROID_JOINTS
+from test_vla_node_ros import REPO, STARTUP_TIMEOUT_S, Spinner, wait_until
+from trajectory_msgs.msg import JointTrajectory
 from websockets.exceptions import ConnectionClosedError
 
 from oxygen_ros.commands.bench_client import droid_request
+from oxygen_ros.nodes.latency_probe import SensorPublisher
 from oxygen_ros.scaleout.deployments import ACTIVE_S, APP
-from oxygen_ros.scaleout.fence import ChunkFence
 from oxygen_ros.scaleout.pool import PoolConfig, start_pool
+from oxygen_ros.serving.fence import ChunkFence
 from oxygen_ros.serving.protocol import pack, unpack
 
 pytestmark = pytest.mark.system
@@ -125,6 +134,46 @@ def test_a_chunk_from_the_replica_a_robot_was_moved_away_from_is_dropped_by_the_
     finally:
         policy._ws.close()
     wait_for(lambda: not status(pool)["routes"], "the robot to leave")
+
+
+def test_a_ros_robot_reaches_the_pool_through_the_ingress_with_the_vla_nodes_remote_engine(
+        pool, ros_context, ros_env, model_cache):
+    """The VLA node (config/droid.yaml, armed) with `engine.remote` on the ingress: it joins with its URL's query,
+    its chunks carry the placement its fence holds, they go out on action_chunk; its exit is the robot's leave."""
+    robot = rclpy.create_node("droid_side", context=ros_context)
+    sensors = SensorPublisher(robot, DROID_CAMERAS, DROID_JOINTS)
+    chunks, diagnostics = [], []
+    robot.create_subscription(JointTrajectory, "action_chunk", chunks.append, 100)
+    robot.create_subscription(DiagnosticArray, "/diagnostics", lambda msg: diagnostics.extend(
+        {kv.key: kv.value for kv in status.values} for status in msg.status if status.name == "/vla_node: vla engine"),
+        100)
+    spinner = Spinner(ros_context, [robot])
+    url = f"ws://127.0.0.1:{pool['port']}/robots/rros?model=a&rate_hz=5&slo_ms=2000"
+    child = Child(["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(DROID), "--params-file",
+                   str(REPO / "test" / "data" / "armed.yaml"), "-p", f"engine.remote:={url}", "-p", "engine.timeout_s:=10.0",
+                   "-p", "control.rate_hz:=5.0", "-p", "control.max_image_age_s:=1.0",
+                   "-p", "control.max_state_age_s:=1.0", "-p", "instruction.default:=pick up the cube"],
+                  dict(ros_env, XDG_CACHE_HOME=str(model_cache), OXYGEN_ROS_API_KEY=KEY))
+
+    def commanded() -> bool:
+        sensors.publish_frame()
+        time.sleep(1 / 20)
+        return len(chunks) >= 3
+
+    try:
+        assert wait_until(commanded, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        route = status(pool)["routes"]["rros"]
+        assert wait_until(lambda: commanded() and diagnostics[-1:] and int(diagnostics[-1]["remote_chunks"]) >= 3,
+                          30), diagnostics[-1:]
+        assert diagnostics[-1]["placement"] == f"{route['replica']}@{route['epoch']}", (diagnostics[-1], route)
+        assert diagnostics[-1]["remote_fenced"] == "0" and diagnostics[-1]["state"] == "running", diagnostics[-1]
+        rc, output = child.stop()
+    finally:
+        child.stop()
+        spinner.close([robot])
+    assert rc == 0, output
+    assert list(chunks[-1].joint_names) == DROID_JOINTS and "remote engine ws://127.0.0.1" in output
+    wait_for(lambda: "rros" not in status(pool)["routes"], "the ROS robot to leave with its node", pool)
 
 
 def test_a_robot_whose_model_no_replica_loads_is_placed_again_then_refused_with_the_reason(pool):

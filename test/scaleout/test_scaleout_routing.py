@@ -14,9 +14,9 @@ from oxygen_ros.engine.runtime import RuntimeConfig
 from oxygen_ros.engine.scheduler import SchedulerConfig
 from oxygen_ros.fleet.specs import ModelSpec
 from oxygen_ros.fleet.traffic import RobotSpec
-from oxygen_ros.scaleout.fence import ChunkFence
 from oxygen_ros.scaleout.replica import ReplicaCore
 from oxygen_ros.scaleout.routing import Route, make_table
+from oxygen_ros.serving.fence import ChunkFence
 from oxygen_ros.serving.protocol import pack
 from oxygen_ros.serving.requests import RequestError
 
