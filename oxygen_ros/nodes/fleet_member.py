@@ -22,7 +22,6 @@ from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embo
 from oxygen_ros.fleet import messages
 from oxygen_ros.fleet.rate_cap import RateCap
 from oxygen_ros.fleet.specs import ServedRobot
-from oxygen_ros.robots.engine import embodiment_fit
 
 from .qos import LATCHED_QOS
 
@@ -89,9 +88,7 @@ class FleetMember:
             self._refuse_robot(robot, str(err))
             return
         try:
-            embodiment_fit(embodiment, self.server.trained_on[robot.model_id], self.joint_names,
-                           self.params["embodiment_override"], f"model {robot.model_id}")
-            port = self._add_robot(robot, self.joint_names, embodiment)
+            port = self._add_robot(robot, embodiment)
         except ValueError as err:
             self.server.remove_robot(robot.robot_id)
             self.server.forget_robot(robot.robot_id)

@@ -106,7 +106,7 @@ from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
 from .fleet_member import FleetMember
-from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
+from .fleet_parameters import FLEET_SPECS, declare_robot_parameters, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
     SKIPPED_TICK_STATES,
@@ -123,8 +123,10 @@ from .parameters import (
     ParameterError,
     declare,
     declare_output_parameters,
+    read_units,
 )
 from .qos import LATCHED_QOS, SENSOR_QOS
+from .robot_description import description_from_topic
 
 NODE_NAME = "fleet_server"
 LOG_THROTTLE_S = 5.0
@@ -198,7 +200,7 @@ class RobotPort:
                                     self.robot.model_id)
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
                            (self.compressed,) * len(self.cameras), joint_names, self.limits,
-                           StateCheck(path.groups, path.limits, joint_names))
+                           StateCheck(path.groups, path.limits, joint_names), read_units(self.output, joint_names))
 
 
 class FleetNode(ManagedNode, FleetMember):
@@ -221,7 +223,6 @@ class FleetNode(ManagedNode, FleetMember):
         self.ports: dict[str, RobotPort] = {}
         self.draining: dict[str, RobotPort] = {}  # robots moved away whose frames in flight still finish
         self.refused_unassigned = 0  # frames of robots not assigned here
-        self.joint_names: tuple[str, ...] = ()
         self.member_init()
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
@@ -291,16 +292,9 @@ class FleetNode(ManagedNode, FleetMember):
         else:
             self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "
                              f"{p['queue']}, buckets up to {p['max_batch']}")
-        joint_names = tuple(n for n in p["joint_names"] if n)
         embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
         for robot in served:
-            warning = embodiment_fit(embodiments[robot.robot_id], self.server.trained_on[robot.model_id],
-                                     joint_names, p["embodiment_override"], f"model {robot.model_id}", robot.robot_id)
-            if warning:
-                self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
-        for robot in served:
-            self._add_robot(robot, joint_names, embodiments[robot.robot_id])
-        self.joint_names = joint_names
+            self._add_robot(robot, embodiments[robot.robot_id])
         if live:
             self.join_controller()
         self._check_timer = self.create_timer(1.0 / p["rate_hz"], self._check_inputs)
@@ -311,7 +305,24 @@ class FleetNode(ManagedNode, FleetMember):
                                f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
-    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...], embodiment: Embodiment) -> RobotPort:
+    def _robot_parameters(self, robot: ServedRobot, namespace: str) -> tuple[dict, tuple[str, ...]]:
+        """A robot's output and state parameters (its own `per_robot.<robot>.*` over the node's), its URDF from
+        `/<ns>/robot_description` with `robot_description_wait_s`, and its joints (empty: its first joint
+        state's); ParameterError."""
+        values = declare_robot_parameters(self, robot.robot_id,
+                                          {**self.output, "joint_names": self.params["joint_names"]})
+        reader = Reader(values)
+        joint_names = tuple(n for n in reader.strings("joint_names") if n)
+        if not joint_names and (values["joints.state_rename"] or values["joints.state_convert"]):
+            raise ParameterError("joints.state_rename and joints.state_convert name joints of joint_names: give them")
+        wait_s = reader.number("robot_description_wait_s")
+        if wait_s > 0 and not reader.text("robot_description"):
+            values["robot_description"] = description_from_topic(self, wait_s, f"{namespace}/robot_description")
+        return values, joint_names
+
+    def _add_robot(self, robot: ServedRobot, embodiment: Embodiment) -> RobotPort:
+        """A robot served here: its parameters, its profile checked against its model, its port, subscriptions and
+        publishers; ValueError naming the robot."""
         p = self.params
         namespace = "/" + robot.robot_id
         cameras = self.server.model_config(robot.robot_id).camera_names
@@ -320,8 +331,16 @@ class FleetNode(ManagedNode, FleetMember):
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
         try:
-            port = RobotPort(self, self.server.runtime, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
-                             embodiment, self.output, embodiment.time_step or p["action_dt"])
+            values, joint_names = self._robot_parameters(robot, namespace)
+        except ParameterError as err:
+            raise ValueError(f"robot {robot.robot_id}: {err}") from None
+        warning = embodiment_fit(embodiment, self.server.trained_on[robot.model_id], joint_names,
+                                 p["embodiment_override"], f"model {robot.model_id}", robot.robot_id)
+        if warning:
+            self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
+        try:
+            port = RobotPort(self, self.server.runtime, namespace, robot, cameras, p["compressed"], joint_names,
+                             limits, p["instruction"], embodiment, values, embodiment.time_step or p["action_dt"])
         except (EmbodimentError, ParameterError) as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
         model = self.server.model_config(robot.robot_id)
