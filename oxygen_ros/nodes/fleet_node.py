@@ -246,8 +246,9 @@ class FleetNode(ManagedNode, FleetMember):
         if self.server is not None:
             self.worker_error = self.server.runtime.worker_error  # kept for the exit status
             self.server.close()
-            published = sum(p.actions_published for p in self.ports.values())
-            self.get_logger().info(f"published {published} action chunks")
+            if self.lifecycle != "unconfigured":  # not a configure that failed: its reason is the one line
+                published = sum(p.actions_published for p in self.ports.values())
+                self.get_logger().info(f"published {published} action chunks")
             self.server = None
         for port in [*self.ports.values(), *self.draining.values()]:
             if not port.closed:  # robots placed after configure: their entities go with configure's
