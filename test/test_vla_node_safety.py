@@ -183,14 +183,17 @@ def sides(kind: str, context, robots: int = 1, **kwargs) -> list[RobotSide]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cache, tmp_path, kind):
     """One walk for the VLA node's robot and for a fleet node's two robots (robot1 walked, robot2 beside it going
-    on): nothing commanded before activation, a plan past max_jump refused with one hold per group, silent cameras
-    held within one control period, deactivation and the exit holding every robot, the URDF clamping and slowing
-    every plan."""
+    on, with its own waist range): nothing commanded before activation, a plan past max_jump refused with one hold
+    per group, silent cameras held within one control period, deactivation and the exit holding every robot, the
+    URDF (and robot2's own range) clamping and the URDF slowing every plan."""
     # The URDF keeps left_waist within +-0.01 (the tiny model's values pass it) and right_waist at 0.001 rad/s
     # (every plan is too fast for it: clamp stretches the time grid).
     description = urdf({WAIST: (-0.01, 0.01, 1e6), SLOW: (-50.0, 50.0, 0.001)})
+    # the fleet's robot2 has its own, narrower waist range (its parameters over the node's)
+    own = {"per_robot": {"robot2": {"output": {"waist": {"lower": -0.005, "upper": 0.005}}}}} \
+        if kind == "fleet_node" else {}
     params = safety_file(tmp_path / "safety.yaml", {"max_jump": 0.5}, autostart=False, robot_description=description,
-                         limits={"policy": "clamp"})
+                         limits={"policy": "clamp"}, **own)
     robots = sides(kind, ros_context, robots=2)
     one, others = robots[0], robots[1:]
     lifecycle = Lifecycle(one.node, "/vla_node" if kind == "vla_node" else "/fleet_server")
@@ -295,14 +298,16 @@ def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cach
         spinner.close([r.node for r in robots])
     assert rc == 0, output
 
-    # Limits from the URDF, clamped: left_waist never leaves +-0.01 although the model's own values do
-    # (action_chunk carries them); every group plan is slowed for right_waist's 0.001 rad/s, all groups alike.
+    # Limits from the URDF, clamped: left_waist never leaves +-0.01 (the fleet's robot2: its own +-0.005) although
+    # the model's own values do (action_chunk carries them), and reaches the bound; every group plan is slowed for
+    # right_waist's 0.001 rad/s, all groups alike.
     step_ns = round(1e9 / rate)
     slow, max_velocity = REST.index(SLOW), 0.001
-    for robot in robots:
+    for robot, bound in zip(robots, (0.01, 0.005), strict=False):
         waist = np.concatenate([points(m)[1][:, 0] for m in plans_of(robot.heard, "waist")])
         model = np.concatenate([points(m)[1][:, 0] for m in robot.heard.get("action_chunk")])
-        assert np.abs(waist).max() <= 0.01 + 1e-12 and np.abs(model).max() > 0.01
+        assert np.abs(model).max() > 0.01 and np.isclose(np.abs(waist).max(), bound, rtol=0, atol=1e-12), \
+            (bound, np.abs(waist).max())
         for waist_plan, rest_plan in zip(plans_of(robot.heard, "waist"), plans_of(robot.heard, "rest"),
                                          strict=True):
             # one stretch for the whole plan: every step the same, in both groups' messages of the plan
