@@ -124,6 +124,7 @@ class RobotSide:
         self.lock = threading.Lock()
         self.values: dict[str, str] = {}
         self.messages: list[str] = []
+        self.statuses: list[tuple[bytes, str, dict[str, str]]] = []  # (level, message, values) of each status
         ours = f"/{namespace}: fleet engine" if kind == "fleet_node" else "/vla_node: vla engine"
         self.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: self._keep(
             [s for s in m.status if s.name == ours]), 50)
@@ -133,6 +134,7 @@ class RobotSide:
             for status in statuses:
                 self.values = diagnostic_values(status)
                 self.messages.append(status.message)
+                self.statuses.append((status.level, status.message, self.values))
 
     def frame(self, state, images: bool = True, joints: bool = True, stamp: int | None = None) -> int:
         """Both cameras (unless not `images`) and the joint state `state` (unless not `joints`), one stamp."""
@@ -155,17 +157,24 @@ class RobotSide:
             return self.values.get(name, default)
 
 
-def start(kind: str, ros_env, model_cache, params, robots: int = 1, rate: float = 10.0, **ages) -> Child:
+def start(kind: str, ros_env, model_cache, params=None, robots: int = 1, rate: float = 10.0,
+          checkpoint: tuple[str, str] | None = None, **ages) -> Child:
     """Either node as a process on the parameter file `params` (its `/**` section: both nodes take it), the tiny
-    preset, control at `rate` with plan points 1 / rate apart; `ages`: max_image_age_s, max_state_age_s. The fleet
-    node serves `robots` robots robot1 .. robotN of one model, with the ALOHA joints."""
+    preset (or `checkpoint`: its folder and tokenizer, an ALOHA one), control at `rate` with plan points 1 / rate
+    apart; `ages`: max_image_age_s, max_state_age_s. The fleet node serves `robots` robots robot1 .. robotN of one
+    model, with the ALOHA joints."""
+    file = ["--params-file", str(params)] if params else []
     if kind == "vla_node":
-        return start_node(ros_env, model_cache, "--params-file", str(params), "-p", f"control.rate_hz:={rate}",
+        model = ["-p", f"model.checkpoint:={checkpoint[0]}", "-p", f"model.tokenizer:={checkpoint[1]}"] \
+            if checkpoint else []
+        return start_node(ros_env, model_cache, *file, *model, "-p", f"control.rate_hz:={rate}",
                           "-p", f"control.time_step:={1 / rate}",
                           *[a for name, age in ages.items() for a in ("-p", f"control.{name}:={age}")])
     names = [f"robot{i + 1}" for i in range(robots)]
-    return Child(["-m", "oxygen_ros.nodes.fleet_node", "--ros-args", "--params-file", str(params),
-                  "-p", f"robots:={names}", "-p", f"robot_models:={['a'] * robots}", "-p", "models:=['a=tiny:0']",
+    model = ["-p", f"models:=['a={checkpoint[0]}']", "-p", f"tokenizer:={checkpoint[1]}",
+             "-p", "embodiments:=[aloha]"] if checkpoint else ["-p", "models:=['a=tiny:0']"]
+    return Child(["-m", "oxygen_ros.nodes.fleet_node", "--ros-args", *file, *model,
+                  "-p", f"robots:={names}", "-p", f"robot_models:={['a'] * robots}",
                   "-p", f"joint_names:={list(ALOHA_JOINT_NAMES)}", "-p", "slo_ms:=5000.0", "-p", f"rate_hz:={rate}",
                   "-p", f"action_dt:={1 / rate}", "-p", "narrate_every:=0", "-p", "cpu_threads:=1",
                   "-p", "max_batch:=2", "-p", "status_rate_hz:=10.0",

@@ -109,6 +109,7 @@ from .fleet_member import FleetMember
 from .fleet_parameters import FLEET_SPECS, declare_robot_parameters, fleet_engine, read_fleet
 from .frame_inputs import (
     MODEL_ERROR,
+    RUNNING,
     SKIPPED_TICK_STATES,
     STALE_FRAME,
     WAITING_FOR_CAMERA,
@@ -129,6 +130,9 @@ from .qos import LATCHED_QOS, SENSOR_QOS
 from .robot_description import description_from_topic
 
 NODE_NAME = "fleet_server"
+# a robot's states after a chunk of its was refused, as the VLA node's after such a tick: reported until a chunk of
+# the robot is published (a frame taken meanwhile does not make it `running`)
+CHUNK_REFUSED = (MODEL_ERROR, LIMIT_REJECTED)
 LOG_THROTTLE_S = 5.0
 MAX_INSTRUCTION_CHARS = 2000
 def robot_command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
@@ -403,14 +407,17 @@ class FleetNode(ManagedNode, FleetMember):
             return
         port.inputs.decode_pending()  # here, not on a thread: a frame is queued with its deadline, not acted on
         decision = port.inputs.next_frame(now_ns)
-        port.state, frame = decision.state, decision.frame
+        frame = decision.frame
         for dropped in decision.dropped:
             self._warn_drop(port, f"{dropped.source}: {dropped.reason}: {dropped.message}")
+        with port.lock:
+            if frame is None:
+                port.state, port.detail = decision.state, decision.detail
+            elif port.state not in CHUNK_REFUSED:  # a refused chunk's state stands until a chunk is published
+                port.state, port.detail = decision.state, ""
         if frame is None:
-            port.detail = decision.detail
             self._hold(port, decision.state)
             return
-        port.detail = ""
         observation, fitted = port.session.observation(frame.images, frame.state)
         if fitted is not None:
             self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
@@ -487,6 +494,7 @@ class FleetNode(ManagedNode, FleetMember):
                 if port.rtc is not None:  # the robot executes this chunk now
                     port.rtc.executing(chunk.actions, chunk.stamp_ns, port.embodiment.state_to_model(state))
                 trajectory, outputs = plan_messages(result, path.action_names, path.groups, path.time_step_s)
+                port.state, port.detail = RUNNING, ""
                 port.chunk_pub.publish(trajectory)
                 for publisher, msg in zip(port.group_pubs, outputs, strict=True):
                     publisher.publish(msg)
