@@ -20,8 +20,12 @@ start-up unless ``embodiment_override``; one whose widths do not fit the robot's
 Each chunk then goes through the robot's command path (`oxygen_ros.robots.command_path`, as the VLA node's): the
 hand-over, one JointTrajectory per output group on ``/<ns>/<group topic>`` in the controller's units, the joint
 limits (clamped or refused); a robot no longer commanded (a refused plan, a model error, stale inputs found by the
-input check every 1 / ``rate_hz``, deactivation, exit) gets one hold per group. The output parameters are the VLA
-node's (``robot_description``, ``limits.policy``, ``output.*``), one setting for every robot (`docs/safety.md`).
+input check every 1 / ``rate_hz``, deactivation, exit) gets one hold per group. A robot's parameters are the VLA
+node's (``robot_description``, ``robot_description_wait_s`` from ``/<ns>/robot_description``, ``limits.policy``,
+``joints.state_rename``, ``joints.state_convert``, ``output.groups``, ``output.<group>.*``) and ``joint_names``:
+the node's value, or the robot's own ``per_robot.<robot>.<parameter>`` (`fleet_parameters`); its joint states go
+through its rename and conversion before the model, the holds and ``max_jump`` see them. The hand-over's are one
+setting for the node (`docs/safety.md`).
 With ``output.handover: rtc_guided`` each robot's frames are guided toward the chunk it is executing with its own
 measured delay (`robots.rtc_guide`: control steps from a frame's stamp to its chunk's arrival), guided and plain
 robots of one model in the same batches; a request that cannot be guided is sampled plainly, counted and logged.
@@ -58,8 +62,8 @@ robots (model, rate, SLO, attainment), its loaded models and its measured load (
 ran jobs), which is how the controller knows it is alive. Pools are sized for ``max_robots_per_model``. A stage
 split plans from ``profile_file`` there (there is nothing to profile at start-up).
 
-Parameters: the table in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
-`robots.engine_params`), and the VLA node's output parameters.
+Parameters: the tables in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
+`robots.engine_params`; the robot parameters, per robot).
 """
 
 from __future__ import annotations
