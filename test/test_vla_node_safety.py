@@ -158,18 +158,19 @@ class RobotSide:
 
 
 def start(kind: str, ros_env, model_cache, params=None, robots: int = 1, rate: float = 10.0,
-          checkpoint: tuple[str, str] | None = None, **ages) -> Child:
+          checkpoint: tuple[str, str] | None = None, extra: tuple[str, ...] = (), **ages) -> Child:
     """Either node as a process on the parameter file `params` (its `/**` section: both nodes take it), the tiny
     preset (or `checkpoint`: its folder and tokenizer, an ALOHA one), control at `rate` with plan points 1 / rate
-    apart; `ages`: max_image_age_s, max_state_age_s. The fleet node serves `robots` robots robot1 .. robotN of one
-    model, with the ALOHA joints."""
+    apart; `ages`: max_image_age_s, max_state_age_s; `extra`: `-p` overrides of parameters both nodes have (the
+    output parameters). The fleet node serves `robots` robots robot1 .. robotN of one model, with the ALOHA
+    joints."""
     file = ["--params-file", str(params)] if params else []
     if kind == "vla_node":
         model = ["-p", f"model.checkpoint:={checkpoint[0]}", "-p", f"model.tokenizer:={checkpoint[1]}"] \
             if checkpoint else []
         return start_node(ros_env, model_cache, *file, *model, "-p", f"control.rate_hz:={rate}",
                           "-p", f"control.time_step:={1 / rate}",
-                          *[a for name, age in ages.items() for a in ("-p", f"control.{name}:={age}")])
+                          *[a for name, age in ages.items() for a in ("-p", f"control.{name}:={age}")], *extra)
     names = [f"robot{i + 1}" for i in range(robots)]
     model = ["-p", f"models:=['a={checkpoint[0]}']", "-p", f"tokenizer:={checkpoint[1]}",
              "-p", "embodiments:=[aloha]"] if checkpoint else ["-p", "models:=['a=tiny:0']"]
@@ -178,7 +179,7 @@ def start(kind: str, ros_env, model_cache, params=None, robots: int = 1, rate: f
                   "-p", f"joint_names:={list(ALOHA_JOINT_NAMES)}", "-p", "slo_ms:=5000.0", "-p", f"rate_hz:={rate}",
                   "-p", f"action_dt:={1 / rate}", "-p", "narrate_every:=0", "-p", "cpu_threads:=1",
                   "-p", "max_batch:=2", "-p", "status_rate_hz:=10.0",
-                  *[a for name, age in ages.items() for a in ("-p", f"{name}:={age}")]],
+                  *[a for name, age in ages.items() for a in ("-p", f"{name}:={age}")], *extra],
                  dict(ros_env, XDG_CACHE_HOME=str(model_cache)))
 
 
