@@ -3,7 +3,8 @@ that does not fit what its model's checkpoint was trained in stops the configure
 `embodiment_override`; an `embodiments` list that is neither one for all nor one per robot is refused; the decode
 policy parameters reach the scheduler; the VLA node's output parameters give every robot its groups (in its
 namespace) and limits, and groups that do not fit the robots' joints, or a group topic outside the robots'
-namespaces, stop the configure with the reason."""
+namespaces, stop the configure with the reason; a robot's own `per_robot.<robot>.*` values (limits, policy, joints,
+groups, state units) override the node's for it alone, and a bad one stops the configure naming the robot."""
 
 import pytest
 import rclpy

@@ -110,7 +110,7 @@ from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
 from .fleet_member import FleetMember
-from .fleet_parameters import FLEET_SPECS, declare_robot_parameters, fleet_engine, read_fleet
+from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet, robot_parameters
 from .frame_inputs import (
     MODEL_ERROR,
     RUNNING,
@@ -131,7 +131,6 @@ from .parameters import (
     read_units,
 )
 from .qos import LATCHED_QOS, SENSOR_QOS
-from .robot_description import description_from_topic
 
 NODE_NAME = "fleet_server"
 # a robot's states after a chunk of its was refused, as the VLA node's after such a tick: reported until a chunk of
@@ -314,21 +313,6 @@ class FleetNode(ManagedNode, FleetMember):
                                f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
-    def _robot_parameters(self, robot: ServedRobot, namespace: str) -> tuple[dict, tuple[str, ...]]:
-        """A robot's output and state parameters (its own `per_robot.<robot>.*` over the node's), its URDF from
-        `/<ns>/robot_description` with `robot_description_wait_s`, and its joints (empty: its first joint
-        state's); ParameterError."""
-        values = declare_robot_parameters(self, robot.robot_id,
-                                          {**self.output, "joint_names": self.params["joint_names"]})
-        reader = Reader(values)
-        joint_names = tuple(n for n in reader.strings("joint_names") if n)
-        if not joint_names and (values["joints.state_rename"] or values["joints.state_convert"]):
-            raise ParameterError("joints.state_rename and joints.state_convert name joints of joint_names: give them")
-        wait_s = reader.number("robot_description_wait_s")
-        if wait_s > 0 and not reader.text("robot_description"):
-            values["robot_description"] = description_from_topic(self, wait_s, f"{namespace}/robot_description")
-        return values, joint_names
-
     def _add_robot(self, robot: ServedRobot, embodiment: Embodiment) -> RobotPort:
         """A robot served here: its parameters, its profile checked against its model, its port, subscriptions and
         publishers; ValueError naming the robot."""
@@ -340,7 +324,8 @@ class FleetNode(ManagedNode, FleetMember):
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
         try:
-            values, joint_names = self._robot_parameters(robot, namespace)
+            values, joint_names = robot_parameters(self, robot.robot_id,
+                                                   {**self.output, "joint_names": self.params["joint_names"]})
         except ParameterError as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
         warning = embodiment_fit(embodiment, self.server.trained_on[robot.model_id], joint_names,

@@ -25,6 +25,7 @@ from oxygen_ros.robots.engine_params import (
     ENGINE,
     ENGINE_SPECS,
     EngineParams,
+    ParameterError,
     Reader,
     Spec,
     read_engine,
@@ -33,6 +34,7 @@ from oxygen_ros.robots.engine_params import (
 from oxygen_ros.robots.output_params import GROUP_FIELDS, GROUP_SPECS, group_names
 
 from .parameters import REQUIRED, ROBOT_PARAMETERS, SPECS, declare
+from .robot_description import description_from_topic
 
 ENGINE_NAMES = {  # the fleet node's name -> the engine parameter it is
     "cpu_threads": "model.cpu_threads", "cpu_kernel": "model.cpu_kernel", "tokenizer": "model.tokenizer",
@@ -160,3 +162,18 @@ def declare_robot_parameters(node, robot_id: str, shared: Mapping[str, Any]) -> 
             elif name not in values:
                 values[name] = None if default is REQUIRED else default
     return values
+
+
+def robot_parameters(node, robot_id: str, shared: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A robot's parameters (`declare_robot_parameters`), its URDF from the latched `/<robot_id>/robot_description`
+    when `robot_description_wait_s` > 0 and it has no `robot_description`, and its joints (empty: those of its
+    first joint state); ParameterError."""
+    values = declare_robot_parameters(node, robot_id, shared)
+    reader = Reader(values)
+    joint_names = tuple(n for n in reader.strings("joint_names") if n)
+    if not joint_names and (values["joints.state_rename"] or values["joints.state_convert"]):
+        raise ParameterError("joints.state_rename and joints.state_convert name joints of joint_names: give them")
+    wait_s = reader.number("robot_description_wait_s")
+    if wait_s > 0 and not reader.text("robot_description"):
+        values["robot_description"] = description_from_topic(node, wait_s, f"/{robot_id}/robot_description")
+    return values, joint_names
