@@ -20,8 +20,12 @@ start-up unless ``embodiment_override``; one whose widths do not fit the robot's
 Each chunk then goes through the robot's command path (`oxygen_ros.robots.command_path`, as the VLA node's): the
 hand-over, one JointTrajectory per output group on ``/<ns>/<group topic>`` in the controller's units, the joint
 limits (clamped or refused); a robot no longer commanded (a refused plan, a model error, stale inputs found by the
-input check every 1 / ``rate_hz``, deactivation, exit) gets one hold per group. The output parameters are the VLA
-node's (``robot_description``, ``limits.policy``, ``output.*``), one setting for every robot (`docs/safety.md`).
+input check every 1 / ``rate_hz``, deactivation, exit) gets one hold per group. A robot's parameters are the VLA
+node's (``robot_description``, ``robot_description_wait_s`` from ``/<ns>/robot_description``, ``limits.policy``,
+``joints.state_rename``, ``joints.state_convert``, ``output.groups``, ``output.<group>.*``) and ``joint_names``:
+the node's value, or the robot's own ``per_robot.<robot>.<parameter>`` (`fleet_parameters`); its joint states go
+through its rename and conversion before the model, the holds and ``max_jump`` see them. The hand-over's are one
+setting for the node (`docs/safety.md`).
 With ``output.handover: rtc_guided`` each robot's frames are guided toward the chunk it is executing with its own
 measured delay (`robots.rtc_guide`: control steps from a frame's stamp to its chunk's arrival), guided and plain
 robots of one model in the same batches; a request that cannot be guided is sampled plainly, counted and logged.
@@ -48,8 +52,8 @@ only link.
 A fleet placed live across machines runs on Ray Serve instead (`oxygen-ros fleet-ray`, docs/ray.md): its robots
 run the VLA node with ``engine.remote``.
 
-Parameters: the table in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
-`robots.engine_params`), and the VLA node's output parameters.
+Parameters: the tables in docs/fleet.md (`fleet_parameters.FLEET_SPECS`; the engine's under the fleet node's names,
+`robots.engine_params`; the robot parameters, per robot).
 """
 
 from __future__ import annotations
@@ -93,9 +97,10 @@ from oxygen_ros.robots.state_check import StateCheck
 from .command_messages import plan_messages
 from .conversions import ConversionError, ImageLimits, ns_to_stamp
 from .diagnostics import CONFIGURE_FAILED, NO_STATS, Health, diagnostic_array, engine_status
-from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet
+from .fleet_parameters import FLEET_SPECS, fleet_engine, read_fleet, robot_parameters
 from .frame_inputs import (
     MODEL_ERROR,
+    RUNNING,
     SKIPPED_TICK_STATES,
     STALE_FRAME,
     WAITING_FOR_CAMERA,
@@ -110,10 +115,14 @@ from .parameters import (
     ParameterError,
     declare,
     declare_output_parameters,
+    read_units,
 )
 from .qos import LATCHED_QOS, SENSOR_QOS
 
 NODE_NAME = "fleet_server"
+# a robot's states after a chunk of its was refused, as the VLA node's after such a tick: reported until a chunk of
+# the robot is published (a frame taken meanwhile does not make it `running`)
+CHUNK_REFUSED = (MODEL_ERROR, LIMIT_REJECTED)
 LOG_THROTTLE_S = 5.0
 MAX_INSTRUCTION_CHARS = 2000
 def robot_command_path(values: dict, joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
@@ -182,7 +191,7 @@ class RobotPort:
                                     self.robot.model_id)
         return FrameInputs(tuple(self.camera_topic(c) for c in self.cameras), self.cameras,
                            (self.compressed,) * len(self.cameras), joint_names, self.limits,
-                           StateCheck(path.groups, path.limits, joint_names))
+                           StateCheck(path.groups, path.limits, joint_names), read_units(self.output, joint_names))
 
 
 class FleetNode(ManagedNode):
@@ -224,8 +233,9 @@ class FleetNode(ManagedNode):
         if self.server is not None:
             self.worker_error = self.server.runtime.worker_error  # kept for the exit status
             self.server.close()
-            published = sum(p.actions_published for p in self.ports.values())
-            self.get_logger().info(f"published {published} action chunks")
+            if self.lifecycle != "unconfigured":  # not a configure that failed: its reason is the one line
+                published = sum(p.actions_published for p in self.ports.values())
+                self.get_logger().info(f"published {published} action chunks")
             self.server = None
         for port in self.ports.values():
             if not port.closed:
@@ -264,15 +274,9 @@ class FleetNode(ManagedNode):
         else:
             self.batching = (f"monolithic: whole device per batch (prefill + denoise in one call), queue "
                              f"{p['queue']}, buckets up to {p['max_batch']}")
-        joint_names = tuple(n for n in p["joint_names"] if n)
         embodiments = robot_embodiments(p["robots"], p["embodiments"], served)
         for robot in served:
-            warning = embodiment_fit(embodiments[robot.robot_id], self.server.trained_on[robot.model_id],
-                                     joint_names, p["embodiment_override"], f"model {robot.model_id}", robot.robot_id)
-            if warning:
-                self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
-        for robot in served:
-            self._add_robot(robot, joint_names, embodiments[robot.robot_id])
+            self._add_robot(robot, embodiments[robot.robot_id])
         self._check_timer = self.create_timer(1.0 / p["rate_hz"], self._check_inputs)
         self.server.start()
         slos = {r.robot_id: r.slo_s * 1e3 for r in served}
@@ -281,7 +285,9 @@ class FleetNode(ManagedNode):
                                f"max_batch {p['max_batch']}, cpu kernel {self.server.cpu_kernel}, "
                                f"SLO ms {slos})")
 
-    def _add_robot(self, robot: ServedRobot, joint_names: tuple[str, ...], embodiment: Embodiment) -> RobotPort:
+    def _add_robot(self, robot: ServedRobot, embodiment: Embodiment) -> RobotPort:
+        """A robot served here: its parameters, its profile checked against its model, its port, subscriptions and
+        publishers; ValueError naming the robot."""
         p = self.params
         namespace = "/" + robot.robot_id
         cameras = self.server.model_config(robot.robot_id).camera_names
@@ -290,8 +296,17 @@ class FleetNode(ManagedNode):
                              future_tolerance_s=p["future_tolerance_s"],
                              images=ImageLimits(p["max_pixels"], model_size))
         try:
-            port = RobotPort(self, self.server.runtime, namespace, robot, cameras, p["compressed"], joint_names, limits, p["instruction"],
-                             embodiment, self.output, embodiment.time_step or p["action_dt"])
+            values, joint_names = robot_parameters(self, robot.robot_id,
+                                                   {**self.output, "joint_names": self.params["joint_names"]})
+        except ParameterError as err:
+            raise ValueError(f"robot {robot.robot_id}: {err}") from None
+        warning = embodiment_fit(embodiment, self.server.trained_on[robot.model_id], joint_names,
+                                 p["embodiment_override"], f"model {robot.model_id}", robot.robot_id)
+        if warning:
+            self.get_logger().warning(f"{warning} (starting: embodiment_override is true)")
+        try:
+            port = RobotPort(self, self.server.runtime, namespace, robot, cameras, p["compressed"], joint_names,
+                             limits, p["instruction"], embodiment, values, embodiment.time_step or p["action_dt"])
         except (EmbodimentError, ParameterError) as err:
             raise ValueError(f"robot {robot.robot_id}: {err}") from None
         model = self.server.model_config(robot.robot_id)
@@ -345,14 +360,17 @@ class FleetNode(ManagedNode):
             return
         port.inputs.decode_pending()  # here, not on a thread: a frame is queued with its deadline, not acted on
         decision = port.inputs.next_frame(now_ns)
-        port.state, frame = decision.state, decision.frame
+        frame = decision.frame
         for dropped in decision.dropped:
             self._warn_drop(port, f"{dropped.source}: {dropped.reason}: {dropped.message}")
+        with port.lock:
+            if frame is None:
+                port.state, port.detail = decision.state, decision.detail
+            elif port.state not in CHUNK_REFUSED:  # a refused chunk's state stands until a chunk is published
+                port.state, port.detail = decision.state, ""
         if frame is None:
-            port.detail = decision.detail
             self._hold(port, decision.state)
             return
-        port.detail = ""
         observation, fitted = port.session.observation(frame.images, frame.state)
         if fitted is not None:
             self.get_logger().warning(f"{port.namespace}: instruction does not fit the prompt; using "
@@ -426,6 +444,7 @@ class FleetNode(ManagedNode):
                 if port.rtc is not None:  # the robot executes this chunk now
                     port.rtc.executing(chunk.actions, chunk.stamp_ns, port.embodiment.state_to_model(state))
                 trajectory, outputs = plan_messages(result, path.action_names, path.groups, path.time_step_s)
+                port.state, port.detail = RUNNING, ""
                 port.chunk_pub.publish(trajectory)
                 for publisher, msg in zip(port.group_pubs, outputs, strict=True):
                     publisher.publish(msg)

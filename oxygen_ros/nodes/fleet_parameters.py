@@ -4,8 +4,13 @@ The engine parameters the fleet node shares with the VLA node and `serve` are th
 flat names (`ENGINE_NAMES`: default, description and check from `ENGINE_SPECS`); the rest are the fleet's own
 (models and robots, placement, designs). `read_fleet` checks every value by its spec and
 `fleet_engine` gives the engine parameters (`EngineParams`, the engine's defaults for what the fleet node does not
-set) that `robots.engine.build_fleet` builds the server from. The output parameters (`robot_description`,
-`limits.policy`, `output.*`) are the VLA node's (`parameters.declare_output_parameters`).
+set) that `robots.engine.build_fleet` builds the server from. The hand-over's parameters (`output.handover`,
+`output.temporal_ensemble_m`, `output.rtc_*`) are the VLA node's, one setting for the node; so are a robot's
+(`robot_description`, `robot_description_wait_s`, `limits.policy`, `joints.state_rename`, `joints.state_convert`,
+`output.groups`, `output.<group>.*`: `parameters.declare_output_parameters`), the default of every robot the node
+serves, which `per_robot.<robot>.<parameter>` overrides for one robot (`declare_robot_parameters`; `joint_names`
+too). A per-robot value is a parameter of its own, not a YAML map under `robots`, because `robots` is the list of
+robot namespaces.
 """
 
 from __future__ import annotations
@@ -20,11 +25,16 @@ from oxygen_ros.robots.engine_params import (
     ENGINE,
     ENGINE_SPECS,
     EngineParams,
+    ParameterError,
     Reader,
     Spec,
     read_engine,
     renamed,
 )
+from oxygen_ros.robots.output_params import GROUP_FIELDS, GROUP_SPECS, group_names
+
+from .parameters import REQUIRED, ROBOT_PARAMETERS, SPECS, declare
+from .robot_description import description_from_topic
 
 ENGINE_NAMES = {  # the fleet node's name -> the engine parameter it is
     "cpu_threads": "model.cpu_threads", "cpu_kernel": "model.cpu_kernel", "tokenizer": "model.tokenizer",
@@ -108,3 +118,53 @@ def fleet_engine(values: Mapping[str, Any]) -> EngineParams:
     engine = {spec.name: spec.default for spec in ENGINE_SPECS}
     engine.update({ENGINE_NAMES[name]: value for name, value in values.items() if name in ENGINE_NAMES})
     return read_engine(engine)
+
+
+PER_ROBOT = "per_robot"  # per_robot.<robot>.<parameter>: one robot's own value of a robot parameter
+PER_ROBOT_PARAMETERS = ("joint_names", *ROBOT_PARAMETERS)  # the parameters a robot may have its own value of
+_SPEC = {spec.name: spec for spec in (*SPECS, *FLEET_SPECS)}
+
+
+def declare_robot_parameters(node, robot_id: str, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """One robot's parameters, name -> value: `per_robot.<robot_id>.<name>` where it is given, else the node's own
+    `<name>` (`shared`: the hand-over's and the robot parameters, `joint_names` among them); a group's field falls
+    back on the node's value of that group, then on its default. Declared on `node` at the robot's first call,
+    unset by default (ParameterError for a value of the wrong type or a bad group name)."""
+    prefix = f"{PER_ROBOT}.{robot_id}."
+
+    def own(name: str, description: str):
+        full = prefix + name
+        if node.has_parameter(full):  # a robot served again (a second configure, placed here once more)
+            return node.get_parameter(full).value
+        return declare(node, Spec(full, None, f"robot {robot_id}'s own {name}: {description}"))
+
+    values = dict(shared)
+    for name in PER_ROBOT_PARAMETERS:
+        value = own(name, _SPEC[name].description)
+        if value is not None:
+            values[name] = value
+    for group in group_names(values["output.groups"]):
+        for field in GROUP_FIELDS:
+            name = f"output.{group}.{field}"
+            default, description = GROUP_SPECS[field]
+            value = own(name, description)
+            if value is not None:
+                values[name] = value
+            elif name not in values:
+                values[name] = None if default is REQUIRED else default
+    return values
+
+
+def robot_parameters(node, robot_id: str, shared: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A robot's parameters (`declare_robot_parameters`), its URDF from the latched `/<robot_id>/robot_description`
+    when `robot_description_wait_s` > 0 and it has no `robot_description`, and its joints (empty: those of its
+    first joint state); ParameterError."""
+    values = declare_robot_parameters(node, robot_id, shared)
+    reader = Reader(values)
+    joint_names = tuple(n for n in reader.strings("joint_names") if n)
+    if not joint_names and (values["joints.state_rename"] or values["joints.state_convert"]):
+        raise ParameterError("joints.state_rename and joints.state_convert name joints of joint_names: give them")
+    wait_s = reader.number("robot_description_wait_s")
+    if wait_s > 0 and not reader.text("robot_description"):
+        values["robot_description"] = description_from_topic(node, wait_s, f"/{robot_id}/robot_description")
+    return values, joint_names

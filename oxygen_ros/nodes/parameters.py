@@ -59,12 +59,22 @@ LANGUAGE_POLICIES = ("every_n_frames", "on_instruction_change", "off")
 AUTOSTART = Spec("autostart", True, "walk the managed node through configure and activate at start; false: wait for "
                                      "the lifecycle services (a real robot: an operator or a lifecycle manager "
                                      "activates it)", read=("flag",))
+DESCRIPTION_WAIT = Spec("robot_description_wait_s", 0.0, "> 0 with robot_description empty: wait this long at "
+                                                        "start for the latched robot_description topic "
+                                                        "(robot_state_publisher's) and take its URDF; 0: not read",
+                        ">= 0")
+# The joint state in the robot's own names and units (robots/state_units.py, docs/safety.md).
+STATE_RENAME = Spec("joints.state_rename", OPTIONAL, "topic_name=state_name entries: the name a joint of "
+                                                     "joints.state_names has on joint_states (a "
+                                                     "joint_state_broadcaster's URDF name); unset: the same names")
+STATE_CONVERT = Spec("joints.state_convert", OPTIONAL, "state_name=conversion entries: the measured value -> the "
+                                                       "command's units, invertible: aloha_gripper (an ALOHA gripper "
+                                                       "joint in rad), range:LOW:HIGH, linear:OFFSET:SCALE; unset: "
+                                                       "as measured")
 SPECS = (
     AUTOSTART,
     OUTPUT["robot_description"],
-    Spec("robot_description_wait_s", 0.0, "> 0 with robot_description empty: wait this long at start for the "
-                                          "latched robot_description topic (robot_state_publisher's) and take "
-                                          "its URDF; 0: not read", ">= 0"),
+    DESCRIPTION_WAIT,
     OUTPUT["limits.policy"],
     ENGINE["model.preset"],
     ENGINE["model.checkpoint"],
@@ -90,13 +100,8 @@ SPECS = (
     ENGINE["cameras.max_pixels"],
     Spec("joints.state_names", REQUIRED, "joint names, in the order of the model's state vector"),
     Spec("joints.action_names", REQUIRED, "joint names of the action dimensions (the trajectory's joint_names)"),
-    # The joint state in the robot's own names and units (robots/state_units.py, docs/safety.md).
-    Spec("joints.state_rename", OPTIONAL, "topic_name=state_name entries: the name a joint of joints.state_names "
-                                          "has on joint_states (a joint_state_broadcaster's URDF name); unset: the "
-                                          "same names"),
-    Spec("joints.state_convert", OPTIONAL, "state_name=conversion entries: the measured value -> the command's "
-                                           "units, invertible: aloha_gripper (an ALOHA gripper joint in rad), "
-                                           "range:LOW:HIGH, linear:OFFSET:SCALE; unset: as measured"),
+    STATE_RENAME,
+    STATE_CONVERT,
     ENGINE["embodiment"],
     ENGINE["embodiment_override"],
     ENGINE["control.rate_hz"],
@@ -144,45 +149,25 @@ SPECS = (
 
 
 
-@dataclass(frozen=True)
-class VlaParams:
-    preset: str
-    checkpoint: str
-    text_head: str
-    tokenizer: str
-    device: str
-    dtype: str
-    cpu_kernel: str
-    seed: int
-    cpu_threads: int
+@dataclass(frozen=True, kw_only=True)
+class VlaParams(EngineParams):
+    """The engine's parameters (`EngineParams`, the one table) and the VLA node's own, checked."""
+
     camera_topics: tuple[str, ...]
     camera_keys: tuple[str, ...]
     camera_compressed: tuple[bool, ...]
-    max_pixels: int  # 0: no budget
     state_names: tuple[str, ...]
     action_names: tuple[str, ...]
-    embodiment: Embodiment
-    embodiment_override: bool
-    rate_hz: float
+    embodiment: Embodiment  # the profile `embodiment_name` names, checked against the joints
     horizon: int  # 0: the model's
     time_step_s: float  # resolved: never 0 (unset: the embodiment's, else 1 / rate_hz)
     deadline_margin_s: float
     max_image_age_s: float
     max_state_age_s: float
     future_tolerance_s: float
-    denoise_steps: int  # 0: the model's
     language_policy: str
     every_n_frames: int
-    max_new_tokens: int
-    temperature: float
     stream_every: int
-    tokens_per_frame: int  # 0: adaptive k
-    min_steps_per_frame: int
-    overlap_threads: int
-    pool_slots: int
-    admission: str
-    max_preempted: int
-    default_instruction: str
     max_chars: int
     status_rate_hz: float
     handover: str
@@ -196,15 +181,9 @@ class VlaParams:
     limits: JointLimits | None = None  # the groups' joints, in group order; None: no limit at all
     limit_policy: str = "clamp"
     rtc: RtcSettings = RtcSettings()  # with handover rtc_guided
-    norm_stats: str = ""  # a stats file replacing the checkpoint's; "": its own
     state_units: StateUnits | None = None  # the joint state's names on the topic and its conversion; None: as is
-    norm_mode: str = ""  # one mode for state and actions; "": the checkpoint's
     remote: str = ""  # a remote engine's URL (`serving.client`); "": the model runs in the node
     remote_timeout_s: float = 1.0
-
-    @property
-    def period_s(self) -> float:
-        return 1.0 / self.rate_hz
 
 
 # Choices that include the words off / on, which YAML and `-p` read as the booleans false / true when bare (the
@@ -231,15 +210,20 @@ def declare_parameters(node) -> dict[str, Any]:
     return values
 
 
-# the output parameters (`output.<group>.*` besides), which the fleet node takes too: one setting for every robot
-OUTPUT_PARAMETERS = ("robot_description", "limits.policy", "output.handover", "output.temporal_ensemble_m",
-                     "output.rtc_overlap", "output.rtc_execution_horizon", "output.rtc_schedule",
-                     "output.rtc_max_guidance_weight", "output.rtc_method", "output.groups")
+# What the fleet node takes of the VLA node's parameters: the hand-over, one setting for the node (rtc_guided shapes
+# the engine every robot shares), and what describes one robot (`ROBOT_PARAMETERS`: its URDF, limits, state units
+# and output groups, `output.<group>.*` besides), the fleet's default for each robot it serves.
+HANDOVER_PARAMETERS = ("output.handover", "output.temporal_ensemble_m", "output.rtc_overlap",
+                       "output.rtc_execution_horizon", "output.rtc_schedule", "output.rtc_max_guidance_weight",
+                       "output.rtc_method")
+ROBOT_PARAMETERS = ("robot_description", "robot_description_wait_s", "limits.policy", "joints.state_rename",
+                    "joints.state_convert", "output.groups")
 
 
 def declare_output_parameters(node) -> dict[str, Any]:
-    """Declare the output parameters on `node` (and each named group's); name -> value."""
-    values = {spec.name: declare(node, spec) for spec in SPECS if spec.name in OUTPUT_PARAMETERS}
+    """Declare the hand-over's and a robot's parameters on `node` (and each named group's); name -> value."""
+    values = {spec.name: declare(node, spec) for spec in SPECS
+              if spec.name in (*HANDOVER_PARAMETERS, *ROBOT_PARAMETERS)}
     values.update(declare_group_parameters(node, values["output.groups"]))
     return values
 
@@ -308,7 +292,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
     handover = p.choice("output.handover", HANDOVERS)
     remote = _remote(p, embodiment, keys, handover)
     return VlaParams(
-        **{f.name: getattr(engine, f.name) for f in fields(EngineParams) if f.name != "embodiment_name"},
+        **{f.name: getattr(engine, f.name) for f in fields(EngineParams)},
         camera_topics=topics,
         camera_keys=keys,
         camera_compressed=compressed,
@@ -337,7 +321,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         limits=limits,
         limit_policy=p.choice("limits.policy", LIMIT_POLICIES),
         rtc=read_rtc(p),
-        state_units=_state_units(values, state_names),
+        state_units=read_units(values, state_names),
         remote=remote,
         remote_timeout_s=p.number("engine.timeout_s", positive=True),
     )
@@ -370,7 +354,8 @@ def read_description_wait(values: dict[str, Any]) -> float:
     return Reader(values).number("robot_description_wait_s")
 
 
-def _state_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateUnits:
+def read_units(values: dict[str, Any], state_names: tuple[str, ...]) -> StateUnits:
+    """The joint state's names on the topic and its conversion (`joints.state_rename`, `joints.state_convert`)."""
     try:
         return read_state_units(state_names, values.get("joints.state_rename"), values.get("joints.state_convert"))
     except StateUnitsError as err:

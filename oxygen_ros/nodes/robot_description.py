@@ -13,12 +13,12 @@ from .qos import LATCHED_QOS
 TOPIC = "robot_description"
 
 
-def description_from_topic(node, timeout_s: float) -> str:
-    """The URDF text on `robot_description` (relative: the robot's namespace); ParameterError, one line, when none
-    arrives within `timeout_s` or it is empty."""
-    received, msg = wait_for_message(String, node, TOPIC, qos_profile=LATCHED_QOS, time_to_wait=timeout_s)
+def description_from_topic(node, timeout_s: float, topic: str = TOPIC) -> str:
+    """The URDF text on `topic` (by default `robot_description`, relative: the node's namespace; a fleet robot's
+    is in its own namespace); ParameterError, one line, when none arrives within `timeout_s` or it is empty."""
+    received, msg = wait_for_message(String, node, topic, qos_profile=LATCHED_QOS, time_to_wait=timeout_s)
     if not received or not msg.data.strip():
-        topic = node.resolve_topic_name(TOPIC)
+        topic = node.resolve_topic_name(topic)
         raise ParameterError(f"robot_description_wait_s: no robot_description on {topic} within {timeout_s:g} s "
                              f"(is robot_state_publisher running in this namespace?)")
     return msg.data

@@ -126,7 +126,7 @@ ENGINE = {spec.name: spec for spec in ENGINE_SPECS}
 
 @dataclass(frozen=True)
 class EngineParams:
-    """The engine's parameters, checked (the VLA node's `VlaParams` has the same fields by the same names)."""
+    """The engine's parameters, checked (the VLA node's `VlaParams` derives from it and adds its own)."""
 
     preset: str
     checkpoint: str

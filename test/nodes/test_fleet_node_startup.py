@@ -3,7 +3,8 @@ that does not fit what its model's checkpoint was trained in stops the configure
 `embodiment_override`; an `embodiments` list that is neither one for all nor one per robot is refused; the decode
 policy parameters reach the scheduler; the VLA node's output parameters give every robot its groups (in its
 namespace) and limits, and groups that do not fit the robots' joints, or a group topic outside the robots'
-namespaces, stop the configure with the reason."""
+namespaces, stop the configure with the reason; a robot's own `per_robot.<robot>.*` values (limits, policy, joints,
+groups, state units) override the node's for it alone, and a bad one stops the configure naming the robot."""
 
 import pytest
 import rclpy
@@ -94,3 +95,42 @@ def test_output_groups_and_limits_reach_every_robot_or_stop_the_configure(config
     assert result == TransitionCallbackReturn.FAILURE
     assert node.failure == "robot r1: output.arm.topic must be relative: each robot's goes in its namespace", \
         node.failure
+
+
+def test_each_robot_may_have_its_own_limits_joints_groups_and_state_units(configured):
+    """`per_robot.<robot>.<parameter>` overrides the node's value for that robot alone: r2 its arm's upper limit,
+    its policy and its joints' units; r3 its own joints and groups; r1 keeps the node's."""
+    node, result = configured(
+        "robots:=[r1,r2,r3]", "robot_models:=[a,a,a]", "joint_names:=[j0,j1,j2]", "output.groups:=[arm]",
+        "output.arm.joints:=[j0,j1]", "output.arm.upper:=0.5", "output.arm.max_jump:=0.3", "limits.policy:=reject",
+        "per_robot.r2.output.arm.upper:=[0.2, 0.4]", "per_robot.r2.limits.policy:=clamp",
+        "per_robot.r2.joints.state_rename:=['arm/j0=j0']", "per_robot.r2.joints.state_convert:=['j1=linear:1.0:2.0']",
+        "per_robot.r3.joint_names:=[k0,k1,k2,k3]", "per_robot.r3.output.groups:=[left,right]",
+        "per_robot.r3.output.left.joints:=[k0,k1]", "per_robot.r3.output.right.joints:=[k2,k3]",
+        "per_robot.r3.output.right.lower:=-0.1")
+    assert result == TransitionCallbackReturn.SUCCESS, node.failure
+    one, two, three = (node.ports[r] for r in ("r1", "r2", "r3"))
+    assert (one.path.policy, list(one.path.limits.upper), list(one.path.limits.max_jump)) == \
+        ("reject", [0.5, 0.5], [0.3, 0.3])
+    assert (two.path.policy, list(two.path.limits.upper), list(two.path.limits.max_jump)) == \
+        ("clamp", [0.2, 0.4], [0.3, 0.3])  # its own upper limits; the node's max_jump
+    assert one.inputs.units.topic_names == ("j0", "j1", "j2") and one.inputs.units.scale == (1.0, 1.0, 1.0)
+    assert two.inputs.units.topic_names == ("arm/j0", "j1", "j2")
+    assert (two.inputs.units.offset, two.inputs.units.scale) == ((0.0, 1.0, 0.0), (1.0, 2.0, 1.0))
+    assert three.joint_names == ("k0", "k1", "k2", "k3")
+    assert [(g.name, g.joints) for g in three.path.groups] == [("left", ("k0", "k1")), ("right", ("k2", "k3"))]
+    assert list(three.path.limits.lower) == [float("-inf")] * 2 + [-0.1] * 2
+    assert [p.topic_name for p in three.group_pubs] == ["/r3/left_controller/joint_trajectory",
+                                                       "/r3/right_controller/joint_trajectory"]
+
+
+@pytest.mark.parametrize("override, line", [
+    ("per_robot.r2.limits.policy:=stop", "robot r2: limits.policy must be one of clamp | reject, got 'stop'"),
+    ("per_robot.r2.joints.state_convert:=['j1=linear:0.5:0']", "robot r2: joints.state_convert 'j1=linear:0.5:0' is "
+                                                             "not invertible"),
+    ("per_robot.r2.output.arm.joints:=[j0,j7]", "robot r2: output.arm.joints: ['j7'] are not in"),
+])
+def test_a_robots_own_bad_value_stops_the_configure_naming_the_robot(configured, override, line):
+    node, result = configured("robots:=[r1,r2]", "robot_models:=[a,a]", "joint_names:=[j0,j1,j2]",
+                              "output.groups:=[arm]", "output.arm.joints:=[j0,j1]", override)
+    assert result == TransitionCallbackReturn.FAILURE and node.failure.startswith(line), node.failure

@@ -5,6 +5,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from test_vla_node_ros import (
     ALOHA,
     CAMERAS,
@@ -31,6 +32,7 @@ GROUP_TOPICS = {"left_arm": "left_arm_controller/joint_trajectory",
                 "right_gripper": "right_gripper_controller/joint_trajectory"}
 CLOSED, OPEN = -0.6213, 1.4910  # the shipped file's gripper range (rad)
 STEP_NS = 100_000_000
+KINDS = ("vla_node", "fleet_node")
 
 
 def points(msg: JointTrajectory) -> tuple[np.ndarray, np.ndarray]:
@@ -71,32 +73,36 @@ class Trajectories:
             return list(self.heard[topic])
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_groups_publish_their_joints_in_robot_units_and_temporal_ensemble_holds_the_oldest_prediction(
-        ros_context, ros_env, model_cache):
-    robot = Robot(ros_context)
-    heard = Trajectories(robot.node, ["action_chunk", *GROUP_TOPICS.values()])
+        ros_context, ros_env, model_cache, kind):
+    """For the VLA node's robot and a fleet node's (the same groups, in its namespace)."""
+    from test_vla_node_safety import sides, start
+
+    robot, = sides(kind, ros_context, topics=["action_chunk", *GROUP_TOPICS.values()])
+    heard = robot.heard
     spinner = Spinner(ros_context, [robot.node])
     # m = 50: the oldest prediction for a step outweighs the next by e^50, so once a step is planned, every later
     # plan repeats its value (newest_wins would replace it with the newer chunk's).
-    child = start_node(ros_env, model_cache, "--params-file", str(CONTROLLERS), "-p", "control.rate_hz:=10.0",
-                       "-p", "control.time_step:=0.1", "-p", "output.handover:=temporal_ensemble",
-                       "-p", "output.temporal_ensemble_m:=50.0")
+    child = start(kind, ros_env, model_cache, CONTROLLERS, rate=10.0,
+                  extra=("-p", "output.handover:=temporal_ensemble", "-p", "output.temporal_ensemble_m:=50.0"))
     try:
-        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
-        child.note_shm()
-
         def enough() -> bool:
-            robot.publish_good()
+            robot.frame(None)  # the sensors' own joint state
             time.sleep(1 / 30)
             return all(len(heard.get(t)) >= 8 for t in heard.heard)
 
-        assert wait_until(enough, 60, child), ({t: len(m) for t, m in heard.heard.items()}, robot.last_values())
+        assert wait_until(enough, STARTUP_TIMEOUT_S, child), ({t: len(m) for t, m in heard.heard.items()},
+                                                               robot.values, child.stop()[1])
+        child.note_shm()
         rc, output = child.stop()
     finally:
         child.stop()
         spinner.close([robot.node])
     assert rc == 0, output
-    assert "hand-over temporal_ensemble" in output and "left_arm -> /left_arm_controller/joint_trajectory" in output
+    if kind == "vla_node":  # its start-up line
+        assert "hand-over temporal_ensemble" in output and "left_arm -> /left_arm_controller/joint_trajectory" in \
+            output
 
     chunks = heard.get("action_chunk")
     assert all(list(m.joint_names) == list(ALOHA_JOINT_NAMES) for m in chunks)

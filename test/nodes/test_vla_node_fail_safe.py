@@ -1,16 +1,20 @@
 """The VLA node against hostile inputs and a broken model, over real DDS: it never dies from a message, never
 publishes a chunk computed from a frame it must not act on or containing a non-finite value, and keeps its
-narration requests bounded. Node processes as in test_vla_node_ros (tiny preset, the ALOHA file)."""
+narration requests bounded. Node processes as in test_vla_node_ros (tiny preset, the ALOHA file); the broken
+model's walk runs for a fleet node's robot too (`test_vla_node_safety.start`)."""
 
 import time
 
 import numpy as np
+import pytest
 import torch
 from diagnostic_msgs.msg import DiagnosticStatus
 from sensor_msgs.msg import Image
 from test_vla_node_ros import STARTUP_TIMEOUT_S, Robot, Spinner, diagnostic_values, start_node, wait_until
+from test_vla_node_safety import KINDS, sides, start
 from test_vla_node_units import jpeg_claiming, png_with_broken_chunk_length
 
+from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
 from oxygen_ros.data.jpeg import encode_jpeg
 from oxygen_ros.model.checkpoint import save_checkpoint
 from oxygen_ros.model.config import get_preset
@@ -118,8 +122,11 @@ def test_hostile_inputs_never_kill_the_node_nor_reach_the_robot(ros_context, ros
     assert any("joint-state messages were rejected" in d.message for d in robot.diagnostics)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error(ros_context, ros_env, model_cache,
-                                                                                  tmp_path):
+                                                                                  tmp_path, kind):
+    """For the VLA node's robot and a fleet node's: no chunk with a non-finite value is ever published, the state
+    is model_error (never running), ERROR on /diagnostics with the reason, every such chunk counted."""
     config = get_preset("tiny")
     model = build_model(config)
     with torch.no_grad():  # finite weights whose products overflow: the chunk comes out NaN
@@ -129,18 +136,17 @@ def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error
              "action": {"q01": -np.ones(14), "q99": np.ones(14)}}
     checkpoint = save_checkpoint(model, tmp_path / "checkpoint", stats, embodiment="aloha")
     tokenizer = train_tokenizer(tmp_path / "tok.model", config.vocab_size)
-    robot = Robot(ros_context)
+    robot, = sides(kind, ros_context, topics=["action_chunk"])
     spinner = Spinner(ros_context, [robot.node])
-    child = start_node(ros_env, model_cache, "-p", f"model.checkpoint:={checkpoint}",
-                       "-p", f"model.tokenizer:={tokenizer}", "-p", "control.rate_hz:=20.0")
+    child = start(kind, ros_env, model_cache, rate=20.0, checkpoint=(str(checkpoint), str(tokenizer)))
+    good = [0.0] * len(ALOHA_JOINT_NAMES)
     try:
-        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
-        child.note_shm()
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            robot.publish_good()
+        end = time.monotonic() + STARTUP_TIMEOUT_S  # until its model has refused a few chunks
+        while time.monotonic() < end and int(robot.value("nonfinite_chunks")) <= 3 and child.process.poll() is None:
+            robot.frame(good)
             time.sleep(1 / 30)
-        assert wait_until(lambda: int(robot.last_values().get("nonfinite_chunks", "0")) > 3, 5, child)
+        assert int(robot.value("nonfinite_chunks")) > 3, (robot.values, child.stop()[1])
+        child.note_shm()
         time.sleep(0.3)  # one more status period
         rc, output = child.stop()
     finally:
@@ -148,10 +154,12 @@ def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error
         spinner.close([robot.node])
 
     assert rc == 0, output
-    assert not robot.chunks, "a chunk with non-finite values reached the robot"
-    states = {s.state for s in robot.statuses}
+    assert not robot.heard.get("action_chunk"), "a chunk with non-finite values reached the robot"
+    states = {values["state"] for _, _, values in robot.statuses}
     assert "model_error" in states and "running" not in states, states
-    assert robot.statuses[-1].actions_published == 0
-    errors = [d.message for d in robot.diagnostics if d.level == DiagnosticStatus.ERROR]
+    assert robot.value("actions_published") == "0", robot.values
+    errors = [message for level, message, _ in robot.statuses if level == DiagnosticStatus.ERROR]
     assert errors and all("action chunk has" in m and "not published" in m for m in errors), errors
-    assert "non-finite values of" in output and "such chunks so far" in output, output
+    assert "non-finite values of" in output, output
+    if kind == "vla_node":  # its log line counts them
+        assert "such chunks so far" in output, output

@@ -4,14 +4,16 @@ from parameters) clamped or refused, and the hostile inputs of a re-run (a pixel
 joint named twice, frames out of order, use_sim_time switched at run time, instructions at 20 Hz).
 Node processes as in test_vla_node_ros (tiny preset, the ALOHA file)."""
 
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import rclpy
 import torch
 import yaml
-from diagnostic_msgs.msg import DiagnosticStatus
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.msg import Parameter as ParameterMsg
@@ -20,10 +22,12 @@ from rcl_interfaces.srv import SetParameters
 from rclpy.lifecycle import TransitionCallbackReturn
 from safetensors.torch import load_file, save_file
 from std_msgs.msg import String
+from test_replay_node import Child
 from test_vla_node_checkpoint_startup import LM_HEAD, checkpoint
 from test_vla_node_controllers import Trajectories, points
 from test_vla_node_ros import (
     ALOHA,
+    CAMERAS,
     STARTUP_TIMEOUT_S,
     TINY,
     Robot,
@@ -42,6 +46,7 @@ from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.preprocess import Observation
 from oxygen_ros.model.tokenizer import train_tokenizer
 from oxygen_ros.nodes.diagnostics import level_and_message
+from oxygen_ros.nodes.latency_probe import SensorPublisher
 from oxygen_ros.nodes.model_setup import load_policy
 from oxygen_ros.nodes.parameters import read_parameters
 
@@ -102,143 +107,242 @@ def plans_of(heard: Trajectories, group: str) -> list:
     return [m for m in heard.get(TOPICS[group]) if not is_hold(m)]
 
 
-def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cache, tmp_path):
+KINDS = ("vla_node", "fleet_node")
+FLEET_CAMERAS = ["camera/base_0_rgb/image_raw", "camera/left_wrist_0_rgb/image_raw"]  # the tiny preset's cameras
+
+
+class RobotSide:
+    """The test's side of one robot of either node: its sensors, what `topics` (its groups' controllers and
+    action_chunk) hear, and its latest /diagnostics values and messages. The VLA node's robot has no namespace; a
+    fleet node's robot is its namespace."""
+
+    def __init__(self, context, kind: str, namespace: str = "", topics: list[str] | None = None):
+        self.node = rclpy.create_node(f"{namespace or 'robot'}_side", namespace=namespace or None, context=context)
+        self.sensors = SensorPublisher(self.node, FLEET_CAMERAS if kind == "fleet_node" else CAMERAS,
+                                       ALOHA_JOINT_NAMES)
+        self.heard = Trajectories(self.node, topics or ["action_chunk", *TOPICS.values()])
+        self.lock = threading.Lock()
+        self.values: dict[str, str] = {}
+        self.messages: list[str] = []
+        self.statuses: list[tuple[bytes, str, dict[str, str]]] = []  # (level, message, values) of each status
+        ours = f"/{namespace}: fleet engine" if kind == "fleet_node" else "/vla_node: vla engine"
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: self._keep(
+            [s for s in m.status if s.name == ours]), 50)
+
+    def _keep(self, statuses) -> None:
+        with self.lock:
+            for status in statuses:
+                self.values = diagnostic_values(status)
+                self.messages.append(status.message)
+                self.statuses.append((status.level, status.message, self.values))
+
+    def frame(self, state, images: bool = True, joints: bool = True, stamp: int | None = None) -> int:
+        """Both cameras (unless not `images`) and the joint state `state` (unless not `joints`), one stamp."""
+        stamp = self.node.get_clock().now().nanoseconds if stamp is None else stamp
+        if images:
+            for index, pub in enumerate(self.sensors.image_pubs):
+                pub.publish(self.sensors.image_msg(index, stamp))
+        if joints:
+            self.sensors.joint_pub.publish(self.sensors.joint_msg(stamp, state))
+        return stamp
+
+    def counts(self) -> dict[str, int]:
+        return {group: len(holds) for group, holds in holds_of(self.heard).items()}
+
+    def plans(self, group: str = "rest") -> int:
+        return len(plans_of(self.heard, group))
+
+    def value(self, name: str, default: str = "0") -> str:
+        with self.lock:
+            return self.values.get(name, default)
+
+
+def start(kind: str, ros_env, model_cache, params=None, robots: int = 1, rate: float = 10.0,
+          checkpoint: tuple[str, str] | None = None, extra: tuple[str, ...] = (), **ages) -> Child:
+    """Either node as a process on the parameter file `params` (its `/**` section: both nodes take it), the tiny
+    preset (or `checkpoint`: its folder and tokenizer, an ALOHA one), control at `rate` with plan points 1 / rate
+    apart; `ages`: max_image_age_s, max_state_age_s; `extra`: `-p` overrides of parameters both nodes have (the
+    output parameters). The fleet node serves `robots` robots robot1 .. robotN of one model, with the ALOHA
+    joints."""
+    file = ["--params-file", str(params)] if params else []
+    if kind == "vla_node":
+        model = ["-p", f"model.checkpoint:={checkpoint[0]}", "-p", f"model.tokenizer:={checkpoint[1]}"] \
+            if checkpoint else []
+        return start_node(ros_env, model_cache, *file, *model, "-p", f"control.rate_hz:={rate}",
+                          "-p", f"control.time_step:={1 / rate}",
+                          *[a for name, age in ages.items() for a in ("-p", f"control.{name}:={age}")], *extra)
+    names = [f"robot{i + 1}" for i in range(robots)]
+    model = ["-p", f"models:=['a={checkpoint[0]}']", "-p", f"tokenizer:={checkpoint[1]}",
+             "-p", "embodiments:=[aloha]"] if checkpoint else ["-p", "models:=['a=tiny:0']"]
+    return Child(["-m", "oxygen_ros.nodes.fleet_node", "--ros-args", *file, *model,
+                  "-p", f"robots:={names}", "-p", f"robot_models:={['a'] * robots}",
+                  "-p", f"joint_names:={list(ALOHA_JOINT_NAMES)}", "-p", "slo_ms:=5000.0", "-p", f"rate_hz:={rate}",
+                  "-p", f"action_dt:={1 / rate}", "-p", "narrate_every:=0", "-p", "cpu_threads:=1",
+                  "-p", "max_batch:=2", "-p", "status_rate_hz:=10.0",
+                  *[a for name, age in ages.items() for a in ("-p", f"{name}:={age}")], *extra],
+                 dict(ros_env, XDG_CACHE_HOME=str(model_cache)))
+
+
+def sides(kind: str, context, robots: int = 1, **kwargs) -> list[RobotSide]:
+    """The test's side of each robot `start` gives the node of `kind`."""
+    if kind == "vla_node":
+        return [RobotSide(context, kind, **kwargs)]
+    return [RobotSide(context, kind, f"robot{i + 1}", **kwargs) for i in range(robots)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lifecycle_holds_and_limits_from_a_urdf(ros_context, ros_env, model_cache, tmp_path, kind):
+    """One walk for the VLA node's robot and for a fleet node's two robots (robot1 walked, robot2 beside it going
+    on, with its own waist range): nothing commanded before activation, a plan past max_jump refused with one hold
+    per group, silent cameras held within one control period, deactivation and the exit holding every robot, the
+    URDF (and robot2's own range) clamping and the URDF slowing every plan."""
     # The URDF keeps left_waist within +-0.01 (the tiny model's values pass it) and right_waist at 0.001 rad/s
     # (every plan is too fast for it: clamp stretches the time grid).
     description = urdf({WAIST: (-0.01, 0.01, 1e6), SLOW: (-50.0, 50.0, 0.001)})
+    # the fleet's robot2 has its own, narrower waist range (its parameters over the node's)
+    own = {"per_robot": {"robot2": {"output": {"waist": {"lower": -0.005, "upper": 0.005}}}}} \
+        if kind == "fleet_node" else {}
     params = safety_file(tmp_path / "safety.yaml", {"max_jump": 0.5}, autostart=False, robot_description=description,
-                         limits={"policy": "clamp"})
-    robot = Robot(ros_context)
-    heard = Trajectories(robot.node, ["action_chunk", *TOPICS.values()])
-    lifecycle = Lifecycle(robot.node)
-    spinner = Spinner(ros_context, [robot.node])
+                         limits={"policy": "clamp"}, **own)
+    robots = sides(kind, ros_context, robots=2)
+    one, others = robots[0], robots[1:]
+    lifecycle = Lifecycle(one.node, "/vla_node" if kind == "vla_node" else "/fleet_server")
+    spinner = Spinner(ros_context, [r.node for r in robots])
     rate, max_age = 10.0, 1.0
-    child = start_node(ros_env, model_cache, "--params-file", params, "-p", f"control.rate_hz:={rate}",
-                       "-p", f"control.time_step:={1 / rate}", "-p", f"control.max_image_age_s:={max_age}",
-                       "-p", "control.max_state_age_s:=1.0")
+    child = start(kind, ros_env, model_cache, params, robots=2, rate=rate, max_image_age_s=max_age,
+                  max_state_age_s=1.0)
     state = list(np.linspace(-0.5, 0.5, len(ALOHA_JOINT_NAMES)))
     state[0] = 0.0  # left_waist measured at 0: within max_jump of the plans (clamped to +-0.01)
+    silent = False  # robot one's cameras
 
-    def frame(waist: float = 0.0, images: bool = True) -> int:
-        stamp = robot.node.get_clock().now().nanoseconds
-        if images:
-            for index, pub in enumerate(robot.sensors.image_pubs):
-                pub.publish(robot.sensors.image_msg(index, stamp))
-        robot.sensors.joint_pub.publish(robot.sensors.joint_msg(stamp, [waist, *state[1:]]))
-        return stamp
-
-    def feed(seconds: float, until=None, **kwargs) -> bool:
+    def feed(seconds: float, until=None, waist: float = 0.0) -> bool:
+        """Frames of every robot at 30 Hz; robot one's left_waist measured at `waist`."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            frame(**kwargs)
+            one.frame([waist, *state[1:]], images=not silent)
+            for other in others:
+                other.frame(state)
             time.sleep(1 / 30)
             if until is not None and until():
                 return True
         return until is None or until()
 
-    def counts() -> dict[str, int]:
-        return {group: len(holds) for group, holds in holds_of(heard).items()}
+    def heard_all() -> dict:
+        return {(index, t): len(r.heard.get(t)) for index, r in enumerate(robots) for t in r.heard.heard}
+
+    def going_on(before: list[int]) -> bool:  # every other robot got more plans and no hold
+        return all(o.plans() > b and o.counts() == {"waist": 0, "rest": 0} for o, b in zip(others, before,
+                                                                                           strict=True))
 
     try:
-        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        assert wait_until(lifecycle.change.service_is_ready, STARTUP_TIMEOUT_S, child), child.stop()[1]
         child.note_shm()
         # autostart false: inputs flow, nothing is commanded; the status says why.
         feed(1.5)
-        assert not any(heard.get(t) for t in heard.heard), "commanded before activation"
+        assert not any(heard_all().values()), "commanded before activation"
         assert lifecycle.state() == "unconfigured"
-        assert robot.last_status().state == "unconfigured" and robot.last_values()["lifecycle"] == "unconfigured"
         assert lifecycle.transition(Transition.TRANSITION_CONFIGURE) and lifecycle.state() == "inactive"
         feed(1.0)
-        assert not any(heard.get(t) for t in heard.heard), "commanded while inactive"
-        assert wait_until(lambda: robot.last_values().get("lifecycle") == "inactive", 10, child)
+        assert not any(heard_all().values()), "commanded while inactive"
+        assert wait_until(lambda: one.value("lifecycle", "") == "inactive", 10, child), one.values
         assert lifecycle.transition(Transition.TRANSITION_ACTIVATE) and lifecycle.state() == "active"
-        assert feed(30, until=lambda: len(plans_of(heard, "rest")) >= 5), robot.last_values()
-        assert counts() == {"waist": 0, "rest": 0}
+        assert feed(60, until=lambda: all(r.plans() >= 5 for r in robots)), one.values
+        assert all(r.counts() == {"waist": 0, "rest": 0} for r in robots)
         # A frame stamped before the newest one (out of order): dropped, so no plan goes back in time.
-        newest = frame()
-        late = newest - 100_000_000
-        for index, pub in enumerate(robot.sensors.image_pubs):
-            pub.publish(robot.sensors.image_msg(index, late))
-        robot.sensors.joint_pub.publish(robot.sensors.joint_msg(late, state))
+        late = one.frame(state) - 100_000_000
+        one.frame(state, stamp=late)
         time.sleep(3 / rate)  # ticks that would act on it
-        assert wait_until(lambda: robot.counter("dropped_out_of_order") >= 3, 10, child), robot.last_values()
+        if kind == "vla_node":  # (the fleet node counts it among its robot's dropped_frames)
+            assert wait_until(lambda: int(one.value("dropped_out_of_order")) >= 3, 10, child), one.values
 
         # A first point far from the measured state (left_waist measured at 3.0, max_jump 0.5): refused, and one
-        # hold per group, however many plans are refused after it.
-        assert feed(20, until=lambda: counts() == {"waist": 1, "rest": 1}, waist=3.0), robot.last_values()
-        refused_at = len(plans_of(heard, "rest"))
+        # hold per group, however many plans are refused after it; the other robots go on.
+        assert feed(30, until=lambda: one.counts() == {"waist": 1, "rest": 1}, waist=3.0), one.values
+        refused_at, before = one.plans(), [o.plans() for o in others]
         feed(1.0, waist=3.0)
-        assert counts() == {"waist": 1, "rest": 1} and len(plans_of(heard, "rest")) == refused_at
-        values = robot.last_values()
-        assert values["state"] == "limit_rejected" and values["limits_rejected_joints"].startswith(f"{WAIST}: ")
-        assert "jump limit" in robot.diagnostics[-1].message, robot.diagnostics[-1].message
-        waist_hold, rest_hold = holds_of(heard)["waist"][0], holds_of(heard)["rest"][0]
+        assert one.counts() == {"waist": 1, "rest": 1} and one.plans() == refused_at
+        assert going_on(before), [(o.plans(), o.counts(), o.values) for o in others]
+        assert wait_until(lambda: one.value("state") == "limit_rejected", 10), one.values
+        assert one.value("limits_rejected_joints").startswith(f"{WAIST}: ") and "jump limit" in one.messages[-1]
+        waist_hold, rest_hold = holds_of(one.heard)["waist"][0], holds_of(one.heard)["rest"][0]
         # held at the measured 3.0 clamped into the URDF's range (+-0.01), never outside the limits
         assert list(waist_hold.joint_names) == [WAIST] and [p.positions[0] for p in waist_hold.points] == [0.01]
         assert list(rest_hold.joint_names) == REST and not rest_hold.points  # `hold: empty`
-        assert feed(20, until=lambda: len(plans_of(heard, "rest")) > refused_at + 2)
+        assert feed(30, until=lambda: one.plans() > refused_at + 2)
 
-        # The cameras go silent (joint states go on): one hold per group once the frames are stale.
-        silent_from = time.monotonic()
-        assert feed(20, until=lambda: counts() == {"waist": 2, "rest": 2}, images=False), robot.last_values()
+        # Robot one's cameras go silent (its joint states go on): one hold per group once its frames are stale;
+        # the other robots go on.
+        silent, silent_from, before = True, time.monotonic(), [o.plans() for o in others]
+        assert feed(20, until=lambda: one.counts() == {"waist": 2, "rest": 2}), one.values
         held_after = time.monotonic() - silent_from
-        feed(1.0, images=False)
-        assert counts() == {"waist": 2, "rest": 2} and robot.last_values()["last_hold_reason"] == "stale_frame"
-        # Why this bound: the last image turns stale max_age after it was sent, and the next tick (at most one
-        # control period later) finds it so and sends the holds. The 2 s on top are no promise of the node's but
-        # room for a loaded machine (the stale tick queued behind a model call in progress, DDS delivery, this
-        # loop's polling): a node that never holds, or holds only on some later event, still misses it.
+        feed(1.0)
+        assert one.counts() == {"waist": 2, "rest": 2} and one.value("last_hold_reason") == "stale_frame"
+        assert going_on(before), [(o.plans(), o.counts(), o.values) for o in others]
+        # Why this bound: the last image turns stale max_age after it was sent, and the next tick (the fleet node:
+        # its input check, every 1 / rate_hz) finds it so and sends the holds. The 2 s on top are no promise of the
+        # node's but room for a loaded machine (the stale tick queued behind a model call in progress, DDS
+        # delivery, this loop's polling): a node that never holds, or holds only on some later event, misses it.
         assert held_after < max_age + 1 / rate + 2.0, held_after
-        resumed_from = len(plans_of(heard, "rest"))  # (the node acted on the last images until they aged)
-        assert feed(20, until=lambda: len(plans_of(heard, "rest")) > resumed_from + 2)
+        silent = False
+        resumed_from = one.plans()  # (the node acted on the last images until they aged)
+        assert feed(30, until=lambda: one.plans() > resumed_from + 2)
 
-        # Deactivate: the plans stop, one hold per group; inputs keep flowing, nothing more is sent.
+        # Deactivate: every robot's plans stop, one hold per group of each; inputs keep flowing, nothing more is sent.
         assert lifecycle.transition(Transition.TRANSITION_DEACTIVATE) and lifecycle.state() == "inactive"
-        assert wait_until(lambda: counts() == {"waist": 3, "rest": 3}, 10), counts()
-        sent = {t: len(heard.get(t)) for t in heard.heard}
+        assert wait_until(lambda: one.counts() == {"waist": 3, "rest": 3}
+                          and all(o.counts() == {"waist": 1, "rest": 1} for o in others), 10), \
+            [r.counts() for r in robots]
+        sent = heard_all()
         feed(1.5)
-        assert {t: len(heard.get(t)) for t in heard.heard} == sent
-        # Active again, then the process is stopped: its exit holds once more.
+        assert heard_all() == sent
+        # Active again, then the process is stopped: its exit holds every robot once more.
         assert lifecycle.transition(Transition.TRANSITION_ACTIVATE)
-        before = len(plans_of(heard, "rest"))
-        assert feed(30, until=lambda: len(plans_of(heard, "rest")) > before + 2)
+        before = [r.plans() for r in robots]
+        assert feed(60, until=lambda: all(r.plans() > b + 2 for r, b in zip(robots, before, strict=True)))
         rc, output = child.stop()
-        assert wait_until(lambda: counts() == {"waist": 4, "rest": 4}, 10), counts()
+        assert wait_until(lambda: one.counts() == {"waist": 4, "rest": 4}
+                          and all(o.counts() == {"waist": 2, "rest": 2} for o in others), 10), \
+            [r.counts() for r in robots]
     finally:
         child.stop()
-        spinner.close([robot.node])
+        spinner.close([r.node for r in robots])
     assert rc == 0, output
 
-    # Limits from the URDF, clamped: left_waist never leaves +-0.01 although the model's own values do
-    # (action_chunk carries them); every group plan is slowed for right_waist's 0.001 rad/s, all groups alike.
-    waist = np.concatenate([points(m)[1][:, 0] for m in plans_of(heard, "waist")])
-    model = np.concatenate([points(m)[1][:, 0] for m in heard.get("action_chunk")])
-    assert np.abs(waist).max() <= 0.01 + 1e-12 and np.abs(model).max() > 0.01
+    # Limits from the URDF, clamped: left_waist never leaves +-0.01 (the fleet's robot2: its own +-0.005) although
+    # the model's own values do (action_chunk carries them), and reaches the bound; every group plan is slowed for
+    # right_waist's 0.001 rad/s, all groups alike.
     step_ns = round(1e9 / rate)
     slow, max_velocity = REST.index(SLOW), 0.001
-    for waist_plan, rest_plan in zip(plans_of(heard, "waist"), plans_of(heard, "rest"), strict=True):
-        # one stretch for the whole plan: every step the same, in both groups' messages of the plan
-        offsets = [stamp_to_ns(p.time_from_start) for p in rest_plan.points]
-        assert offsets[0] > step_ns and np.allclose(np.diff(offsets), offsets[0], rtol=1e-6), offsets
-        assert waist_plan.header.stamp == rest_plan.header.stamp
-        assert [stamp_to_ns(p.time_from_start) for p in waist_plan.points] == offsets
-        # right_waist within its velocity between consecutive points, and slowed no more than that needs (its
-        # fastest step at the limit); the tolerance covers the offsets' rounding to whole nanoseconds
-        times, positions = points(rest_plan)
-        speeds = np.abs(np.diff(positions[:, slow])) / (np.diff(times) / 1e9)
-        assert speeds.max() <= max_velocity * (1 + 1e-6), (speeds, offsets)
-        assert speeds.max() >= max_velocity * (1 - 1e-6), (speeds, offsets)
-    for msg in heard.get("action_chunk"):  # the model's plan on its own grid
-        assert stamp_to_ns(msg.points[0].time_from_start) == step_ns
-    stamps = [stamp_to_ns(m.header.stamp) for m in heard.get("action_chunk")]
+    for robot, bound in zip(robots, (0.01, 0.005), strict=False):
+        waist = np.concatenate([points(m)[1][:, 0] for m in plans_of(robot.heard, "waist")])
+        model = np.concatenate([points(m)[1][:, 0] for m in robot.heard.get("action_chunk")])
+        assert np.abs(model).max() > 0.01 and np.isclose(np.abs(waist).max(), bound, rtol=0, atol=1e-12), \
+            (bound, np.abs(waist).max())
+        for waist_plan, rest_plan in zip(plans_of(robot.heard, "waist"), plans_of(robot.heard, "rest"),
+                                         strict=True):
+            # one stretch for the whole plan: every step the same, in both groups' messages of the plan
+            offsets = [stamp_to_ns(p.time_from_start) for p in rest_plan.points]
+            assert offsets[0] > step_ns and np.allclose(np.diff(offsets), offsets[0], rtol=1e-6), offsets
+            assert waist_plan.header.stamp == rest_plan.header.stamp
+            assert [stamp_to_ns(p.time_from_start) for p in waist_plan.points] == offsets
+            # right_waist within its velocity between consecutive points, and slowed no more than that needs (its
+            # fastest step at the limit); the tolerance covers the offsets' rounding to whole nanoseconds
+            times, positions = points(rest_plan)
+            speeds = np.abs(np.diff(positions[:, slow])) / (np.diff(times) / 1e9)
+            assert max_velocity * (1 - 1e-6) <= speeds.max() <= max_velocity * (1 + 1e-6), (speeds, offsets)
+        for msg in robot.heard.get("action_chunk"):  # the model's plan on its own grid
+            assert stamp_to_ns(msg.points[0].time_from_start) == step_ns
+        assert int(robot.value("limits_clamped")) > 0 and int(robot.value("limits_slowed")) > 0, robot.values
+        assert robot.value("limits") == "clamp", robot.values
+        # clamped, slowed (stretched grid) and held plans: a trajectory controller takes each, except the rest
+        # group's `hold: empty`, which docs/controllers.md says this controller refuses
+        assert [r for r in robot.heard.refusals() if r != (TOPICS["rest"], "Empty trajectory received.")] == []
+    stamps = [stamp_to_ns(m.header.stamp) for m in one.heard.get("action_chunk")]
     assert late not in stamps and stamps == sorted(stamps)
-    values = diagnostic_values(robot.diagnostics[-1])
-    assert int(values["limits_clamped"]) > 0 and int(values["limits_slowed"]) > 0, values
-    assert int(values["holds_sent"]) == 6 and values["limits"] == "clamp", values  # the exit's two come after
-    assert "limits clamp (14 joints)" in output and "waist -> /waist_controller/joint_trajectory" in output
-    # clamped, slowed (stretched grid) and held plans: a trajectory controller takes each, except the rest group's
-    # `hold: empty`, which docs/controllers.md says this controller refuses
-    assert [r for r in heard.refusals() if r != (TOPICS["rest"], "Empty trajectory received.")] == []
+    # the exit's holds come after the last status
+    assert [int(r.value("holds_sent")) for r in robots] == [6] + [2] * len(others), [r.values for r in robots]
+    if kind == "vla_node":  # its start-up line names the limits and where each group goes
+        assert "limits clamp (14 joints)" in output and "waist -> /waist_controller/joint_trajectory" in output
 
 
 @pytest.mark.parametrize("kind", ["vla_node", "fleet_node"])
@@ -424,80 +528,74 @@ def implausible_state_outputs(tmp_path) -> tuple[dict, Path]:
     return topics, params
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_implausible_states_out_of_range_and_non_finite_holds_never_reach_a_controller(ros_context, ros_env,
-                                                                                       model_cache, tmp_path):
-    """Issue 45 H2, H3 and the storm: a joint state that jumped further than the velocity limit allows is dropped
-    and counted, so neither the plans nor the holds use it (once a +10 rad state gave plans at 10 rad past max_jump
-    4.0, and a hold at 9.0 outside the limits); a hold from a 1e308 gripper state (offset + 2.1123 * 1e308) is refused
-    rather than sent as +inf; an activate/deactivate storm logs the "active" line at most once per 5 s."""
+                                                                                       model_cache, tmp_path, kind):
+    """Issue 45 H2, H3 and the storm, for the VLA node's robot and a fleet node's: a joint state that jumped further
+    than the velocity limit allows is dropped and counted, so neither the plans nor the holds use it (once a +10 rad
+    state gave plans at 10 rad past max_jump 4.0, and a hold at 9.0 outside the limits); a hold from a 1e308 gripper
+    state (offset + 2.1123 * 1e308) is refused rather than sent as +inf; an activate/deactivate storm logs the
+    VLA node's "active" line at most once per 5 s."""
     topics, params = implausible_state_outputs(tmp_path)
-    robot = Robot(ros_context)
-    heard = Trajectories(robot.node, list(topics.values()))
-    lifecycle = Lifecycle(robot.node)
+    robot, = sides(kind, ros_context, topics=list(topics.values()))
+    lifecycle = Lifecycle(robot.node, "/vla_node" if kind == "vla_node" else "/fleet_server")
     spinner = Spinner(ros_context, [robot.node])
-    child = start_node(ros_env, model_cache, "--params-file", str(params), "-p", "control.rate_hz:=10.0",
-                       "-p", "control.time_step:=0.1", "-p", "control.max_state_age_s:=0.5")
+    child = start(kind, ros_env, model_cache, params, rate=10.0, max_state_age_s=0.5)
     good = [0.0] * len(ALOHA_JOINT_NAMES)
-
-    def frame(state, images: bool = True, joints: bool = True) -> None:
-        stamp = robot.node.get_clock().now().nanoseconds
-        if images:
-            for index, pub in enumerate(robot.sensors.image_pubs):
-                pub.publish(robot.sensors.image_msg(index, stamp))
-        if joints:
-            robot.sensors.joint_pub.publish(robot.sensors.joint_msg(stamp, state))
 
     def feed(seconds: float, until=None, state=None, **kwargs) -> bool:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            frame(good if state is None else state, **kwargs)
+            robot.frame(good if state is None else state, **kwargs)
             time.sleep(1 / 30)
             if until is not None and until():
                 return True
         return until is None or until()
-
-    def plans(group: str) -> list:
-        return [m for m in heard.get(topics[group]) if not is_hold(m)]
 
     jumped = list(good)
     jumped[ALOHA_JOINT_NAMES.index(WAIST)] = 10.0
     huge = list(good)
     huge[ALOHA_JOINT_NAMES.index(GRIPPER)] = 1e308
     try:
-        assert wait_until(lambda: robot.last_status() is not None, STARTUP_TIMEOUT_S, child), child.stop()[1]
+        assert feed(STARTUP_TIMEOUT_S, until=lambda: robot.plans("waist") >= 3 or child.process.poll() is not None), \
+            robot.values
+        assert robot.plans("waist") >= 3, child.stop()[1]
         child.note_shm()
-        assert feed(60, until=lambda: len(plans("waist")) >= 3), robot.last_values()
         # H2: +10 rad states among good ones at 30 Hz, each 33 ms after a state at 0 (2 rad/s allows 0.07 rad)
         for _ in range(20):
-            frame(jumped)
+            robot.frame(jumped)
             time.sleep(1 / 30)
-            frame(good)
+            robot.frame(good)
             time.sleep(1 / 30)
-        assert wait_until(lambda: robot.counter("dropped_implausible_state") >= 20, 10, child), robot.last_values()
-        assert feed(30, until=lambda: len(plans("waist")) >= 6)
+        if kind == "vla_node":  # (the fleet node counts them among its robot's dropped_frames)
+            assert wait_until(lambda: int(robot.value("dropped_implausible_state")) >= 20, 10, child), robot.values
+        plans = robot.plans("waist")
+        assert feed(30, until=lambda: robot.plans("waist") >= plans + 3), robot.values
         # H3: the gripper's state at 1e308 (no velocity limit on it: plausible), then no joint state at all
         feed(1.5, state=huge)
-        assert feed(20, until=lambda: robot.counter("holds_refused") >= 1, joints=False), robot.last_values()
-        assert feed(30, until=lambda: len(plans("waist")) >= 9), robot.last_values()  # good states again
+        assert feed(20, until=lambda: int(robot.value("holds_refused")) >= 1, joints=False), robot.values
+        plans = robot.plans("waist")
+        assert feed(30, until=lambda: robot.plans("waist") >= plans + 3), robot.values  # good states again
         # the storm: 15 deactivate/activate pairs
         storm_from = time.monotonic()
         for _ in range(15):
             assert lifecycle.transition(Transition.TRANSITION_DEACTIVATE)
             assert lifecycle.transition(Transition.TRANSITION_ACTIVATE)
         storm_s = time.monotonic() - storm_from
-        values = robot.last_values()
+        values = dict(robot.values)
     finally:
         rc, output = child.stop()
         spinner.close([robot.node])
     assert rc == 0, output
     for group, topic in topics.items():
-        for msg in heard.get(topic):
+        for msg in robot.heard.get(topic):
             for point in msg.points:
                 assert np.isfinite(point.positions).all(), (group, list(point.positions))
                 if group == "waist":  # plans and holds within the range, never the jumped state
                     assert -1.0 <= point.positions[0] <= 1.0, list(point.positions)
-    assert any(is_hold(m) for m in heard.get(topics["waist"]))
-    assert "implausible_state" in output and "no hold sent to gripper" in output, output[-3000:]
-    actives = output.count("active: acting on the inputs")
-    assert 1 <= actives <= 2 + storm_s / 5.0, (actives, storm_s)  # the first, then at most one per 5 s
+    assert any(is_hold(m) for m in robot.heard.get(topics["waist"]))
+    assert "moved faster than its velocity limit" in output and "no hold sent to gripper" in output, output[-3000:]
     assert int(values["holds_refused"]) >= 1, values
+    if kind == "vla_node":
+        actives = output.count("active: acting on the inputs")
+        assert 1 <= actives <= 2 + storm_s / 5.0, (actives, storm_s)  # the first, then at most one per 5 s

@@ -1,7 +1,9 @@
 """An ALOHA whose joint_state_broadcaster publishes the grippers in rad under its own joint names, over real DDS:
 with `joints.state_rename` and `joints.state_convert` the model gets openpi's `_decode_state` of ALOHA's normalized
 state, and the gripper holds are the measured joint angles, inside the joints' range without clamping. Without the
-conversion the same robot's open gripper would be held past its open limit (clamped, counted)."""
+conversion the same robot's open gripper would be held past its open limit (clamped, counted). Each walk runs for
+the VLA node's robot and for a fleet node's robot (namespace `arm`, its units and gripper limits its own
+`per_robot.arm.*` parameters, its URDF from `/arm/robot_description`)."""
 
 import time
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rclpy
+from rclpy.lifecycle import TransitionCallbackReturn
 from test_replay_node import Child
 from test_vla_node_ros import ARMED, Spinner, wait_until
 from test_vla_node_safety import is_hold
@@ -41,25 +44,54 @@ def openpi_decode_state(state: np.ndarray) -> np.ndarray:
     return state
 
 
-def node_args(*extra) -> list[str]:
+KINDS = ("vla_node", "fleet_node")
+ROBOT = "arm"  # the fleet node's robot (its namespace)
+
+
+def own(kind: str, args: list[str]) -> list[str]:
+    """`-p name:=value` overrides as the node takes them for its robot: the fleet node's as the robot's own."""
+    prefix = f"per_robot.{ROBOT}." if kind == "fleet_node" else ""
+    return [f"{prefix}{arg}" if previous == "-p" else arg for previous, arg in zip(["", *args[:-1]], args, strict=True)]
+
+
+def node_args(*extra, kind: str = "vla_node") -> list[str]:
     limits = [arg for g in GRIPPERS for arg in ("-p", f"output.{g}.lower:={CLOSE}", "-p", f"output.{g}.upper:={OPEN}")]
-    return ["--ros-args", *ARMED, "--params-file", str(REPO / "config" / "aloha_controllers.yaml"),
+    controllers = ["--params-file", str(REPO / "config" / "aloha_controllers.yaml")]
+    if kind == "fleet_node":  # one robot of the tiny model, its profile aloha, its joints given
+        return ["--ros-args", *controllers, "-p", "autostart:=false", "-p", f"robots:=[{ROBOT}]",
+                "-p", "models:=['a=tiny:0']", "-p", "robot_models:=[a]", "-p", "embodiments:=[aloha]",
+                "-p", f"joint_names:=[{','.join(JOINTS)}]", "-p", "slo_ms:=5000.0", "-p", "narrate_every:=0",
+                "-p", "cpu_threads:=1", "-p", "cpu_kernel:=off", *own(kind, [*limits, *extra])]
+    return ["--ros-args", *ARMED, *controllers,
             "-p", "model.preset:=tiny", "-p", "model.dtype:=float32", "-p", "model.cpu_kernel:=off",
             "-p", "cameras.topics:=[a,b]", "-p", "cameras.keys:=[base_0_rgb,left_wrist_0_rgb]",
             "-p", "cameras.compressed:=false", "-p", "control.horizon:=4", "-p", "control.rate_hz:=10.0",
             "-p", "control.max_image_age_s:=0.0", "-p", "control.max_state_age_s:=0.0", *limits, *extra]
 
 
-def run_robot(ros_domain_id, extra: list[str]) -> tuple[list[np.ndarray], dict[str, list], object]:
-    """The node armed on a robot publishing MEASURED under TOPIC_NAMES: the states the model got, the gripper
-    holds heard after the node is deactivated once it has commanded, and the node's command path."""
+def start(kind: str, context):
+    """The node of `kind` in this process, and its robot's command path once configured (by name)."""
+    from oxygen_ros.nodes.fleet_node import FleetNode
     from oxygen_ros.nodes.vla_node import VlaNode
 
+    if kind == "vla_node":
+        return VlaNode(context=context), lambda node: node.path
+    return FleetNode(context=context), lambda node: node.ports[ROBOT].path
+
+
+def run_robot(ros_domain_id, extra: list[str], kind: str) -> tuple[list[np.ndarray], dict[str, list], object]:
+    """The node (`kind`) armed on a robot publishing MEASURED under TOPIC_NAMES: the states the model got, the
+    gripper holds heard after the node is deactivated once it has commanded, and the robot's command path."""
     context = rclpy.Context()
-    rclpy.init(args=["vla_node", *node_args(*extra)], context=context, domain_id=ros_domain_id)
-    node = VlaNode(context=context)
-    robot = rclpy.create_node("robot", context=context)
-    sensors = SensorPublisher(robot, ["a", "b"], TOPIC_NAMES)
+    rclpy.init(args=[kind, *node_args(*extra, kind=kind)], context=context, domain_id=ros_domain_id)
+    node, path_of = start(kind, context)
+    if kind == "vla_node":
+        robot = rclpy.create_node("robot", context=context)
+        sensors = SensorPublisher(robot, ["a", "b"], TOPIC_NAMES)
+    else:  # the fleet robot's topics in its namespace, its cameras named by its model's image keys
+        robot = rclpy.create_node("robot", namespace=ROBOT, context=context)
+        sensors = SensorPublisher(robot, ["camera/base_0_rgb/image_raw", "camera/left_wrist_0_rgb/image_raw"],
+                                  TOPIC_NAMES)
     heard: dict[str, list] = {g: [] for g in GRIPPERS}
     for group in GRIPPERS:
         robot.create_subscription(JointTrajectory, f"{group}_controller/joint_trajectory",
@@ -89,7 +121,7 @@ def run_robot(ros_domain_id, extra: list[str]) -> tuple[list[np.ndarray], dict[s
         node.trigger_deactivate()
         assert wait_until(lambda: all(any(is_hold(m) for m in heard[g]) for g in GRIPPERS), 30), heard
         holds = {g: [m for m in heard[g] if is_hold(m)] for g in GRIPPERS}
-        return model_states, holds, node.path
+        return model_states, holds, path_of(node)
     finally:
         RobotSession.observation = observe
         node.close()
@@ -98,8 +130,9 @@ def run_robot(ros_domain_id, extra: list[str]) -> tuple[list[np.ndarray], dict[s
         context.destroy()
 
 
-def test_grippers_in_rad_reach_the_model_as_openpi_decodes_them_and_hold_inside_their_range(ros_domain_id):
-    model_states, holds, path = run_robot(ros_domain_id, UNITS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_grippers_in_rad_reach_the_model_as_openpi_decodes_them_and_hold_inside_their_range(ros_domain_id, kind):
+    model_states, holds, path = run_robot(ros_domain_id, UNITS, kind)
     normalized = MEASURED.copy()
     for index in GRIPPERS.values():  # ALOHA's PUPPET_GRIPPER_JOINT_NORMALIZE_FN (constants.py lines 42-44)
         normalized[index] = (MEASURED[index] - CLOSE) / (OPEN - CLOSE)
@@ -111,8 +144,9 @@ def test_grippers_in_rad_reach_the_model_as_openpi_decodes_them_and_hold_inside_
     assert path.holds_clamped == 0
 
 
-def test_without_the_conversion_the_open_gripper_would_be_held_past_its_limit(ros_domain_id):
-    model_states, holds, path = run_robot(ros_domain_id, UNITS[:2])  # renamed, not converted
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_the_conversion_the_open_gripper_would_be_held_past_its_limit(ros_domain_id, kind):
+    model_states, holds, path = run_robot(ros_domain_id, UNITS[:2], kind)  # renamed, not converted
     assert holds["left_gripper"][-1].points[0].positions[0] == pytest.approx(OPEN)  # clamped from -0.62 + 2.11 x 1.49
     assert path.holds_clamped >= 1
     np.testing.assert_allclose(model_states[-1], openpi_decode_state(MEASURED))  # radians taken as positions
@@ -139,28 +173,33 @@ def test_a_conversion_or_rename_that_cannot_work_is_one_start_up_line(extra, mes
 
 
 
-def test_limits_come_from_the_latched_robot_description_topic(ros_domain_id):
+@pytest.mark.parametrize("kind", KINDS)
+def test_limits_come_from_the_latched_robot_description_topic(ros_domain_id, kind):
     from std_msgs.msg import String
     from test_vla_node_safety import urdf
 
     from oxygen_ros.nodes.qos import LATCHED_QOS
-    from oxygen_ros.nodes.vla_node import VlaNode
 
     context = rclpy.Context()
-    rclpy.init(args=["vla_node", *node_args("-p", "robot_description_wait_s:=30.0")], context=context,
+    rclpy.init(args=[kind, *node_args("-p", "robot_description_wait_s:=30.0", kind=kind)], context=context,
                domain_id=ros_domain_id)
-    publisher = rclpy.create_node("robot_state_publisher", context=context)
-    try:  # as robot_state_publisher does: once, latched, before the node starts
+    # as robot_state_publisher does, in the robot's namespace: once, latched, before the node starts
+    publisher = rclpy.create_node("robot_state_publisher", namespace=ROBOT if kind == "fleet_node" else "",
+                                  context=context)
+    try:
         publisher.create_publisher(String, "robot_description", LATCHED_QOS).publish(
             String(data=urdf({"left_gripper": (-0.5, 1.25, 2.0), "right_waist": (-3.0, 3.0, 4.0)})))
-        node = VlaNode(context=context)
+        node, path_of = start(kind, context)
         try:
-            limits = node.params.limits
+            if kind == "fleet_node":  # the fleet node reads a robot's URDF as it adds the robot
+                assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS, node.failure
+            limits = path_of(node).limits
             left, waist = limits.joints.index("left_gripper"), limits.joints.index("right_waist")
             # the gripper group's own lower/upper parameters win over the URDF; its velocity comes from the URDF
             assert (limits.lower[left], limits.upper[left], limits.max_velocity[left]) == (CLOSE, OPEN, 2.0)
             assert (limits.lower[waist], limits.upper[waist], limits.max_velocity[waist]) == (-3.0, 3.0, 4.0)
         finally:
+            node.close()
             node.destroy_node()
     finally:
         publisher.destroy_node()
@@ -168,9 +207,14 @@ def test_limits_come_from_the_latched_robot_description_topic(ros_domain_id):
         context.destroy()
 
 
-def test_no_robot_description_on_the_topic_is_one_start_up_line(ros_env):
-    child = Child(["-m", "oxygen_ros.nodes.vla_node", *node_args("-p", "robot_description_wait_s:=1.0")], ros_env)
+@pytest.mark.parametrize("kind, robot", [("vla_node", ""), ("fleet_node", f"robot {ROBOT}: ")])
+def test_no_robot_description_on_the_topic_is_one_start_up_line(ros_env, kind, robot):
+    args = node_args("-p", "robot_description_wait_s:=1.0", kind=kind)
+    if kind == "fleet_node":
+        args += ["-p", "autostart:=true"]
+    child = Child(["-m", f"oxygen_ros.nodes.{kind}", *args], ros_env)
     code, output = child.wait(timeout=120.0)
     assert code == 1, output
-    assert "cannot start: robot_description_wait_s: no robot_description on /robot_description within 1 s" in output
+    topic = f"/{ROBOT}/robot_description" if kind == "fleet_node" else "/robot_description"
+    assert f"cannot start: {robot}robot_description_wait_s: no robot_description on {topic} within 1 s" in output
     assert len(node_lines(output)) == 1, output

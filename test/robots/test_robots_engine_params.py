@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from oxygen_ros.nodes.fleet_parameters import ENGINE_NAMES, FLEET_SPECS, fleet_engine, read_fleet
+from oxygen_ros.nodes.fleet_parameters import (
+    ENGINE_NAMES,
+    FLEET_SPECS,
+    PER_ROBOT_PARAMETERS,
+    fleet_engine,
+    read_fleet,
+)
 from oxygen_ros.nodes.parameters import OPTIONAL, REQUIRED, SPECS
 from oxygen_ros.robots.engine_params import ENGINE, ENGINE_SPECS, ParameterError, read_engine
 from oxygen_ros.serving.params import engine_parameters
@@ -27,16 +33,18 @@ def shown(default) -> str:
     return '`""`' if default == "" else f"`{default}`"
 
 
-def table(page: str) -> dict[str, str]:
-    """parameter -> default of a page's `| parameter | default | meaning |` table."""
+def table(page: str, header: str = "parameter") -> dict[str, str]:
+    """parameter -> default of a page's `| <header> | default | meaning |` table."""
     text = (REPO / "docs" / page).read_text()
-    body = text.split("| parameter | default | meaning |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    body = text.split(f"| {header} | default | meaning |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
     return dict(re.findall(r"^\| `([^`]+)` \| ([^|]+?) \|", body, re.M))
 
 
 def test_the_docs_tables_are_the_specs():
     assert table("nodes.md") == {spec.name: shown(spec.default) for spec in SPECS}
     assert table("fleet.md") == {spec.name: shown(spec.default) for spec in FLEET_SPECS}
+    robot = {spec.name: spec for spec in (*SPECS, *FLEET_SPECS)}  # a robot's: the node's defaults
+    assert table("fleet.md", "robot parameter") == {name: shown(robot[name].default) for name in PER_ROBOT_PARAMETERS}
     serve = (REPO / "docs" / "serve.md").read_text()
     assert [spec.name for spec in ENGINE_SPECS if f"`{spec.name}`" not in serve] == []
 
