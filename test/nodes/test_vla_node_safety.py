@@ -561,13 +561,18 @@ def test_implausible_states_out_of_range_and_non_finite_holds_never_reach_a_cont
             robot.values
         assert robot.plans("waist") >= 3, child.stop()[1]
         child.note_shm()
-        # H2: +10 rad states among good ones at 30 Hz, each 33 ms after a state at 0 (2 rad/s allows 0.07 rad)
-        for _ in range(20):
+        # H2: +10 rad states among good ones at 30 Hz, each 33 ms after a state at 0 (2 rad/s allows 0.07 rad); on
+        # a loaded machine the best-effort joint states can be lost before the node reads them, so the pairs go on
+        # until it has counted 20 (the VLA node; the fleet node counts them among its robot's dropped_frames)
+        pairs, end = 0, time.monotonic() + 60
+        while pairs < 20 or (kind == "vla_node" and int(robot.value("dropped_implausible_state", "0")) < 20
+                             and time.monotonic() < end):
             robot.frame(jumped)
             time.sleep(1 / 30)
             robot.frame(good)
             time.sleep(1 / 30)
-        if kind == "vla_node":  # (the fleet node counts them among its robot's dropped_frames)
+            pairs += 1
+        if kind == "vla_node":
             assert wait_until(lambda: int(robot.value("dropped_implausible_state")) >= 20, 10, child), robot.values
         plans = robot.plans("waist")
         assert feed(30, until=lambda: robot.plans("waist") >= plans + 3), robot.values
