@@ -97,10 +97,9 @@ def serve_on_the_job_clock(design: str, guard: float, arrivals, tokenizer):  # n
     return started, frames, server
 
 
-# robion at its planning guard splits where its frames' budgets allow two locksteps; at guard 2 the table says no
-# split pays and none is explored (a split is tried only where its frames would still make their deadline, which at
-# 30 and 80 ms budgets none would), so every batch runs its two stages back to back in one job (the lockstep's
-# monolithic step), the VLM batch's slots read by the action batch after it
+# robion at its planning guard splits; at guard 2 the table says no split pays and none is tried again (only while
+# no frame waits, which this list never leaves), so every batch runs its two stages back to back in one job (the
+# lockstep's monolithic step), the VLM batch's slots read by the action batch after it
 @pytest.mark.parametrize("design,guard", [("monolithic", 1.1), ("robion", 1.1), ("robion", 2.0)])
 def test_the_simulator_and_the_server_make_the_same_decisions_on_one_arrival_list(design, guard,
                                                                                    tokenizer):  # noqa: F811

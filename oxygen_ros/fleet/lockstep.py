@@ -13,14 +13,15 @@ Pipelining costs latency (a frame waits a lockstep between its two stages) and a
 profile said. So whether a VLM batch is pipelined or runs its two stages back to back in one job (the monolithic
 step: an action batch already waiting first, then the batch's VLM and action stages, each on its fastest share)
 is chosen from what this device measures each way, per model and bucket (`split_meter`): the table's figures
-(the guard for a split) seed the measurement, every finished job updates it, the way measuring worse is still
-explored in one batch of `EXPLORE_EVERY`, and a split is taken only where it measured faster and its frames'
-deadlines allow two locksteps. The guard of a lockstep with a VLM batch is that batch's measured split/back-to-back
-ratio.
+(the guard for a split) seed the measurement, every finished job updates it, the way measuring worse is tried
+again now and then while nothing waits, and a split is taken only where it measured faster. The guard of a
+lockstep with a VLM batch is that batch's measured split / back-to-back ratio.
 
 What holds, and where it was measured: where a split measures slower than back to back, the lockstep runs the
-monolithic step but for the bounded exploration, so it serves as the monolithic design does up to that cost and
-to the stage workers' own overhead (two calls instead of one). Whether Robion serves more or fewer robots than
+monolithic step but for explorations while the device is idle, so it serves as the monolithic design does up to
+the stage workers' own overhead (two calls instead of one); where a split measures faster it pipelines, and a
+pipelined frame's extra lockstep of latency can cost more than the throughput gained where the gain is small (in
+the simulator's interference sweep, one robot fewer than monolithic at 1.3-1.4). Whether Robion serves more or fewer robots than
 monolithic is a measurement, not a property: `docs/fleet.md` has the figures, simulated and real, and where it
 lost.
 """
@@ -124,7 +125,7 @@ class LockstepPlanner(TwoStagePlanner):
         self.explored = 0  # VLM batches run the way measuring worse
         self._fused: StageBatch | None = None  # the running job's VLM batch whose action stage follows it in the job
         self._table: dict[Key, tuple[float | None, float]] = {}
-        self._seen: dict[Key, int] = {}
+        self._since: dict[Key, int] = {}  # VLM batches of a key since its last exploration
         self._split_next = False  # an explored split left its action batch waiting: split the next lockstep beside it
         self._ways: dict[StageJob, tuple[Key, Way]] = {}  # running jobs that measure a way
 
@@ -141,30 +142,31 @@ class LockstepPlanner(TwoStagePlanner):
         return self.meter.ratio(key, Way.SPLIT) / self.meter.ratio(key, Way.BACK_TO_BACK)
 
     def way_for(self, vlm: StageBatch, action_waiting: bool, now: float) -> tuple[Way, bool]:
-        """How `vlm` runs, and whether that is an exploration: pipelined where it measures faster and its frames make
-        their deadline that way (`pipeline_pays`), else back to back; one batch in `explore_every` of its (model,
-        bucket) the other way."""
+        """How `vlm` runs, and whether that is an exploration: pipelined where a split measures faster than back to
+        back (`pipeline_pays`), else back to back; the other way once `explore_every` batches of its (model,
+        bucket) ran since it was last tried, at the first batch that leaves no frame waiting (a split only where
+        the batch's frames would still make their deadline through two split locksteps)."""
         key = (vlm.model_id, vlm.bucket)
         split_s, back_to_back_s = self.costs(key)
         if split_s is None:
             return Way.BACK_TO_BACK, False
-        slack = min(f.deadline for f in vlm.frames) - now
-        split_fits = 2.0 * split_s <= slack
-        preferred = Way.SPLIT if pipeline_pays(split_s, back_to_back_s, slack) else Way.BACK_TO_BACK
-        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        split_fits = 2.0 * split_s <= min(f.deadline for f in vlm.frames) - now
+        preferred = Way.SPLIT if pipeline_pays(split_s, back_to_back_s) else Way.BACK_TO_BACK
+        since = self._since[key] = self._since.get(key, 0) + 1
         if self._split_next:  # an explored batch's action stage waits: this lockstep measures the split beside it
             self._split_next = False
             if preferred is Way.BACK_TO_BACK and split_fits:
                 self.explored += 1
                 return Way.SPLIT, True
-        if self.explore_every and seen % self.explore_every == 0:
-            if preferred is Way.SPLIT:
-                self.explored += 1
-                return Way.BACK_TO_BACK, True
-            if split_fits:
-                self.explored += 1
-                self._split_next = not action_waiting  # alone now: the split is measured in the next lockstep
-                return Way.SPLIT, True
+        # trying the way that measures worse never delays a frame waiting behind it
+        idle = not self.queues[Stage.VLM].total() and not action_waiting
+        if self.explore_every and since >= self.explore_every and idle:
+            if preferred is Way.BACK_TO_BACK and not split_fits:
+                return preferred, False
+            self._since[key] = 0
+            self.explored += 1
+            self._split_next = preferred is Way.BACK_TO_BACK  # alone now: the split is measured in the next lockstep
+            return (Way.SPLIT if preferred is Way.BACK_TO_BACK else Way.BACK_TO_BACK), True
         return preferred, False
 
     def start(self, now: float) -> list[StageJob]:
