@@ -18,12 +18,12 @@ again now and then while nothing waits, and a split is taken only where it measu
 lockstep with a VLM batch is that batch's measured split / back-to-back ratio.
 
 What holds, and where it was measured: where a split measures slower than back to back, the lockstep runs the
-monolithic step but for explorations while the device is idle, so it serves as the monolithic design does up to
-the stage workers' own overhead (two calls instead of one); where a split measures faster it pipelines, and a
-pipelined frame's extra lockstep of latency can cost more than the throughput gained where the gain is small (in
-the simulator's interference sweep, one robot fewer than monolithic at 1.3-1.4). Whether Robion serves more or fewer robots than
-monolithic is a measurement, not a property: `docs/fleet.md` has the figures, simulated and real, and where it
-lost.
+monolithic step but for explorations while the device is idle, so it serves as the monolithic design does up to the
+stage workers' own overhead (two calls instead of one); where a split measures faster it pipelines, and a pipelined
+frame's extra lockstep of latency can cost more than the throughput gained where the gain is small (in the
+simulator's interference sweep, one or two robots fewer than monolithic at 1.3-1.4). Whether Robion serves more or
+fewer robots than monolithic is a measurement, not a property: `docs/fleet.md` has the figures, simulated and real,
+and where it lost.
 """
 
 from __future__ import annotations
