@@ -184,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             warm_up(servers[design], everyone, args.max_batch)
         modes = {d: server.partition_mode for d, server in servers.items()}
-        print(f"device {args.device} ({lut.meta.get('cpu_threads')} threads), models {models}, torch "
+        threads = f" ({lut.meta['cpu_threads']} threads)" if lut.meta.get("cpu_threads") else ""
+        print(f"device {args.device}{threads}, models {models}, torch "
               f"{torch.__version__}, co-run slowdown {slowdown:.2f}, shares {modes}, CUDA graphs "
               f"{'on' if args.cuda_graphs else 'off'}; robots at {args.rate} Hz, SLOs {slos} s; load average "
               f"{load_before[0]:.1f}")
