@@ -16,6 +16,9 @@
 #   pi05_eager    90  the same as pi05_graphs without CUDA graphs (fewer frames: an eager frame is slow)
 #   goals         90  the goal points on the real vocabulary (fullvocab), float32 and bfloat16, CUDA graphs on
 #   fleet_profile 75  the fleet's stage table on green-context SM partitions, stage graphs on
+#   fleet_bench  120  only when named (not in the default list: it would take the run past its budget): real
+#                     fleet serving, monolithic against Robion side by side at four robot counts, on SM
+#                     partitions with stage graphs, from fleet_profile's table where that step left one
 #   summary       15  summary.md: the figures above beside the published ones they are compared with
 # The whole run keeps within GPU_CHECK_BUDGET_S (default 540 s, 9 minutes): a step gets its limit or what is left,
 # whichever is less, and one that would get under 30 s (or its whole limit, if smaller) is skipped, said in one
@@ -63,7 +66,7 @@ step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2
     shift 2
     [[ $steps == *" $name "* ]] || return 0
-    if [ "$partitions" = no ] && [ "$name" = fleet_profile ]; then
+    if [ "$partitions" = no ] && { [ "$name" = fleet_profile ] || [ "$name" = fleet_bench ]; }; then
         say "=== $name: skipped, no SM partitions here (device.txt)"
         return 0
     fi
@@ -103,6 +106,12 @@ step goals 90 "$py" -m oxygen_ros.evaluation.bench.oxygen_bench --preset fullvoc
 # two models' stages, buckets 1-4, every share the driver makes; fails rather than profile plain streams
 step fleet_profile 75 "$py" -m oxygen_ros.commands.fleet_profile --models a=small:0,b=small:1 --device cuda \
     --max-batch 4 --repeats 3 --warmup 1 --require-sm-partitions --cuda-graphs --out "$out/fleet_lut_small.json"
+# two models served by a monolithic and a Robion server at 30 Hz, every count whatever its attainment (2 s each)
+fleet_lut=()
+[ -f "$out/fleet_lut_small.json" ] && fleet_lut=(--profile "$out/fleet_lut_small.json")
+step fleet_bench 120 "$py" -m oxygen_ros.commands.fleet_bench --models a=small:0,b=small:1 --device cuda \
+    --max-batch 4 --repeats 3 --require-sm-partitions --cuda-graphs "${fleet_lut[@]}" --robots 8,16,32,64 \
+    --rate 30 --slo 0.05,0.1 --duration 2 --all-counts --out "$out/fleet_bench"
 step summary 15 "$py" scripts/gpu_summary.py "$out"
 say "=== $failed failed step(s); everything in $archive"
 pack

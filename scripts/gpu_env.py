@@ -29,6 +29,7 @@ NEEDED = {
 }
 # the modules the steps run, imported once the packages above are found: whatever else they need is said too
 STEP_MODULES = ("oxygen_ros.evaluation.bench.oxygen_bench", "oxygen_ros.commands.fleet_profile",
+                "oxygen_ros.commands.fleet_bench",
                 "oxygen_ros.fleet.server", "oxygen_ros.fleet.sm_partition", "oxygen_ros.evaluation.bench.energy")
 
 

@@ -7,8 +7,14 @@ simulator's arrival list for them (each robot at its control rate with its SLO) 
 clock for ``--duration`` seconds. Designs run interleaved per robot count, so a change in machine load hits all of
 them alike. Next to each real point the simulator's prediction for the same arrival list and table is printed
 (the same scheduler and planner on a simulated clock, interference = the profiled co-run slowdown). A design's
-sweep stops at its first point below the target. Each design's server is made once and kept (its models loaded
-once per design).
+sweep stops at its first point below the target, unless ``--all-counts``. Each design's server is made once and
+kept (its models loaded once per design). For Robion, each point also says what its lockstep measured of its two
+ways per model and bucket (``lockstep``: measured/predicted ratios, jobs, batches explored; cumulative over the
+points, as the server is kept). The load average before and after the run goes into ``results.json``.
+
+``--profile LUT.json`` serves from a table profiled before (``fleet-profile`` with the same model ids) instead of
+profiling here. On a GPU, ``--require-sm-partitions`` refuses to run (status 1) where the stage shares would be
+plain streams rather than green-context SM partitions.
 
 ``--reprofile``: profile again after every robot count, so that each count is served between two profiles, and
 predict it also from the profile after it and from the mean of the two (``profile_table.mean_table``); the two
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.command_line import CommandParser, add_device_options, check_device_options
+from oxygen_ros.command_line import CommandParser, add_device_options, check_device_options, existing_file
 from oxygen_ros.engine.frames import ActionFrame
 from oxygen_ros.engine.model_runner import zero_inputs
 from oxygen_ros.engine.runtime import RuntimeConfig
@@ -120,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the fleet, its arrivals and the weights")
     p.add_argument("--reprofile", action="store_true",
                    help="profile after every robot count too; predict each count from the profiles on both sides")
+    p.add_argument("--profile", type=existing_file, default=None,
+                   help="serve from this table (fleet-profile, the same model ids) instead of profiling first")
+    p.add_argument("--all-counts", action="store_true",
+                   help="serve every robot count, also after a design fell below the target")
+    p.add_argument("--require-sm-partitions", action="store_true",
+                   help="fail (status 1) where a GPU's stage shares would be plain streams (a CUDA device only)")
     p.add_argument("--out", default=None, help="folder for results.json")
     return p
 
@@ -128,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_device_options(parser, args)
+    if args.require_sm_partitions and not args.device.startswith("cuda"):
+        parser.error(f"--require-sm-partitions needs a CUDA device, not {args.device}")
+    if args.profile and args.reprofile:
+        parser.error("--profile serves from one table; --reprofile profiles again after every count")
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
     specs = [ModelSpec.parse(x) for x in args.models.split(",") if x]
@@ -137,24 +155,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = [s.model_id for s in specs]
     everyone = make_robots(max(counts), models, args.rate, slos)
     started = time.perf_counter()
+    load_before = os.getloadavg()
 
     def config_of(design: str, table: ProfileTable) -> SimConfig:
         slowdown = table.meta["co_run_slowdown"]
         return SimConfig(design=design, duration_s=args.duration, seed=args.seed, max_batch=args.max_batch,
                          guard=planning_guard(table), interference=slowdown)
 
-    profiler = StageProfiler(specs, args.device, max_batch=args.max_batch, cpu_threads=args.cpu_threads,
-                             cuda_graphs=args.cuda_graphs)
+    profiler = None if args.profile else StageProfiler(specs, args.device, max_batch=args.max_batch,
+                                                       cpu_threads=args.cpu_threads, cuda_graphs=args.cuda_graphs)
+    if profiler is not None and args.require_sm_partitions and profiler.partitions is None:
+        profiler.close()
+        print(f"fleet-bench: no SM partitions here: shares would be {profiler.partition_mode}", file=sys.stderr)
+        return 1
     servers: dict[str, FleetServer] = {}
     try:
-        lut = profiler.profile(repeats=args.repeats)
+        lut = ProfileTable.load(args.profile) if args.profile else profiler.profile(repeats=args.repeats)
+        missing = sorted(set(models) - set(lut.models()))
+        if missing:
+            parser.error(f"the profile {args.profile} has no entries for models {missing}")
         profiles = [lut.to_dict()]
         slowdown = lut.meta["co_run_slowdown"]
-        print(f"device {profiler.device} ({profiler.cpu_threads} threads), models {models}, torch "
-              f"{torch.__version__}, co-run slowdown {slowdown:.2f}; robots at {args.rate} Hz, SLOs {slos} s")
         for design in designs:
             servers[design] = fleet_server(specs, everyone, design, lut, args)
+            if args.require_sm_partitions and design != "monolithic" and "green" not in servers[design].partition_mode:
+                print(f"fleet-bench: no SM partitions here: the {design} server runs on "
+                      f"{servers[design].partition_mode}", file=sys.stderr)
+                return 1
             warm_up(servers[design], everyone, args.max_batch)
+        modes = {d: server.partition_mode for d, server in servers.items()}
+        threads = f" ({lut.meta['cpu_threads']} threads)" if lut.meta.get("cpu_threads") else ""
+        print(f"device {args.device}{threads}, models {models}, torch "
+              f"{torch.__version__}, co-run slowdown {slowdown:.2f}, shares {modes}, CUDA graphs "
+              f"{'on' if args.cuda_graphs else 'off'}; robots at {args.rate} Hz, SLOs {slos} s; load average "
+              f"{load_before[0]:.1f}")
         points: dict[str, dict[int, dict]] = {d: {} for d in designs}
         active = set(designs)
         for n in counts:
@@ -170,13 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "real": real.summary(),
                     "sim": sim.summary(),
                     "median_cycle_factor": statistics.median(factors) if factors else None,
+                    "load_average": os.getloadavg()[0],
                 }
+                measured = lockstep_measured(servers[design])
+                if measured is not None:
+                    points[design][n]["lockstep"] = measured
                 print(
                     f"{design:<13} robots {n:>4}: real attainment {real.attainment:.3f} "
                     f"(p50 {1e3 * real.latency_p50_s:.1f} ms, p99 {1e3 * real.latency_p99_s:.1f} ms)   "
-                    f"simulated {sim.attainment:.3f}"
+                    f"simulated {sim.attainment:.3f}" + (f"   {lockstep_text(measured)}" if measured else "")
                 )
-                if real.attainment < TARGET:
+                if real.attainment < TARGET and not args.all_counts:
                     active.discard(design)
             if args.reprofile:
                 after = profiler.profile(repeats=args.repeats)
@@ -202,7 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.close()
-        profiler.close()
+        if profiler is not None:
+            profiler.close()
+    load_after = os.getloadavg()
     served = {d: robots_at_target({n: p["real"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     simulated = {d: robots_at_target({n: p["sim"]["attainment"] for n, p in pts.items()}) for d, pts in points.items()}
     print(f"\nrobots served at >= {TARGET:.0%} SLO (real): {served}   simulated at the same points: {simulated}")
@@ -215,12 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         inside = sum(p["real_in_band"] for pts in points.values() for p in pts.values())
         total = sum(len(pts) for pts in points.values())
         print(f"real attainment inside the before/after band at {inside} of {total} points")
-    print(f"({time.perf_counter() - started:.0f} s)")
+    print(f"({time.perf_counter() - started:.0f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} "
+          f"after, {os.cpu_count()} cores)")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         report = {
             "config": vars(args),
+            "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
+            "partition_mode": modes,
             "luts": profiles,
             "points": points,
             "robots_at_98pct": served,
@@ -229,6 +272,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"wrote {out / 'results.json'}")
     return 0
+
+
+def lockstep_measured(server: FleetServer) -> dict | None:
+    """What a Robion server's lockstep measured of its two ways so far (None for another design)."""
+    planner = server.runtime.scheduler.planner
+    meter = getattr(planner, "meter", None)
+    if meter is None:
+        return None
+    return {"explored": planner.explored, "ratios": meter.report()}
+
+
+def lockstep_text(measured: dict) -> str:
+    """Jobs measured each way (split / back to back) over all models and buckets, and batches explored."""
+    ratios = measured["ratios"].values()
+    split, back = (sum(r[f"{way}_jobs"] for r in ratios) for way in ("split", "back_to_back"))
+    return f"lockstep jobs split {split} / back to back {back}, explored {measured['explored']}"
 
 
 def band_text(point: dict) -> str:

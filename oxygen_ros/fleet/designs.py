@@ -3,7 +3,8 @@
 - `monolithic`: the engine's own path (`engine.planners.MonolithicPlanner`): a batch's prefill and denoise in one
   call on the whole device, models taking turns by the queue policy;
 - `robion`: the lockstep (`lockstep.LockstepPlanner`): one VLM batch and one action batch side by side on
-  complementary shares chosen from the profile table with a guard, or back to back when that is predicted faster;
+  complementary shares chosen from the profile table with a guard, or a batch's two stages back to back where the
+  device measures that faster or its frames' deadlines do not allow pipelining;
 - `disaggregated`: the static split (`static_split.StaticSplitPlanner`): each stage on a fixed share.
 
 A fleet server runs these on the wall clock and the simulator on a simulated one, with the same queue policy and
@@ -25,7 +26,8 @@ from .static_split import StaticSplitPlanner
 DESIGNS = ("monolithic", "robion", "disaggregated")
 DEFAULT_DESIGN = "monolithic"
 """The one default design of every node, command and simulation: it needs no profile table and runs anywhere;
-`robion` is the choice where a table is measured (it never serves fewer robots in the simulator, `lockstep.py`)."""
+`robion` is the choice where a table is measured (whether it serves more robots than monolithic is a measurement:
+docs/fleet.md)."""
 STAGE_SPLITS = {"robion": LockstepPlanner, "disaggregated": StaticSplitPlanner}
 
 

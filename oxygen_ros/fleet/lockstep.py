@@ -5,17 +5,25 @@ device, and both end together: a lockstep lasts as long as the slower of the two
 action queues for a later lockstep, so the two stages of consecutive batches pipeline on one device.
 
 The partition is picked per lockstep from the LUT, never preempted. "Guarded": a co-running stage is predicted
-at its LUT latency times ``guard`` (>= 1, headroom for interference between the partitions, which the offline
-profile did not see), and the scheduler only splits the device when the guarded split beats running the two
-batches back to back, each with the device to itself (on its fastest share: the whole GPU, or on a CPU the thread
-count the LUT found fastest).
+at its LUT latency times a guard (headroom for interference between the partitions), and the lockstep splits the
+device only when the guarded split beats running the two batches back to back, each with the device to itself
+(on its fastest share: the whole GPU, or on a CPU the thread count the LUT found fastest).
 
-Pipelining costs latency: a frame waits a whole lockstep between its two stages. Where splitting does not pay for
-a VLM batch (`split_pays`: a VLM batch of its model and bucket beside an action batch of the same is predicted no
-faster side by side than back to back), the lockstep runs that batch's two stages back to back in one job, the
-monolithic step, each stage on its fastest share; an action batch already waiting runs first in the same job. So
-where a split never pays the planner serves as the monolithic design does, and Robion never loses to its own
-degenerate case.
+Pipelining costs latency (a frame waits a lockstep between its two stages) and a co-run may be slower than any
+profile said. So whether a VLM batch is pipelined or runs its two stages back to back in one job (the monolithic
+step: an action batch already waiting first, then the batch's VLM and action stages, each on its fastest share)
+is chosen from what this device measures each way, per model and bucket (`split_meter`): the table's figures
+(the guard for a split) seed the measurement, every finished job updates it, the way measuring worse is tried
+again now and then while nothing waits, and a split is taken only where it measured faster. The guard of a
+lockstep with a VLM batch is that batch's measured split / back-to-back ratio.
+
+What holds, and where it was measured: where a split measures slower than back to back, the lockstep runs the
+monolithic step but for explorations while the device is idle, so it serves as the monolithic design does up to the
+stage workers' own overhead (two calls instead of one); where a split measures faster it pipelines, and a pipelined
+frame's extra lockstep of latency can cost more than the throughput gained where the gain is small (in the
+simulator's interference sweep, one or two robots fewer than monolithic at 1.3-1.4). Whether Robion serves more or
+fewer robots than monolithic is a measurement, not a property: `docs/fleet.md` has the figures, simulated and real,
+and where it lost.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from dataclasses import dataclass
 from ..engine.frames import ActionFrame
 from ..engine.planners import Stage, StageBatch, StageJob
 from .profile_table import ProfileTable
+from .split_meter import EXPLORE_EVERY, Key, SplitMeter, Way, pipeline_pays
 from .two_stage import TwoStagePlanner
 
-StageLoad = tuple[str, int]
+StageLoad = Key
 """(model id, batch bucket) of a batch waiting to be placed."""
 
 
@@ -77,24 +86,14 @@ def choose_partition(
     return best
 
 
-MIN_SPLIT_GAIN = 0.15
-"""How much faster than back to back a split lockstep must be predicted for pipelining to pay: a pipelined frame
-waits a lockstep between its two stages, so a split has to buy throughput worth that latency. Tuned in the
-simulator's sweep (synthetic table, 4 GPUs, 8 models, guard = interference from 1.0 to 1.5, 5 seeds): the
-smallest margin tried (0, 0.05, 0.1, 0.15) at which Robion's robots at 98 % were at least monolithic's at every
-interference (docs/fleet.md)."""
-
-
-def split_pays(lut: ProfileTable, model_id: str, bucket: int, guard: float,
-               min_gain: float = MIN_SPLIT_GAIN) -> bool:
-    """Whether pipelining a VLM batch of `model_id` and `bucket` pays: a lockstep of such a VLM batch beside an
-    action batch of the same model and bucket, split (guarded), is predicted at least `min_gain` faster than the
-    two back to back."""
-    if min_gain < 0:
-        raise ValueError("min_gain must be >= 0")
-    choice = choose_partition(lut, (model_id, bucket), (model_id, bucket), guard)
+def table_costs(lut: ProfileTable, model_id: str, bucket: int) -> tuple[float | None, float]:
+    """The table's two ways for a VLM batch of `model_id` and `bucket`: a split lockstep of it beside an action
+    batch of the same model and bucket, on the best complementary shares (unguarded; None where no split share
+    was profiled or none beats back to back even unguarded), and its two stages back to back on their fastest
+    shares."""
     back_to_back = sum(lut.solo(model_id, stage, bucket)[1] for stage in Stage)
-    return choice.mode == "split" and choice.predicted_s * (1.0 + min_gain) <= back_to_back
+    choice = choose_partition(lut, (model_id, bucket), (model_id, bucket), guard=1.0)
+    return (choice.predicted_s if choice.mode == "split" else None), back_to_back
 
 
 def batch_ends(job: StageJob, now: float) -> list[float]:
@@ -112,23 +111,63 @@ def batch_ends(job: StageJob, now: float) -> list[float]:
 
 
 class LockstepPlanner(TwoStagePlanner):
-    """One device, one lockstep at a time: VLM batch and action batch start together and finish together, or,
-    where splitting does not pay, a VLM batch's two stages run back to back (the monolithic step)."""
+    """One device, one lockstep at a time: VLM batch and action batch start together and finish together, or, where
+    this device measures that pipelining a batch does not pay, its two stages back to back (the monolithic step).
+    `explore_every`: one VLM batch of a (model, bucket) in this many runs the way measuring worse (0: never)."""
 
-    def __init__(self, lut: ProfileTable, min_split_gain: float = MIN_SPLIT_GAIN, **kwargs):
+    def __init__(self, lut: ProfileTable, explore_every: int = EXPLORE_EVERY, **kwargs):
         super().__init__(lut, **kwargs)
-        if min_split_gain < 0:
-            raise ValueError("min_split_gain must be >= 0")
-        self.min_split_gain = min_split_gain
+        if explore_every < 0:
+            raise ValueError("explore_every must be >= 0")
+        self.explore_every = explore_every
+        self.meter = SplitMeter(split_prior=self.guard)
         self.busy = False
+        self.explored = 0  # VLM batches run the way measuring worse
         self._fused: StageBatch | None = None  # the running job's VLM batch whose action stage follows it in the job
-        self._pays: dict[tuple[str, int], bool] = {}
+        self._table: dict[Key, tuple[float | None, float]] = {}
+        self._since: dict[Key, int] = {}  # VLM batches of a key since its last exploration
+        self._split_next = False  # an explored split left its action batch waiting: split the next lockstep beside it
+        self._ways: dict[StageJob, tuple[Key, Way]] = {}  # running jobs that measure a way
 
-    def split_pays(self, batch: StageBatch) -> bool:
-        key = (batch.model_id, batch.bucket)
-        if key not in self._pays:
-            self._pays[key] = split_pays(self.lut, batch.model_id, batch.bucket, self.guard, self.min_split_gain)
-        return self._pays[key]
+    def costs(self, key: Key) -> tuple[float | None, float]:
+        """What a split lockstep (None: never) and back to back take for a VLM batch of `key`, as measured here."""
+        if key not in self._table:
+            self._table[key] = table_costs(self.lut, *key)
+        split, back_to_back = self._table[key]
+        measured_b2b = back_to_back * self.meter.ratio(key, Way.BACK_TO_BACK)
+        return (None if split is None else split * self.meter.ratio(key, Way.SPLIT)), measured_b2b
+
+    def measured_guard(self, key: Key) -> float:
+        """The co-run slowdown measured for `key`: its split ratio over its back-to-back ratio."""
+        return self.meter.ratio(key, Way.SPLIT) / self.meter.ratio(key, Way.BACK_TO_BACK)
+
+    def way_for(self, vlm: StageBatch, action_waiting: bool, now: float) -> tuple[Way, bool]:
+        """How `vlm` runs, and whether that is an exploration: pipelined where a split measures faster than back to
+        back (`pipeline_pays`), else back to back; the other way once `explore_every` batches of its (model,
+        bucket) ran since it was last tried, at the first batch that leaves no frame waiting (a split only where
+        the batch's frames would still make their deadline through two split locksteps)."""
+        key = (vlm.model_id, vlm.bucket)
+        split_s, back_to_back_s = self.costs(key)
+        if split_s is None:
+            return Way.BACK_TO_BACK, False
+        split_fits = 2.0 * split_s <= min(f.deadline for f in vlm.frames) - now
+        preferred = Way.SPLIT if pipeline_pays(split_s, back_to_back_s) else Way.BACK_TO_BACK
+        since = self._since[key] = self._since.get(key, 0) + 1
+        if self._split_next:  # an explored batch's action stage waits: this lockstep measures the split beside it
+            self._split_next = False
+            if preferred is Way.BACK_TO_BACK and split_fits:
+                self.explored += 1
+                return Way.SPLIT, True
+        # trying the way that measures worse never delays a frame waiting behind it
+        idle = not self.queues[Stage.VLM].total() and not action_waiting
+        if self.explore_every and since >= self.explore_every and idle:
+            if preferred is Way.BACK_TO_BACK and not split_fits:
+                return preferred, False
+            self._since[key] = 0
+            self.explored += 1
+            self._split_next = preferred is Way.BACK_TO_BACK  # alone now: the split is measured in the next lockstep
+            return (Way.SPLIT if preferred is Way.BACK_TO_BACK else Way.BACK_TO_BACK), True
+        return preferred, False
 
     def start(self, now: float) -> list[StageJob]:
         if self.busy:
@@ -137,23 +176,29 @@ class LockstepPlanner(TwoStagePlanner):
         action = self.next_batch(Stage.ACTION, now)
         if vlm is None and action is None:
             return []
-        choice = choose_partition(self.lut, (vlm.model_id, vlm.bucket) if vlm else None,
-                                  (action.model_id, action.bucket) if action else None, self.guard)
         self.busy = True
-        if vlm is not None and self.run_back_to_back(vlm, choice):
+        guard = self.guard
+        if vlm is not None:
+            way, explored = self.way_for(vlm, action is not None, now)
+            if way is Way.BACK_TO_BACK:
+                return [self._monolithic_step(vlm, action, now)]
+            # an explored split is tried wherever the table has one, whatever the co-run measured so far
+            guard = 1.0 if explored else self.measured_guard((vlm.model_id, vlm.bucket))
+        choice = choose_partition(self.lut, (vlm.model_id, vlm.bucket) if vlm else None,
+                                  (action.model_id, action.bucket) if action else None, guard)
+        if vlm is not None and choice.mode == "serial":  # this pair does not split: the monolithic step
             return [self._monolithic_step(vlm, action, now)]
         batches = []
         if vlm:
             batches.append(self.on_share(vlm, choice.vlm_share))
         if action:
             batches.append(self.on_share(action, choice.action_share))
-        return [StageJob("lockstep", now, batches, choice.predicted_s, sequential=choice.mode == "serial",
-                         co_run=choice.mode == "split")]
-
-    def run_back_to_back(self, vlm: StageBatch, choice: PartitionChoice) -> bool:
-        """Whether `vlm`'s two stages run back to back now (the monolithic step) rather than pipelined: when this
-        lockstep would not split anyway, or pipelining a batch like it does not pay (`split_pays`)."""
-        return choice.mode == "serial" or not self.split_pays(vlm)
+        job = StageJob("lockstep", now, batches, choice.predicted_s, co_run=choice.mode == "split")
+        if job.co_run:  # predicted as measured here, also where an exploration chose the split unguarded
+            key = (vlm.model_id, vlm.bucket)
+            job.predicted_s = self.measured_guard(key) * max(batch.seconds for batch in batches)
+            self._ways[job] = (key, Way.SPLIT)
+        return [job]
 
     def _monolithic_step(self, vlm: StageBatch, waiting: StageBatch | None, now: float) -> StageJob:
         """One job, back to back: the action batch already waiting (if any), then `vlm`'s two stages, each batch
@@ -166,10 +211,16 @@ class LockstepPlanner(TwoStagePlanner):
             frame.action_start = action_start
         batches.append(own)
         self._fused = vlm
-        return StageJob("lockstep", now, batches, sum(batch.seconds for batch in batches), sequential=True)
+        job = StageJob("lockstep", now, batches, sum(batch.seconds for batch in batches), sequential=True)
+        self._ways[job] = ((vlm.model_id, vlm.bucket), Way.BACK_TO_BACK)
+        return job
 
     def finish(self, job: StageJob, now: float) -> list[ActionFrame]:
         self.busy = False
+        measured = self._ways.pop(job, None)
+        if measured is not None:  # predicted: the table's seconds of its batches (a split's without the guard)
+            seconds = [batch.seconds for batch in job.batches]
+            self.meter.record(*measured, now - job.start, sum(seconds) if job.sequential else max(seconds))
         done = []
         for batch, end in zip(job.batches, batch_ends(job, now), strict=True):
             if batch is self._fused:  # its frames' action batch follows in this job, not in the queue

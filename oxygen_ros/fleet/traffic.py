@@ -15,13 +15,16 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .co_run import DEFAULT_GUARD
 from .lockstep import choose_partition
 from .profile_table import ProfileTable
+
+if TYPE_CHECKING:  # scipy is imported where a MILP is built: the simulator (fleet-bench) needs only RobotSpec here
+    from scipy.optimize import LinearConstraint
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,8 @@ class LinearRows:
         self.high.append(high)
 
     def constraint(self) -> LinearConstraint:
+        from scipy.optimize import LinearConstraint
+
         return LinearConstraint(np.array(self.rows), self.low, self.high)
 
 
@@ -199,6 +204,8 @@ def assign_milp(
         for c, key in enumerate(classes):
             upper_bounds[c * n_g : (c + 1) * n_g] = len(members[key])
         upper_bounds[col_l] = np.inf
+        from scipy.optimize import Bounds, milp
+
         return milp(
             cost,
             integrality=integrality,

@@ -1,7 +1,6 @@
 """Planning with measured figures: the co-run slowdown a table measured is the guard and the interference every
-planner uses, one design default everywhere, and the lockstep's monolithic step (a batch's two stages back to back
-where splitting does not pay), down to the simulator's interference sweep: Robion never serves fewer robots at
-98 % than monolithic."""
+planner uses, one design default everywhere, and the lockstep's choice between pipelining a batch and its
+monolithic step (its two stages back to back), made from what the device measures each way, seeded by the table."""
 
 import json
 
@@ -17,9 +16,10 @@ from oxygen_ros.fleet.co_run import (
     planning_interference,
 )
 from oxygen_ros.fleet.designs import DEFAULT_DESIGN
-from oxygen_ros.fleet.lockstep import MIN_SPLIT_GAIN, LockstepPlanner, batch_ends, split_pays
+from oxygen_ros.fleet.lockstep import LockstepPlanner, batch_ends, table_costs
 from oxygen_ros.fleet.profile_table import ProfileTable, synthetic_table
 from oxygen_ros.fleet.simulator import SimConfig
+from oxygen_ros.fleet.split_meter import EXPLORE_EVERY, SplitMeter, Way, pipeline_pays
 
 LUT = synthetic_table({"m0": 1.0, "m1": 1.0})
 
@@ -70,16 +70,84 @@ def test_fleet_assign_plans_with_the_tables_measured_slowdown(tmp_path, capsys):
         capsys.readouterr().out
 
 
-def test_a_split_pays_only_by_a_margin_over_back_to_back():
-    # synthetic m0, batch 1: 32.0 ms back to back, 21.9 ms split unguarded (x guard)
-    assert split_pays(LUT, "m0", 1, guard=1.0)
-    assert split_pays(LUT, "m0", 1, guard=1.2)  # 26.3 ms: 22 % faster
-    assert not split_pays(LUT, "m0", 1, guard=1.3)  # 28.5 ms: 12 % faster, not worth a lockstep of latency
-    assert split_pays(LUT, "m0", 1, guard=1.3, min_gain=0.1)
-    assert not split_pays(LUT, "m0", 1, guard=1.5, min_gain=0.0)  # a slower split: back to back
-    assert MIN_SPLIT_GAIN == 0.15
+def test_the_table_seeds_both_ways_of_a_vlm_batch():
+    # synthetic m0, batch 1: 32.0 ms back to back, 21.9 ms split (unguarded, the best share)
+    split, back_to_back = table_costs(LUT, "m0", 1)
+    assert split == pytest.approx(0.0219, abs=1e-4) and back_to_back == pytest.approx(0.032)
+    device = LockstepPlanner(LUT, guard=1.3)
+    assert device.costs(("m0", 1)) == (pytest.approx(1.3 * split), pytest.approx(back_to_back))
+    assert device.measured_guard(("m0", 1)) == pytest.approx(1.3)
+
+
+def test_pipelining_pays_where_the_split_measures_faster():
+    assert pipeline_pays(0.02, 0.03) and pipeline_pays(0.0299, 0.03)
+    assert not pipeline_pays(0.03, 0.03) and not pipeline_pays(0.04, 0.03)
+
+
+def test_the_meter_keeps_a_running_median_seeded_by_the_table():
+    meter = SplitMeter(split_prior=1.5, window=4)
+    key = ("m0", 2)
+    assert (meter.ratio(key, Way.SPLIT), meter.ratio(key, Way.BACK_TO_BACK)) == (1.5, 1.0)
+    meter.record(key, Way.SPLIT, 0.03, 0.01)
+    assert meter.ratio(key, Way.SPLIT) == pytest.approx(2.25)  # the prior still counts as one job
+    for _ in range(4):
+        meter.record(key, Way.SPLIT, 0.02, 0.01)
+    assert meter.ratio(key, Way.SPLIT) == pytest.approx(2.0) and meter.measured(key, Way.SPLIT) == 5
+    meter.record(key, Way.SPLIT, 0.02, 0.0)  # nothing predicted: nothing learnt
+    assert meter.measured(key, Way.SPLIT) == 5 and meter.report()["m0/2"]["split_jobs"] == 5
     with pytest.raises(ValueError):
-        split_pays(LUT, "m0", 1, guard=1.0, min_gain=-0.1)
+        SplitMeter(split_prior=0.0)
+
+
+def drive(device: LockstepPlanner, steps: int, co_run_factor: float, idle_every: int = 4) -> list[str]:
+    """A frame of m0 every step (and one step in `idle_every` none: the device has a moment to spare), each job
+    run to its end: its batches' table seconds (side by side: the slowest, times `co_run_factor`, what co-running
+    really costs here); how each job used the device."""
+    now, ways = 0.0, []
+    for i in range(steps):
+        if i % idle_every:
+            device.submit(frame(i, arrival=now, deadline=now + 1.0))
+        for job in device.start(now):
+            seconds = [b.seconds for b in job.batches]
+            now += sum(seconds) if job.sequential else max(seconds) * (co_run_factor if job.co_run else 1.0)
+            device.finish(job, now)
+            ways.append("back_to_back" if job.sequential else "split" if job.co_run else "alone")
+    return ways
+
+
+def test_a_split_the_table_favours_but_that_measures_slower_gives_way_to_back_to_back():
+    device = LockstepPlanner(LUT, guard=1.0)  # the table: 21.9 ms split against 32 ms back to back
+    ways = drive(device, 60, co_run_factor=3.0)  # but side by side each stage takes 3x its table time here
+    assert ways[:2] == ["alone", "split"]  # seeded by the table: pipelined
+    assert ways[2] == "back_to_back"  # one split measured: median(1.0, 3.0) x 21.9 ms > 32 ms
+    late = ways[8:]
+    assert 0 < late.count("split") <= len(late) // EXPLORE_EVERY + 1  # tried again now and then, bounded
+    assert late.count("back_to_back") >= len(late) - 3 * (len(late) // EXPLORE_EVERY + 1)
+    assert device.meter.ratio(("m0", 1), Way.SPLIT) == pytest.approx(3.0)
+
+
+def test_a_split_the_table_rules_out_but_that_measures_faster_is_taken():
+    device = LockstepPlanner(LUT, guard=2.0)  # the table's guard: 43.8 ms split against 32 ms back to back
+    ways = drive(device, 80, co_run_factor=1.0)  # co-running costs nothing here
+    assert ways[:EXPLORE_EVERY - 1] == ["back_to_back"] * (EXPLORE_EVERY - 1)
+    first = ways.index("split")  # tried once due and the device idle: alone, then split beside its action batch
+    assert ways[first - 1] == "alone"
+    late = ways[-20:]  # pipelined (a batch alone where nothing else waits), back to back only when tried again
+    assert late.count("split") > len(late) // 3 and late.count("back_to_back") <= len(late) // EXPLORE_EVERY + 1
+    assert device.meter.ratio(("m0", 1), Way.SPLIT) == pytest.approx(1.0)
+
+
+def test_the_way_measuring_worse_is_never_tried_while_frames_wait():
+    device = LockstepPlanner(LUT, guard=2.0)  # back to back preferred; a frame always waits behind each batch
+    now, ways = 0.0, []
+    for i in range(0, 60, 2):
+        device.submit(frame(i, arrival=now, deadline=now + 1.0))
+        device.submit(frame(i + 1, "m1", arrival=now, deadline=now + 1.0))
+        for job in device.start(now):
+            now += job.duration()
+            device.finish(job, now)
+            ways.append(job.sequential)
+    assert all(ways) and device.explored == 0
 
 
 def test_where_splitting_does_not_pay_a_batch_runs_its_two_stages_back_to_back():
@@ -109,8 +177,8 @@ def test_an_action_batch_already_waiting_runs_first_in_the_monolithic_step():
     (job,) = device.start(0.0)
     assert [b.stage for b in job.batches] == [Stage.VLM] and not job.sequential  # its action stage comes later
     device.finish(job, 0.02)
-    device.guard = 2.0  # from now on a split never pays (the planner is asked afresh)
-    device._pays.clear()
+    device.meter.record(("m0", 1), Way.SPLIT, 0.05, 0.01)  # from now on a split of m0 measures 5x its table time
+    device.meter.record(("m0", 1), Way.SPLIT, 0.05, 0.01)
     second = frame(1, "m0", arrival=0.02)
     device.submit(second)
     (job,) = device.start(0.02)
@@ -142,23 +210,3 @@ def test_batch_ends_split_a_sequential_job_by_its_predicted_seconds():
     vlm, action = job.batches
     ends = batch_ends(job, 1.0 + 2 * job.duration())  # ran twice as long as predicted: both stages did
     assert ends == [pytest.approx(1.0 + 2 * vlm.seconds), 1.0 + 2 * job.duration()]
-
-
-def test_robion_never_serves_fewer_robots_than_monolithic_across_interference(tmp_path, capsys):
-    """The simulator's interference sweep, reduced (1 device, 2 models, 3 s, 5 seeds; docs/fleet.md has the full
-    fleet): with the guard equal to the true co-run slowdown, Robion's robots at 98 % (median over seeds) are at
-    least monolithic's at every interference, and more where co-running costs little."""
-    from oxygen_ros.commands.fleet_sim import main
-
-    sweep = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
-    argv = ["--out", str(tmp_path), "--runs", "monolithic:esf,robion:esf", "--assign", "", "--gpus", "1",
-            "--models", "2", "--duration", "3", "--max-robots", "32", "--sweep-interference",
-            ",".join(map(str, sweep))]
-    assert main(argv) == 0
-    rows = json.loads((tmp_path / "results.json").read_text())["interference_sweep"]
-    assert [row["interference"] for row in rows] == sweep
-    robots = {row["interference"]: (row["monolithic:esf"]["robots_median"], row["robion:esf"]["robots_median"])
-              for row in rows}
-    assert all(robion >= monolithic > 0 for monolithic, robion in robots.values()), robots
-    assert robots[1.0][1] > robots[1.0][0], robots
-    assert "interference sweep (guard = interference)" in capsys.readouterr().out

@@ -181,6 +181,26 @@ def test_gpu_check_without_sm_partitions_runs_the_rest(tmp_path):
     assert "device.txt" in archived(tmp_path / "gpu" / "gpu_check.tar.gz")  # the archive beside the results
 
 
+def test_the_fleet_bench_step_runs_only_when_named_and_serves_from_the_profile_step(tmp_path):
+    python, calls = stand_in_python(tmp_path, partitions=True)
+    result = gpu_check(tmp_path / "gpu", "fleet_profile", "fleet_bench", GPU_PY=str(python))
+    assert result.returncode == 0, result.stdout + result.stderr
+    profile, bench = calls.read_text().splitlines()
+    assert step_of(bench) == "fleet_bench" and limits(result.stdout)["fleet_bench"] == 120
+    assert "-m oxygen_ros.commands.fleet_bench --models a=small:0,b=small:1 --device cuda" in bench
+    assert "--require-sm-partitions --cuda-graphs" in bench and "--designs" not in bench  # monolithic and robion
+    assert f"--profile {tmp_path / 'gpu' / 'fleet_lut_small.json'}" in bench and "--all-counts" in bench
+    for where in ("alone", "none"):
+        (tmp_path / where).mkdir()
+    python, calls = stand_in_python(tmp_path / "alone", partitions=True)
+    gpu_check(tmp_path / "alone" / "gpu", "fleet_bench", GPU_PY=str(python))
+    assert "--profile" not in calls.read_text()  # no table left by fleet_profile: it profiles itself
+    python, calls = stand_in_python(tmp_path / "none", partitions=False)
+    result = gpu_check(tmp_path / "none" / "gpu", "fleet_bench", GPU_PY=str(python))
+    assert "=== fleet_bench: skipped, no SM partitions here (device.txt)" in result.stdout.splitlines()
+    assert not calls.exists()
+
+
 def limits(stdout: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^=== (\w+) \(limit (\d+) s\)$", stdout, re.MULTILINE)}
 
