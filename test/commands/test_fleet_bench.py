@@ -49,7 +49,7 @@ def test_bench_serves_every_count_from_a_given_table_and_says_what_the_lockstep_
     """--profile: no profiling here; --all-counts: every count is served although the first already misses (half
     its robots have a 2 ms budget no frame makes, the others 1 s); Robion's points carry its lockstep's
     measurements, the run its load average."""
-    lut = "test/data/fleet_cpu_lut.json"
+    lut = "test/fixtures/fleet_cpu_lut.json"
     code = fleet_bench.main(["--profile", lut, "--robots", "4,5", "--designs", "monolithic,robion", "--duration",
                              "0.3", "--max-batch", "2", "--slo", "0.002,1.0", "--all-counts", "--out", str(tmp_path)])
     assert code == 0
@@ -73,7 +73,7 @@ def test_bench_refuses_sm_partitions_off_a_gpu_and_a_profile_with_reprofile(caps
         fleet_bench.main(["--require-sm-partitions", "--robots", "2"])
     assert stop.value.code == 2 and "needs a CUDA device" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
-        fleet_bench.main(["--profile", "test/data/fleet_cpu_lut.json", "--reprofile"])
+        fleet_bench.main(["--profile", "test/fixtures/fleet_cpu_lut.json", "--reprofile"])
     assert stop.value.code == 2 and "--reprofile" in capsys.readouterr().err
 
 

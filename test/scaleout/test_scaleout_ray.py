@@ -150,7 +150,7 @@ def test_a_ros_robot_reaches_the_pool_through_the_ingress_with_the_vla_nodes_rem
     spinner = Spinner(ros_context, [robot])
     url = f"ws://127.0.0.1:{pool['port']}/robots/rros?model=a&rate_hz=5&slo_ms=2000"
     child = Child(["-m", "oxygen_ros.nodes.vla_node", "--ros-args", "--params-file", str(DROID), "--params-file",
-                   str(REPO / "test" / "data" / "armed.yaml"), "-p", f"engine.remote:={url}", "-p", "engine.timeout_s:=10.0",
+                   str(REPO / "test" / "fixtures" / "armed.yaml"), "-p", f"engine.remote:={url}", "-p", "engine.timeout_s:=10.0",
                    "-p", "control.rate_hz:=5.0", "-p", "control.max_image_age_s:=1.0",
                    "-p", "control.max_state_age_s:=1.0", "-p", "instruction.default:=pick up the cube"],
                   dict(ros_env, XDG_CACHE_HOME=str(model_cache), OXYGEN_ROS_API_KEY=KEY))
