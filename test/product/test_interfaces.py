@@ -90,9 +90,10 @@ def test_custom_messages_cross_processes_intact(ros_context, ros_env):
 
 def test_engine_status_lists_every_state_the_node_reports():
     """msg/EngineStatus.msg names the states, docs/nodes.md says what each means: both have every state vla_node
-    sets (the input rules', the clock check's, the limits', a failed configure's and the lifecycle's), the message
+    sets (the input rules', the clock check's, the limits', a failed configure's, the lifecycle's and a remote engine's), the message
     no other."""
     from oxygen_ros.nodes import clock_check, diagnostics, frame_inputs, vla_node
+    from oxygen_ros.serving import client
 
     repo = Path(__file__).resolve().parents[2]
     definition = (repo / "msg" / "EngineStatus.msg").read_text()
@@ -101,7 +102,8 @@ def test_engine_status_lists_every_state_the_node_reports():
     reported = {frame_inputs.RUNNING, frame_inputs.WAITING_FOR_CAMERA, frame_inputs.WAITING_FOR_STATE,
                 frame_inputs.FUTURE_FRAME, frame_inputs.STALE_FRAME, frame_inputs.STALE_STATE, frame_inputs.MODEL_ERROR,
                 clock_check.CLOCK_MISMATCH, vla_node.LIMIT_REJECTED, diagnostics.CONFIGURE_FAILED,
-                "unconfigured", "inactive", "finalized"}  # the lifecycle's, set in VlaNode's transitions
+                "unconfigured", "inactive", "finalized",  # the lifecycle's, set in VlaNode's transitions
+                client.UNREACHABLE, client.REFUSED, client.BAD_REPLY, client.FENCED}  # with engine.remote
     assert sorted(listed) == sorted(reported)
     nodes = (repo / "docs" / "nodes.md").read_text()
     start = nodes.index("- `engine_status.state` says why")
