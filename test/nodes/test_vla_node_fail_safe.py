@@ -126,7 +126,7 @@ def test_hostile_inputs_never_kill_the_node_nor_reach_the_robot(ros_context, ros
 def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error(ros_context, ros_env, model_cache,
                                                                                   tmp_path, kind):
     """For the VLA node's robot and a fleet node's: no chunk with a non-finite value is ever published, the state
-    is model_error (never running), ERROR on /diagnostics with the reason, every such chunk counted."""
+    is model_error (never running after it), ERROR on /diagnostics with the reason, every such chunk counted."""
     config = get_preset("tiny")
     model = build_model(config)
     with torch.no_grad():  # finite weights whose products overflow: the chunk comes out NaN
@@ -155,8 +155,13 @@ def test_a_model_with_non_finite_outputs_publishes_no_chunk_and_reports_an_error
 
     assert rc == 0, output
     assert not robot.heard.get("action_chunk"), "a chunk with non-finite values reached the robot"
-    states = {values["state"] for _, _, values in robot.statuses}
-    assert "model_error" in states and "running" not in states, states
+    states = [values["state"] for _, _, values in robot.statuses]
+    assert "model_error" in states, states
+    # never running once a chunk was refused (a fleet robot, whose frames are queued and acted on later, may read
+    # running between its first frame and its first refused chunk; the VLA node acts within the tick)
+    assert "running" not in states[states.index("model_error"):], states
+    if kind == "vla_node":
+        assert "running" not in states, states
     assert robot.value("actions_published") == "0", robot.values
     errors = [message for level, message, _ in robot.statuses if level == DiagnosticStatus.ERROR]
     assert errors and all("action chunk has" in m and "not published" in m for m in errors), errors
