@@ -120,8 +120,7 @@ def test_guidance_keeps_the_committed_actions_on_a_trained_checkpoint(data):  # 
     """Consistency on a trained model (the test fixture's weights are random): the tiny preset fitted 150 steps on
     the synthetic episode; each frame's chunk sampled plainly, 2 of its actions executed, the frame 2 steps later
     guided toward the rest with a delay of 3. Its first 3 actions stay nearer the committed ones than the plain
-    sampler's from the same noise, by at least half on average (a measured figure on a sim-trained checkpoint:
-    docs/rtc.md)."""
+    sampler's from the same noise, by at least half on average (one run's figures: docs/rtc.md)."""
     model = build_model(TINY, seed=0)
     history = fit(model, data, TrainConfig(steps=150, batch_size=8, warmup_steps=5), log=lambda line: None)
     assert history[-1]["action"] < 0.5 * history[0]["action"]  # it learned something
