@@ -7,6 +7,7 @@ import json
 import pytest
 from test_train_tiny import dataset  # noqa: F401 (fixture)
 
+from oxygen_ros.command_line import UsageError
 from oxygen_ros.commands import rtc_compare
 from oxygen_ros.commands.train_tiny import main as train_main
 
@@ -47,6 +48,11 @@ def test_every_hand_over_on_the_same_seeds_and_a_resumable_table(checkpoints, tm
     monkeypatch.setattr(rtc_compare.sim_eval, "main", lambda argv: pytest.fail(f"ran again: {argv}"))
     assert rtc_compare.main(args) == 0
     assert (tmp_path / "table.md").read_text().splitlines() == table
+    # a subset of the cells (the table keeps its order); the prefix cell needs its checkpoint
+    assert rtc_compare.main(args[:1] + args[3:] + ["--cells", "rtc_guided", "newest_wins"]) == 0
+    assert (tmp_path / "table.md").read_text().splitlines()[2:] == [table[2], table[5]]
+    with pytest.raises(UsageError, match="needs --prefix-checkpoint"):
+        rtc_compare.main(args[:1] + args[3:] + ["--cells", "rtc_prefix"])
     # a cell written for other seeds is not mixed into the table
     assert rtc_compare.main(args[:-3] + ["8", "--out", str(tmp_path)]) == 1
     assert "evaluated seeds [7, 8]" in capsys.readouterr().err

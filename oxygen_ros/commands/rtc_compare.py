@@ -5,7 +5,7 @@ with `--prefix-checkpoint`, `rtc_guided` with the `prefix` method on a checkpoin
 `train-tiny --rtc-max-delay` (training-time RTC). Every cell runs the same held-out seeds (the first `--episodes`
 from `--seed` that neither checkpoint trained on) and writes its `sim-eval` folder `DIR/<cell>_d<D>`; a cell whose
 `sim_eval.json` is there already is read, not run again, so a run cut short resumes and two runs with different
-`--delays` can share DIR. Then `DIR/table.md`: per cell the success rate (95 % interval), the reward stages reached,
+`--delays` or `--cells` can share DIR. Then `DIR/table.md`: per cell the success rate (95 % interval), the reward stages reached,
 the switch discontinuity, the jerk, the held steps and the frames guided.
 """
 
@@ -35,6 +35,7 @@ class Cell:
 
 CELLS = (Cell("newest_wins", "newest_wins"), Cell("temporal_ensemble", "temporal_ensemble"),
          Cell("rtc_blend", "rtc"), Cell("rtc_guided", "rtc_guided"), Cell("rtc_prefix", "rtc_guided", prefix=True))
+CELL = {c.name: c for c in CELLS}
 
 
 def cell_arguments(cell: Cell, args, delay: int, seeds: list[int], out: Path) -> list[str]:
@@ -59,7 +60,11 @@ def run_cells(args) -> dict[tuple[int, str], dict]:
         raise UsageError("the two checkpoints were trained on different simulator seeds: their held-out seeds "
                          "would differ; train the prefix checkpoint on the same dataset")
     seeds = evaluation_seeds(args.seed, args.episodes, seen[0])
-    cells = [c for c in CELLS if args.prefix_checkpoint or not c.prefix]
+    cells = [CELL[name] for name in args.cells or [c.name for c in CELLS]]
+    if any(c.prefix for c in cells) and not args.prefix_checkpoint:
+        if args.cells:
+            raise UsageError("the rtc_prefix cell needs --prefix-checkpoint")
+        cells = [c for c in cells if not c.prefix]
     results = {}
     for delay in args.delays:
         for cell in cells:
@@ -108,6 +113,8 @@ def build_parser() -> CommandParser:
     parser.add_argument("--execute", type=int, default=1,
                         help="a new frame once the previous chunk arrived and this many steps passed")
     parser.add_argument("--steps", type=int, default=MAX_EPISODE_STEPS, help="steps per episode")
+    parser.add_argument("--cells", nargs="+", choices=list(CELL),
+                        help="these cells only, run in this order (default: all; rtc_prefix with --prefix-checkpoint)")
     parser.add_argument("--out", required=True, help="folder for the cells' sim-eval folders and table.md")
     return parser
 
