@@ -83,8 +83,8 @@ def run_cells(args) -> dict[tuple[int, str], dict]:
 
 def table(results: dict[tuple[int, str], dict]) -> list[str]:
     """The markdown table of the cells, by delay then hand-over."""
-    stages = REWARD_STAGES["transfer_cube"][1:-1]
-    lines = [f"| D | hand-over | transferred (95 %) | {' / '.join(stages)} | discontinuity mean / max (rad) | "
+    stages = REWARD_STAGES["transfer_cube"][1:-1]  # right gripper touches, lifted, left gripper touches
+    lines = ["| D | hand-over | transferred (95 %) | touched / lifted / left touches | discontinuity mean / max (rad) | "
              "jerk RMS (rad/s^3) | held steps | frames guided / plain |",
              "|---:|---|---|---|---|---:|---:|---|"]
     for (delay, name), r in sorted(results.items(), key=lambda item: (item[0][0], _order(item[0][1]))):
