@@ -44,7 +44,7 @@ from ..data.episode import DataError
 from ..model.checkpoint import load_checkpoint
 from ..model.kv_cache import KVCache
 from ..model.preprocess import Observation, prepare_inputs, robot_actions
-from ..model.rtc import Committed, GuidedSampler
+from ..model.rtc import GUIDANCE, PREFIX, Committed, GuidedSampler
 from ..model.tokenizer import load_tokenizer
 from ..robots.rtc_guide import RtcGuide, RtcSettings
 from ..sim.aloha_env import DT, MAX_EPISODE_STEPS, AlohaSimEnv, SimulationDiverged
@@ -312,6 +312,9 @@ def build_parser() -> CommandParser:
     parser.add_argument("--handover", choices=HANDOVERS,
                         help="inproc: chunks arrive --delay steps late while the robot executes, handed over so "
                              "(default: none, each chunk executed at once, open loop)")
+    parser.add_argument("--rtc-method", choices=(GUIDANCE, PREFIX), default=GUIDANCE,
+                        help="with --handover rtc_guided: guidance (inpainting, any checkpoint) or prefix (a "
+                             "checkpoint trained with train-tiny --rtc-max-delay)")
     parser.add_argument("--out", default="out/sim_eval", help="folder for sim_eval.json and the contact sheets")
     add_user_domain_argument(parser)
     return parser
@@ -331,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
     try:
-        policy = CheckpointPolicy(args.checkpoint, rtc=RtcSettings() if args.handover == "rtc_guided" else None)
+        rtc = RtcSettings(method=args.rtc_method) if args.handover == "rtc_guided" else None
+        policy = CheckpointPolicy(args.checkpoint, rtc=rtc)
         horizon = policy.model.config.action_horizon
         execute = min(args.execute or horizon, horizon) if args.handover is None else max(args.execute, 1)
         seeds = evaluation_seeds(args.seed, args.episodes, policy.training_seeds)
@@ -341,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             result = evaluate_in_process(policy, seeds, execute, args.steps, examples, args.delay, args.handover)
             if policy.guide is not None:  # frames guided, and the plain ones by reason
                 result["rtc"] = {k: v for k, v in policy.guide.counts().items() if k != "rtc_delay_steps"}
+                result["rtc_method"] = args.rtc_method
         elif args.path == "serve":
             result = evaluate_serve(args.checkpoint, policy, seeds, execute, args.steps, out, examples)
         else:
