@@ -482,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", default="", help="the instruction the episodes show (default: their own)")
     parser.add_argument("--tokenizer", help="SentencePiece file (default: the stand-in tokenizer, trained here)")
     defaults = TrainConfig()
-    parser.add_argument("--preset", default=defaults.preset, choices=("tiny", "small"), help="model shapes")
+    parser.add_argument("--preset", default=defaults.preset, choices=("tiny", "sim", "small"), help="model shapes")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="frames per step")
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate, help="peak learning rate")
