@@ -18,6 +18,7 @@ from oxygen_ros.commands.train_tiny import (
     norm_stats_from_episodes,
     read_episodes,
     resume_folder,
+    snapshot_folder,
     train,
     training_set,
 )
@@ -204,6 +205,14 @@ def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(t
     with pytest.raises(KeyboardInterrupt):
         train(episodes, out, config, log=lambda line: None)
     assert not out.exists() and (resume_folder(out) / "state.pt").is_file()
+    # what the save left is also a checkpoint of the weights after step 3, loadable before the run ends
+    snapshot = snapshot_folder(out, 3)
+    assert sorted(p.name for p in resume_folder(out).glob("checkpoint-*")) == [snapshot.name]
+    partial = json.loads((snapshot / "training.json").read_text())
+    assert partial["partial"] is True and partial["step"] == 3 and partial["cameras"] == straight["cameras"]
+    saved = torch.load(resume_folder(out) / "state.pt", weights_only=False)["model"]
+    for name, weights in load_checkpoint(snapshot).model.state_dict().items():
+        torch.testing.assert_close(weights, saved[name], rtol=0, atol=0, msg=name)
     monkeypatch.setattr(train_tiny, "evaluate", real_evaluate)
     lines = []
     resumed = train(episodes, out, config, log=lines.append)
