@@ -110,7 +110,7 @@ class SimNode(Node):
     def __init__(self, context=None):
         super().__init__("sim", context=context)
         p = {name: self.declare_parameter(name, default).value for name, default in (
-            ("task", "transfer_cube"), ("instruction", ""), ("blending", "rtc"), ("temporal_ensemble_m", 0.01),
+            ("task", "transfer_cube"), ("instruction", ""), ("blending", "newest_wins"), ("temporal_ensemble_m", 0.01),
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
