@@ -1,7 +1,8 @@
 """A stand-in policy for sim tests: answers every camera frame with an action chunk, over real DDS.
 
 Chunk values are a known function of absolute sim step, `target(base, t)`, so a test can check from the recording
-that the sim executed chunk[t - source_step] at every step t (any misalignment shifts the sinusoid). The chunk
+that the sim executed chunk[t - source_step] at every step t (any misalignment shifts the sinusoid); chunk[i] goes
+out as the position for step source + i + 1, the VLA node's timing. The chunk
 for the frame at step k is published when the frame of step k + delay arrives: an injected model delay of
 `delay` control steps. Joint names go out reversed, to exercise the sim's by-name mapping. Runnable as a script
 (`python sim_chunk_responder.py --ros-args -p delay_steps:=2`) so the demo can use it as its policy process;
@@ -92,7 +93,7 @@ class ChunkResponder(Node):
         chunk.header.stamp.sec, chunk.header.stamp.nanosec = divmod(source * STEP_NS, 1_000_000_000)
         for i, row in enumerate(actions):
             point = JointTrajectoryPoint(positions=row.tolist())
-            point.time_from_start.sec, point.time_from_start.nanosec = divmod(i * STEP_NS, 1_000_000_000)
+            point.time_from_start.sec, point.time_from_start.nanosec = divmod((i + 1) * STEP_NS, 1_000_000_000)
             chunk.points.append(point)
         self.pub.publish(chunk)
         self.published += 1

@@ -297,7 +297,8 @@ def build_parser() -> CommandParser:
     parser.add_argument("--execute", type=int, default=0,
                         help="inproc and serve: actions executed per chunk (0: the whole chunk)")
     parser.add_argument("--steps", type=int, default=MAX_EPISODE_STEPS, help="steps per episode (50 Hz)")
-    parser.add_argument("--blending", choices=BLENDING_MODES, default="rtc", help="ros: sim_node's hand-over")
+    parser.add_argument("--blending", choices=BLENDING_MODES, default="newest_wins",
+                        help="ros: sim_node's hand-over (docs/sim.md says why newest_wins)")
     parser.add_argument("--inject-delay", type=int, default=0, metavar="STEPS",
                         help="ros: sim_node holds each chunk this many steps after its frame (inject_delay_steps)")
     parser.add_argument("--policy-rate", type=float, default=12.5, help="ros: the VLA node's control.rate_hz")

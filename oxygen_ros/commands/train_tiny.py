@@ -15,7 +15,9 @@ the stats as `observation.state` / `action` q01/q99/mean/std/min/max) plus `toke
 (the settings, the data's content hash, the loss curve, and the chunk error, in the robot's units through the
 profile, and caption accuracy of the weights before and after training on a fixed set of frames) and `loss.png`.
 The folder appears only when complete; the state saved every `--save-every` steps lets a stopped run resume, and a
-folder that already holds the same training is reused.
+folder that already holds the same training is reused. Each save also leaves the weights so far as a loadable
+checkpoint folder beside that state (`snapshot_folder`: the same layout, its training.json marked `"partial": true`
+with the step), so a long run can be evaluated before it ends; only the newest is kept.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from .sim_demo import MODEL_CAMERA_KEYS as SIM_CAMERA_KEYS
 TOKENIZER_FILE = "tokenizer.model"
 INFO_FILE = "training.json"
 LOSS_PLOT = "loss.png"
+SNAPSHOT_PREFIX = "checkpoint-step"
 EVAL_FRAMES = 128
 # ALOHA camera -> pi0.5 image key, as config/aloha.yaml maps the camera topics; the sim's cameras as sim-demo maps them.
 ALOHA_CAMERA_KEYS = {"cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_rgb",
@@ -326,6 +329,11 @@ def resume_folder(out: Path) -> Path:
     return out.parent / f".{out.name}.resume"
 
 
+def snapshot_folder(out: Path, step: int) -> Path:
+    """The checkpoint of a run writing `out` as it was after `step` steps (inside its resume folder)."""
+    return resume_folder(out) / f"{SNAPSHOT_PREFIX}{step}"
+
+
 def train(episodes: Episode | Sequence[Episode], out: str | Path, config: TrainConfig = TrainConfig(),
           tokenizer_path: str | None = None, log=print, threads: int = 1, about: dict | None = None) -> dict:
     """Train on `episodes` and write the checkpoint folder `out`; returns training.json's data.
@@ -409,20 +417,30 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
             model.load_state_dict(weights)
             log(f"resuming from step {progress.step} ({resume})")
 
+        shapes = {"episodes": len(episodes), "frames": total,
+                  "cameras": {cam: list(episodes[0].images[cam].shape[1:3]) for cam in episodes[0].cameras}}
+
         def save(state: Progress) -> None:
             resume.mkdir(exist_ok=True)
             shutil.copyfile(folder / TOKENIZER_FILE, resume / TOKENIZER_FILE)
             torch.save({"key": key, "progress": state, "model": model.state_dict()}, resume / "state.tmp")
             (resume / "state.tmp").replace(resume / "state.pt")
+            snapshot = snapshot_folder(out, state.step)
+            with atomic_output(snapshot) as partial:
+                save_checkpoint(model, partial, stats, embodiment=embodiment.name)
+                shutil.copyfile(folder / TOKENIZER_FILE, partial / TOKENIZER_FILE)
+                (partial / INFO_FILE).write_text(json.dumps({**key, **shapes, "partial": True, "step": state.step,
+                                                             **about}, indent=1) + "\n")
+            for older in resume.glob(f"{SNAPSHOT_PREFIX}*"):
+                if older != snapshot:
+                    shutil.rmtree(older, ignore_errors=True)
 
         started, resumed_from = time.monotonic(), progress.step
         history = fit(model, data, config, log, progress, save)
         seconds = time.monotonic() - started
         after = evaluate(model, data, tokenizer, stats, frames, robot_dim, config.seed)
         save_checkpoint(model, folder, stats, embodiment=embodiment.name)
-        info = {**key, "episodes": len(episodes), "frames": total,
-                "cameras": {cam: list(episodes[0].images[cam].shape[1:3]) for cam in episodes[0].cameras},
-                "train_seconds": seconds, "resumed_from_step": resumed_from,
+        info = {**key, **shapes, "train_seconds": seconds, "resumed_from_step": resumed_from,
                 "joint_names": list(episodes[0].joint_names), "evaluation_frames": frames, "before": before,
                 "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history], **about}
         (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
@@ -482,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", default="", help="the instruction the episodes show (default: their own)")
     parser.add_argument("--tokenizer", help="SentencePiece file (default: the stand-in tokenizer, trained here)")
     defaults = TrainConfig()
-    parser.add_argument("--preset", default=defaults.preset, choices=("tiny", "small"), help="model shapes")
+    parser.add_argument("--preset", default=defaults.preset, choices=("tiny", "sim", "small"), help="model shapes")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="frames per step")
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate, help="peak learning rate")

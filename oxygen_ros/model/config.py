@@ -183,6 +183,22 @@ PRESETS: dict[str, Pi05Config] = {
         state_dim=32,
         camera_names=PI05_CAMERAS,
     ),
+    # A policy for gym-aloha's transfer_cube trained on a shared 2-core CPU (`oxygen-ros train-tiny --preset sim`):
+    # the top camera only, 96 px in 8-px patches (a 96x128 view as 12x9 patches, the cube a few pixels of one),
+    # a vision tower twice tiny's width and depth, and 50-step chunks (1 s at 50 Hz, pi0.5's and ACT's span) so a
+    # chunk outlasts a late hand-over. Its cost and why: docs/sim.md.
+    "sim": Pi05Config(
+        backbone=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),
+        expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16),
+        vision=VisionConfig(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, image_size=96),
+        vocab_size=1024,
+        max_token_len=64,
+        action_horizon=50,
+        action_dim=16,
+        state_dim=16,  # the 14 ALOHA joints
+        camera_names=PI05_CAMERAS[:1],
+        num_steps=10,
+    ),
     # For tests: every code path, well under a second per call.
     "tiny": Pi05Config(
         backbone=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),

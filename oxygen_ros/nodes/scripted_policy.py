@@ -1,8 +1,8 @@
 """`scripted_policy`: the scripted `transfer_cube` plan (oxygen_ros/sim/scripted.py) as a policy node.
 
 It speaks the VLA node's topics: for every frame on `camera/<camera>/image_raw` it publishes `action_chunk`, the
-plan's next `horizon` joint targets from that frame's sim step (header.stamp = the frame's stamp, points
-`control.time_step` apart), so `sim_node` executes the plan in closed loop. Parameters: `seed` (the sim's episode
+plan's next `horizon` joint targets from that frame's sim step (header.stamp = the frame's stamp, target k of
+step s + k as the position for s + k + 1, one `control.time_step` apart, as `vla_node` times its points), so `sim_node` executes the plan in closed loop. Parameters: `seed` (the sim's episode
 seed: the plan grasps the cube where that seed puts it), `camera`, `horizon`. After the plan ends the last targets
 are held. Run it on sim time (`use_sim_time:=true`); `oxygen-ros sim-demo --policy scripted` does.
 """
@@ -54,7 +54,7 @@ class ScriptedPolicy(Node):
         chunk.header.stamp = msg.header.stamp
         for i, row in enumerate(self.plan[rows]):
             point = JointTrajectoryPoint(positions=row.tolist())
-            point.time_from_start.sec, point.time_from_start.nanosec = split_ns(i * STEP_NS)
+            point.time_from_start.sec, point.time_from_start.nanosec = split_ns((i + 1) * STEP_NS)
             chunk.points.append(point)
         self.pub.publish(chunk)
 

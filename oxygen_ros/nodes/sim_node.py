@@ -8,7 +8,9 @@ Each control step (50 Hz of sim time, paced to the wall clock at `rate_hz`):
      record it with the frame, and step the physics.
 
 `action_chunk` is a trajectory_msgs/JointTrajectory: header.stamp = the camera stamp the chunk was computed from,
-point i meant for header.stamp + points[i].time_from_start, joint_names mapped to the sim joints by name. A chunk
+point i the joints' position at header.stamp + points[i].time_from_start (a joint_trajectory_controller's reading,
+and `vla_node`'s: a chunk's action i at (i + 1) steps after its frame), so the sim commands point i at the step
+before that time, the physics step that reaches it; joint_names mapped to the sim joints by name. A chunk
 that names other joints, has ragged points or non-uniform timing is rejected (counted, with a throttled warning).
 Commands violent enough to make the physics diverge (MuJoCo's invalid-state warnings: random weights do this)
 end the episode as a failure, with an error line and a count (`diverged_episodes`); the sim resets and goes on.
@@ -66,8 +68,9 @@ RECENT_FRAMES = 500  # wall stamps remembered for mapping chunks back to sim tim
 
 def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOINT_NAMES
                    ) -> tuple[np.ndarray, float, float, float]:
-    """(actions [H, 14] in `joint_names` order, time of point 0 in seconds, time step, header stamp in seconds:
-    the camera frame it was computed from) or ValueError why not."""
+    """(actions [H, 14] in `joint_names` order, the time of the step that commands point 0 in seconds (one step
+    before the point's own time, which the physics step reaches), time step, header stamp in seconds: the camera
+    frame it was computed from) or ValueError why not."""
     names = list(msg.joint_names)
     if sorted(names) != sorted(joint_names):
         missing = sorted(set(joint_names) - set(names))
@@ -87,7 +90,7 @@ def chunk_from_msg(msg: JointTrajectory, joint_names: Sequence[str] = ALOHA_JOIN
         if time_step <= 0 or np.abs(gaps - time_step).max() > 1e-6:
             raise ValueError("points must be evenly spaced in time_from_start")
     frame_stamp = stamp_to_ns(msg.header.stamp) * 1e-9
-    return actions, float(frame_stamp + offsets[0]), time_step, float(frame_stamp)
+    return actions, float(frame_stamp + offsets[0] - DT), time_step, float(frame_stamp)
 
 
 def image_msg(frame: np.ndarray, camera: str, stamp_ns: int) -> Image:
@@ -107,7 +110,7 @@ class SimNode(Node):
     def __init__(self, context=None):
         super().__init__("sim", context=context)
         p = {name: self.declare_parameter(name, default).value for name, default in (
-            ("task", "transfer_cube"), ("instruction", ""), ("blending", "rtc"), ("temporal_ensemble_m", 0.01),
+            ("task", "transfer_cube"), ("instruction", ""), ("blending", "newest_wins"), ("temporal_ensemble_m", 0.01),
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),

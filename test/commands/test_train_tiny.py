@@ -18,6 +18,7 @@ from oxygen_ros.commands.train_tiny import (
     norm_stats_from_episodes,
     read_episodes,
     resume_folder,
+    snapshot_folder,
     train,
     training_set,
 )
@@ -28,7 +29,7 @@ from oxygen_ros.data.captions import STILL, frame_captions
 from oxygen_ros.data.lerobot import write_lerobot
 from oxygen_ros.data.synthetic import synthetic_episode
 from oxygen_ros.model.checkpoint import load_checkpoint
-from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.config import get_preset, resized_shape
 from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
@@ -164,6 +165,27 @@ def test_train_tiny_trains_on_every_episode_of_a_dataset_into_a_cached_checkpoin
     assert "already exists" in capsys.readouterr().err and (out / "model.safetensors").stat().st_mtime_ns == weights
 
 
+def test_the_sim_preset_trains_on_the_top_camera_into_a_policy_of_one_second_chunks(tmp_path, dataset, capsys):
+    """`--preset sim`: the 96x128 top view fills 12 x 9 of its 8-px patches (tiny's 56 px in 14-px patches: 4 x 3), and
+    the checkpoint turns a sim frame into 50 absolute joint targets, 1 s at 50 Hz."""
+    from oxygen_ros.commands.sim_eval import CheckpointPolicy
+
+    sim = get_preset("sim")
+    assert sim.camera_names == ("base_0_rgb",) and sim.action_horizon == 50
+    patches = [side // sim.vision.patch_size for side in resized_shape(96, 128, sim.vision.image_size)]
+    tiny = [side // TINY.vision.patch_size for side in resized_shape(96, 128, TINY.vision.image_size)]
+    assert patches == [9, 12] and tiny == [3, 4]
+    root, episodes = dataset
+    out = tmp_path / "ckpt"
+    assert train_main([str(root), str(out), "--preset", "sim", "--steps", "2", "--batch-size", "4"]) == 0
+    assert f"wrote {out}: 2 steps on 3 episodes" in capsys.readouterr().out
+    policy = CheckpointPolicy(out)
+    assert policy.model.config == sim and policy.cameras == {"top": (96, 128)}
+    qpos = episodes[0].state[10].astype(np.float64)
+    chunk = policy.chunk({"top": episodes[0].images["top"][10]}, qpos, TASK)
+    assert chunk.shape == (50, 14) and np.isfinite(chunk).all()
+
+
 def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(tmp_path, dataset, monkeypatch):
     from oxygen_ros.commands import train_tiny
 
@@ -183,6 +205,14 @@ def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(t
     with pytest.raises(KeyboardInterrupt):
         train(episodes, out, config, log=lambda line: None)
     assert not out.exists() and (resume_folder(out) / "state.pt").is_file()
+    # what the save left is also a checkpoint of the weights after step 3, loadable before the run ends
+    snapshot = snapshot_folder(out, 3)
+    assert sorted(p.name for p in resume_folder(out).glob("checkpoint-*")) == [snapshot.name]
+    partial = json.loads((snapshot / "training.json").read_text())
+    assert partial["partial"] is True and partial["step"] == 3 and partial["cameras"] == straight["cameras"]
+    saved = torch.load(resume_folder(out) / "state.pt", weights_only=False)["model"]
+    for name, weights in load_checkpoint(snapshot).model.state_dict().items():
+        torch.testing.assert_close(weights, saved[name], rtol=0, atol=0, msg=name)
     monkeypatch.setattr(train_tiny, "evaluate", real_evaluate)
     lines = []
     resumed = train(episodes, out, config, log=lines.append)

@@ -234,7 +234,7 @@ def test_chunk_from_msg_maps_joints_by_name_and_rejects_mismatches():
     rows = np.arange(3 * 14, dtype=np.float64).reshape(3, 14)
     actions, stamp, time_step, frame_stamp = chunk_from_msg(make_chunk(names, rows))
     np.testing.assert_array_equal(actions, rows[:, ::-1])
-    assert stamp == pytest.approx(1.04) and time_step == pytest.approx(0.02) and frame_stamp == pytest.approx(1.0)
+    assert stamp == pytest.approx(1.02) and time_step == pytest.approx(0.02) and frame_stamp == pytest.approx(1.0)
     with pytest.raises(ValueError, match="missing"):
         chunk_from_msg(make_chunk(names[:13], rows[:, :13]))
     with pytest.raises(ValueError, match="unknown"):
