@@ -11,15 +11,19 @@ active as a lifecycle manager would; `main` runs a node class as a process (`ent
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import rclpy
+from rclpy.duration import Duration
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.subscription import Subscription
 
 from oxygen_ros.robots.engine_params import ParameterError
 
 from .lifecycle import ros_process, spinning
+
+FLUSH_S = 1.0  # how long releasing the publishers waits for the holds to be acknowledged
 
 
 class ManagedNode(LifecycleNode):
@@ -111,15 +115,29 @@ class ManagedNode(LifecycleNode):
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
 
     def close(self) -> None:
-        """At process exit (after the executor has stopped, before destroy_node): hold, then stop the threads."""
+        """At process exit (after the executor has stopped, before destroy_node): no longer active (so a worker's
+        chunk finishing now is not published after the holds), hold, then stop the threads."""
+        self._entered("finalized", "shut down")
         self._stop_acting("shut down")
         self._release()
+
+    def _flush(self, seconds: float) -> None:
+        """Wait, `seconds` at most in all, until every reliable subscriber has acknowledged what the node published:
+        the holds just sent must not go with the publishers destroyed next (a lost exit hold left a controller on
+        the last plan)."""
+        deadline = time.monotonic() + seconds
+        for publisher in self.publishers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            publisher.wait_for_all_acked(Duration(nanoseconds=int(left * 1e9)))
 
     def _owned(self) -> list:
         return [*self.subscriptions, *self.publishers]
 
     def _release(self) -> None:
         self._release_engine()
+        self._flush(FLUSH_S)
         for entity in {id(e): e for e in self._entities}.values():
             if isinstance(entity, Subscription):
                 self.destroy_subscription(entity)
