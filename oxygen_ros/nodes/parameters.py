@@ -28,7 +28,7 @@ from rclpy.parameter import Parameter
 
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
 from oxygen_ros.control.handover import HANDOVERS
-from oxygen_ros.control.joint_groups import VELOCITY, JointGroup
+from oxygen_ros.control.joint_groups import JointGroup
 from oxygen_ros.control.limits import POLICIES as LIMIT_POLICIES
 from oxygen_ros.control.limits import JointLimits
 from oxygen_ros.model.normalization import ACTION_KEY, STATE_KEY, as_normalization
@@ -46,6 +46,7 @@ from oxygen_ros.robots.output_params import (
     GROUP_FIELDS,
     GROUP_SPECS,
     OUTPUT,
+    check_velocity_groups,
     group_names,
     read_groups,
     read_limits,
@@ -284,10 +285,7 @@ def read_parameters(values: dict[str, Any]) -> VlaParams:
         raise ParameterError(f"control.time_step {time_step:g} s differs from the {embodiment.time_step:g} s step "
                              f"embodiment {embodiment.name} integrates its velocities over; leave it 0 or set that")
     groups = read_groups(values, action_names)
-    velocity_groups = [g.name for g in groups if g.interface == VELOCITY]
-    if velocity_groups and not embodiment.has_velocity:
-        raise ParameterError(f"output.{velocity_groups[0]}.interface velocity needs velocities, and embodiment "
-                             f"{embodiment.name} makes positions only (a velocity profile such as droid has them)")
+    check_velocity_groups(groups, embodiment)
     holds, limits = read_limits(values, groups, state_names)
     handover = p.choice("output.handover", HANDOVERS)
     remote = _remote(p, embodiment, keys, handover)

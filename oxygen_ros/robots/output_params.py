@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -179,15 +180,20 @@ def read_limits(values: dict[str, Any], groups: tuple[JointGroup, ...],
     return tuple(holds), limits if limits.any else None
 
 
+def check_velocity_groups(groups: Sequence[JointGroup], embodiment: Embodiment) -> None:
+    """ParameterError if a group commands velocities and the profile makes positions only."""
+    velocity = [g.name for g in groups if g.interface == VELOCITY]
+    if velocity and not embodiment.has_velocity:
+        raise ParameterError(f"output.{velocity[0]}.interface velocity needs velocities, and embodiment "
+                             f"{embodiment.name} makes positions only (a velocity profile such as droid has them)")
+
+
 def command_path(values: dict[str, Any], joint_names: tuple[str, ...], embodiment: Embodiment, time_step_s: float
                  ) -> CommandPath:
     """A robot's command path from the output parameters, its joints (its state and its action joints alike) and
     its profile; ParameterError if they do not fit."""
     groups = read_groups(values, joint_names)
-    velocity = [g.name for g in groups if g.interface == VELOCITY]
-    if velocity and not embodiment.has_velocity:
-        raise ParameterError(f"output.{velocity[0]}.interface velocity needs velocities, and embodiment "
-                             f"{embodiment.name} makes positions only")
+    check_velocity_groups(groups, embodiment)
     holds, limits = read_limits(values, groups, joint_names)
     p = Reader(values)
     return CommandPath(groups, holds, limits, p.choice("limits.policy", LIMIT_POLICIES), joint_names, joint_names,
