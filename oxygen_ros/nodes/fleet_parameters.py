@@ -134,7 +134,7 @@ def declare_robot_parameters(node, robot_id: str, shared: Mapping[str, Any]) -> 
 
     def own(name: str, description: str):
         full = prefix + name
-        if node.has_parameter(full):  # a robot served again (a second configure, placed here once more)
+        if node.has_parameter(full):  # a robot served again (a second configure)
             return node.get_parameter(full).value
         return declare(node, Spec(full, None, f"robot {robot_id}'s own {name}: {description}"))
 
