@@ -49,12 +49,15 @@ class Trajectories:
         self.lock = threading.Lock()
         self.node = node
         self.heard = {topic: [] for topic in topics}
-        self.received: dict[int, int] = {}  # id(msg) -> when it arrived (the listening node's clock)
+        # id(msg) -> when it arrived: the middleware's reception time (system clock, as the node's stamps), not when
+        # this process's executor got round to it (on a loaded machine that can be much later)
+        self.received: dict[int, int] = {}
         for topic in topics:
-            node.create_subscription(JointTrajectory, topic, lambda msg, t=topic: self._keep(t, msg), 100)
+            node.create_subscription(JointTrajectory, topic,
+                                     lambda msg, info, t=topic: self._keep(t, msg, info["received_timestamp"]), 100)
 
-    def _keep(self, topic: str, msg: JointTrajectory) -> None:
-        received_ns = self.node.get_clock().now().nanoseconds
+    def _keep(self, topic: str, msg: JointTrajectory, received_ns: int) -> None:
+        received_ns = received_ns or self.node.get_clock().now().nanoseconds  # 0: the middleware gives none
         with self.lock:
             self.heard[topic].append(msg)
             self.received[id(msg)] = received_ns
