@@ -21,6 +21,8 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_process import REPO, ServeProcess
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from oxygen_ros.commands.serve import main as serve_main
+
 pytestmark = pytest.mark.system
 IDLE_TIMEOUT_S = 10.0
 MAX_CLIENTS = 2
@@ -165,9 +167,20 @@ def test_idle_connections_are_closed_and_free_their_slots(served):
     (("--port", "70000"), "argument --port: must be a TCP port from 0 to 65535, got 70000"),
     (("--idle-timeout-s", "0"), "argument --idle-timeout-s: must be a positive number, got 0"),
 ])
-def test_options_that_cannot_work_are_one_line_at_start(args, message):
-    result = subprocess.run([sys.executable, "-m", "oxygen_ros.commands.cli", "serve", "--preset", "tiny", *args],
-                            capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO)
+def test_options_that_cannot_work_are_one_line_at_start(args, message, capsys):
+    with pytest.raises(SystemExit) as ended:
+        serve_main(["--preset", "tiny", *args])
+    assert ended.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.err.splitlines() == [f"oxygen-ros serve: error: {message} (see --help)"], printed.err
+    assert printed.out == ""
+
+
+def test_an_option_that_cannot_work_ends_the_command_with_status_2_and_one_line():
+    """The same through the `oxygen-ros` entry point, as its own process (one case: each process loads torch)."""
+    result = subprocess.run([sys.executable, "-m", "oxygen_ros.commands.cli", "serve", "--preset", "tiny",
+                             "--port", "70000"], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO)
     assert result.returncode == 2, (result.stdout, result.stderr)
-    assert result.stderr.splitlines() == [f"oxygen-ros serve: error: {message} (see --help)"], result.stderr
+    assert result.stderr.splitlines() == ["oxygen-ros serve: error: argument --port: must be a TCP port from 0 to "
+                                          "65535, got 70000 (see --help)"], result.stderr
     assert result.stdout == ""

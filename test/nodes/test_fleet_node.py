@@ -135,7 +135,9 @@ def test_fleet_node_serves_namespaced_robots_and_only_its_assigned_ones(tmp_path
             assert diagnostics[r]["batching"].startswith("robion: stage batches on device shares"), diagnostics[r]
         assert all(float(diagnostics[r]["slo_attainment"]) == 1.0 for r in served[1:])
         for r in served:
-            assert statuses[r][-1].state == "running" and statuses[r][-1].kv_slots_total > 0
+            # served while its frames were fresh (the last status may already say stale_frame: the frames stopped, and
+            # on a loaded machine the waits above can outlast their age)
+            assert any(s.state == "running" for s in statuses[r]) and statuses[r][-1].kv_slots_total > 0
             for narration in narrations[r]:
                 assert (narration.header.stamp.sec, narration.header.stamp.nanosec) in sent[r]
                 assert narration.num_tokens <= 4
