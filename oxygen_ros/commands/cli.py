@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-tiny": ("oxygen_ros.commands.train_tiny", "fit the tiny pi0.5 on one ALOHA episode -> checkpoint folder"),
     "sim-record": ("oxygen_ros.commands.sim_record", "scripted gym-aloha transfer-cube demonstrations -> LeRobot v3 dataset"),
     "sim-eval": ("oxygen_ros.commands.sim_eval", "a trained checkpoint on gym-aloha transfer-cube in process: success rate over held-out seeds"),
+    "sim-probe": ("oxygen_ros.commands.sim_probe", "does a trained policy see the cube? its first chunk vs the scripted plan's, per cube position"),
     "rtc-compare": ("oxygen_ros.commands.rtc_compare", "the hand-overs under a delay side by side in closed loop (sim-eval per cell) -> table"),
     "sim-demo": ("oxygen_ros.commands.sim_demo", "closed loop: gym-aloha sim_node + the VLA node on sim time, timing report"),
     "fleet-sim-demo": ("oxygen_ros.commands.fleet_sim_demo", "closed loop: several gym-aloha sim_node robots on one fleet_node"),
