@@ -20,6 +20,7 @@ from .processes import demo_env, python_command, stop, wait_for_exit
 from .sim_demo import policy_command, sim_summary
 
 VLA_NODE = "oxygen_ros.nodes.vla_node"
+MAX_AGES_S = {"control.max_image_age_s": 0.2, "control.max_state_age_s": 0.5}  # config/aloha.yaml's, the node's
 STARTUP_S = 240.0  # both nodes importing torch and rclpy, the model loading, on a busy machine
 
 
@@ -35,11 +36,13 @@ def sim_node_command(seeds: list[int], cameras: list[str], size: tuple[int, int]
 
 
 def policy_node_command(policy: str, checkpoint: str, cameras: list[str], rate_hz: float, extra: list[str],
-                        out: Path) -> list[str]:
+                        out: Path, delay_steps: int = 0) -> list[str]:
     """The policy node as sim-demo starts it (by default the VLA node), on the checkpoint: float32 on one CPU
-    thread, no narration, then `extra` (NAME:=VALUE)."""
+    thread, no narration, then `extra` (NAME:=VALUE). With an injected delay every frame reaches the node
+    `delay_steps` late by design, so its age limits grow by as much (a frame is still stale past its usual limit)."""
+    ages = [f"{name}:={limit + delay_steps * DT:g}" for name, limit in MAX_AGES_S.items()] if delay_steps else []
     params = [f"model.checkpoint:={Path(checkpoint).resolve()}", "model.dtype:=float32", "model.device:=cpu",
-              "model.cpu_threads:=1", "language.policy:=off", "control.horizon:=0", *extra]
+              "model.cpu_threads:=1", "language.policy:=off", "control.horizon:=0", *ages, *extra]
     args = argparse.Namespace(policy=policy, cameras=cameras, params_file=None, preset="tiny", policy_rate=rate_hz,
                               policy_param=params)
     return policy_command(args, out)
@@ -60,7 +63,7 @@ def evaluate(checkpoint: str, seeds: list[int], cameras: list[str], size: tuple[
                                                 delay_steps), env=env,
                                stdout=sim_out, stderr=subprocess.STDOUT)
         node = subprocess.Popen(policy_node_command(policy, checkpoint, cameras, policy_rate_hz, policy_params or [],
-                                                    out), env=env, stdout=policy_out, stderr=subprocess.STDOUT)
+                                                    out, delay_steps), env=env, stdout=policy_out, stderr=subprocess.STDOUT)
         try:
             failure = wait_for_exit({"sim": sim}, {"policy": node}, timeout)
         finally:

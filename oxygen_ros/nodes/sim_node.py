@@ -17,8 +17,11 @@ end the episode as a failure, with an error line and a count (`diverged_episodes
 With `stamps: wall` (several sims served by one fleet node, which runs on the system clock) frames are stamped
 with the system clock when published and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
 frame it names (a stamp that names no recent frame is rejected), so the chunk executor still works in sim time.
-`inject_delay_steps: d` holds each chunk until d steps after its source frame (an injected inference delay, for
-measuring the hand-over under delay with a fast policy). `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
+`inject_delay_steps: d` injects an inference delay of d steps where the policy can measure it: each frame (camera
+images and joint state, stamped with the step they were taken at) is published d steps later, so a chunk computed
+from it takes effect d steps plus the policy's own latency after its frame, and a policy that measures its delay
+from the frame's stamp to its chunk on its clock (`vla_node`, `fleet_node`: real-time chunking's delay) sees it
+whole; the first d steps of an episode publish no frame (the robot holds its start pose). `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
 Stepping runs on the main thread (the renderer's GL context lives there) and publishes from it, which is safe;
@@ -153,7 +156,7 @@ class SimNode(Node):
         self._wall_order: deque[int] = deque()
         self._wall_latency_ms: deque[float] = deque(maxlen=500)  # stamps: wall: chunk receipt - its frame's stamp
         self._started = time.monotonic()
-        self._delayed: deque[tuple[int, tuple]] = deque()  # inject_delay_steps: (step it takes effect, chunk)
+        self._held: deque[tuple[int, int, object]] = deque()  # inject_delay_steps: (step, stamp, observation) taken
 
         if p["stamps"] == "sim":
             self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
@@ -184,10 +187,6 @@ class SimNode(Node):
                 ahead = stamp - self.chunks.step * DT
                 if ahead > MAX_LEAD_S:
                     raise ValueError(f"stamped {ahead:.2f} s ahead of sim time (is the policy on use_sim_time?)")
-                due = round(frame_stamp / DT) + self.params["inject_delay_steps"]
-                if self.chunks.step < due:  # an injected inference delay: the chunk waits for its step
-                    self._delayed.append((due, (actions, stamp, time_step, frame_stamp)))
-                    return
                 arrival = self.chunks.add_chunk(actions, stamp, time_step, frame_stamp)
         except ValueError as err:
             self.chunks_malformed += 1
@@ -198,7 +197,8 @@ class SimNode(Node):
             self.get_logger().warning(f"dropped action chunk: {arrival.reason}", throttle_duration_sec=5.0)
 
     # -- observations out ------------------------------------------------------------------------------------
-    def _publish_observation(self, obs, step: int) -> None:
+    def _observe(self, obs, step: int) -> None:
+        """The frame taken at `step` is stamped now; /clock goes out, then every frame `inject_delay_steps` old."""
         if self.params["stamps"] == "wall":
             stamp_ns = self.get_clock().now().nanoseconds
             with self.lock:
@@ -211,6 +211,11 @@ class SimNode(Node):
             clock = Clock()
             clock.clock = ns_to_stamp(stamp_ns)
             self._clock_pub.publish(clock)
+        self._held.append((step, stamp_ns, obs))
+        while self._held and self._held[0][0] + self.params["inject_delay_steps"] <= step:
+            self._publish_observation(*self._held.popleft()[1:])
+
+    def _publish_observation(self, stamp_ns: int, obs) -> None:
         for cam, pub in self._image_pubs.items():
             pub.publish(image_msg(obs.images[cam], cam, stamp_ns))
         joints = JointState()
@@ -268,6 +273,7 @@ class SimNode(Node):
         seed = seeds[self.episode] if seeds else self.params["seed"] + self.episode
         obs = self.env.reset(seed=seed)
         self.episode_seeds.append(seed)
+        self._held.clear()  # frames of the episode that ended are never published
         with self.lock:
             self.chunks.reset(obs.qpos)
         self._publish_instruction()
@@ -293,7 +299,7 @@ class SimNode(Node):
         obs = self._start_episode()
         next_tick = next_status = self._started = time.monotonic()
         while not stop.is_set():
-            self._publish_observation(obs, self.chunks.step)
+            self._observe(obs, self.chunks.step)
             if period:
                 next_tick += period
                 delay = next_tick - time.monotonic()
@@ -305,8 +311,6 @@ class SimNode(Node):
             now = time.monotonic()
             self._ticks.append(now)
             with self.lock:
-                while self._delayed and self._delayed[0][0] <= self.chunks.step:
-                    self.chunks.add_chunk(*self._delayed.popleft()[1])
                 command = self.chunks.next_command()
             if self.recorder is not None:
                 self.recorder.add(obs.images, obs.qpos, obs.qvel, command)

@@ -20,6 +20,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.convert import main as convert_main
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.nodes.sim_node import chunk_from_msg
 
 from ros_test_utils import rclpy, spin_until
@@ -124,16 +125,27 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     assert convert_main(["aloha", path, str(bag)]) == 0
 
 
-def test_an_injected_delay_holds_each_chunk_until_its_step(ros_context, ros_env, tmp_path):
-    """inject_delay_steps 3: a policy answering at once still has its chunks take effect 3 steps after their frame
-    at the earliest (the executor then skips their first 3 actions), as a model 3 steps slow would."""
+def test_an_injected_delay_reaches_the_policy_in_its_frames_stamps(ros_context, ros_env, tmp_path):
+    """inject_delay_steps 3: each frame goes out 3 steps after the step it was taken at (and stamped with), so a
+    policy reading its clock sees the frames 3 steps old, and one answering at once still has its chunks take
+    effect 3 steps after their frame at the earliest (the executor then skips their first 3 actions)."""
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Image
+
     responder = ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False)
+    clock, ages = [0], []  # the newest /clock received; per frame, that clock minus the frame's stamp in steps
+    responder.create_subscription(Clock, "/clock", lambda m: clock.__setitem__(0, max(clock[0], stamp_to_ns(m.clock))),
+                                  QoSProfile(depth=50))
+    responder.create_subscription(Image, "camera/top/image_raw", lambda m: ages.append(
+        (clock[0] - stamp_to_ns(m.header.stamp)) / 20_000_000), qos_profile_sensor_data)
     code, output = run_sim_against(ros_context, ros_env, sim_args(
         cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=60,
         max_episodes=1, wait_for_policy="true", inject_delay_steps=3), responder)
     assert code == 0, output
     latency = summary_of(output)["chunk_latency_steps"]
     assert latency["count"] > 20 and latency["min"] >= 3, latency
+    # /clock goes out before the step's frames; a starved listener may take one later than the other
+    assert len(ages) > 20 and np.median(ages) >= 3, ages
 
 
 def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):
