@@ -256,6 +256,9 @@ class VlaNode(ManagedNode):
             self.decoder.close()
             self.decoder = None
         if self.runtime is not None:
+            if self.rtc is not None:  # the run's guidance in one line (/diagnostics' counters, at the end)
+                self.get_logger().info("real-time chunking: " + ", ".join(f"{k} {v}" for k, v in
+                                                                          self.rtc.counts().items()))
             self.runtime.close()
             self.runtime = None
         self.policy = None

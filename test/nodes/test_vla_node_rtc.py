@@ -9,6 +9,7 @@ model's delay is a step or two): `/guided` and `/plain` (newest_wins) on the sam
 there: the delay it guides with is the one the robot sees.
 """
 
+import re
 import time
 
 import numpy as np
@@ -92,6 +93,9 @@ def test_guided_chunks_continue_the_executed_one_and_a_late_delay_falls_back_to_
     assert int(late_values["rtc_plain_delay"]) >= 3 and int(late_values["rtc_guided"]) == 0
     assert robots["/late"].last_status().actions_published >= 5
     assert "frame sampled without guidance (delay)" in results["/late"][1]
+    # the run's counters in one line when the node ends
+    final = re.search(r"real-time chunking: rtc_guided (\d+), rtc_plain_no_chunk (\d+)", results["/guided"][1])
+    assert final and int(final[1]) >= int(guided_values["rtc_guided"]), results["/guided"][1][-2000:]
 
 
 def test_a_delay_injected_in_the_sim_is_the_delay_the_node_measures_and_guides_with(ros_context, ros_env,
