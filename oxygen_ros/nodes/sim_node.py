@@ -15,13 +15,14 @@ that names other joints, has ragged points or non-uniform timing is rejected (co
 Commands violent enough to make the physics diverge (MuJoCo's invalid-state warnings: random weights do this)
 end the episode as a failure, with an error line and a count (`diverged_episodes`); the sim resets and goes on.
 With `stamps: wall` (several sims served by one fleet node, which runs on the system clock) frames are stamped
-with the system clock when published and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
+with the system clock when taken and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
 frame it names (a stamp that names no recent frame is rejected), so the chunk executor still works in sim time.
 `inject_delay_steps: d` injects an inference delay of d steps where the policy can measure it: each frame (camera
 images and joint state, stamped with the step they were taken at) is published d steps later, so a chunk computed
 from it takes effect d steps plus the policy's own latency after its frame, and a policy that measures its delay
 from the frame's stamp to its chunk on its clock (`vla_node`, `fleet_node`: real-time chunking's delay) sees it
-whole; the first d steps of an episode publish no frame (the robot holds its start pose). `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
+whole; the first d steps of an episode publish no frame (the robot holds its start pose).
+`instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
 Stepping runs on the main thread (the renderer's GL context lives there) and publishes from it, which is safe;
