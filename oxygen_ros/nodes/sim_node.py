@@ -22,6 +22,10 @@ images and joint state, stamped with the step they were taken at) is published d
 from it takes effect d steps plus the policy's own latency after its frame, and a policy that measures its delay
 from the frame's stamp to its chunk on its clock (`vla_node`, `fleet_node`: real-time chunking's delay) sees it
 whole; the first d steps of an episode publish no frame (the robot holds its start pose).
+`policy_reset: <service>` (e.g. `/vla_node/reset`, std_srvs/Trigger) tells the policy that an episode starts: the sim
+calls it after each reset of the scene and before the episode's first frame goes out, and waits for the answer (up
+to `policy_reset_timeout_s`; a call that fails or times out is logged and counted in `policy_resets_failed`, and
+the episode goes on). The policy then forgets the previous episode's chunks and frames (`vla_node`'s `~/reset`).
 `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
@@ -53,6 +57,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.chunk_executor import BLENDING_MODES, ChunkExecutor
@@ -118,7 +123,8 @@ class SimNode(Node):
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
-            ("status_period_s", 1.0), ("stamps", "sim"), ("inject_delay_steps", 0))}
+            ("status_period_s", 1.0), ("stamps", "sim"), ("inject_delay_steps", 0),
+            ("policy_reset", ""), ("policy_reset_timeout_s", 10.0))}
         # Episode k's seed: seeds[k] when the list is given (an evaluation's held-out seeds), else seed + k.
         self.declare_parameter("seeds", Parameter.Type.INTEGER_ARRAY)
         try:
@@ -158,6 +164,8 @@ class SimNode(Node):
         self._wall_latency_ms: deque[float] = deque(maxlen=500)  # stamps: wall: chunk receipt - its frame's stamp
         self._started = time.monotonic()
         self._held: deque[tuple[int, int, object]] = deque()  # inject_delay_steps: (step, stamp, observation) taken
+        self.policy_resets, self.policy_resets_failed = 0, 0
+        self._reset_client = self.create_client(Trigger, p["policy_reset"]) if p["policy_reset"] else None
 
         if p["stamps"] == "sim":
             self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
@@ -252,6 +260,7 @@ class SimNode(Node):
             "chunk_latency_steps": summary["latency_steps"], "switch_discontinuity": summary["switch_discontinuity"],
             "jerk_rms": summary["jerk_rms"], "jerk_max": summary["jerk_max"], "held_steps": summary["held_steps"],
             "episodes_written": list(self.written), "wall_s": time.monotonic() - self._started,
+            "policy_resets": self.policy_resets, "policy_resets_failed": self.policy_resets_failed,
         } | ({"chunk_wall_latency_ms": {"median": float(np.median(wall_latency)), "max": max(wall_latency)}
               if wall_latency else None} if self.params["stamps"] == "wall" else {})
 
@@ -277,8 +286,35 @@ class SimNode(Node):
         self._held.clear()  # frames of the episode that ended are never published
         with self.lock:
             self.chunks.reset(obs.qpos)
+        self._reset_policy()
         self._publish_instruction()
         return obs
+
+    def _reset_policy(self) -> None:
+        """Tell the policy that an episode starts (`policy_reset`), and wait for its answer (the stepping thread;
+        the answer comes through the spinning one)."""
+        if self._reset_client is None:
+            return
+        timeout = self.params["policy_reset_timeout_s"]
+        why = ""
+        if not self._reset_client.wait_for_service(timeout_sec=timeout):
+            why = "the service is not available"
+        else:
+            answered = threading.Event()
+            future = self._reset_client.call_async(Trigger.Request())
+            future.add_done_callback(lambda _: answered.set())
+            if not answered.wait(timeout):
+                why = f"no answer within {timeout:g} s"
+            elif future.exception() is not None:
+                why = f"{type(future.exception()).__name__}: {future.exception()}"
+            elif not future.result().success:
+                why = f"refused: {future.result().message}"
+        if why:
+            self.policy_resets_failed += 1
+            self.get_logger().error(f"policy reset {self.params['policy_reset']} failed at episode {self.episode} "
+                                    f"({why}; {self.policy_resets_failed} failed so far)")
+        else:
+            self.policy_resets += 1
 
     def _end_episode(self, success: bool, diverged: bool = False) -> None:
         self.episode_diverged.append(diverged)

@@ -148,6 +148,46 @@ def test_an_injected_delay_reaches_the_policy_in_its_frames_stamps(ros_context, 
     assert len(ages) > 20 and np.median(ages) >= 3, ages
 
 
+def test_the_sim_tells_the_policy_of_each_episode_before_its_first_frame(ros_context, ros_env, tmp_path):
+    """policy_reset: the sim calls the policy's reset service (std_srvs/Trigger) at each episode's start and waits
+    for the answer before that episode's first frame goes out; a service that is not there is an error line and a
+    count, and the episodes go on."""
+    from sensor_msgs.msg import Image
+    from std_srvs.srv import Trigger
+
+    responder = ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False)
+    seen: list[int] = []  # image stamps in arrival order
+    calls: list[int] = []  # at each reset call: how many images had arrived
+    responder.create_subscription(Image, "camera/top/image_raw", lambda m: seen.append(stamp_to_ns(m.header.stamp)),
+                                  qos_profile_sensor_data)
+
+    def reset(request, response):
+        calls.append(len(seen))
+        response.success = True
+        return response
+
+    responder.create_service(Trigger, "test_policy/reset", reset)
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=12, max_episodes=3,
+        wait_for_policy="true", inject_delay_steps=2, policy_reset="/test_policy/reset"), responder)
+    assert code == 0, output
+    summary = summary_of(output)
+    assert summary["policy_resets"] == 3 and summary["policy_resets_failed"] == 0, summary
+    assert len(calls) == 3 and calls[0] == 0, calls
+    for before, after in zip(calls[1:], calls[2:] + [len(seen)], strict=True):
+        # every frame the sim sent after a call is newer than every frame it sent before it
+        assert seen[before:after] and min(seen[before:after]) > max(seen[:before]), (before, seen)
+
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=12, max_episodes=2,
+        wait_for_policy="true", policy_reset="/nobody/reset", policy_reset_timeout_s=0.5),
+        ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False))
+    assert code == 0, output
+    summary = summary_of(output)
+    assert summary["policy_resets_failed"] == 2 and len(summary["episode_lengths"]) == 2, summary
+    assert "policy reset /nobody/reset failed at episode 1 (the service is not available; 2 failed so far)" in output
+
+
 def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):
     """A policy commanding +-5 rad bang-bang makes MuJoCo's state invalid within a few steps: each episode ends
     as a counted failure, is still recorded, and the sim resets and runs the next; the process exits 0."""
