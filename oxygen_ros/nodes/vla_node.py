@@ -3,7 +3,8 @@
 `ros2 run oxygen_ros vla_node --ros-args --params-file config/aloha.yaml` (or `ros2 launch oxygen_ros
 oxygen.launch.py`). A managed (lifecycle) node: constructing it reads and checks the parameters (a bad one is one
 start-up line, exit 1); `configure` loads the model, warms it up with one frame and subscribes; `activate` starts
-the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release everything `configure` made.
+the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release everything `configure` made;
+`~/reset` (std_srvs/Trigger) starts an episode: held, the executed plan and the inputs kept forgotten (`_on_reset`).
 With `autostart` (the default) the process walks itself to active; otherwise the standard lifecycle services
 (`<node>/change_state`, `<node>/get_state`) do. A failed `configure` leaves the node unconfigured, the reason in
 the log and on `/diagnostics`. `engine_status` and `/diagnostics` go out in every state. Threads:
