@@ -300,7 +300,7 @@ def build_parser() -> CommandParser:
     parser.add_argument("--blending", choices=BLENDING_MODES, default="newest_wins",
                         help="ros: sim_node's hand-over (docs/sim.md says why newest_wins)")
     parser.add_argument("--inject-delay", type=int, default=0, metavar="STEPS",
-                        help="ros: sim_node holds each chunk this many steps after its frame (inject_delay_steps)")
+                        help="ros: sim_node publishes each frame this many steps late (inject_delay_steps)")
     parser.add_argument("--policy-rate", type=float, default=12.5, help="ros: the VLA node's control.rate_hz")
     parser.add_argument("--sim-rate", type=float, default=50.0,
                         help="ros: sim_node's wall-clock pacing (rate_hz; 0: as fast as it goes)")

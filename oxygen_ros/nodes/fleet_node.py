@@ -29,6 +29,9 @@ setting for the node (`docs/safety.md`).
 With ``output.handover: rtc_guided`` each robot's frames are guided toward the chunk it is executing with its own
 measured delay (`robots.rtc_guide`: control steps from a frame's stamp to its chunk's arrival), guided and plain
 robots of one model in the same batches; a request that cannot be guided is sampled plainly, counted and logged.
+``/<ns>/reset`` (std_srvs/Trigger) starts an episode of that robot as the VLA node's ``~/reset`` does (held, the
+hand-over and its guide forget the executed chunk, its inputs stamped up to the call dropped); a chunk of a frame
+stamped before the call that is still being computed is not published (``chunks_before_reset``).
 
 Every image on the first camera of a robot's model makes one frame, due at its header stamp + the robot's SLO;
 frames of robots on the same model are batched, and every ``narrate_every``-th frame of a robot also starts a
@@ -73,6 +76,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.embodiment import Embodiment, EmbodimentError, load_embodiment
@@ -163,6 +167,8 @@ class RobotPort:
         self.actions_published = 0
         self.narrations_published = 0
         self.model_errors = 0
+        self.resets = 0  # episodes started by /<ns>/reset
+        self.chunks_before_reset = 0  # chunks of frames stamped before the last reset, not published
         self.closed = False  # its publishers are gone (the node's cleanup)
         self.subscriptions: list = []
         self.lock = threading.Lock()  # the executor thread and the runtime's threads both touch the counters
@@ -214,6 +220,9 @@ class FleetNode(ManagedNode):
         self.ports: dict[str, RobotPort] = {}
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / self.params["status_rate_hz"], self._publish_status)
+        self.reset_services = [self.create_service(Trigger, f"/{robot}/reset",
+                                                   lambda request, response, r=robot: self._on_reset(r, response))
+                               for robot in self.params["robots"]]
 
     # ---- lifecycle (`managed_node`) ------------------------------------------------------------------------------
 
@@ -225,6 +234,29 @@ class FleetNode(ManagedNode):
 
     def _stop_acting(self, reason: str) -> None:
         self._hold_all(reason)
+
+    def _on_reset(self, robot_id: str, response):
+        """`/<robot>/reset` (std_srvs/Trigger): an episode of that robot starts, as the VLA node's `~/reset`."""
+        port = self.ports.get(robot_id)
+        if port is None or self.lifecycle not in ("inactive", "active"):
+            response.success, response.message = False, f"robot {robot_id} is not served here now ({self.lifecycle})"
+            return response
+        since_ns = self.get_clock().now().nanoseconds
+        self._hold(port, "reset")
+        with port.lock:
+            if port.path is not None:
+                port.path.start()
+            if port.rtc is not None:
+                port.rtc.stop()
+            if port.inputs is not None:
+                port.inputs.forget(since_ns)
+            port.resets += 1
+            port.state, port.detail = WAITING_FOR_CAMERA, "reset: waiting for the new episode's first frame"
+        self.get_logger().info(f"{port.namespace}: reset ({port.resets} so far): frames stamped up to "
+                               f"{since_ns / 1e9:.3f} s are the previous episode's",
+                               throttle_duration_sec=LOG_THROTTLE_S)
+        response.success, response.message = True, f"reset at {since_ns} ns (node clock)"
+        return response
 
     def _release_engine(self) -> None:
         if self._check_timer is not None:
@@ -435,6 +467,9 @@ class FleetNode(ManagedNode):
         with port.lock:
             if port.closed or self.lifecycle != "active" or port.state in SKIPPED_TICK_STATES:
                 return  # deactivated meanwhile, or the robot's inputs went stale since its frame (it is held)
+            if port.inputs.since_ns is not None and chunk.stamp_ns <= port.inputs.since_ns:
+                port.chunks_before_reset += 1  # the previous episode's, computed across the reset
+                return
             path = port.path
             now_ns = self.get_clock().now().nanoseconds
             if port.rtc is not None:  # the delay this chunk had: control steps from its frame's stamp to now
@@ -551,7 +586,8 @@ class FleetNode(ManagedNode):
                             "late_on_arrival": counts.late_on_arrival, "late_chunks": counts.late_done,
                             "expired_in_queue": counts.expired_in_queue,
                             "late_chunks_published": self.params["publish_late"],
-                            "batching": self.batching, "lifecycle": self.lifecycle,
+                            "batching": self.batching, "lifecycle": self.lifecycle, "resets": port.resets,
+                            "chunks_before_reset": port.chunks_before_reset,
                             **(port.path.counts() if port.path else {}),
                             **(port.rtc.counts() if port.rtc else {}),
                             "nonfinite_chunks": port.path.nonfinite_chunks + port.path.overflows if port.path

@@ -30,6 +30,10 @@ it does not need. Rules, in the order a tick applies them:
   used again (the joint state is fresh, and a controller expects a chunk every period); such ticks are counted
   as `reused_frames`.
 The frame's stamp and frame_id are those of the first camera's image.
+
+`forget(since_ns)` starts an episode (the node's `~/reset`): every kept input and the state check's last plausible
+state are dropped, so the next tick waits for new ones, and a message stamped at or before `since_ns` (taken before
+the reset: the previous episode's, still on its way) is dropped and counted (`before_reset`).
 """
 
 from __future__ import annotations
@@ -147,6 +151,7 @@ class FrameInputs:
         self.state_age_ns: int | None = None  # at the last tick: node clock - newest good joint state stamp
         self._lock = threading.RLock()  # the cameras and drops: the decoder's thread and the tick's
         self._decode_drops: dict[tuple[str, str], Dropped] = {}  # the last per (topic, reason) since the last tick
+        self.since_ns: int | None = None  # after `forget`: messages stamped at or before it are dropped
 
     @property
     def dropped_frames(self) -> int:
@@ -169,6 +174,23 @@ class FrameInputs:
         return self._count(ConversionError("out_of_order", f"stamped {(newest_ns - stamp_ns) / 1e9:.3f} s before "
                                                            "the newest message kept from this source"))
 
+    def _before_reset(self, stamp_ns: int) -> ConversionError | None:
+        if self.since_ns is None or stamp_ns > self.since_ns or not stamp_ns:  # unstamped: cannot be dated
+            return None
+        return self._count(ConversionError("before_reset", f"stamped {(self.since_ns - stamp_ns) / 1e9:.3f} s "
+                                                           "before the last reset (the previous episode's)"))
+
+    def forget(self, since_ns: int) -> None:
+        """A new episode: no input kept, messages stamped at or before `since_ns` dropped (`before_reset`)."""
+        with self._lock:
+            self.since_ns = since_ns
+            for camera in self.cameras:
+                camera.pending, camera.newest_ns, camera.image, camera.fresh = None, None, None, False
+            self.state, self.state_stamp_ns, self.states_rejected = None, 0, 0
+            if self.state_check is not None:  # the robot may start the episode anywhere
+                self.state_check.last = None
+            self.image_age_ns = self.state_age_ns = None
+
     def on_image(self, index: int, msg, now_ns: int) -> None:
         """Keep `msg` as camera `index`'s newest image, to be decoded; raises ConversionError (counted) if it fails
         the checks or is older than the newest kept (`now_ns`: the node clock)."""
@@ -179,7 +201,8 @@ class FrameInputs:
             raise self._count(err) from None
         stamp_ns = stamp_to_ns(msg.header.stamp)
         with self._lock:
-            if (err := self._out_of_order(camera.newest_ns, stamp_ns, now_ns)) is not None:
+            if (err := self._before_reset(stamp_ns) or self._out_of_order(camera.newest_ns, stamp_ns, now_ns)) \
+                    is not None:
                 raise err
             camera.pending, camera.newest_ns = msg, stamp_ns
 
@@ -188,6 +211,8 @@ class FrameInputs:
         message is older than the newest good one."""
         stamp_ns = stamp_to_ns(msg.header.stamp)
         newest = self.state_stamp_ns if self.state is not None else None
+        if (err := self._before_reset(stamp_ns)) is not None:
+            raise err
         try:
             if (err := self._out_of_order(newest, stamp_ns, now_ns)) is not None:
                 raise err
@@ -221,6 +246,8 @@ class FrameInputs:
                     self._decode_drops[(camera.topic, err.reason)] = Dropped(camera.topic, err.reason, str(err))
                 continue
             with self._lock:
+                if self._before_reset(stamp_to_ns(msg.header.stamp)) is not None:  # decoded across a reset
+                    continue
                 camera.image = image
                 camera.stamp_ns, camera.frame_id, camera.fresh = stamp_to_ns(msg.header.stamp), \
                     msg.header.frame_id, True

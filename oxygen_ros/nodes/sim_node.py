@@ -15,10 +15,18 @@ that names other joints, has ragged points or non-uniform timing is rejected (co
 Commands violent enough to make the physics diverge (MuJoCo's invalid-state warnings: random weights do this)
 end the episode as a failure, with an error line and a count (`diverged_episodes`); the sim resets and goes on.
 With `stamps: wall` (several sims served by one fleet node, which runs on the system clock) frames are stamped
-with the system clock when published and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
+with the system clock when taken and no /clock is sent; a chunk's stamp is mapped back to the sim time of the
 frame it names (a stamp that names no recent frame is rejected), so the chunk executor still works in sim time.
-`inject_delay_steps: d` holds each chunk until d steps after its source frame (an injected inference delay, for
-measuring the hand-over under delay with a fast policy). `instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
+`inject_delay_steps: d` injects an inference delay of d steps where the policy can measure it: each frame (camera
+images and joint state, stamped with the step they were taken at) is published d steps later, so a chunk computed
+from it takes effect d steps plus the policy's own latency after its frame, and a policy that measures its delay
+from the frame's stamp to its chunk on its clock (`vla_node`, `fleet_node`: real-time chunking's delay) sees it
+whole; the first d steps of an episode publish no frame (the robot holds its start pose).
+`policy_reset: <service>` (e.g. `/vla_node/reset`, std_srvs/Trigger) tells the policy that an episode starts: the sim
+calls it after each reset of the scene and before the episode's first frame goes out, and waits for the answer (up
+to `policy_reset_timeout_s`; a call that fails or times out is logged and counted in `policy_resets_failed`, and
+the episode goes on). The policy then forgets the previous episode's chunks and frames (`vla_node`'s `~/reset`).
+`instruction` (std_msgs/String, latched) carries the task text; `sim/status` (std_msgs/String, JSON) reports the
 achieved rate, chunk latency in sim steps, switch discontinuity and jerk about once a second.
 
 Stepping runs on the main thread (the renderer's GL context lives there) and publishes from it, which is safe;
@@ -49,6 +57,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.control.chunk_executor import BLENDING_MODES, ChunkExecutor
@@ -114,7 +123,8 @@ class SimNode(Node):
             ("rtc_overlap", 0), ("cameras", ["top", "left_wrist", "right_wrist"]), ("image_height", 240),
             ("image_width", 320), ("seed", 0), ("rate_hz", 50.0), ("episode_steps", MAX_EPISODE_STEPS),
             ("max_episodes", 0), ("record_path", ""), ("record_compress", False), ("wait_for_policy", False),
-            ("status_period_s", 1.0), ("stamps", "sim"), ("inject_delay_steps", 0))}
+            ("status_period_s", 1.0), ("stamps", "sim"), ("inject_delay_steps", 0),
+            ("policy_reset", ""), ("policy_reset_timeout_s", 10.0))}
         # Episode k's seed: seeds[k] when the list is given (an evaluation's held-out seeds), else seed + k.
         self.declare_parameter("seeds", Parameter.Type.INTEGER_ARRAY)
         try:
@@ -153,7 +163,9 @@ class SimNode(Node):
         self._wall_order: deque[int] = deque()
         self._wall_latency_ms: deque[float] = deque(maxlen=500)  # stamps: wall: chunk receipt - its frame's stamp
         self._started = time.monotonic()
-        self._delayed: deque[tuple[int, tuple]] = deque()  # inject_delay_steps: (step it takes effect, chunk)
+        self._held: deque[tuple[int, int, object]] = deque()  # inject_delay_steps: (step, stamp, observation) taken
+        self.policy_resets, self.policy_resets_failed = 0, 0
+        self._reset_client = self.create_client(Trigger, p["policy_reset"]) if p["policy_reset"] else None
 
         if p["stamps"] == "sim":
             self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(depth=1))
@@ -184,10 +196,6 @@ class SimNode(Node):
                 ahead = stamp - self.chunks.step * DT
                 if ahead > MAX_LEAD_S:
                     raise ValueError(f"stamped {ahead:.2f} s ahead of sim time (is the policy on use_sim_time?)")
-                due = round(frame_stamp / DT) + self.params["inject_delay_steps"]
-                if self.chunks.step < due:  # an injected inference delay: the chunk waits for its step
-                    self._delayed.append((due, (actions, stamp, time_step, frame_stamp)))
-                    return
                 arrival = self.chunks.add_chunk(actions, stamp, time_step, frame_stamp)
         except ValueError as err:
             self.chunks_malformed += 1
@@ -198,7 +206,8 @@ class SimNode(Node):
             self.get_logger().warning(f"dropped action chunk: {arrival.reason}", throttle_duration_sec=5.0)
 
     # -- observations out ------------------------------------------------------------------------------------
-    def _publish_observation(self, obs, step: int) -> None:
+    def _observe(self, obs, step: int) -> None:
+        """The frame taken at `step` is stamped now; /clock goes out, then every frame `inject_delay_steps` old."""
         if self.params["stamps"] == "wall":
             stamp_ns = self.get_clock().now().nanoseconds
             with self.lock:
@@ -211,6 +220,11 @@ class SimNode(Node):
             clock = Clock()
             clock.clock = ns_to_stamp(stamp_ns)
             self._clock_pub.publish(clock)
+        self._held.append((step, stamp_ns, obs))
+        while self._held and self._held[0][0] + self.params["inject_delay_steps"] <= step:
+            self._publish_observation(*self._held.popleft()[1:])
+
+    def _publish_observation(self, stamp_ns: int, obs) -> None:
         for cam, pub in self._image_pubs.items():
             pub.publish(image_msg(obs.images[cam], cam, stamp_ns))
         joints = JointState()
@@ -246,6 +260,7 @@ class SimNode(Node):
             "chunk_latency_steps": summary["latency_steps"], "switch_discontinuity": summary["switch_discontinuity"],
             "jerk_rms": summary["jerk_rms"], "jerk_max": summary["jerk_max"], "held_steps": summary["held_steps"],
             "episodes_written": list(self.written), "wall_s": time.monotonic() - self._started,
+            "policy_resets": self.policy_resets, "policy_resets_failed": self.policy_resets_failed,
         } | ({"chunk_wall_latency_ms": {"median": float(np.median(wall_latency)), "max": max(wall_latency)}
               if wall_latency else None} if self.params["stamps"] == "wall" else {})
 
@@ -268,10 +283,38 @@ class SimNode(Node):
         seed = seeds[self.episode] if seeds else self.params["seed"] + self.episode
         obs = self.env.reset(seed=seed)
         self.episode_seeds.append(seed)
+        self._held.clear()  # frames of the episode that ended are never published
         with self.lock:
             self.chunks.reset(obs.qpos)
+        self._reset_policy()
         self._publish_instruction()
         return obs
+
+    def _reset_policy(self) -> None:
+        """Tell the policy that an episode starts (`policy_reset`), and wait for its answer (the stepping thread;
+        the answer comes through the spinning one)."""
+        if self._reset_client is None:
+            return
+        timeout = self.params["policy_reset_timeout_s"]
+        why = ""
+        if not self._reset_client.wait_for_service(timeout_sec=timeout):
+            why = "the service is not available"
+        else:
+            answered = threading.Event()
+            future = self._reset_client.call_async(Trigger.Request())
+            future.add_done_callback(lambda _: answered.set())
+            if not answered.wait(timeout):
+                why = f"no answer within {timeout:g} s"
+            elif future.exception() is not None:
+                why = f"{type(future.exception()).__name__}: {future.exception()}"
+            elif not future.result().success:
+                why = f"refused: {future.result().message}"
+        if why:
+            self.policy_resets_failed += 1
+            self.get_logger().error(f"policy reset {self.params['policy_reset']} failed at episode {self.episode} "
+                                    f"({why}; {self.policy_resets_failed} failed so far)")
+        else:
+            self.policy_resets += 1
 
     def _end_episode(self, success: bool, diverged: bool = False) -> None:
         self.episode_diverged.append(diverged)
@@ -293,7 +336,7 @@ class SimNode(Node):
         obs = self._start_episode()
         next_tick = next_status = self._started = time.monotonic()
         while not stop.is_set():
-            self._publish_observation(obs, self.chunks.step)
+            self._observe(obs, self.chunks.step)
             if period:
                 next_tick += period
                 delay = next_tick - time.monotonic()
@@ -305,8 +348,6 @@ class SimNode(Node):
             now = time.monotonic()
             self._ticks.append(now)
             with self.lock:
-                while self._delayed and self._delayed[0][0] <= self.chunks.step:
-                    self.chunks.add_chunk(*self._delayed.popleft()[1])
                 command = self.chunks.next_command()
             if self.recorder is not None:
                 self.recorder.add(obs.images, obs.qpos, obs.qvel, command)

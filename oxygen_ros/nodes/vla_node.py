@@ -3,7 +3,8 @@
 `ros2 run oxygen_ros vla_node --ros-args --params-file config/aloha.yaml` (or `ros2 launch oxygen_ros
 oxygen.launch.py`). A managed (lifecycle) node: constructing it reads and checks the parameters (a bad one is one
 start-up line, exit 1); `configure` loads the model, warms it up with one frame and subscribes; `activate` starts
-the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release everything `configure` made.
+the control timer; `deactivate` stops it and holds; `cleanup` and `shutdown` release everything `configure` made;
+`~/reset` (std_srvs/Trigger) starts an episode: held, the executed plan and the inputs kept forgotten (`_on_reset`).
 With `autostart` (the default) the process walks itself to active; otherwise the standard lifecycle services
 (`<node>/change_state`, `<node>/get_state`) do. A failed `configure` leaves the node unconfigured, the reason in
 the log and on `/diagnostics`. `engine_status` and `/diagnostics` go out in every state. Threads:
@@ -63,6 +64,7 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import InvalidTopicNameException
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 from visualization_msgs.msg import MarkerArray
 
@@ -158,6 +160,8 @@ class VlaNode(ManagedNode):
         self.status_pub = self.create_publisher(EngineStatus, "engine_status", 10)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.status_timer = self.create_timer(1.0 / p.status_rate_hz, self._publish_status)
+        self.resets = 0  # episodes started by `~/reset`
+        self.reset_service = self.create_service(Trigger, "~/reset", self._on_reset)
 
     # ---- lifecycle (`managed_node`) ------------------------------------------------------------------------------
 
@@ -176,6 +180,28 @@ class VlaNode(ManagedNode):
             self.destroy_timer(self.control_timer)
             self.control_timer = None
             self._hold(reason)
+
+    def _on_reset(self, request, response):
+        """`~/reset` (std_srvs/Trigger): a new episode starts. The groups get their holds, the hand-over forgets
+        what it executed (`CommandPath.start`, `RtcGuide.stop`: the next chunk is sampled plainly and nothing of the
+        old episode is blended into it), and the inputs kept are dropped with every one stamped at or before now on
+        the node's clock (`FrameInputs.forget`), so the node acts again on the first frame taken after the call.
+        The measured delays are kept: they are the robot's link and the node's, not the episode's."""
+        if self.lifecycle not in ("inactive", "active"):
+            response.success, response.message = False, f"not configured ({self.lifecycle}): nothing to reset"
+            return response
+        since_ns = self.get_clock().now().nanoseconds
+        self._hold("reset")
+        self.path.start()
+        self.inputs.forget(since_ns)
+        self.resets += 1
+        if self.lifecycle == "active":
+            self.state, self.detail = WAITING_FOR_CAMERA, "reset: waiting for the new episode's first frame"
+        if (suffix := self._throttled("reset")) is not None:
+            self.get_logger().info(f"reset ({self.resets} so far): frames stamped up to {since_ns / 1e9:.3f} s are "
+                                   f"the previous episode's{suffix}")
+        response.success, response.message = True, f"reset at {since_ns} ns (node clock)"
+        return response
 
     def _configure(self) -> None:
         p = self.params
@@ -256,6 +282,9 @@ class VlaNode(ManagedNode):
             self.decoder.close()
             self.decoder = None
         if self.runtime is not None:
+            if self.rtc is not None:  # the run's guidance in one line (/diagnostics' counters, at the end)
+                self.get_logger().info("real-time chunking: " + ", ".join(f"{k} {v}" for k, v in
+                                                                          self.rtc.counts().items()))
             self.runtime.close()
             self.runtime = None
         self.policy = None
@@ -542,6 +571,7 @@ class VlaNode(ManagedNode):
                 "model_errors": self.model_errors,
                 "nonfinite_chunks": self.path.nonfinite_chunks + self.path.overflows,
                 "handover": self.params.handover,
+                "resets": self.resets,
                 **(self.rtc.counts() if self.rtc is not None else {}),
                 **(self.remote.counts() if self.remote is not None else {}),
                 "chunks_unused": self.path.chunks_unused,

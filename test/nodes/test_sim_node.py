@@ -20,6 +20,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from oxygen_ros.data.aloha import read_aloha
 from oxygen_ros.data.convert import main as convert_main
 from oxygen_ros.data.episode import ALOHA_JOINT_NAMES
+from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.nodes.sim_node import chunk_from_msg
 
 from ros_test_utils import rclpy, spin_until
@@ -124,16 +125,67 @@ def test_closed_loop_chunks_drive_the_sim_time_aligned_at_50hz(ros_context, ros_
     assert convert_main(["aloha", path, str(bag)]) == 0
 
 
-def test_an_injected_delay_holds_each_chunk_until_its_step(ros_context, ros_env, tmp_path):
-    """inject_delay_steps 3: a policy answering at once still has its chunks take effect 3 steps after their frame
-    at the earliest (the executor then skips their first 3 actions), as a model 3 steps slow would."""
+def test_an_injected_delay_reaches_the_policy_in_its_frames_stamps(ros_context, ros_env, tmp_path):
+    """inject_delay_steps 3: each frame goes out 3 steps after the step it was taken at (and stamped with), so a
+    policy reading its clock sees the frames 3 steps old, and one answering at once still has its chunks take
+    effect 3 steps after their frame at the earliest (the executor then skips their first 3 actions)."""
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Image
+
     responder = ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False)
+    clock, ages = [0], []  # the newest /clock received; per frame, that clock minus the frame's stamp in steps
+    responder.create_subscription(Clock, "/clock", lambda m: clock.__setitem__(0, max(clock[0], stamp_to_ns(m.clock))),
+                                  QoSProfile(depth=50))
+    responder.create_subscription(Image, "camera/top/image_raw", lambda m: ages.append(
+        (clock[0] - stamp_to_ns(m.header.stamp)) / 20_000_000), qos_profile_sensor_data)
     code, output = run_sim_against(ros_context, ros_env, sim_args(
         cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=60,
         max_episodes=1, wait_for_policy="true", inject_delay_steps=3), responder)
     assert code == 0, output
     latency = summary_of(output)["chunk_latency_steps"]
     assert latency["count"] > 20 and latency["min"] >= 3, latency
+    # /clock goes out before the step's frames; a starved listener may take one later than the other
+    assert len(ages) > 20 and np.median(ages) >= 3, ages
+
+
+def test_the_sim_tells_the_policy_of_each_episode_before_its_first_frame(ros_context, ros_env, tmp_path):
+    """policy_reset: the sim calls the policy's reset service (std_srvs/Trigger) at each episode's start and waits
+    for the answer before that episode's first frame goes out; a service that is not there is an error line and a
+    count, and the episodes go on."""
+    from sensor_msgs.msg import Image
+    from std_srvs.srv import Trigger
+
+    responder = ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False)
+    seen: list[int] = []  # image stamps in arrival order
+    calls: list[int] = []  # at each reset call: how many images had arrived
+    responder.create_subscription(Image, "camera/top/image_raw", lambda m: seen.append(stamp_to_ns(m.header.stamp)),
+                                  qos_profile_sensor_data)
+
+    def reset(request, response):
+        calls.append(len(seen))
+        response.success = True
+        return response
+
+    responder.create_service(Trigger, "test_policy/reset", reset)
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=12, max_episodes=3,
+        wait_for_policy="true", inject_delay_steps=2, policy_reset="/test_policy/reset"), responder)
+    assert code == 0, output
+    summary = summary_of(output)
+    assert summary["policy_resets"] == 3 and summary["policy_resets_failed"] == 0, summary
+    assert len(calls) == 3 and calls[0] == 0, calls
+    for before, after in zip(calls[1:], calls[2:] + [len(seen)], strict=True):
+        # every frame the sim sent after a call is newer than every frame it sent before it
+        assert seen[before:after] and min(seen[before:after]) > max(seen[:before]), (before, seen)
+
+    code, output = run_sim_against(ros_context, ros_env, sim_args(
+        cameras="[top]", image_height=48, image_width=64, blending="newest_wins", episode_steps=12, max_episodes=2,
+        wait_for_policy="true", policy_reset="/nobody/reset", policy_reset_timeout_s=0.5),
+        ChunkResponder(context=ros_context, delay_steps=0, send_malformed_first=False))
+    assert code == 0, output
+    summary = summary_of(output)
+    assert summary["policy_resets_failed"] == 2 and len(summary["episode_lengths"]) == 2, summary
+    assert "policy reset /nobody/reset failed at episode 1 (the service is not available; 2 failed so far)" in output
 
 
 def test_diverging_physics_ends_the_episode_and_the_sim_goes_on(ros_context, ros_env, tmp_path):

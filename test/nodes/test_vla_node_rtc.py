@@ -5,12 +5,16 @@ logged, and the node keeps acting.
 
 Three nodes of the tiny preset side by side, a point every 0.2 s (a chunk of 8 points spans 1.6 s and the tiny
 model's delay is a step or two): `/guided` and `/plain` (newest_wins) on the same frames, `/late` fed frames stamped
-0.5 s in the past with an execution horizon of 2 steps.
+0.5 s in the past with an execution horizon of 2 steps. Then the node on sim_node's robot with a delay injected
+there: the delay it guides with is the one the robot sees.
 """
 
+import re
 import time
 
 import numpy as np
+from test_replay_node import Child
+from test_sim_node import sim_args
 from test_vla_node_ros import STARTUP_TIMEOUT_S, Robot, Spinner, start_node, wait_until
 
 from oxygen_ros.data.stamps import stamp_to_ns
@@ -89,3 +93,55 @@ def test_guided_chunks_continue_the_executed_one_and_a_late_delay_falls_back_to_
     assert int(late_values["rtc_plain_delay"]) >= 3 and int(late_values["rtc_guided"]) == 0
     assert robots["/late"].last_status().actions_published >= 5
     assert "frame sampled without guidance (delay)" in results["/late"][1]
+    # the run's counters in one line when the node ends
+    final = re.search(r"real-time chunking: rtc_guided (\d+), rtc_plain_no_chunk (\d+)", results["/guided"][1])
+    assert final and int(final[1]) >= int(guided_values["rtc_guided"]), results["/guided"][1][-2000:]
+
+
+def test_a_delay_injected_in_the_sim_is_the_delay_the_node_measures_and_guides_with(ros_context, ros_env,
+                                                                                    model_cache):
+    """sim_node with `inject_delay_steps` 3 (on sim time, paced at 10 Hz so the tiny model's own latency is about
+    a step) and the VLA node guiding with the `zeros` schedule (only the actions within the delay are pinned): the
+    node's delay estimate is at least 3 steps, and each guided chunk's first 3 points follow the chunk before it
+    (what the robot executes until the new one takes effect) far closer than its points past the estimate do."""
+    delay = 3
+    ros_env["MUJOCO_GL"] = ros_env.get("MUJOCO_GL", "egl")
+    robot = Robot(ros_context)
+    spinner = Spinner(ros_context, [robot.node])
+    sim = Child(sim_args(cameras="[top,left_wrist]", image_height=48, image_width=64, blending="newest_wins",
+                         rate_hz=10.0, episode_steps=300, wait_for_policy="true", inject_delay_steps=delay), ros_env)
+    node = start_node(ros_env, model_cache, "-p", "use_sim_time:=true",
+                      "-p", "cameras.topics:=[camera/top/image_raw,camera/left_wrist/image_raw]",
+                      "-p", "control.time_step:=0.02", "-p", "control.rate_hz:=25.0", "-p", "control.horizon:=8",
+                      "-p", "language.policy:=off", "-p", "output.handover:=rtc_guided",
+                      "-p", "output.rtc_schedule:=zeros")
+    try:
+        # (under load the test's subscription may match after the node's first chunks: those are not counted)
+        assert wait_until(lambda: robot.counter("rtc_guided") >= 12 and len(robot.chunks) >= 15, STARTUP_TIMEOUT_S,
+                          node), \
+            (robot.last_values(), node.stop()[1][-3000:], sim.stop()[1][-3000:])
+        values = robot.last_values()
+        results = {"node": node.stop(), "sim": sim.stop()}
+    finally:
+        node.stop()
+        sim.stop()
+        spinner.close([robot.node])
+    for rc, output in results.values():
+        assert rc == 0, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+    estimate = int(values["rtc_delay_steps"])
+    assert estimate >= delay, values
+    with robot.lock:
+        chunks = [msg for _, msg in robot.chunks]
+    step_ns = 20_000_000
+    within, beyond = [], []  # per guided chunk: its largest gap to the chunk before it, within / past the delay
+    plain = int(values["rtc_plain_no_chunk"]) + int(values["rtc_plain_no_estimate"])  # the first chunks at most
+    for before, after in zip(chunks[plain - 1:], chunks[plain:], strict=False):
+        offset = round((stamp_to_ns(after.header.stamp) - stamp_to_ns(before.header.stamp)) / step_ns)
+        gaps = [float(np.abs(np.subtract(after.points[i].positions, before.points[offset + i].positions)).max())
+                for i in range(len(before.points) - offset)] if offset > 0 else []
+        if len(gaps) > estimate:
+            within.append(max(gaps[:delay]))
+            beyond.append(max(gaps[estimate:]))
+    assert len(within) >= 5, (len(chunks), values)
+    assert np.median(within) < 0.25 * np.median(beyond), (within, beyond, values)

@@ -363,6 +363,54 @@ def test_messages_older_than_the_newest_kept_and_joints_named_twice_are_dropped(
     assert inputs.state.tolist() == [3.0, 4.0]
 
 
+def test_forget_starts_an_episode_with_no_input_and_drops_the_previous_episodes_messages(monkeypatch):
+    """`forget(since)` (the node's ~/reset): nothing kept, so the tick waits; a message stamped at or before `since`
+    is dropped as `before_reset`, also one that was being decoded across the call; an unstamped one cannot be dated
+    and passes; newer ones are acted on."""
+    second = 1_000_000_000
+    inputs = frame_inputs()
+
+    def sensors(stamp_ns: int, value: float) -> None:
+        inputs.on_image(0, image("rgb8", RGB, stamp_ns=stamp_ns), NOW)
+        jpeg = CompressedImage(format="jpeg", data=encode_jpeg(RGB, 95))
+        jpeg.header.stamp = ns_to_stamp(stamp_ns)
+        inputs.on_image(1, jpeg, NOW)
+        state = joint_state(value, value)
+        state.header.stamp = ns_to_stamp(stamp_ns)
+        inputs.on_joint_state(state, NOW)
+
+    sensors(10 * second, 1)
+    assert frame_of(inputs, 10 * second).state == "running"
+    sensors(11 * second, 2)  # kept, not decoded yet when the episode ends
+    inputs.forget(11 * second)
+    decision = frame_of(inputs, 11 * second)
+    assert decision.state == "waiting_for_camera" and decision.frame is None
+    assert inputs.state is None and inputs.drop_counts() == {}
+    for stamp in (11 * second, 11 * second - 1):  # the previous episode's, late
+        with pytest.raises(ConversionError, match="before the last reset") as err:
+            sensors(stamp, 3)
+        assert err.value.reason == "before_reset"
+    unstamped = joint_state(4, 4)
+    inputs.on_joint_state(unstamped, NOW)
+    assert inputs.state.tolist() == [4.0, 4.0]
+    sensors(11 * second + 1, 5)
+    decision = frame_of(inputs, 11 * second + 1)
+    assert decision.state == "running" and decision.frame.stamp_ns == 11 * second + 1
+    assert decision.frame.state.tolist() == [5.0, 5.0]
+    assert inputs.drop_counts() == {"before_reset": 2}
+    # an image being decoded (the decoder's thread) when the reset came is not kept
+    decode = frame_inputs_module.image_to_rgb
+
+    def reset_meanwhile(msg, limits):
+        inputs.forget(12 * second)
+        return decode(msg, limits)
+
+    monkeypatch.setattr(frame_inputs_module, "image_to_rgb", reset_meanwhile)
+    inputs.on_image(0, image("rgb8", RGB, stamp_ns=12 * second), NOW)
+    inputs.decode_pending()
+    assert inputs.cameras[0].image is None and inputs.drop_counts() == {"before_reset": 3}
+
+
 def test_the_tick_never_decodes_it_uses_the_newest_image_decoded_while_a_costly_one_decodes(monkeypatch):
     """A costly image (a JPEG claiming the whole pixel budget) is decoded on the decoder's thread: while that decode
     is held inside the decoder, the tick's call (`next_frame`) and the subscription's (`on_image`) return, the tick
