@@ -18,6 +18,9 @@ The folder appears only when complete; the state saved every `--save-every` step
 folder that already holds the same training is reused. Each save also leaves the weights so far as a loadable
 checkpoint folder beside that state (`snapshot_folder`: the same layout, its training.json marked `"partial": true`
 with the step), so a long run can be evaluated before it ends; only the newest is kept.
+`--init CKPT` starts from another checkpoint's weights and tokenizer instead of random ones (a warm start: same
+model shapes and embodiment, anything else refused in one line); the norm stats are still this data's, and the
+starting weights' hash is part of what makes a run the same (training.json's `init_sha256`, `init_checkpoint`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from ..data.atomic import atomic_output
 from ..data.captions import frame_captions
 from ..data.episode import DataError, Episode
 from ..data.lerobot import lerobot_episodes, read_lerobot
-from ..model.checkpoint import save_checkpoint
+from ..model.checkpoint import CheckpointError, checkpoint_config, load_checkpoint, save_checkpoint
 from ..model.config import Pi05Config, get_preset
 from ..model.generate import greedy_decode
 from ..model.inputs import ModelInputs
@@ -335,7 +338,8 @@ def snapshot_folder(out: Path, step: int) -> Path:
 
 
 def train(episodes: Episode | Sequence[Episode], out: str | Path, config: TrainConfig = TrainConfig(),
-          tokenizer_path: str | None = None, log=print, threads: int = 1, about: dict | None = None) -> dict:
+          tokenizer_path: str | None = None, log=print, threads: int = 1, about: dict | None = None,
+          init: str | Path | None = None) -> dict:
     """Train on `episodes` and write the checkpoint folder `out`; returns training.json's data.
 
     When `out` already holds a run on the same data (content hash) with the same settings, that run's data is
@@ -343,19 +347,43 @@ def train(episodes: Episode | Sequence[Episode], out: str | Path, config: TrainC
     its last saved state (every `config.save_every` steps) when started again with the same data and settings.
     One thread by default: the tiny model's matrices are too small for a second thread to pay for its
     synchronisation, and on a busy machine it costs several times over. `about` (what the data is, e.g. the seeds
-    a simulated dataset used) goes into training.json as it is.
+    a simulated dataset used) goes into training.json as it is. `init`: a checkpoint folder to start from
+    (`initial_weights`; its tokenizer too, so `tokenizer_path` is then not used).
     """
     episodes = [episodes] if isinstance(episodes, Episode) else list(episodes)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(episodes, Path(out), config, tokenizer_path, log, about or {})
+        return _train(episodes, Path(out), config, tokenizer_path, log, about or {}, init)
     finally:
         torch.set_num_threads(previous)
 
 
-def _run_key(episodes: Sequence[Episode], config: TrainConfig) -> dict:
-    return {"train_config": dataclasses.asdict(config), "episode_sha256": dataset_content_hash(episodes)}
+def _run_key(episodes: Sequence[Episode], config: TrainConfig, init: dict | None = None) -> dict:
+    key = {"train_config": dataclasses.asdict(config), "episode_sha256": dataset_content_hash(episodes)}
+    return key if init is None else {**key, "init_sha256": init["sha256"]}
+
+
+def initial_weights(path: str | Path, preset: str, embodiment: str) -> dict:
+    """A warm start's weights from the checkpoint folder `path`: {"weights": state dict, "sha256": of those
+    weights, "checkpoint": the path}; DataError, one line, when its model shapes are not the `preset`'s or it was
+    trained in another embodiment than `embodiment`."""
+    try:
+        if checkpoint_config(path) != get_preset(preset):
+            raise DataError(f"--init {path}: its model shapes are not the {preset} preset's (a warm start needs "
+                            f"the same ones)")
+        loaded = load_checkpoint(path)
+    except (CheckpointError, OSError) as err:
+        raise DataError(f"--init {path}: {err}") from None
+    if loaded.trained_on.embodiment not in (None, embodiment):
+        raise DataError(f"--init {path}: trained in embodiment {loaded.trained_on.embodiment}, this run trains in "
+                        f"{embodiment}")
+    weights = loaded.model.state_dict()
+    digest = hashlib.sha256()
+    for name, tensor in weights.items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return {"weights": weights, "sha256": digest.hexdigest(), "checkpoint": str(path)}
 
 
 def _cached(out: Path, key: dict) -> dict | None:
@@ -379,9 +407,15 @@ def _load_resume(folder: Path, key: dict, log) -> tuple[Progress, dict] | None:
 
 
 def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_path: str | None, log,
-           about: dict) -> dict:
+           about: dict, init: str | Path | None) -> dict:
     check_episodes(episodes)
-    key = _run_key(episodes, config)
+    embodiment = episode_embodiment(episodes[0], config.embodiment)
+    start = None if init is None else initial_weights(init, config.preset, embodiment.name)
+    if start is not None:
+        tokenizer_path = str(Path(init) / TOKENIZER_FILE)
+        if not Path(tokenizer_path).is_file():
+            raise DataError(f"--init {init}: no {TOKENIZER_FILE} (the tokenizer its weights were trained with)")
+    key = _run_key(episodes, config, start)
     cached = _cached(out, key)
     if cached is not None:
         log(f"{out} already holds this training (data {key['episode_sha256'][:12]}, same settings): reused")
@@ -402,10 +436,12 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
         if tokenizer.vocab_size > model_config.vocab_size:
             raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model only "
                             f"{model_config.vocab_size}")
-        embodiment = episode_embodiment(episodes[0], config.embodiment)
         stats = norm_stats_from_episodes(episodes, embodiment, model_config.action_horizon)
         data = training_set(episodes, model_config, tokenizer, stats, embodiment)
         model = build_model(model_config, seed=config.seed)
+        if start is not None:
+            model.load_state_dict(start["weights"])
+            log(f"starting from {init}'s weights (sha256 {start['sha256'][:12]}), this data's norm stats")
         total = data.actions.shape[0]
         frames = list(range(0, total, config.eval_every))
         frames = [frames[i] for i in np.linspace(0, len(frames) - 1, min(len(frames), EVAL_FRAMES)).astype(int)]
@@ -442,7 +478,8 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
         save_checkpoint(model, folder, stats, embodiment=embodiment.name)
         info = {**key, **shapes, "train_seconds": seconds, "resumed_from_step": resumed_from,
                 "joint_names": list(episodes[0].joint_names), "evaluation_frames": frames, "before": before,
-                "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history], **about}
+                "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history], **about,
+                **({} if init is None else {"init_checkpoint": str(init)})}
         (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
         plot_loss(history, folder / LOSS_PLOT)
     shutil.rmtree(resume, ignore_errors=True)
@@ -499,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--episodes", type=int, help="train on the dataset's first N episodes only")
     parser.add_argument("--task", default="", help="the instruction the episodes show (default: their own)")
     parser.add_argument("--tokenizer", help="SentencePiece file (default: the stand-in tokenizer, trained here)")
+    parser.add_argument("--init", metavar="CKPT",
+                        help="start from this checkpoint's weights and tokenizer (same preset and embodiment; the "
+                             "norm stats are this data's)")
     defaults = TrainConfig()
     parser.add_argument("--preset", default=defaults.preset, choices=("tiny", "sim", "small"), help="model shapes")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
@@ -528,9 +568,12 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                          learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
                          save_every=args.save_every, rtc_max_delay=args.rtc_max_delay)
+    if args.init and args.tokenizer:
+        raise UsageError("--init brings its checkpoint's tokenizer; --tokenizer cannot go with it")
     try:
         episodes = read_episodes(args.src, args.task, args.episodes)
-        info = train(episodes, args.out, config, args.tokenizer, threads=args.threads, about=sim_seeds(args.src))
+        info = train(episodes, args.out, config, args.tokenizer, threads=args.threads, about=sim_seeds(args.src),
+                     init=args.init)
     except (DataError, OSError, ValueError) as err:
         print(f"train-tiny failed: {err}", file=sys.stderr)
         return 1

@@ -3,7 +3,10 @@
 1. The plan is written in the end effectors' space: timed waypoints (grasp point position, orientation as a
    quaternion, normalized gripper command) for each arm, interpolated linearly at the sim's 50 Hz (orientations
    normalized after blending). The right gripper goes above the cube, down, closes, carries the cube to a meeting
-   point in the air and opens once the left gripper, turned to face it, has closed on the cube; then both back away.
+   point in the air and holds it still; the left gripper, turned to face it, waits short of it, moves in to where
+   the cube is then held, closes, and only then the right one opens; the left arm carries the cube back and holds
+   it to the episode's end (ACT's scripted transfer meets the grippers the same way: a fixed meeting point, the
+   left closes there, then the right opens).
 2. It is rolled out in gym-aloha's end-effector task (`TransferCubeEndEffectorTask`: mocap bodies pull each
    gripper to the commanded pose), and each step's joint positions are recorded as joint targets, the gripper
    columns replaced by the gripper command (the fingers lag their command; a replay must command, not follow).
@@ -26,12 +29,16 @@ from oxygen_ros.sim.recording import EpisodeRecorder
 from oxygen_ros.sim.scripted import CLOSED, GRASP_POINT, OPEN
 
 END_EFFECTOR_XML = "bimanual_viperx_end_effector_transfer_cube.xml"
-EPISODE_STEPS = MAX_EPISODE_STEPS  # the plan ends well inside gym-aloha's time limit
+EPISODE_STEPS = MAX_EPISODE_STEPS  # gym-aloha's time limit; the left arm holds the cube up to its last step
 MEET = np.array([0.0, 0.5, 0.25])  # where the cube changes hands, in the world frame (m)
 ARMS = ("left", "right")  # the order of gym-aloha's action halves
-REPLAN_STEP = 200  # the right arm holds the cube still at the meeting point: the left arm looks where it is
-LEFT_GRASP_STEP = 230  # until then the left arm follows where the cube is
-LEFT_REACH = 0.05  # the left grasp point this far past the held cube's centre (m): the arm lags its target
+REPLAN_STEP = 200  # the right arm holds the cube still at the meeting point: the left arm's grasp is aimed there
+LEFT_GRASP_STEP = 230  # the left grasp point reaches the held cube; its gripper closes until LEFT_CLOSED_STEP
+LEFT_CLOSED_STEP = 255
+RIGHT_OPEN_STEPS = (258, 270)  # the right gripper opens once the left one has closed
+LEFT_AWAY_STEP = 275  # then the left arm carries the cube back to its waiting distance
+LEFT_WAIT = 0.15  # the left grasp point waits this far short of the cube (m), its open jaw clear of it
+LEFT_REACH = np.array([0.015, 0.0, 0.01])  # where the left grasp point closes, from the held cube's centre (m)
 GRASP_BELOW = np.array([0.0, 0.0, -0.02])  # aim under the cube's centre: the weld lets the gripper ride high
 PITCH_DEGREES = 50.0  # the right gripper's tilt below the horizontal when it picks
 
@@ -64,22 +71,25 @@ def transfer_plan(cube: np.ndarray, start: dict[str, tuple[np.ndarray, np.ndarra
                   held: np.ndarray | None = None) -> dict[str, list[Waypoint]]:
     """The two arms' waypoints for a cube centred at `cube`, from each gripper's start (grasp point, rotation).
 
-    The left gripper takes the cube where it is held (`held`, its centre once the right arm has brought it to the
-    meeting point; until then the meeting point itself): the grasp in the right gripper is never quite centred.
+    The left gripper waits short of the meeting point, then closes where the cube is held (`held`, its centre
+    once the right arm has brought it there; until then the meeting point itself): the grasp in the right gripper
+    is never quite centred. Only the left grasp depends on `held`, so a new `held` moves no waypoint already passed.
     """
     held = MEET if held is None else held
-    left_wait = held + np.array([-0.10, 0.0, 0.0])
-    left_grasp = held + np.array([LEFT_REACH, 0.0, 0.0])
+    grasp = held + LEFT_REACH
+    away = held + np.array([-LEFT_WAIT, 0.0, LEFT_REACH[2]])
     right_point, right_rotation = start["right"]
     left_point, left_rotation = start["left"]
+    last = EPISODE_STEPS - 1
     return {
         "left": [
             Waypoint(0, left_point, left_rotation, CLOSED),
-            Waypoint(80, left_wait, FACE, OPEN),
-            Waypoint(REPLAN_STEP, left_wait, FACE, OPEN),
-            Waypoint(LEFT_GRASP_STEP, left_grasp, FACE, OPEN),
-            Waypoint(245, left_grasp, FACE, CLOSED),
-            Waypoint(285, left_wait, FACE, CLOSED),
+            Waypoint(80, MEET - np.array([LEFT_WAIT, 0.0, 0.0]), FACE, OPEN),
+            Waypoint(REPLAN_STEP, MEET - np.array([LEFT_WAIT, 0.0, 0.0]), FACE, OPEN),
+            Waypoint(LEFT_GRASP_STEP, grasp, FACE, OPEN),
+            Waypoint(LEFT_CLOSED_STEP, grasp, FACE, CLOSED),
+            Waypoint(LEFT_AWAY_STEP, grasp, FACE, CLOSED),
+            Waypoint(last, away, FACE, CLOSED),
         ],
         "right": [
             Waypoint(0, right_point, right_rotation, CLOSED),
@@ -88,9 +98,9 @@ def transfer_plan(cube: np.ndarray, start: dict[str, tuple[np.ndarray, np.ndarra
             Waypoint(125, cube + GRASP_BELOW, PICK, CLOSED),
             Waypoint(150, MEET + np.array([0.05, 0.0, 0.0]), PICK, CLOSED),
             Waypoint(165, MEET, PICK, CLOSED),
-            Waypoint(250, MEET, PICK, CLOSED),
-            Waypoint(262, MEET, PICK, OPEN),
-            Waypoint(285, MEET + np.array([0.1, 0.0, 0.0]), PICK, OPEN),
+            Waypoint(RIGHT_OPEN_STEPS[0], MEET, PICK, CLOSED),
+            Waypoint(RIGHT_OPEN_STEPS[1], MEET, PICK, OPEN),
+            Waypoint(last, MEET + np.array([0.1, 0.0, 0.0]), PICK, OPEN),
         ],
     }
 
@@ -169,7 +179,7 @@ def end_effector_rollout(seed: int, steps: int = EPISODE_STEPS) -> np.ndarray:
         targets = np.empty((steps, 14))
         box = physics.model.jnt_qposadr[physics.model.name2id("red_box_joint", "joint")]
         for t in range(steps):
-            if REPLAN_STEP <= t <= LEFT_GRASP_STEP:
+            if t == REPLAN_STEP:  # once: a grasp that followed the cube chased what its own jaw pushed
                 plan = transfer_plan(sample_box_pose(seed)[:3], start, physics.data.qpos[box: box + 3].copy())
             action = []
             for side in ARMS:

@@ -230,3 +230,35 @@ def test_train_tiny_names_episodes_that_do_not_fit_together(tmp_path, dataset):
     with pytest.raises(Exception, match="episode 1 has cameras"):
         train([episodes[0], odd], tmp_path / "ckpt", TrainConfig(steps=1), log=lambda line: None)
     assert not Path(tmp_path / "ckpt").exists()
+
+
+def test_a_warm_start_begins_from_the_other_checkpoints_weights_with_this_datas_stats(tmp_path, dataset, capsys):
+    """`--init CKPT`: the weights (and tokenizer) of another run of the same preset, the new data's norm stats; the
+    starting weights are part of the run's identity; another preset's checkpoint is refused in one line."""
+    root, episodes = dataset
+    first, warm = tmp_path / "first", tmp_path / "warm"
+    assert train_main([str(root), str(first), "--steps", "3", "--batch-size", "4", "--episodes", "2"]) == 0
+    capsys.readouterr()
+    assert train_main([str(root), str(warm), "--steps", "2", "--batch-size", "4", "--init", str(first)]) == 0
+    assert f"starting from {first}'s weights" in capsys.readouterr().out
+    written = json.loads((warm / "training.json").read_text())
+    assert written["init_checkpoint"] == str(first) and len(written["init_sha256"]) == 64
+    assert (warm / TOKENIZER_FILE).read_bytes() == (first / TOKENIZER_FILE).read_bytes()
+    stats = norm_stats_from_episodes(read_episodes(str(root)), ALOHA, TINY.action_horizon)
+    np.testing.assert_allclose(load_checkpoint(warm).norm_stats[ACTION_KEY]["q99"], stats[ACTION_KEY]["q99"],
+                               rtol=1e-6)
+    # the run began from the first one's weights: its first loss is what those weights give, not random ones'
+    config = TrainConfig(steps=1, batch_size=4, warmup_steps=30)
+    fresh = train(episodes, tmp_path / "fresh", config, log=lambda line: None)
+    again = train(episodes, tmp_path / "again", config, log=lambda line: None, init=first)
+    same_init = train(episodes, tmp_path / "same", config, log=lambda line: None, init=first)
+    assert again["loss"] == same_init["loss"] and again["loss"] != fresh["loss"]
+    assert again["before"]["action_error"] != fresh["before"]["action_error"]
+    first_model = load_checkpoint(first).model.state_dict()
+    moved = max(float((load_checkpoint(tmp_path / "again").model.state_dict()[name] - w).abs().max())
+                for name, w in first_model.items())
+    assert 0 < moved < 0.01
+    # a checkpoint of other shapes is refused in one line, nothing written
+    assert train_main([str(root), str(tmp_path / "sim"), "--preset", "sim", "--steps", "1", "--init", str(first)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not the sim preset's" in err and not (tmp_path / "sim").exists()
