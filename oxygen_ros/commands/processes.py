@@ -50,12 +50,31 @@ def _fastdds_port_free(domain: int) -> bool:
     return True
 
 
+# ROS 2's domain_coordinator (how launch_testing and colcon's tests keep their runs apart) reserves domain d by
+# holding TCP port COORDINATOR_PORT_BASE + d bound; a test may hold it before its first participant exists.
+COORDINATOR_PORT_BASE = 32768
+_reservations: list[socket.socket] = []  # the domains this process took, held until it exits
+
+
+def _reserve(domain: int) -> bool:
+    """Take `domain` the way domain_coordinator does, for the rest of this process; False when another holds it."""
+    reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        reservation.bind(("", COORDINATOR_PORT_BASE + domain))
+    except OSError:
+        reservation.close()
+        return False
+    _reservations.append(reservation)
+    return True
+
+
 def free_domain_id(avoid: int | None = None) -> int:
-    """A ROS_DOMAIN_ID in 1..101 (the range safe on Linux) that no DDS participant on this machine uses."""
-    for domain in random.sample(range(1, 102), 101):
-        if domain != avoid and _fastdds_port_free(domain):
+    """A ROS_DOMAIN_ID in 1..100 (the range safe on Linux) that no DDS participant on this machine uses and no test
+    run has reserved (domain_coordinator's convention), reserved so in turn until this process exits."""
+    for domain in random.sample(range(1, 101), 100):
+        if domain != avoid and _fastdds_port_free(domain) and _reserve(domain):
             return domain
-    raise RuntimeError("no free ROS_DOMAIN_ID in 1..101 on this machine")
+    raise RuntimeError("no free ROS_DOMAIN_ID in 1..100 on this machine")
 
 
 def isolate_ros(env: dict) -> tuple[dict, int]:

@@ -45,9 +45,13 @@ def test_reset_starts_an_episode_plain_and_drops_the_previous_episodes_frames(ro
         at_reset = robot.last_values()
 
         # the previous episode's frame arrives late: dropped, never acted on
-        late = robot.sensors.publish_frame(called_ns - 1_000_000)
+        late = set()
+        for k in range(1, 4):  # best-effort camera topics: some may be lost on a loaded machine, one is enough
+            late.add(robot.sensors.publish_frame(called_ns - k * 1_000_000))
+            time.sleep(0.1)
         guided_before = int(at_reset["rtc_guided"])
         assert wait_until(guided_at_least(guided_before + 4), 120, node), robot.last_values()
+        assert wait_until(lambda: robot.counter("dropped_before_reset") >= 1, 10, node), robot.last_values()
         after = robot.last_values()
         with robot.lock:
             new_chunks = [msg for _, msg in robot.chunks[chunks_before:]]
@@ -64,7 +68,7 @@ def test_reset_starts_an_episode_plain_and_drops_the_previous_episodes_frames(ro
     assert int(after["dropped_before_reset"]) >= 1, after
     assert new_chunks and all(stamp_to_ns(m.header.stamp) > called_ns for m in new_chunks), \
         [stamp_to_ns(m.header.stamp) - called_ns for m in new_chunks]
-    assert late not in {stamp_to_ns(m.header.stamp) for m in new_chunks}
+    assert not late & {stamp_to_ns(m.header.stamp) for m in new_chunks}
     assert "reset (1 so far)" in output, output[-3000:]
 
 

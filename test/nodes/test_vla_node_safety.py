@@ -470,8 +470,9 @@ def test_refused_plans_hold_and_hostile_inputs_of_a_re_run(ros_context, ros_env,
         result = future.result().results[0]
         assert not result.successful and "use_sim_time is read at start-up" in result.reason
         statuses, plans = len(robot.statuses), len(heard.get("action_chunk"))
-        robot.recovers(30, child)
-        assert len(robot.statuses) > statuses and len(heard.get("action_chunk")) > plans
+        robot.recovers(30, child)  # (a chunk may come sooner than the next status: statuses are periodic)
+        assert wait_until(lambda: len(robot.statuses) > statuses, 10, child), robot.last_values()
+        assert len(heard.get("action_chunk")) > plans
 
         # Instructions changing at 20 Hz: every one is taken, the log line is throttled.
         for i in range(40):
