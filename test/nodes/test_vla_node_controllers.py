@@ -168,7 +168,9 @@ def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_cont
         def replayed() -> bool:  # a bag recorded three hours ago, played without --clock
             robot.sensors.publish_frame(robot.node.get_clock().now().nanoseconds - hours)
             time.sleep(1 / 30)
-            return robot.last_status().state == "clock_mismatch"
+            # the status and /diagnostics are two publications: wait until both say so
+            return (robot.last_status().state == "clock_mismatch"
+                    and "behind the node clock" in robot.diagnostics[-1].message)
 
         assert wait_until(replayed, 20, child), robot.last_values()
         diagnostics = robot.diagnostics[-1]
