@@ -20,7 +20,7 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 
-from ros_test_utils import rclpy, stop_process
+from ros_test_utils import close_sides, rclpy
 
 
 def test_a_robots_reset_starts_its_episode_plain_and_leaves_the_other_robot_alone(ros_env, ros_context):
@@ -82,25 +82,24 @@ def test_a_robots_reset_starts_its_episode_plain_and_leaves_the_other_robot_alon
         b_before = seen("b")
         with lock:
             a_before = len(chunks["a"])
-        late = sensors["a"].publish_frame(called_ns - 1_000_000)  # the previous episode's frame, late
+        late = set()  # the previous episode's frames, late (best-effort cameras: one of the three is enough)
+        for k in range(1, 4):
+            late.add(sensors["a"].publish_frame(called_ns - k * 1_000_000))
+            time.sleep(0.1)
         guided = int(seen("a")["rtc_guided"])
-        assert drive_until(lambda: int(seen("a").get("rtc_guided", "0")) >= guided + 4, 120), seen("a")
+        assert drive_until(lambda: int(seen("a").get("rtc_guided", "0")) >= guided + 4
+                           and int(seen("a").get("dropped_frames", "0")) >= 1, 120), seen("a")
         after, b_after = seen("a"), seen("b")
         with lock:
             new = chunks["a"][a_before:]
     finally:
-        executor.shutdown()
-        spinner.join()
-        for node in nodes.values():
-            node.destroy_node()
-        rc = stop_process(server)
-        output = server.stdout.read()
+        rc, output = close_sides(executor, spinner, nodes.values(), server)
     assert rc == 0, output
     assert "Traceback" not in output, output
     # robot a: the first chunk after the reset plain, then guided with the estimate it had; nothing of before
     assert int(after["rtc_plain_no_chunk"]) >= int(before["rtc_plain_no_chunk"]) + 1, (before, after)
     assert after["rtc_plain_no_estimate"] == before["rtc_plain_no_estimate"], (before, after)
-    assert new and min(new) > called_ns and late not in new, [s - called_ns for s in new]
+    assert new and min(new) > called_ns and not late & set(new), [s - called_ns for s in new]
     assert int(after["dropped_frames"]) >= 1, after
     assert "/a: reset (1 so far)" in output
     # robot b: not reset, still guided

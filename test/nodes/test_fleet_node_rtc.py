@@ -22,7 +22,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 
-from ros_test_utils import rclpy, stop_process
+from ros_test_utils import close_sides, rclpy
 
 CAMERAS = ["camera/base_0_rgb/image_raw", "camera/left_wrist_0_rgb/image_raw"]
 JOINTS = [f"j{i}" for i in range(14)]
@@ -77,12 +77,7 @@ def test_fleet_robots_are_guided_with_their_own_delays_and_a_late_one_falls_back
         with lock:
             seen = {r: dict(values.get(r, {})) for r in robots}
     finally:
-        executor.shutdown()
-        spinner.join()
-        for node in nodes.values():
-            node.destroy_node()
-        rc = stop_process(server)
-        output = server.stdout.read()
+        rc, output = close_sides(executor, spinner, nodes.values(), server)
     assert rc == 0, output
     assert "Traceback" not in output, output
     assert int(seen["fresh"]["rtc_guided"]) >= 8 and int(seen["behind"]["rtc_guided"]) >= 8, seen
