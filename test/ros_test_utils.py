@@ -70,15 +70,4 @@ def listen_while_running(context, command: list[str], env: dict, topics: dict, t
         return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read()), heard
 
 
-def close_sides(executor, spinner, nodes, process) -> tuple[int, str]:
-    """Tear down a test's robot side (its executor, the thread spinning it, its nodes) and stop the node process
-    under test: (its exit status, its output)."""
-    executor.shutdown()
-    spinner.join()
-    for node in nodes:
-        node.destroy_node()
-    rc = stop_process(process)
-    return rc, process.stdout.read()
-
-
-__all__ = ["close_sides", "listen_while_running", "rclpy", "spin_until", "start_python", "stop_process"]
+__all__ = ["listen_while_running", "rclpy", "spin_until", "start_python", "stop_process"]

@@ -12,15 +12,15 @@ import threading
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import SingleThreadedExecutor
 from std_srvs.srv import Trigger
 from test_fleet_node_rtc import CAMERAS, JOINTS
+from test_vla_node_ros import Spinner
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 
-from ros_test_utils import close_sides, rclpy
+from ros_test_utils import rclpy, stop_process
 
 
 def test_a_robots_reset_starts_its_episode_plain_and_leaves_the_other_robot_alone(ros_env, ros_context):
@@ -47,11 +47,7 @@ def test_a_robots_reset_starts_its_episode_plain_and_leaves_the_other_robot_alon
         nodes[r].create_subscription(JointTrajectory, "action_chunk",
                                      lambda msg, r=r: chunks[r].append(stamp_to_ns(msg.header.stamp)), 100)
     nodes["a"].create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 50)
-    executor = SingleThreadedExecutor(context=ros_context)
-    for node in nodes.values():
-        executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    spinner = Spinner(ros_context, nodes.values())
 
     def seen(robot) -> dict:
         with lock:
@@ -93,7 +89,9 @@ def test_a_robots_reset_starts_its_episode_plain_and_leaves_the_other_robot_alon
         with lock:
             new = chunks["a"][a_before:]
     finally:
-        rc, output = close_sides(executor, spinner, nodes.values(), server)
+        spinner.close(nodes.values())
+        rc = stop_process(server)
+        output = server.stdout.read()
     assert rc == 0, output
     assert "Traceback" not in output, output
     # robot a: the first chunk after the reset plain, then guided with the estimate it had; nothing of before

@@ -16,13 +16,13 @@ import time
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import SingleThreadedExecutor
+from test_vla_node_ros import Spinner
 from test_vla_node_rtc import first_point_gaps
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.nodes.latency_probe import SensorPublisher
 
-from ros_test_utils import close_sides, rclpy
+from ros_test_utils import rclpy, stop_process
 
 CAMERAS = ["camera/base_0_rgb/image_raw", "camera/left_wrist_0_rgb/image_raw"]
 JOINTS = [f"j{i}" for i in range(14)]
@@ -55,11 +55,7 @@ def test_fleet_robots_are_guided_with_their_own_delays_and_a_late_one_falls_back
     for r in robots:
         nodes[r].create_subscription(JointTrajectory, "action_chunk", keep(r), 100)
     nodes["fresh"].create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 50)
-    executor = SingleThreadedExecutor(context=ros_context)
-    for node in nodes.values():
-        executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    spinner = Spinner(ros_context, nodes.values())
 
     def counter(robot, name):
         with lock:
@@ -77,7 +73,9 @@ def test_fleet_robots_are_guided_with_their_own_delays_and_a_late_one_falls_back
         with lock:
             seen = {r: dict(values.get(r, {})) for r in robots}
     finally:
-        rc, output = close_sides(executor, spinner, nodes.values(), server)
+        spinner.close(nodes.values())
+        rc = stop_process(server)
+        output = server.stdout.read()
     assert rc == 0, output
     assert "Traceback" not in output, output
     assert int(seen["fresh"]["rtc_guided"]) >= 8 and int(seen["behind"]["rtc_guided"]) >= 8, seen
