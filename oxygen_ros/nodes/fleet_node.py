@@ -242,12 +242,10 @@ class FleetNode(ManagedNode):
             response.success, response.message = False, f"robot {robot_id} is not served here now ({self.lifecycle})"
             return response
         since_ns = self.get_clock().now().nanoseconds
-        self._hold(port, "reset")
+        self._hold(port, "reset")  # (its guide, if any, stops there: the next chunk is sampled plainly)
         with port.lock:
             if port.path is not None:
                 port.path.start()
-            if port.rtc is not None:
-                port.rtc.stop()
             if port.inputs is not None:
                 port.inputs.forget(since_ns)
             port.resets += 1
