@@ -68,6 +68,10 @@ class Pi05Config:
     state_dim: int
     camera_names: tuple[str, ...]
     num_steps: int = 10
+    # camera name -> (top, left, bottom, right): the part of the image the model sees, as fractions of the image
+    # padded to a square (centred, as `preprocess.resize_with_pad` pads), so a robot that sent its image already
+    # resized with padding to any square size sends the same part; a camera not named is seen whole
+    image_crops: tuple[tuple[str, tuple[float, float, float, float]], ...] = ()
     rope_theta: float = 10_000.0
     time_min_period: float = 4e-3
     time_max_period: float = 4.0
@@ -94,6 +98,19 @@ class Pi05Config:
             raise ValueError("image_size must be a multiple of patch_size")
         if not self.camera_names:
             raise ValueError("at least one camera is required")
+        for name, box in self.image_crops:
+            if name not in self.camera_names:
+                raise ValueError(f"image_crops names camera {name!r}, not one of {list(self.camera_names)}")
+            if len(box) != 4:
+                raise ValueError(f"image_crops[{name!r}] = {list(box)}: need four numbers, top, left, bottom, right")
+            top, left, bottom, right = box
+            if not (0.0 <= top < bottom <= 1.0 and 0.0 <= left < right <= 1.0):
+                raise ValueError(f"image_crops[{name!r}] = {list(box)}: need 0 <= top < bottom <= 1 and "
+                                 f"0 <= left < right <= 1")
+
+    def image_crop(self, name: str) -> tuple[float, float, float, float] | None:
+        """The part of camera `name`'s image the model sees (`image_crops`), or None: all of it."""
+        return dict(self.image_crops).get(name)
 
     @property
     def num_cameras(self) -> int:
@@ -114,6 +131,7 @@ class Pi05Config:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["camera_names"] = list(self.camera_names)
+        data["image_crops"] = {name: list(box) for name, box in self.image_crops}
         return data
 
     @classmethod
@@ -127,6 +145,8 @@ class Pi05Config:
         data["expert"] = GemmaConfig(**data["expert"])
         data["vision"] = VisionConfig(**data["vision"])
         data["camera_names"] = tuple(data["camera_names"])
+        data["image_crops"] = tuple((name, tuple(float(v) for v in box))
+                                    for name, box in dict(data.get("image_crops") or {}).items())
         return cls(**data)
 
     def save_json(self, path: str | Path) -> None:

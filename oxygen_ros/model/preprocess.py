@@ -1,7 +1,8 @@
 """Robot observations (numpy, as they arrive from ROS) -> `ModelInputs`, and model actions -> robot actions.
 
 The conventions are pi0.5's: each camera image is resized with padding (aspect ratio kept, centred, black
-borders) to the model resolution and scaled to [-1, 1]; a camera the robot lacks becomes a zero image with mask
+borders) to the model resolution and scaled to [-1, 1] (of the part of it a checkpoint's `image_crops` names, when
+it names one; none of openpi's or LeRobot's checkpoints does); a camera the robot lacks becomes a zero image with mask
 False; state and actions are normalized as the checkpoint says (`normalization.py`: its mode per feature and
 its stats); the model's padded action dimensions are cut back to the robot's.
 """
@@ -20,8 +21,8 @@ from .normalization import ACTION_KEY, STATE_KEY, Normalization, NormStats, as_n
 from .prompt import tokenize_prompt
 from .tokenizer import Tokenizer
 
-__all__ = ["ACTION_KEY", "STATE_KEY", "NormStats", "Observation", "normalized_state", "prepare_inputs",
-           "resize_with_pad", "robot_actions"]
+__all__ = ["ACTION_KEY", "STATE_KEY", "NormStats", "Observation", "crop_square", "normalized_state",
+           "prepare_inputs", "resize_with_pad", "robot_actions"]
 
 
 @dataclass
@@ -33,8 +34,26 @@ class Observation:
     task: str
 
 
-def resize_with_pad(image: np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
-    """HxWx3 image -> [3, size, size] float32 in [-1, 1], aspect ratio kept, centred on a black background.
+def crop_square(image: np.ndarray, box: tuple[float, float, float, float]) -> np.ndarray:
+    """The part `box` (top, left, bottom, right, fractions of the image padded to a centred square, as
+    `resize_with_pad` pads) of an HxWxC image, black where the box leaves the image. The same box gives the same
+    part of the scene whether the image comes as the camera made it or already resized with padding to a square."""
+    height, width = image.shape[:2]
+    side = max(height, width)
+    top, left, bottom, right = (round(v * side) for v in box)
+    top, bottom = top - (side - height) // 2, bottom - (side - height) // 2
+    left, right = left - (side - width) // 2, right - (side - width) // 2
+    out = np.zeros((max(bottom - top, 1), max(right - left, 1), *image.shape[2:]), dtype=image.dtype)
+    y0, y1, x0, x1 = max(top, 0), min(bottom, height), max(left, 0), min(right, width)
+    if y0 < y1 and x0 < x1:
+        out[y0 - top: y1 - top, x0 - left: x1 - left] = image[y0:y1, x0:x1]
+    return out
+
+
+def resize_with_pad(image: np.ndarray | torch.Tensor, size: int,
+                    crop: tuple[float, float, float, float] | None = None) -> torch.Tensor:
+    """HxWx3 image -> [3, size, size] float32 in [-1, 1], aspect ratio kept, centred on a black background;
+    with `crop`, of that part of the image (`crop_square`; a checkpoint's `Pi05Config.image_crops`).
 
     A tensor is taken as this function's own output and returned as is (its shape checked): a node resizes each
     image as it arrives, off its control path, and the frame then carries the model's input."""
@@ -45,6 +64,8 @@ def resize_with_pad(image: np.ndarray | torch.Tensor, size: int) -> torch.Tensor
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected an HxWx3 RGB image, got shape {image.shape}")
+    if crop is not None:
+        image = crop_square(image, crop)
     pixels = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float()
     if image.dtype != np.uint8:
         pixels = pixels * 255.0
@@ -90,7 +111,8 @@ def prepare_inputs(
         images, masks = [], []
         for name in config.camera_names:
             present = name in obs.images
-            images.append(resize_with_pad(obs.images[name], size) if present else torch.zeros(3, size, size))
+            images.append(resize_with_pad(obs.images[name], size, config.image_crop(name)) if present
+                          else torch.zeros(3, size, size))
             masks.append(present)
         if not any(masks):
             raise ValueError("an observation needs at least one camera image")

@@ -46,6 +46,7 @@ class ConversionError(ValueError):
 class ImageLimits:
     max_pixels: int = 0  # width x height budget; 0: none
     model_size: int = 0  # the model's square input: images too thin to resize into it are refused; 0: no check
+    crops: tuple = ()  # the model's `image_crops`: (image key, (top, left, bottom, right)) of the part it sees
 
 
 def check_dimensions(width: int, height: int, limits: ImageLimits | None) -> None:

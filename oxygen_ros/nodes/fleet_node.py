@@ -320,11 +320,11 @@ class FleetNode(ManagedNode):
         publishers; ValueError naming the robot."""
         p = self.params
         namespace = "/" + robot.robot_id
-        cameras = self.server.model_config(robot.robot_id).camera_names
-        model_size = self.server.model_config(robot.robot_id).vision.image_size
+        model = self.server.model_config(robot.robot_id)
+        cameras = model.camera_names
         limits = InputLimits(max_image_age_s=p["max_image_age_s"], max_state_age_s=p["max_state_age_s"],
                              future_tolerance_s=p["future_tolerance_s"],
-                             images=ImageLimits(p["max_pixels"], model_size))
+                             images=ImageLimits(p["max_pixels"], model.vision.image_size, model.image_crops))
         try:
             values, joint_names = robot_parameters(self, robot.robot_id,
                                                    {**self.output, "joint_names": self.params["joint_names"]})

@@ -239,7 +239,8 @@ class FrameInputs:
                 image = compressed_to_rgb(msg, self.limits.images) if camera.compressed else \
                     image_to_rgb(msg, self.limits.images)
                 if self.limits.images.model_size:  # the model's input, made here rather than in the tick
-                    image = resize_with_pad(image, self.limits.images.model_size)
+                    image = resize_with_pad(image, self.limits.images.model_size,
+                                            dict(self.limits.images.crops).get(camera.key))
             except ConversionError as err:
                 with self._lock:
                     self._count(err)

@@ -208,14 +208,16 @@ class VlaNode(ManagedNode):
         if p.remote:  # the engine is elsewhere: frames go there, the checks and the command path stay here
             self.remote = RemoteEngine(p.remote, os.environ.get(API_KEY_ENV) or None, p.embodiment.openpi_keys,
                                        len(p.action_names), p.remote_timeout_s)
-            self.horizon, image_size, source = p.horizon or None, 0, f"remote engine {p.remote.split('?')[0]}"
+            self.horizon, image_size, crops = p.horizon or None, 0, ()
+            source = f"remote engine {p.remote.split('?')[0]}"
         else:
             self.policy = load_policy(p)
             self.horizon, image_size = p.horizon or self.policy.config.action_horizon, \
                 self.policy.config.vision.image_size
-            source = f"{self.policy.source} on {p.device}"
+            crops, source = self.policy.config.image_crops, f"{self.policy.source} on {p.device}"
         limits = InputLimits(max_image_age_s=p.max_image_age_s, max_state_age_s=p.max_state_age_s,
-                             future_tolerance_s=p.future_tolerance_s, images=ImageLimits(p.max_pixels, image_size))
+                             future_tolerance_s=p.future_tolerance_s,
+                             images=ImageLimits(p.max_pixels, image_size, crops))
         self.inputs = FrameInputs(p.camera_topics, p.camera_keys, p.camera_compressed, p.state_names, limits,
                                   StateCheck(p.groups, p.limits, p.state_names), p.state_units)
         self._acted = 0

@@ -50,6 +50,19 @@ def test_config_json_round_trip(tmp_path):
         assert Pi05Config.load_json(tmp_path / f"{name}.json") == cfg
 
 
+def test_image_crops_round_trip_and_are_checked(tmp_path):
+    cfg = get_preset("tiny").replace(image_crops=(("base_0_rgb", (0.1, 0.2, 0.6, 0.7)),))
+    cfg.save_json(tmp_path / "crop.json")
+    assert Pi05Config.load_json(tmp_path / "crop.json") == cfg
+    assert cfg.image_crop("base_0_rgb") == (0.1, 0.2, 0.6, 0.7) and cfg.image_crop("left_wrist_0_rgb") is None
+    with pytest.raises(ValueError, match="not one of"):
+        cfg.replace(image_crops=(("right_wrist_0_rgb", (0.1, 0.2, 0.6, 0.7)),))
+    with pytest.raises(ValueError, match="top < bottom"):
+        cfg.replace(image_crops=(("base_0_rgb", (0.6, 0.2, 0.1, 0.7)),))
+    with pytest.raises(ValueError, match="four numbers"):
+        cfg.replace(image_crops=(("base_0_rgb", (0.1, 0.2, 0.6)),))
+
+
 def test_config_rejects_mismatched_experts_and_unknown_fields():
     cfg = get_preset("tiny")
     with pytest.raises(ValueError, match="head_dim"):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from diagnostic_msgs.msg import DiagnosticStatus
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
@@ -15,7 +16,7 @@ from oxygen_ros.data.stamps import stamp_to_ns
 from oxygen_ros.engine.runtime import RuntimeStats
 from oxygen_ros.engine.scheduler import SchedulerConfig, node_decode_policy
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.preprocess import normalized_state
+from oxygen_ros.model.preprocess import normalized_state, resize_with_pad
 from oxygen_ros.model.prompt import tokenize_prompt
 from oxygen_ros.model.tokenizer import load_tokenizer, train_tokenizer
 from oxygen_ros.nodes import frame_inputs as frame_inputs_module
@@ -243,6 +244,23 @@ def frame_of(inputs: FrameInputs, now_ns: int):
 def frame_inputs(**limits) -> FrameInputs:
     return FrameInputs(("cam/a", "cam/b"), ("base_0_rgb", "left_wrist_0_rgb"), (False, True), ("a", "b"),
                        InputLimits(**limits))
+
+
+def test_the_decoder_gives_each_camera_the_models_input_with_the_checkpoints_crop():
+    """With the model's size in the limits, the decoder makes the model's input as it decodes: the checkpoint's
+    crop (`Pi05Config.image_crops`) for the camera that has one, the whole image for the other, as
+    `prepare_inputs` would make them."""
+    box = (0.2, 0.1, 0.9, 0.8)
+    pixels = RNG.integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    inputs = FrameInputs(("cam/a", "cam/b"), ("base_0_rgb", "left_wrist_0_rgb"), (False, False), ("a", "b"),
+                         InputLimits(images=ImageLimits(model_size=16, crops=(("base_0_rgb", box),))))
+    for index in range(2):
+        inputs.on_image(index, image("rgb8", pixels, stamp_ns=1), NOW)
+    inputs.on_joint_state(joint_state(1, 2), NOW)
+    frame = frame_of(inputs, 1).frame
+    assert torch.equal(frame.images["base_0_rgb"], resize_with_pad(pixels, 16, box))
+    assert torch.equal(frame.images["left_wrist_0_rgb"], resize_with_pad(pixels, 16))
+    assert not torch.equal(frame.images["base_0_rgb"], frame.images["left_wrist_0_rgb"])
 
 
 def test_frame_rules_waiting_stale_reuse_and_bad_messages():
