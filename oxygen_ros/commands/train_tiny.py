@@ -90,6 +90,7 @@ class TrainConfig:
     embodiment: str = "aloha"  # the profile the model acts in (a shipped name or a YAML file)
     save_every: int = 100  # steps between saves of the training state (what a rerun resumes from)
     rtc_max_delay: int = 0  # training-time real-time chunking: the largest simulated delay (0: off; `model/train.py`)
+    image_crops: tuple = ()  # (episode camera, (top, left, bottom, right)): the part the model sees (`Pi05Config`)
 
 
 @dataclass
@@ -153,6 +154,35 @@ def model_cameras(episode: Episode, config: Pi05Config) -> dict[str, str]:
         raise DataError(f"none of the episode's cameras {list(episode.cameras)} maps to the model's image keys "
                         f"{list(config.camera_names)} ({ALOHA_CAMERA_KEYS})")
     return cameras
+
+
+def model_config_for(config: TrainConfig, episode: Episode) -> Pi05Config:
+    """The preset's shapes with the training's image crops, named by the model's image keys; DataError when a
+    crop names a camera the episode lacks or the model does not take."""
+    preset = get_preset(config.preset)
+    cameras = {cam: ALOHA_CAMERA_KEYS.get(cam) for cam in episode.cameras}
+    crops = []
+    for cam, box in config.image_crops:
+        if cameras.get(cam) not in preset.camera_names:
+            raise DataError(f"--crop {cam}: the episode's cameras the {config.preset} preset takes are "
+                            f"{sorted(c for c, key in cameras.items() if key in preset.camera_names)}")
+        crops.append((cameras[cam], tuple(box)))
+    try:
+        return preset.replace(image_crops=tuple(crops))
+    except ValueError as err:
+        raise DataError(f"--crop: {err}") from None
+
+
+def parse_crop(text: str) -> tuple[str, tuple[float, float, float, float]]:
+    """`CAMERA=TOP,LEFT,BOTTOM,RIGHT` -> (camera, box); argparse's type for --crop."""
+    camera, _, numbers = text.partition("=")
+    try:
+        box = tuple(float(v) for v in numbers.split(","))
+    except ValueError:
+        box = ()
+    if not camera or len(box) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CAMERA=TOP,LEFT,BOTTOM,RIGHT (fractions)")
+    return camera, box
 
 
 def action_chunks(actions: np.ndarray, horizon: int) -> np.ndarray:
@@ -369,7 +399,7 @@ def initial_weights(path: str | Path, preset: str, embodiment: str) -> dict:
     weights, "checkpoint": the path}; DataError, one line, when its model shapes are not the `preset`'s or it was
     trained in another embodiment than `embodiment`."""
     try:
-        if checkpoint_config(path) != get_preset(preset):
+        if checkpoint_config(path).replace(image_crops=()) != get_preset(preset):  # its crops may differ
             raise DataError(f"--init {path}: its model shapes are not the {preset} preset's (a warm start needs "
                             f"the same ones)")
         loaded = load_checkpoint(path)
@@ -420,7 +450,7 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
     if cached is not None:
         log(f"{out} already holds this training (data {key['episode_sha256'][:12]}, same settings): reused")
         return cached
-    model_config = get_preset(config.preset)
+    model_config = model_config_for(config, episodes[0])
     torch.manual_seed(config.seed)
     resume = resume_folder(out)
     with atomic_output(out) as folder:
@@ -553,6 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training-time real-time chunking: per frame a delay d in 0..N, its chunk's first d "
                              "actions given as known and not learned, so the checkpoint follows a committed prefix "
                              "without guidance (0: off; below the model's horizon)")
+    parser.add_argument("--crop", type=parse_crop, action="append", default=[], metavar="CAMERA=T,L,B,R",
+                        help="the model sees only this part of the camera's image (top, left, bottom, right as "
+                             "fractions of the image padded to a square: the same part whatever size a robot "
+                             "sends; stored in the checkpoint, applied wherever it runs); repeatable")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (one is fastest on a busy 2-core machine)")
     return parser
@@ -567,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{args.preset} preset's horizon)")
     config = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                          learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
-                         save_every=args.save_every, rtc_max_delay=args.rtc_max_delay)
+                         save_every=args.save_every, rtc_max_delay=args.rtc_max_delay,
+                         image_crops=tuple(args.crop))
     if args.init and args.tokenizer:
         raise UsageError("--init brings its checkpoint's tokenizer; --tokenizer cannot go with it")
     try:

@@ -186,6 +186,39 @@ def test_the_sim_preset_trains_on_the_top_camera_into_a_policy_of_one_second_chu
     assert chunk.shape == (50, 14) and np.isfinite(chunk).all()
 
 
+def test_a_crop_goes_into_the_checkpoint_and_is_what_the_policy_sees(tmp_path, dataset, capsys):
+    """`--crop top=T,L,B,R`: the model's image key gets the part of the top view, in the checkpoint's config, so
+    every path that loads it (the node, serve, in process) crops the same way; a crop of a camera the model does not
+    take is refused in one line and a malformed one is a usage error."""
+    from oxygen_ros.commands.sim_eval import CheckpointPolicy
+
+    root, episodes = dataset
+    out = tmp_path / "crop"
+    box = (0.3, 0.35, 0.7, 0.75)
+    assert train_main([str(root), str(out), "--preset", "sim", "--steps", "2", "--batch-size", "4",
+                       "--crop", "top=" + ",".join(map(str, box))]) == 0
+    policy = CheckpointPolicy(out)
+    assert policy.model.config == get_preset("sim").replace(image_crops=(("base_0_rgb", box),))
+    frame = episodes[0].images["top"][10]
+    qpos = episodes[0].state[10].astype(np.float64)
+    policy.calls, chunk = 0, policy.chunk({"top": frame}, qpos, TASK)
+    assert chunk.shape == (50, 14) and np.isfinite(chunk).all()
+    shifted = frame.copy()
+    shifted[: frame.shape[0] // 8] = 0  # above the crop: the policy does not see it
+    policy.calls = 0  # the same flow-matching noise as the first call's
+    np.testing.assert_array_equal(policy.chunk({"top": shifted}, qpos, TASK), chunk)
+    policy.calls, shifted[frame.shape[0] // 2:, frame.shape[1] // 2:] = 0, 0  # inside the crop: it does
+    assert not np.array_equal(policy.chunk({"top": shifted}, qpos, TASK), chunk)
+    capsys.readouterr()
+    assert train_main([str(root), str(tmp_path / "wrist"), "--preset", "sim", "--steps", "2",
+                       "--crop", "cam_left_wrist=0.1,0.1,0.9,0.9"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--crop cam_left_wrist" in err and not (tmp_path / "wrist").exists()
+    with pytest.raises(SystemExit) as usage:
+        train_main([str(root), str(tmp_path / "bad"), "--crop", "top=0.1,0.2"])
+    assert usage.value.code == 2 and "CAMERA=TOP,LEFT,BOTTOM,RIGHT" in capsys.readouterr().err
+
+
 def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(tmp_path, dataset, monkeypatch):
     from oxygen_ros.commands import train_tiny
 
