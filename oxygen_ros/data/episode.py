@@ -44,6 +44,8 @@ class Episode:
     joint_names: D names for `state` (and for `actions` when A == D)
     timestamps:  (T,) float64 seconds from the episode start, or None for the nominal `i / fps`
     velocity, effort: optional (T, D) float32 (ALOHA qvel / effort)
+    environment_state: optional (T, E) float32, the scene's objects (a simulator's object poses: LeRobot's
+                 `observation.environment_state`; gym-aloha's cube: x, y, z and its quaternion)
     reward:      optional (T,) float32, the reward after each action (a simulator's staged reward)
     max_reward:  the reward that means success, when `reward` is given
     """
@@ -57,6 +59,7 @@ class Episode:
     timestamps: np.ndarray | None = None
     velocity: np.ndarray | None = None
     effort: np.ndarray | None = None
+    environment_state: np.ndarray | None = None
     reward: np.ndarray | None = None
     max_reward: float | None = None
 
@@ -85,7 +88,7 @@ class Episode:
     def numeric_problem(self) -> str | None:
         """The first NaN or infinity in state, actions, velocity or effort, or frame times that do not increase,
         as one line; None when the numbers are usable."""
-        for name in ("state", "actions", "velocity", "effort"):
+        for name in ("state", "actions", "velocity", "effort", "environment_state"):
             values = getattr(self, name)
             bad = np.argwhere(~np.isfinite(values)) if values is not None else ()
             if len(bad):
@@ -108,7 +111,7 @@ class Episode:
             if img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
                 raise DataError(f"camera {name!r}: expected (T, H, W, 3) uint8, got {img.shape} {img.dtype}")
             lengths[f"camera {name}"] = img.shape[0]
-        for name in ("timestamps", "velocity", "effort", "reward"):
+        for name in ("timestamps", "velocity", "effort", "environment_state", "reward"):
             value = getattr(self, name)
             if value is not None:
                 lengths[name] = len(value)

@@ -13,7 +13,7 @@ Feature keys: `observation.state` (or DROID's `observation.state.joint_position`
 openpi's DROID conversion's `joint_position` + `gripper_position`), `action` (or DROID's `action.joint_position` +
 `action.gripper_position`, or openpi's `actions`), `observation.images.<camera>` (video or image; in a v2.x
 dataset any image or video feature, openpi's DROID `exterior_image_1_left` say), optional `observation.velocity`
-/ `observation.effort`.
+/ `observation.effort` / `observation.environment_state` (a simulator's object poses).
 
 The reader checks the types of everything it uses (info.json entries, episode metadata fields, column types and
 row widths) before using it, so a dataset of another shape fails with one line naming the file and the field.
@@ -44,6 +44,7 @@ VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.m
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 IMAGE_PREFIX = "observation.images."
 STATE_KEYS = ("observation.state",)
+ENVIRONMENT_KEY = "observation.environment_state"  # LeRobot's name for the scene's state beside the robot's
 DROID_STATE_PARTS = ("observation.state.joint_position", "observation.state.gripper_position")
 DROID_ACTION_PARTS = ("action.joint_position", "action.gripper_position")
 # openpi's examples/droid/convert_droid_data_to_lerobot.py (and its other conversions): keys without a prefix.
@@ -227,6 +228,7 @@ def read_lerobot(root: str | os.PathLike, episode: int = 0) -> Episode:
             timestamps=timestamps,
             velocity=_optional_vector(table, "observation.velocity", data_path),
             effort=_optional_vector(table, "observation.effort", data_path),
+            environment_state=_optional_vector(table, ENVIRONMENT_KEY, data_path),
         )
     except DataError as err:
         raise DataError(f"{root}: episode {episode}: {err}") from err
@@ -347,6 +349,7 @@ def _check_compatible(episodes: Sequence[Episode]) -> None:
             and all(ep.images[c].shape[1:] == first.images[c].shape[1:] for c in first.cameras)
             and (ep.velocity is None) == (first.velocity is None)
             and (ep.effort is None) == (first.effort is None)
+            and (ep.environment_state is None) == (first.environment_state is None)
         )
         if not same:
             raise DataError(f"episode {i} differs from episode 0 in fps, cameras, shapes or optional fields")
@@ -410,6 +413,8 @@ def write_lerobot(root: str | os.PathLike, episodes: Sequence[Episode], codec: s
         vectors["observation.velocity"] = [np.asarray(ep.velocity, np.float32) for ep in episodes]
     if first.effort is not None:
         vectors["observation.effort"] = [np.asarray(ep.effort, np.float32) for ep in episodes]
+    if first.environment_state is not None:
+        vectors[ENVIRONMENT_KEY] = [np.asarray(ep.environment_state, np.float32) for ep in episodes]
     lengths = [ep.length for ep in episodes]
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
     total = int(starts[-1])

@@ -50,11 +50,13 @@ class SimulationDiverged(RuntimeError):
 
 @dataclass
 class Observation:
-    """One sim frame: rendered cameras (H, W, 3) uint8, and 14-dim joint positions / velocities."""
+    """One sim frame: rendered cameras (H, W, 3) uint8, 14-dim joint positions / velocities, and the objects'
+    poses (gym-aloha's `get_env_state`: the cube's x, y, z and quaternion; the peg's and the socket's)."""
 
     images: dict[str, np.ndarray]
     qpos: np.ndarray
     qvel: np.ndarray
+    env_state: np.ndarray | None = None
 
 
 @dataclass
@@ -138,7 +140,8 @@ class AlohaSimEnv:
 
     def _observation(self, raw: dict) -> Observation:
         return Observation(self.render(), np.asarray(raw["qpos"], dtype=np.float64).copy(),
-                           np.asarray(raw["qvel"], dtype=np.float64).copy())
+                           np.asarray(raw["qvel"], dtype=np.float64).copy(),
+                           np.asarray(self._env.task.get_env_state(self.physics), dtype=np.float64).copy())
 
     def close(self) -> None:
         self._cameras.clear()

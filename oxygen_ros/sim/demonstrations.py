@@ -209,7 +209,7 @@ def replay(env, seed: int, targets: np.ndarray, task: str) -> Demonstration:
     recorder = EpisodeRecorder(env.cameras, task=task)
     observation = env.reset(seed)
     for action in targets:
-        recorder.add(observation.images, observation.qpos, observation.qvel, action)
+        recorder.add(observation.images, observation.qpos, observation.qvel, action, observation.env_state)
         result = env.step(action)
         recorder.add_reward(result.reward)
         observation = result.observation

@@ -27,12 +27,15 @@ class EpisodeRecorder:
         self._qpos: list[np.ndarray] = []
         self._qvel: list[np.ndarray] = []
         self._actions: list[np.ndarray] = []
+        self._env_states: list[np.ndarray] = []
         self._rewards: list[float] = []
 
     def __len__(self) -> int:
         return len(self._actions)
 
-    def add(self, images: dict[str, np.ndarray], qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray) -> None:
+    def add(self, images: dict[str, np.ndarray], qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray,
+            env_state: np.ndarray | None = None) -> None:
+        """One step; `env_state` (the objects' poses) on every step or on none."""
         missing = [cam for cam in self.cameras if cam not in images]
         if missing:
             raise ValueError(f"frame lacks cameras {missing}")
@@ -41,6 +44,8 @@ class EpisodeRecorder:
         self._qpos.append(np.asarray(qpos, dtype=np.float32))
         self._qvel.append(np.asarray(qvel, dtype=np.float32))
         self._actions.append(np.asarray(action, dtype=np.float32))
+        if env_state is not None:
+            self._env_states.append(np.asarray(env_state, dtype=np.float32))
 
     def add_reward(self, reward: float) -> None:
         """The reward the last added action earned (call once per `add`, after stepping the sim)."""
@@ -56,6 +61,7 @@ class EpisodeRecorder:
         return Episode(images={cam: np.stack(frames) for cam, frames in self._images.items()}, state=state,
                        actions=np.stack(self._actions), fps=self.fps, task=self.task, joint_names=names,
                        velocity=np.stack(self._qvel), max_reward=max_reward,
+                       environment_state=np.stack(self._env_states) if self._env_states else None,
                        reward=np.array(self._rewards) if len(self._rewards) == len(self._actions) else None)
 
     def write(self, path: str | os.PathLike, compress: bool = False, max_reward: float | None = None) -> Path:

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from gym_aloha.utils import sample_box_pose
 
 from oxygen_ros.commands.sim_record import main as record_main
 from oxygen_ros.data.bag import bag_topics
@@ -72,6 +73,11 @@ def test_sim_record_writes_a_dataset_the_reader_and_convert_take(tmp_path, monke
         assert episode.images["top"].shape == (EPISODE_STEPS, 24, 32, 3)
         assert episode.task == "Pick up the cube with the right arm and transfer it to the left arm."
         np.testing.assert_allclose(episode.actions, end_effector_rollout(seed), atol=1e-6)
+        # the cube's pose every step (observation.environment_state): where gym-aloha put it, then in the air
+        cube = episode.environment_state
+        assert cube.shape == (EPISODE_STEPS, 7)
+        np.testing.assert_allclose(cube[0], sample_box_pose(seed), atol=1e-6)
+        assert cube[:, 2].max() > 0.15  # lifted off the table (2 cm to its centre there)
     bag = tmp_path / "episode_1"
     assert convert_main(["lerobot", str(out), str(bag), "--episode", "1"]) == 0
     assert "camera/top/image_raw" in {topic.name.lstrip("/") for topic in bag_topics(bag)}
