@@ -45,7 +45,7 @@ from ..command_line import progress as progress_bar
 from ..control.embodiment import Embodiment, EmbodimentError, load_embodiment, shipped_names
 from ..data.aloha import read_aloha
 from ..data.atomic import atomic_output
-from ..data.captions import frame_captions
+from ..data.captions import frame_captions, object_captions
 from ..data.episode import DataError, Episode
 from ..data.lerobot import lerobot_episodes, read_lerobot
 from ..model.checkpoint import CheckpointError, checkpoint_config, load_checkpoint, save_checkpoint
@@ -91,6 +91,7 @@ class TrainConfig:
     save_every: int = 100  # steps between saves of the training state (what a rerun resumes from)
     rtc_max_delay: int = 0  # training-time real-time chunking: the largest simulated delay (0: off; `model/train.py`)
     image_crops: tuple = ()  # (episode camera, (top, left, bottom, right)): the part the model sees (`Pi05Config`)
+    object_captions: bool = False  # captions also say where the object is (`data.captions.object_captions`)
 
 
 @dataclass
@@ -192,9 +193,10 @@ def action_chunks(actions: np.ndarray, horizon: int) -> np.ndarray:
 
 
 def training_set(episodes: Sequence[Episode], config: Pi05Config, tokenizer: Tokenizer, stats: NormStats,
-                 embodiment: Embodiment) -> TrainingSet:
-    """All frames of `episodes` (one after the other) as model inputs, normalised action chunks and captions."""
-    parts = [_episode_part(episode, config, tokenizer, stats, embodiment) for episode in episodes]
+                 embodiment: Embodiment, locate: bool = False) -> TrainingSet:
+    """All frames of `episodes` (one after the other) as model inputs, normalised action chunks and captions
+    (with `locate`, each caption also says where the object is: `object_captions`)."""
+    parts = [_episode_part(episode, config, tokenizer, stats, embodiment, locate) for episode in episodes]
     width = max(part[2].shape[1] for part in parts)
     caption = torch.full((sum(len(part[1]) for part in parts), width), config.pad_id, dtype=torch.long)
     mask = torch.zeros(caption.shape, dtype=torch.bool)
@@ -213,7 +215,7 @@ def training_set(episodes: Sequence[Episode], config: Pi05Config, tokenizer: Tok
 
 
 def _episode_part(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, stats: NormStats,
-                  embodiment: Embodiment) -> tuple:
+                  embodiment: Embodiment, locate: bool = False) -> tuple:
     cameras = model_cameras(episode, config)
     states, model_chunks = model_space(episode, embodiment, config.action_horizon)
     observations = [Observation(images={key: episode.images[cam][t] for cam, key in cameras.items()},
@@ -226,6 +228,11 @@ def _episode_part(episode: Episode, config: Pi05Config, tokenizer: Tokenizer, st
     chunks = np.zeros((episode.length, config.action_horizon, config.action_dim), dtype=np.float32)
     chunks[..., :dim] = as_normalization(stats).normalize(ACTION_KEY, model_chunks)
     captions = frame_captions(episode.actions)
+    if locate:
+        if episode.environment_state is None:
+            raise DataError("--object-captions needs episodes with the objects' poses "
+                            "(observation.environment_state, as sim-record writes them)")
+        captions = object_captions(captions, episode.environment_state)
     encoded = [tokenizer.encode(text) for text in captions]
     width = max(map(len, encoded))
     caption = torch.full((episode.length, width), config.pad_id, dtype=torch.long)
@@ -270,11 +277,14 @@ def predict_chunks(model: Pi05Model, inputs: ModelInputs, stats: NormStats, embo
 
 
 def episode_content_hash(episode: Episode) -> str:
-    """SHA-256 of what training reads from the episode (pixels, state, actions, rate, task, joint names)."""
+    """SHA-256 of what training reads from the episode (pixels, state, actions, rate, task, joint names, and the
+    objects' poses when it has them)."""
     digest = hashlib.sha256()
     digest.update(json.dumps([float(episode.fps), episode.task, list(episode.joint_names), sorted(episode.cameras)]).encode())
     for array in (episode.state, episode.actions, *(episode.images[c] for c in sorted(episode.cameras))):
         digest.update(np.ascontiguousarray(array).tobytes())
+    if episode.environment_state is not None:
+        digest.update(np.ascontiguousarray(episode.environment_state, dtype=np.float32).tobytes())
     return digest.hexdigest()
 
 
@@ -467,7 +477,7 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
             raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model only "
                             f"{model_config.vocab_size}")
         stats = norm_stats_from_episodes(episodes, embodiment, model_config.action_horizon)
-        data = training_set(episodes, model_config, tokenizer, stats, embodiment)
+        data = training_set(episodes, model_config, tokenizer, stats, embodiment, config.object_captions)
         model = build_model(model_config, seed=config.seed)
         if start is not None:
             model.load_state_dict(start["weights"])
@@ -587,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model sees only this part of the camera's image (top, left, bottom, right as "
                              "fractions of the image padded to a square: the same part whatever size a robot "
                              "sends; stored in the checkpoint, applied wherever it runs); repeatable")
+    parser.add_argument("--object-captions", action="store_true",
+                        help="each frame's caption also says where the object is (the dataset's "
+                             "observation.environment_state, as sim-record writes it, in whole cm): the backbone "
+                             "learns to locate it in the images, and the narration says where it sees it")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (one is fastest on a busy 2-core machine)")
     return parser
@@ -602,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                          learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
                          save_every=args.save_every, rtc_max_delay=args.rtc_max_delay,
-                         image_crops=tuple(args.crop))
+                         image_crops=tuple(args.crop), object_captions=args.object_captions)
     if args.init and args.tokenizer:
         raise UsageError("--init brings its checkpoint's tokenizer; --tokenizer cannot go with it")
     try:

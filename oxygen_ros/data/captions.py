@@ -5,6 +5,10 @@ closing or opening, else its arm joints moving (`moves` with the gripper open, `
 with "and"; "the arms hold still" when nothing moves. Thresholds are fractions of each joint's range over the
 episode, so any ALOHA-layout episode gets captions, and the same function labels training data and scores the
 narration a policy produces.
+
+`object_captions` adds where the scene's object is (a simulator's `environment_state`) to each frame's caption, in
+whole centimetres of the world frame: text a policy's language side learns to say from the images, as pi0.5
+co-trains its vision-language model on locating objects.
 """
 
 from __future__ import annotations
@@ -42,3 +46,14 @@ def frame_captions(actions: np.ndarray, window: int = 12, moving: float = 0.04) 
                 phrases.append(f"{arm} arm {'carries' if holding else 'moves'}")
         captions.append(" and ".join(phrases) if phrases else STILL)
     return captions
+
+
+def object_captions(captions: list[str], environment_state: np.ndarray) -> list[str]:
+    """Each caption followed by the object's position, the first three numbers of its frame's `environment_state`
+    (metres, world frame) rounded to whole centimetres: "..., object at x 11 y 54 z 2"."""
+    state = np.asarray(environment_state, dtype=np.float64)
+    if state.ndim != 2 or state.shape[1] < 3 or len(state) != len(captions):
+        raise ValueError(f"object captions need one environment state of at least x, y, z per caption; got shape "
+                         f"{state.shape} for {len(captions)} captions")
+    centimetres = np.floor(state[:, :3] * 100.0 + 0.5).astype(int)
+    return [f"{caption}, object at x {x} y {y} z {z}" for caption, (x, y, z) in zip(captions, centimetres)]

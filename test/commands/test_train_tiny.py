@@ -219,6 +219,31 @@ def test_a_crop_goes_into_the_checkpoint_and_is_what_the_policy_sees(tmp_path, d
     assert usage.value.code == 2 and "CAMERA=TOP,LEFT,BOTTOM,RIGHT" in capsys.readouterr().err
 
 
+def test_object_captions_teach_the_text_side_where_the_object_is(tmp_path, episode, tokenizer, capsys):
+    """`--object-captions`: each frame's caption adds the object's position from the episode's environment state,
+    so the captions of a moved object differ and its position is part of the data's identity; episodes without
+    one are refused in one line."""
+    import dataclasses
+
+    path = np.linspace([0.10, 0.50, 0.02], [0.0, 0.5, 0.25], episode.length)  # the object rises as it crosses
+    placed = dataclasses.replace(episode, environment_state=path.astype(np.float32))
+    stats = norm_stats_from_episodes([placed], ALOHA, TINY.action_horizon)
+    located = training_set([placed], TINY, tokenizer, stats, ALOHA, locate=True)
+    plain = training_set([placed], TINY, tokenizer, stats, ALOHA)
+    assert located.captions[0] == f"{plain.captions[0]}, object at x 10 y 50 z 2"
+    assert located.captions[-1] == f"{plain.captions[-1]}, object at x 0 y 50 z 25"
+    assert tokenizer.decode(located.caption[0][located.caption_mask[0]].tolist()) == located.captions[0]
+    assert episode_content_hash(placed) != episode_content_hash(episode)
+    root = write_lerobot(tmp_path / "placed", [placed])
+    out = tmp_path / "ckpt"
+    assert train_main([str(root), str(out), "--steps", "2", "--batch-size", "4", "--object-captions"]) == 0
+    assert json.loads((out / "training.json").read_text())["train_config"]["object_captions"] is True
+    without = write_lerobot(tmp_path / "plain", [episode])
+    assert train_main([str(without), str(tmp_path / "no"), "--steps", "2", "--object-captions"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "environment_state" in err and not (tmp_path / "no").exists()
+
+
 def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(tmp_path, dataset, monkeypatch):
     from oxygen_ros.commands import train_tiny
 

@@ -7,7 +7,7 @@ import pytest
 from rosbags.rosbag2 import StoragePlugin, Writer
 
 from oxygen_ros.data import synthetic_episode, write_aloha, write_episode_bag
-from oxygen_ros.data.captions import frame_captions
+from oxygen_ros.data.captions import frame_captions, object_captions
 from oxygen_ros.data.msgtypes import bag_typestore
 from oxygen_ros.data.report import RecordedActions, Recording, action_error, caption_accuracy
 from oxygen_ros.data.report import main as report_main
@@ -166,6 +166,15 @@ def test_action_error_pairs_chunk_point_i_with_the_action_of_frame_t_plus_i():
     swapped = list(ep.joint_names)
     swapped[0], swapped[7] = swapped[7], swapped[0]
     assert action_error(recording(0, swapped), recorded)["per_joint"]["left_waist"] > 1e-3
+
+
+def test_object_captions_say_where_the_object_is_in_whole_centimetres():
+    captions = ["right arm moves", "the arms hold still"]
+    state = np.array([[0.1097, 0.5430, 0.05, 1, 0, 0, 0], [-0.0134, 0.4571, 0.2521, 1, 0, 0, 0]])
+    assert object_captions(captions, state) == ["right arm moves, object at x 11 y 54 z 5",
+                                                "the arms hold still, object at x -1 y 46 z 25"]
+    with pytest.raises(ValueError, match="one environment state"):
+        object_captions(captions, state[:1])
 
 
 def test_caption_accuracy_scores_finished_narration_against_its_frame():
