@@ -64,7 +64,7 @@ from ..model.preprocess import (
     robot_actions,
 )
 from ..model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-from ..model.train import training_losses
+from ..model.train import object_position_loss, training_losses
 from .sim_demo import MODEL_CAMERA_KEYS as SIM_CAMERA_KEYS
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -92,6 +92,8 @@ class TrainConfig:
     rtc_max_delay: int = 0  # training-time real-time chunking: the largest simulated delay (0: off; `model/train.py`)
     image_crops: tuple = ()  # (episode camera, (top, left, bottom, right)): the part the model sees (`Pi05Config`)
     object_captions: bool = False  # captions also say where the object is (`data.captions.object_captions`)
+    freeze_vision: bool = False  # the vision tower keeps its starting weights (a warm start's, or pretrained)
+    vision_pretrain: int = 0  # steps of `pretrain_vision` before the training (0: none)
 
 
 @dataclass
@@ -250,10 +252,11 @@ def evaluate(model: Pi05Model, data: TrainingSet, tokenizer: Tokenizer, stats: N
     decoded exactly."""
     index = torch.tensor(frames)
     inputs = data.batch(index)[0]
+    length = data.caption.shape[1] + 1  # the longest caption and its end
     predicted, cache, slots, prefill = predict_chunks(model, inputs, stats, data.embodiment, data.robot_state[frames],
-                                                      robot_dim, seed, text_tokens=16)
+                                                      robot_dim, seed, text_tokens=length)
     recorded = data.robot_chunks[frames]
-    texts = [tokenizer.decode(ids) for ids in greedy_decode(model, cache, slots, prefill, 16)]
+    texts = [tokenizer.decode(ids) for ids in greedy_decode(model, cache, slots, prefill, length)]
     per_joint = np.abs(predicted - recorded).mean(axis=(0, 1))
     correct = sum(text == data.captions[t] for text, t in zip(texts, frames))
     return {"action_error": float(per_joint.mean()), "action_error_per_joint": per_joint.tolist(),
@@ -314,7 +317,10 @@ def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print, pro
     generator = torch.Generator().manual_seed(config.seed)
     if progress.generator is not None:
         generator.set_state(progress.generator)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=1e-4)
+    for parameter in model.vision.parameters():
+        parameter.requires_grad_(not config.freeze_vision)
+    trained = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=1e-4)
     if progress.optimizer is not None:
         optimizer.load_state_dict(progress.optimizer)
     model.train()
@@ -328,7 +334,7 @@ def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print, pro
         total = losses.action + config.text_weight * losses.text
         optimizer.zero_grad(set_to_none=True)
         total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         progress.history.append({"step": step, "action": losses.action.item(), "text": losses.text.item()})
         progress.step = step + 1
@@ -340,6 +346,58 @@ def fit(model: Pi05Model, data: TrainingSet, config: TrainConfig, log=print, pro
             save(progress)
     model.eval()
     return progress.history
+
+
+def pretrain_vision(model: Pi05Model, data: TrainingSet, episodes: Sequence[Episode], config: TrainConfig,
+                    log=print) -> dict:
+    """`config.vision_pretrain` steps training the vision tower alone to tell where the object is: its position
+    (the first three numbers of each frame's environment state, standardised) read linearly from the mean of the
+    tower's tokens, every camera's image of the frame (`model.train.object_position_loss`). A stand-in for the
+    pretrained SigLIP tower a real pi0.5 starts from, which already sees objects: trained from scratch on a few
+    demonstrations together with the rest, a tower learns to feed the action expert's shortcut, the joint state,
+    and not where the object is (`docs/sim.md`). Returns the loss before and after, on frames held out of it."""
+    if any(episode.environment_state is None for episode in episodes):
+        raise DataError("--vision-pretrain needs episodes with the objects' poses (observation.environment_state, "
+                        "as sim-record writes them)")
+    positions = torch.from_numpy(np.concatenate([e.environment_state[:, :3] for e in episodes]).astype(np.float32))
+    positions = (positions - positions.mean(dim=0)) / positions.std(dim=0).clamp_min(1e-6)
+    present = data.inputs.image_masks  # [N, cameras]
+    rows, cameras = torch.nonzero(present, as_tuple=True)
+    generator = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(len(rows), generator=generator)
+    held, used = order[: max(1, len(order) // 10)], order[max(1, len(order) // 10):]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        head = torch.nn.Linear(model.config.backbone.width, 3)
+    parameters = [*model.vision.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=1e-4)
+
+    def loss_on(index: torch.Tensor) -> torch.Tensor:
+        images = data.inputs.images[rows[index], cameras[index]].float()
+        return object_position_loss(model, head, images, positions[rows[index]])
+
+    def held_out() -> float:
+        with torch.no_grad():
+            return float(sum(loss_on(part) * len(part) for part in held.split(256)) / len(held))
+
+    model.vision.train()
+    before = held_out()
+    for step in progress_bar(range(config.vision_pretrain), desc="vision"):
+        for group in optimizer.param_groups:
+            group["lr"] = config.learning_rate * min(1.0, (step + 1) / config.warmup_steps)
+        index = used[torch.randint(len(used), (2 * config.batch_size,), generator=generator)]
+        loss = loss_on(index)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        if step % 100 == 0:
+            log(f"vision step {step:4d}  object position loss {loss.item():.4f}")
+    model.vision.eval()
+    result = {"steps": config.vision_pretrain, "held_out_loss_before": before, "held_out_loss_after": held_out()}
+    log(f"vision tower: object position loss on held-out frames {before:.3f} -> "
+        f"{result['held_out_loss_after']:.3f} (standardised; 1 = knows nothing)")
+    return result
 
 
 def dataset_content_hash(episodes: Sequence[Episode]) -> str:
@@ -401,7 +459,8 @@ def train(episodes: Episode | Sequence[Episode], out: str | Path, config: TrainC
 
 def _run_key(episodes: Sequence[Episode], config: TrainConfig, init: dict | None = None) -> dict:
     key = {"train_config": dataclasses.asdict(config), "episode_sha256": dataset_content_hash(episodes)}
-    return key if init is None else {**key, "init_sha256": init["sha256"]}
+    key = key if init is None else {**key, "init_sha256": init["sha256"]}
+    return json.loads(json.dumps(key))  # as training.json holds it (the crops' tuples as lists)
 
 
 def initial_weights(path: str | Path, preset: str, embodiment: str) -> dict:
@@ -486,6 +545,7 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
         frames = list(range(0, total, config.eval_every))
         frames = [frames[i] for i in np.linspace(0, len(frames) - 1, min(len(frames), EVAL_FRAMES)).astype(int)]
         robot_dim = episodes[0].actions.shape[1]
+        vision = pretrain_vision(model, data, episodes, config, log) if config.vision_pretrain else None
         before = evaluate(model, data, tokenizer, stats, frames, robot_dim, config.seed)
         progress = Progress()
         if saved is not None:
@@ -519,7 +579,8 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
         info = {**key, **shapes, "train_seconds": seconds, "resumed_from_step": resumed_from,
                 "joint_names": list(episodes[0].joint_names), "evaluation_frames": frames, "before": before,
                 "after": after, "loss": [{k: round(v, 5) for k, v in h.items()} for h in history], **about,
-                **({} if init is None else {"init_checkpoint": str(init)})}
+                **({} if init is None else {"init_checkpoint": str(init)}),
+                **({} if vision is None else {"vision_pretrain": vision})}
         (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
         plot_loss(history, folder / LOSS_PLOT)
     shutil.rmtree(resume, ignore_errors=True)
@@ -601,6 +662,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each frame's caption also says where the object is (the dataset's "
                              "observation.environment_state, as sim-record writes it, in whole cm): the backbone "
                              "learns to locate it in the images, and the narration says where it sees it")
+    parser.add_argument("--vision-pretrain", type=int, default=defaults.vision_pretrain, metavar="STEPS",
+                        help="first train the vision tower alone for STEPS steps to tell where the object is (the "
+                             "dataset's observation.environment_state, as sim-record writes it): a stand-in for the "
+                             "pretrained tower a real pi0.5 has (0: none)")
+    parser.add_argument("--freeze-vision", action="store_true",
+                        help="keep the vision tower as training starts (pretrained, or --init's): end-to-end training "
+                             "on a few demonstrations would otherwise wear away what it sees")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (one is fastest on a busy 2-core machine)")
     return parser
@@ -610,13 +678,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if min(args.steps, args.batch_size, args.save_every, args.episodes or 1) <= 0:
         raise UsageError("--steps, --batch-size, --save-every and --episodes must be positive")
+    if args.vision_pretrain < 0:
+        raise UsageError("--vision-pretrain must be 0 or more")
     if not 0 <= args.rtc_max_delay < get_preset(args.preset).action_horizon:
         raise UsageError(f"--rtc-max-delay must be in 0..{get_preset(args.preset).action_horizon - 1} (below the "
                          f"{args.preset} preset's horizon)")
     config = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                          learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
                          save_every=args.save_every, rtc_max_delay=args.rtc_max_delay,
-                         image_crops=tuple(args.crop), object_captions=args.object_captions)
+                         image_crops=tuple(args.crop), object_captions=args.object_captions,
+                         freeze_vision=args.freeze_vision, vision_pretrain=args.vision_pretrain)
     if args.init and args.tokenizer:
         raise UsageError("--init brings its checkpoint's tokenizer; --tokenizer cannot go with it")
     try:

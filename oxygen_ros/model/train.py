@@ -87,6 +87,13 @@ def prefix_with_caption(model: Pi05Model, inputs: ModelInputs, caption: Tensor, 
     return torch.stack(prefix_k), torch.stack(prefix_v), valid, model.backbone.logits(text_hidden).float()
 
 
+def object_position_loss(model: Pi05Model, head: torch.nn.Linear, images: Tensor, positions: Tensor) -> Tensor:
+    """The vision tower alone: a linear read-out `head` of the mean of its tokens for images [B, 3, H, W] against
+    the object's normalised position [B, k] (mean squared error). What the tower learns here is in every one of its
+    tokens, so the backbone finds it whichever tokens it attends to."""
+    return F.mse_loss(head(model.vision(images).mean(dim=1)), positions)
+
+
 def training_losses(
     model: Pi05Model,
     inputs: ModelInputs,

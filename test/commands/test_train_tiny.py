@@ -244,6 +244,41 @@ def test_object_captions_teach_the_text_side_where_the_object_is(tmp_path, episo
     assert err.count("\n") == 0 and "environment_state" in err and not (tmp_path / "no").exists()
 
 
+def test_a_pretrained_frozen_vision_tower_tells_where_the_object_is_and_stays_as_it_was(tmp_path, episode, capsys):
+    """`--vision-pretrain N --freeze-vision`: the tower first learns alone to tell where the object is (its held-out
+    loss falls well below 1, what knowing nothing scores), then keeps those weights while the rest trains; without
+    the objects' poses it is refused in one line."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    rng = np.random.default_rng(0)
+    frames = np.full_like(episode.images["cam_high"], 80)  # a grey table, as in the sim
+    path = np.zeros((episode.length, 7), np.float32)
+    for t in range(episode.length):  # a white square wherever the object is: its pose is in the pixels
+        row, col = rng.integers(0, frames.shape[1] - 16), rng.integers(0, frames.shape[2] - 16)
+        frames[t, row: row + 16, col: col + 16] = (255, 0, 0)
+        path[t, :3] = (col / frames.shape[2], row / frames.shape[1], 0.02)
+    placed = dataclasses.replace(episode, images={"cam_high": frames}, environment_state=path)
+    root = write_lerobot(tmp_path / "placed", [placed], codec="av1")
+    first, frozen = tmp_path / "first", tmp_path / "frozen"
+    assert train_main([str(root), str(first), "--preset", "sim", "--steps", "1", "--batch-size", "16",
+                       "--vision-pretrain", "200"]) == 0
+    pretrain = json.loads((first / "training.json").read_text())["vision_pretrain"]
+    assert pretrain["held_out_loss_after"] < 0.5 * pretrain["held_out_loss_before"]
+    capsys.readouterr()
+    assert train_main([str(root), str(frozen), "--preset", "sim", "--steps", "3", "--batch-size", "4",
+                       "--init", str(first), "--freeze-vision"]) == 0
+    start, end = load_file(first / "model.safetensors"), load_file(frozen / "model.safetensors")
+    vision = [name for name in start if "vision" in name or "img" in name]
+    assert vision and all(torch.equal(start[name], end[name]) for name in vision)
+    assert any(not torch.equal(start[name], end[name]) for name in start if name not in vision)
+    plain = write_lerobot(tmp_path / "plain", [episode])
+    assert train_main([str(plain), str(tmp_path / "no"), "--steps", "2", "--vision-pretrain", "5"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "environment_state" in err and not (tmp_path / "no").exists()
+
+
 def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(tmp_path, dataset, monkeypatch):
     from oxygen_ros.commands import train_tiny
 
