@@ -199,10 +199,14 @@ def test_a_prefill_replay_writes_the_eager_prefix_and_belongs_to_its_cache(monke
     slots = torch.tensor([4, 0, 2])
     expected = model.prefill(batch, eager_cache, slots, want_hidden=True)
     got = graphs.prefill(graphed_cache, slots, batch, True)
-    assert torch.equal(got.num_valid, expected.num_valid) and torch.equal(got.hidden, expected.hidden)
+    # the padded batch of 4 runs other matrix shapes than the 3 rows: equal up to the kernels' rounding, which
+    # depends on the shape on some CPUs (AVX-512 without AMX here)
+    assert torch.equal(got.num_valid, expected.num_valid)
+    torch.testing.assert_close(got.hidden, expected.hidden, rtol=1e-5, atol=1e-5)
     assert got.num_valid.shape == (3,) and got.logits is None
-    for name in ("k", "v", "valid"):
-        assert torch.equal(getattr(graphed_cache, name), getattr(eager_cache, name)), name
+    assert torch.equal(graphed_cache.valid, eager_cache.valid)
+    for name in ("k", "v"):
+        torch.testing.assert_close(getattr(graphed_cache, name), getattr(eager_cache, name), rtol=1e-5, atol=1e-5)
     (captured,) = graphs._prefill[graphed_cache].values()
     assert torch.equal(captured.inputs[0], torch.tensor([4, 0, 2, 4]))  # the first row's slot repeated
     # a second call of the same bucket and kind replays (no capture); the other kind is a graph of its own
