@@ -163,12 +163,12 @@ def model_config_for(config: TrainConfig, episode: Episode) -> Pi05Config:
     """The preset's shapes with the training's image crops, named by the model's image keys; DataError when a
     crop names a camera the episode lacks or the model does not take."""
     preset = get_preset(config.preset)
-    cameras = {cam: ALOHA_CAMERA_KEYS.get(cam) for cam in episode.cameras}
+    cameras = model_cameras(episode, preset)
     crops = []
     for cam, box in config.image_crops:
-        if cameras.get(cam) not in preset.camera_names:
+        if cam not in cameras:
             raise DataError(f"--crop {cam}: the episode's cameras the {config.preset} preset takes are "
-                            f"{sorted(c for c, key in cameras.items() if key in preset.camera_names)}")
+                            f"{sorted(cameras)}")
         crops.append((cameras[cam], tuple(box)))
     try:
         return preset.replace(image_crops=tuple(crops))
