@@ -67,6 +67,22 @@ def test_readme_workspace_build_runs_as_written_and_colcon_test_runs_tests(tmp_p
 
     workspace = home / "ws"
     install = workspace / "install" / "oxygen_ros"
+    # CMake skips installing a file whose installed copy's time is within a second of the source's. When the build
+    # follows the checkout within a second, rosidl's empty __init__.py (installed first) and ours have such times:
+    # made so here, ours must still be installed over rosidl's.
+    site = next((install / "lib").glob("python3*/site-packages/oxygen_ros"))
+    source_init = workspace / "src" / "oxygen_ros" / "oxygen_ros" / "__init__.py"
+    generated = workspace / "build" / "oxygen_ros" / "rosidl_generator_py" / "oxygen_ros" / "__init__.py"
+    times = (generated.stat().st_atime_ns, generated.stat().st_mtime_ns)
+    (site / "__init__.py").write_text(generated.read_text())
+    for path in (source_init, site / "__init__.py"):
+        os.utime(path, ns=times)
+    again = run_bash(activate + f"export AMENT_PREFIX_PATH=$VIRTUAL_ENV && cd {workspace} && colcon build "
+                     "--packages-select oxygen_ros --cmake-args "
+                     "-DCMAKE_PROJECT_INCLUDE=$PWD/src/oxygen_ros/cmake/drop_missing_include_dirs.cmake", env,
+                     timeout=600)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert (site / "__init__.py").read_text() == source_init.read_text()
     declared = re.search(r"set\(OXYGEN_ROS_NODE_EXECUTABLES ([^)]*)\)", (ROOT / "CMakeLists.txt").read_text())
     executables = declared.group(1).split()
     assert "vla_node" in executables
