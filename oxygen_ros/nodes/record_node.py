@@ -8,7 +8,9 @@ on sensor-data QoS are heard), and transient local if all publishers are (so lat
 publisher's offered QoS is stored in the bag (`offered_qos_profiles`, as rosbag2 does), so a replay republishes
 latched topics latched and sensor streams best effort, as they were. The bag's type names and message
 definitions come from the kilted standard set plus our msg/ files; a topic whose type is unknown there is
-reported and skipped. Log times are this node's clock (ROS time, so with use_sim_time they are
+reported and skipped. Each time a topic's subscription matches a new publisher the node logs `hearing TOPIC
+from N publisher(s)`: a reliable volatile publisher's messages are recorded from then on (what a publisher sends
+before the recorder has matched it is not delivered, the DDS rule for volatile data). Log times are this node's clock (ROS time, so with use_sim_time they are
 bag time). The bag is written under a temporary name and moved to OUT_BAG when closed on SIGINT/SIGTERM; an MCAP
 bag's chunks carry their CRC-32 (`data/mcap_chunks.py`), so damage inside a chunk stops its reading.
 """
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.utilities import remove_ros_args
@@ -82,7 +85,9 @@ class RecordNode(Node):
                 offered_qos_profiles=[offered_profile(p.qos_profile) for p in publishers])
             self.counts[name] = 0
             self.create_subscription(cls, name, lambda data, c=connection: self._write(c, data),
-                                     self._qos_for(publishers), raw=True)
+                                     self._qos_for(publishers), raw=True,
+                                     event_callbacks=SubscriptionEventCallbacks(
+                                         matched=lambda info, topic=name: self._matched(topic, info)))
             self.get_logger().info(f"recording {name} ({msgtype})")
         if not self._pending:
             self._discover_timer.cancel()
@@ -97,6 +102,10 @@ class RecordNode(Node):
             reliability=ReliabilityPolicy.BEST_EFFORT if best_effort else ReliabilityPolicy.RELIABLE,
             durability=DurabilityPolicy.TRANSIENT_LOCAL if latched else DurabilityPolicy.VOLATILE,
         )
+
+    def _matched(self, topic: str, info) -> None:
+        if info.current_count_change > 0:
+            self.get_logger().info(f"hearing {topic} from {info.current_count} publisher(s)")
 
     def _write(self, connection, data: bytes) -> None:
         with self._lock:

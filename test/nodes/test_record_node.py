@@ -44,7 +44,8 @@ def test_recorder_writes_every_topic_with_types_and_definitions(ros_context, ros
     child = Child(["-m", "oxygen_ros.nodes.record_node", str(out), "--topics", *pubs], ros_env)  # MCAP
     try:
         assert wait_until(lambda: all(p.get_subscription_count() > 0 for p in pubs.values()), timeout=20)
-        time.sleep(0.3)
+        # Matched both ways: a volatile reader drops what a writer sent before the reader had matched it.
+        assert child.wait_for_lines([f"hearing /{topic} from 1" for topic in pubs], timeout=20), child.lines
         child.note_shm()
         for i in range(20):
             pubs["joint_states"].publish(JointState(name=["a", "b"], position=[float(i), -float(i)]))

@@ -71,6 +71,24 @@ class Child:
         self.process = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)
         self.shm: set[str] = set()
+        self.lines: list[str] = []  # its output so far, read on a thread (a full pipe would block the child)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def wait_for_lines(self, texts: list[str], timeout: float) -> bool:
+        """Whether every text has appeared in a line of the child's output within `timeout` s (False if it ends)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = list(self.lines)
+            if all(any(text in line for line in seen) for text in texts):
+                return True
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                return False
+            time.sleep(0.05)
 
     def note_shm(self) -> None:
         self.shm |= shm_paths_of(self.process.pid)
@@ -87,9 +105,9 @@ class Child:
         if self.process.poll() is None:
             self.note_shm()
             stop(self.process, timeout)
-        output = self.process.stdout.read() if self.process.stdout else ""
+        self._reader.join(timeout=10)
         remove_orphaned_shm(self.shm)
-        return self.process.returncode, output
+        return self.process.returncode, "".join(self.lines)
 
 
 class Receiver:
