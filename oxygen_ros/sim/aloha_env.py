@@ -117,7 +117,8 @@ class AlohaSimEnv:
         self.steps, self.success, self.diverged, self.episode_max_reward = 0, False, False, 0.0
         return self._observation(timestep.observation)
 
-    def step(self, action: np.ndarray) -> StepResult:
+    def step(self, action: np.ndarray, render: bool = True) -> StepResult:
+        """One 50 Hz control step; `render=False` leaves the observation's images empty (physics only)."""
         action = np.asarray(action, dtype=np.float64)
         if action.shape != (14,) or not np.all(np.isfinite(action)):
             raise ValueError(f"action must be 14 finite joint targets, got shape {action.shape}")
@@ -132,14 +133,14 @@ class AlohaSimEnv:
         reward = float(timestep.reward or 0.0)
         self.episode_max_reward = max(self.episode_max_reward, reward)
         self.success = self.success or reward >= self.max_reward
-        return StepResult(self._observation(timestep.observation), reward, reward >= self.max_reward,
+        return StepResult(self._observation(timestep.observation, render), reward, reward >= self.max_reward,
                           self.steps >= self.max_steps)
 
     def render(self) -> dict[str, np.ndarray]:
         return {name: np.ascontiguousarray(cam.render()) for name, cam in self._cameras.items()}
 
-    def _observation(self, raw: dict) -> Observation:
-        return Observation(self.render(), np.asarray(raw["qpos"], dtype=np.float64).copy(),
+    def _observation(self, raw: dict, render: bool = True) -> Observation:
+        return Observation(self.render() if render else {}, np.asarray(raw["qpos"], dtype=np.float64).copy(),
                            np.asarray(raw["qvel"], dtype=np.float64).copy(),
                            np.asarray(self._env.task.get_env_state(self.physics), dtype=np.float64).copy())
 

@@ -13,7 +13,14 @@ from oxygen_ros.data.bag import bag_topics
 from oxygen_ros.data.convert import main as convert_main
 from oxygen_ros.data.lerobot import dataset_checksums, lerobot_info, read_lerobot
 from oxygen_ros.sim.aloha_env import REWARD_STAGES, AlohaSimEnv
-from oxygen_ros.sim.demonstrations import EPISODE_STEPS, demonstration, end_effector_rollout
+from oxygen_ros.sim.demonstrations import (
+    EPISODE_STEPS,
+    RIGHT_SHOULDER,
+    demonstration,
+    end_effector_rollout,
+    held_in_replay,
+    pick_rotation,
+)
 
 TRANSFERRED = REWARD_STAGES["transfer_cube"].index("cube transferred")
 LIFTED = REWARD_STAGES["transfer_cube"].index("cube lifted")
@@ -29,7 +36,13 @@ def env(monkeypatch):
     sim.close()
 
 
-@pytest.mark.parametrize("seed", [0, 3])
+def planned(env, seed: int) -> np.ndarray:
+    """The targets `demonstration` replays: the rollout, its left grasp aimed where the replay holds the cube."""
+    return end_effector_rollout(seed, held=held_in_replay(env, seed, end_effector_rollout(seed)))
+
+
+# 15: the cube in the table's near corner (x 0.17, y 0.44); picked pointing along -x, the arm never touched it
+@pytest.mark.parametrize("seed", [0, 3, 15])
 def test_a_seeded_demonstration_transfers_the_cube_in_the_joint_space_task(env, seed):
     demo = demonstration(env, seed)
     reward = demo.episode.reward
@@ -43,9 +56,32 @@ def test_a_seeded_demonstration_transfers_the_cube_in_the_joint_space_task(env, 
     assert demo.episode.actions[-1, 13] == 1.0
     assert demo.episode.length == EPISODE_STEPS and demo.episode.images["top"].shape == (EPISODE_STEPS, 16, 16, 3)
     # the recorded actions are the rollout's joint targets, and the replay reached them
-    np.testing.assert_allclose(demo.episode.actions, end_effector_rollout(seed), atol=1e-6)
+    np.testing.assert_allclose(demo.episode.actions, planned(env, seed), atol=1e-6)
     tracking = np.abs(demo.episode.state[1:, :6] - demo.episode.actions[:-1, :6])
     assert np.median(tracking) < 0.01 and np.quantile(tracking, 0.95) < 0.05
+
+
+def test_the_right_gripper_picks_facing_away_from_its_shoulder(env):
+    """Over the cube, the gripper points along the line from the right arm's waist to the cube, tilted down."""
+    shoulder = env.physics.named.data.xpos["vx300s_right/shoulder_link"]
+    np.testing.assert_allclose(RIGHT_SHOULDER, shoulder[:2], atol=1e-9)
+    for seed in (15, 8, 100001):
+        cube = sample_box_pose(seed)[:3]
+        pointing = pick_rotation(cube)[:, 0]  # the gripper link's x axis: along the fingers
+        away = (cube[:2] - RIGHT_SHOULDER) / np.linalg.norm(cube[:2] - RIGHT_SHOULDER)
+        np.testing.assert_allclose(pointing[:2] / np.linalg.norm(pointing[:2]), away, atol=1e-9)
+        assert pointing[2] == pytest.approx(-np.sin(np.radians(50.0)))
+
+
+def test_the_left_grasp_is_aimed_where_the_joint_space_replay_holds_the_cube(env):
+    """Seed 2 (x 0.09, y 0.41): the welded gripper of the end-effector task drops the cube that joint control
+    carries; aimed at the table, the left arm would reach far below the held cube."""
+    first = end_effector_rollout(2)
+    held = held_in_replay(env, 2, first)
+    assert held[2] > 0.2  # in the air in the joint-space task
+    again = end_effector_rollout(2, held=held)
+    np.testing.assert_array_equal(again[:200], first[:200])  # the plan changes only from the replanning step on
+    assert np.abs(again[200:, :6] - first[200:, :6]).max() > 0.1  # the left arm goes elsewhere
 
 
 def test_demonstration_i_is_reproducible_and_seeds_differ():
@@ -54,7 +90,7 @@ def test_demonstration_i_is_reproducible_and_seeds_differ():
     assert np.abs(first - other).max() > 0.05  # another cube pose, another reach
 
 
-def test_sim_record_writes_a_dataset_the_reader_and_convert_take(tmp_path, monkeypatch, capsys):
+def test_sim_record_writes_a_dataset_the_reader_and_convert_take(env, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MUJOCO_GL", "egl")
     out = tmp_path / "demos"
     assert record_main([str(out), "--episodes", "2", "--seed", "3", "--height", "24", "--width", "32"]) == 0
@@ -72,7 +108,7 @@ def test_sim_record_writes_a_dataset_the_reader_and_convert_take(tmp_path, monke
         assert episode.length == EPISODE_STEPS and episode.cameras == ("top",)
         assert episode.images["top"].shape == (EPISODE_STEPS, 24, 32, 3)
         assert episode.task == "Pick up the cube with the right arm and transfer it to the left arm."
-        np.testing.assert_allclose(episode.actions, end_effector_rollout(seed), atol=1e-6)
+        np.testing.assert_allclose(episode.actions, planned(env, seed), atol=1e-6)
         # the cube's pose every step (observation.environment_state): where gym-aloha put it, then in the air
         cube = episode.environment_state
         assert cube.shape == (EPISODE_STEPS, 7)
