@@ -247,7 +247,8 @@ def evaluate_ros(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], ar
     from . import sim_eval_ros as ros
 
     started = time.monotonic()
-    run = ros.evaluate(checkpoint, seeds, list(policy.cameras), image_size(policy), args.blending, args.policy_rate,
+    policy_rate = args.policy_rate or 1.0 / (policy.model.config.action_horizon * DT)  # 0: each chunk runs whole
+    run = ros.evaluate(checkpoint, seeds, list(policy.cameras), image_size(policy), args.blending, policy_rate,
                        args.sim_rate, args.steps, out, args.policy_param, args.user_domain, args.policy,
                        args.inject_delay)
     summary = run["summary"]
@@ -257,7 +258,7 @@ def evaluate_ros(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], ar
                            "count": latency["count"], "what": "sim time from the source frame to arrival; "
                                                               "p99 column is the max"},
               "chunk_latency_steps": latency, "blending": args.blending, "inject_delay_steps": args.inject_delay,
-              "policy_rate_hz": args.policy_rate,
+              "policy_rate_hz": policy_rate,
               "switch_discontinuity": summary["switch_discontinuity"], "jerk_rms": summary["jerk_rms"],
               "chunks_accepted": summary["chunks_accepted"], "chunks_rejected": summary["chunks_rejected"],
               "held_steps": summary["held_steps"], "wall_seconds": time.monotonic() - started}
@@ -301,7 +302,9 @@ def build_parser() -> CommandParser:
                         help="ros: sim_node's hand-over (docs/sim.md says why newest_wins)")
     parser.add_argument("--inject-delay", type=int, default=0, metavar="STEPS",
                         help="ros: sim_node publishes each frame this many steps late (inject_delay_steps)")
-    parser.add_argument("--policy-rate", type=float, default=12.5, help="ros: the VLA node's control.rate_hz")
+    parser.add_argument("--policy-rate", type=float, default=0.0,
+                        help="ros: the VLA node's control.rate_hz (0: one chunk per chunk span, so each runs whole "
+                             "as --execute 0 does in process: 1 Hz for 50-step chunks at 50 Hz)")
     parser.add_argument("--sim-rate", type=float, default=50.0,
                         help="ros: sim_node's wall-clock pacing (rate_hz; 0: as fast as it goes)")
     parser.add_argument("--policy", default="oxygen_ros.nodes.vla_node",
@@ -323,9 +326,9 @@ def build_parser() -> CommandParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if (args.episodes <= 0 or args.steps <= 0 or args.policy_rate <= 0
-            or min(args.execute, args.sim_rate, args.inject_delay, args.delay) < 0):
-        raise UsageError("--episodes, --steps and --policy-rate must be positive, --execute, --sim-rate, "
+    if (args.episodes <= 0 or args.steps <= 0
+            or min(args.execute, args.policy_rate, args.sim_rate, args.inject_delay, args.delay) < 0):
+        raise UsageError("--episodes and --steps must be positive, --execute, --policy-rate, --sim-rate, "
                          "--inject-delay and --delay not negative")
     if args.delay and args.handover is None:
         raise UsageError("--delay needs --handover")
