@@ -15,6 +15,7 @@ from oxygen_ros.data.lerobot import dataset_checksums, lerobot_info, read_lerobo
 from oxygen_ros.sim.aloha_env import REWARD_STAGES, AlohaSimEnv
 from oxygen_ros.sim.demonstrations import (
     EPISODE_STEPS,
+    REPLAN_STEP,
     RIGHT_SHOULDER,
     demonstration,
     end_effector_rollout,
@@ -80,8 +81,8 @@ def test_the_left_grasp_is_aimed_where_the_joint_space_replay_holds_the_cube(env
     held = held_in_replay(env, 2, first)
     assert held[2] > 0.2  # in the air in the joint-space task
     again = end_effector_rollout(2, held=held)
-    np.testing.assert_array_equal(again[:200], first[:200])  # the plan changes only from the replanning step on
-    assert np.abs(again[200:, :6] - first[200:, :6]).max() > 0.1  # the left arm goes elsewhere
+    np.testing.assert_array_equal(again[:REPLAN_STEP], first[:REPLAN_STEP])  # changed only from the replanning on
+    assert np.abs(again[REPLAN_STEP:, :6] - first[REPLAN_STEP:, :6]).max() > 0.1  # the left arm goes elsewhere
 
 
 def test_demonstration_i_is_reproducible_and_seeds_differ():
