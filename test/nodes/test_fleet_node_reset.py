@@ -83,8 +83,10 @@ def test_a_robots_reset_starts_its_episode_plain_and_leaves_the_other_robot_alon
             late.add(sensors["a"].publish_frame(called_ns - k * 1_000_000))
             time.sleep(0.1)
         guided = int(seen("a")["rtc_guided"])
+        b_guided = int(b_before["rtc_guided"])  # robot b's status is read as it comes: wait for one after a's
         assert drive_until(lambda: int(seen("a").get("rtc_guided", "0")) >= guided + 4
-                           and int(seen("a").get("dropped_frames", "0")) >= 1, 120), seen("a")
+                           and int(seen("a").get("dropped_frames", "0")) >= 1
+                           and int(seen("b").get("rtc_guided", "0")) > b_guided, 120), (seen("a"), seen("b"))
         after, b_after = seen("a"), seen("b")
         with lock:
             new = chunks["a"][a_before:]
