@@ -1,6 +1,7 @@
 """The VLA node's outputs for real controllers, over real DDS: joint groups on their own topics in robot units,
 a hand-over policy shaping what is published, and a clock mismatch named with its fix."""
 
+import re
 import threading
 import time
 
@@ -175,7 +176,8 @@ def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_cont
         assert wait_until(replayed, 20, child), robot.last_values()
         diagnostics = robot.diagnostics[-1]
         for text in (diagnostics.message, robot.last_values()["clock_mismatch"]):
-            assert f"{CAMERAS[0]} arrives stamped 10800.0 s behind the node clock" in text, text
+            # 3 h behind, however late the frame was handled on a loaded machine (10800.1 s)
+            assert re.search(rf"{CAMERAS[0]} arrives stamped 10800\.\d s behind the node clock", text), text
             assert "`ros2 bag play --clock`" in text and "use_sim_time:=true" in text, text
         assert "newest image from" in diagnostics.message  # the skipped tick's own reason stays
         assert int(robot.last_values()["dropped_stale_frame"]) >= 1
@@ -190,7 +192,7 @@ def test_frames_stamped_hours_off_the_node_clock_are_named_with_the_fix(ros_cont
     warnings = [line for line in output.splitlines() if "clock mismatch: " + CAMERAS[0] in line]
     assert len(warnings) == 1, output  # once per source and condition, not once per frame
     assert "play it with `ros2 bag play --clock` and start the node with use_sim_time:=true" in warnings[0]
-    assert "clock mismatch: joint_states arrives stamped 10800.0 s behind" in output
+    assert re.search(r"clock mismatch: joint_states arrives stamped 10800\.\d s behind", output), output
     assert f"clock mismatch over: {CAMERAS[0]}" in output
     assert "not acting (clock_mismatch)" in output
 
