@@ -1,17 +1,13 @@
 """Stop signals on node processes: caught from the first line (even while torch and rclpy are still importing, even
 when the parent ignored SIGINT), and more signals during shutdown never change the exit code 0."""
 
-import os
 import signal
 import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
+from test_replay_node import Child
 from test_vla_node_ros import ARMED, TINY
 
-REPO = Path(__file__).resolve().parents[2]
 NODE_ARGS = ["--ros-args", *ARMED, *TINY]
 ENTRIES = {  # how a node process is started: `python -m` and the console script's function
     "module": ["-m", "oxygen_ros.nodes.vla_node"],
@@ -19,28 +15,9 @@ ENTRIES = {  # how a node process is started: `python -m` and the console script
 }
 
 
-class NodeProcess:
-    def __init__(self, args: list[str], env: dict, ignore_sigint: bool = False):
-        env = dict(env, PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
-        self.process = subprocess.Popen(
-            [sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            # What a shell does for a background job: the child starts with SIGINT ignored.
-            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    def wait_for_line(self, text: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
-            if any(text in line for line in self.lines):
-                return True
-            time.sleep(0.05)
-        return any(text in line for line in self.lines)
+class NodeProcess(Child):
+    """A node process whose output is read as it comes (`Child`), and that is never sent a signal it was not sent
+    by the test: `finish` waits, then kills."""
 
     def finish(self, timeout: float) -> tuple[int | None, str]:
         """(exit code or None if it had to be killed, output)."""
@@ -76,7 +53,7 @@ def test_more_signals_during_shutdown_still_exit_zero(ros_env):
     firsts = (signal.SIGINT, signal.SIGTERM)
     nodes = [NodeProcess([*ENTRIES["module"], *NODE_ARGS], ros_env) for _ in firsts]
     for node in nodes:
-        assert node.wait_for_line("cameras {", 240), node.finish(1)[1]  # the node is built and spinning
+        assert node.wait_for_lines(["cameras {"], 240), node.finish(1)[1]  # the node is built and spinning
     for node, first in zip(nodes, firsts):
         node.process.send_signal(first)
     deadline = time.monotonic() + 30

@@ -65,11 +65,13 @@ def remove_orphaned_shm(paths: set[str]) -> None:
 class Child:
     """A node process on the test's DDS domain; `stop()` sends SIGINT, then kills, then cleans /dev/shm."""
 
-    def __init__(self, args: list[str], env: dict):
+    def __init__(self, args: list[str], env: dict, ignore_sigint: bool = False):
+        """`ignore_sigint`: start it as a shell starts a background job, with SIGINT ignored."""
         env = dict(env)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-        self.process = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
         self.shm: set[str] = set()
         self.lines: list[str] = []  # its output so far, read on a thread (a full pipe would block the child)
         self._reader = threading.Thread(target=self._read, daemon=True)
