@@ -64,6 +64,22 @@ def test_seeded_reset_and_step_are_deterministic():
     assert np.abs(qpos_a[-1] - qpos_a[0]).max() > 1e-3  # the commands moved the arms
 
 
+def test_a_step_without_rendering_has_the_same_physics_and_no_images():
+    env = AlohaSimEnv("transfer_cube", cameras=("top",), height=24, width=32, max_steps=6)
+    try:
+        runs = []
+        for render in (True, False):
+            obs = env.reset(seed=5)
+            runs.append([env.step(a, render=render).observation for a in wiggle(obs.qpos, 6)])
+    finally:
+        env.close()
+    rendered, physics_only = runs
+    assert all(o.images == {} for o in physics_only) and rendered[-1].images["top"].shape == (24, 32, 3)
+    for a, b in zip(rendered, physics_only):
+        np.testing.assert_array_equal(a.qpos, b.qpos)
+        np.testing.assert_array_equal(a.env_state, b.env_state)
+
+
 def test_matches_gym_aloha_state_and_pixels():
     import gym_aloha  # noqa: F401  (registers the environments)
     import gymnasium as gym
