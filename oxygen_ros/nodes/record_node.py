@@ -10,8 +10,8 @@ latched topics latched and sensor streams best effort, as they were. The bag's t
 definitions come from the kilted standard set plus our msg/ files; a topic whose type is unknown there is
 reported and skipped. Each time a topic's subscription matches a new publisher the node logs `hearing TOPIC
 from N publisher(s)`: a reliable volatile publisher's messages are recorded from then on (what a publisher sends
-before the recorder has matched it is not delivered, the DDS rule for volatile data). Log times are this node's clock (ROS time, so with use_sim_time they are
-bag time). The bag is written under a temporary name and moved to OUT_BAG when closed on SIGINT/SIGTERM; an MCAP
+before the recorder has matched it is not delivered, the DDS rule for volatile data). Log times are this node's
+clock (ROS time, so with use_sim_time they are bag time). The bag is written under a temporary name and moved to OUT_BAG when closed on SIGINT/SIGTERM; an MCAP
 bag's chunks carry their CRC-32 (`data/mcap_chunks.py`), so damage inside a chunk stops its reading.
 """
 
