@@ -63,8 +63,9 @@ from ..model.preprocess import (
     prepare_inputs,
     robot_actions,
 )
+from ..model.prompt import NUM_STATE_BINS
 from ..model.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-from ..model.train import object_position_loss, training_losses
+from ..model.train import object_position_loss, order_number_embeddings, training_losses
 from .sim_demo import MODEL_CAMERA_KEYS as SIM_CAMERA_KEYS
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -94,6 +95,7 @@ class TrainConfig:
     object_captions: bool = False  # captions also say where the object is (`data.captions.object_captions`)
     freeze_vision: bool = False  # the vision tower keeps its starting weights (a warm start's, or pretrained)
     vision_pretrain: int = 0  # steps of `pretrain_vision` before the training (0: none)
+    ordered_numbers: bool = False  # the state's bin numbers start with ordered embeddings (`order_number_embeddings`)
 
 
 @dataclass
@@ -537,10 +539,18 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
                             f"{model_config.vocab_size}")
         stats = norm_stats_from_episodes(episodes, embodiment, model_config.action_horizon)
         data = training_set(episodes, model_config, tokenizer, stats, embodiment, config.object_captions)
+        shapes = {"episodes": len(episodes), "frames": data.actions.shape[0],
+                  "cameras": {cam: list(episodes[0].images[cam].shape[1:3]) for cam in episodes[0].cameras}}
+        # the model's view of every frame is in `data` now: the list lets go of the full-size pixels (most of a
+        # large dataset's memory) wherever the caller does not hold them
+        episodes[:] = [dataclasses.replace(episode, images={}) for episode in episodes]
         model = build_model(model_config, seed=config.seed)
         if start is not None:
             model.load_state_dict(start["weights"])
             log(f"starting from {init}'s weights (sha256 {start['sha256'][:12]}), this data's norm stats")
+        elif config.ordered_numbers:
+            log(f"ordered embeddings for {order_number_embeddings(model, tokenizer)} of the "
+                f"{NUM_STATE_BINS} state bin numbers (the others take several tokens)")
         total = data.actions.shape[0]
         frames = list(range(0, total, config.eval_every))
         frames = [frames[i] for i in np.linspace(0, len(frames) - 1, min(len(frames), EVAL_FRAMES)).astype(int)]
@@ -553,8 +563,6 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
             model.load_state_dict(weights)
             log(f"resuming from step {progress.step} ({resume})")
 
-        shapes = {"episodes": len(episodes), "frames": total,
-                  "cameras": {cam: list(episodes[0].images[cam].shape[1:3]) for cam in episodes[0].cameras}}
 
         def save(state: Progress) -> None:
             resume.mkdir(exist_ok=True)
@@ -669,6 +677,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--freeze-vision", action="store_true",
                         help="keep the vision tower as training starts (pretrained, or --init's): end-to-end training "
                              "on a few demonstrations would otherwise wear away what it sees")
+    parser.add_argument("--ordered-numbers", action="store_true",
+                        help="the state's bin numbers in the prompt start with embeddings that know their order (a "
+                             "stand-in for a pretrained language model's numeracy; not with --init, whose "
+                             "embeddings are kept)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (one is fastest on a busy 2-core machine)")
     return parser
@@ -687,13 +699,15 @@ def main(argv: list[str] | None = None) -> int:
                          learning_rate=args.learning_rate, seed=args.seed, embodiment=args.embodiment,
                          save_every=args.save_every, rtc_max_delay=args.rtc_max_delay,
                          image_crops=tuple(args.crop), object_captions=args.object_captions,
-                         freeze_vision=args.freeze_vision, vision_pretrain=args.vision_pretrain)
+                         freeze_vision=args.freeze_vision, vision_pretrain=args.vision_pretrain,
+                         ordered_numbers=args.ordered_numbers)
     if args.init and args.tokenizer:
         raise UsageError("--init brings its checkpoint's tokenizer; --tokenizer cannot go with it")
+    if args.init and args.ordered_numbers:
+        raise UsageError("--init keeps its checkpoint's embeddings; --ordered-numbers cannot go with it")
     try:
-        episodes = read_episodes(args.src, args.task, args.episodes)
-        info = train(episodes, args.out, config, args.tokenizer, threads=args.threads, about=sim_seeds(args.src),
-                     init=args.init)
+        info = train(read_episodes(args.src, args.task, args.episodes), args.out, config, args.tokenizer,
+                     threads=args.threads, about=sim_seeds(args.src), init=args.init)
     except (DataError, OSError, ValueError) as err:
         print(f"train-tiny failed: {err}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ the postfix).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ from torch import Tensor
 from .gemma import attend, prefix_attention_bias, rope_cos_sin
 from .inputs import ModelInputs
 from .pi05 import Pi05Model
+from .prompt import NUM_STATE_BINS
+from .tokenizer import Tokenizer
 
 BETA_ALPHA = 1.5  # Beta(1.5, 1)
 TIME_SCALE, TIME_OFFSET = 0.999, 0.001
@@ -142,3 +145,28 @@ def training_losses(
     if learned is None:
         return Losses(action=F.mse_loss(velocity, noise - actions), text=text)
     return Losses(action=F.mse_loss(velocity[learned], (noise - actions)[learned]), text=text)
+
+
+def order_number_embeddings(model: Pi05Model, tokenizer: Tokenizer, count: int = NUM_STATE_BINS) -> int:
+    """Give the backbone's embeddings of the numbers 0..count-1 (each a single token) an order: row n becomes
+    sines and cosines of n at periods from 2 to 2 * count, scaled to the random rows' size, so that neighbouring
+    numbers start alike and a linear map reads a number's size. A stand-in for the numeracy of the pretrained
+    language model a real pi0.5 starts from: its prompt gives the state as bin numbers, and a backbone trained
+    from scratch otherwise learns each bin's meaning on its own from the frames that show it (`docs/sim.md`).
+    Numbers the tokenizer splits into several tokens are left as they are. Returns how many rows were set."""
+    embedding = model.backbone.embed_tokens.weight
+    width = embedding.shape[1]
+    pairs = width // 2
+    periods = 2.0 * count ** (torch.arange(pairs, dtype=torch.float64) / max(1, pairs - 1))
+    rows = 0
+    with torch.no_grad():
+        for number in range(count):
+            ids = tokenizer.encode(str(number))
+            if len(ids) != 1:
+                continue
+            angle = 2.0 * math.pi * number / periods
+            code = torch.zeros(width, dtype=torch.float64)
+            code[: 2 * pairs] = torch.stack([angle.sin(), angle.cos()], dim=1).reshape(-1)
+            embedding[ids[0]] = (code * math.sqrt(2.0) * embedding.std()).to(embedding.dtype)
+            rows += 1
+    return rows

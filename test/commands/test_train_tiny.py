@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from oxygen_ros.command_line import UsageError
 from oxygen_ros.commands.train_tiny import (
     TOKENIZER_FILE,
     TrainConfig,
@@ -34,7 +35,7 @@ from oxygen_ros.model.kv_cache import KVCache
 from oxygen_ros.model.pi05 import build_model
 from oxygen_ros.model.preprocess import ACTION_KEY, STATE_KEY
 from oxygen_ros.model.tokenizer import load_tokenizer
-from oxygen_ros.model.train import prefix_with_caption, sample_times
+from oxygen_ros.model.train import order_number_embeddings, prefix_with_caption, sample_times
 
 TINY = get_preset("tiny")
 ALOHA = load_embodiment("aloha")
@@ -355,3 +356,51 @@ def test_a_warm_start_begins_from_the_other_checkpoints_weights_with_this_datas_
     assert train_main([str(root), str(tmp_path / "sim"), "--preset", "sim", "--steps", "1", "--init", str(first)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not the sim preset's" in err and not (tmp_path / "sim").exists()
+
+
+def test_ordered_number_embeddings_place_each_state_bin_by_its_size(tokenizer):
+    """Every state bin number that is one token gets a row in which neighbours are alike and far numbers are not,
+    and from which a linear map reads the number; the rest of the table is left as it was."""
+    model = build_model(get_preset("sim"), seed=0)
+    table = model.backbone.embed_tokens.weight
+    before = table.detach().clone()
+    numbers = [n for n in range(256) if len(tokenizer.encode(str(n))) == 1]
+    rows = [tokenizer.encode(str(n))[0] for n in numbers]
+    assert order_number_embeddings(model, tokenizer) == len(numbers) and len(numbers) > 128
+    after = table.detach()
+    others = torch.ones(len(after), dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(after[others], before[others]) and not torch.equal(after[rows], before[rows])
+    codes = torch.nn.functional.normalize(after[rows], dim=1)
+    similarity = codes @ codes.T
+    index = {n: i for i, n in enumerate(numbers)}
+
+    def alike(distance: int) -> float:  # the mean similarity of numbers `distance` apart
+        return float(np.mean([float(similarity[index[n], index[n + distance]]) for n in numbers
+                              if n + distance in index]))
+
+    profile = [alike(distance) for distance in (1, 2, 4, 8, 16, 32, 64)]
+    assert profile == sorted(profile, reverse=True) and profile[0] > 0.6 and abs(profile[-1]) < 0.1
+    features = np.c_[after[rows].double().numpy(), np.ones(len(rows))]
+    weights, *_ = np.linalg.lstsq(features, np.array(numbers, dtype=np.float64), rcond=None)
+    assert np.abs(features @ weights - numbers).max() < 1  # a linear map reads the bin exactly
+    # the same size as the random rows, so the layers see them at the scale they see words
+    assert 0.8 < float(after[rows].norm(dim=1).mean() / before[others].norm(dim=1).mean()) < 1.25
+
+
+def test_train_tiny_orders_the_number_embeddings_when_asked_and_not_over_a_warm_start(tmp_path, dataset, capsys):
+    """`--ordered-numbers`: the run says how many bin numbers it ordered and is a run of its own (not the cached
+    plain one); with `--init` it is refused in one line, nothing written."""
+    root, _ = dataset
+    plain, ordered = tmp_path / "plain", tmp_path / "ordered"
+    assert train_main([str(root), str(plain), "--steps", "1", "--batch-size", "4"]) == 0
+    capsys.readouterr()
+    assert train_main([str(root), str(ordered), "--steps", "1", "--batch-size", "4", "--ordered-numbers"]) == 0
+    out = capsys.readouterr().out
+    assert "ordered embeddings for" in out and "already holds" not in out
+    written = json.loads((ordered / "training.json").read_text())
+    assert written["train_config"]["ordered_numbers"] is True
+    assert written["loss"][0] != json.loads((plain / "training.json").read_text())["loss"][0]
+    with pytest.raises(UsageError, match="--ordered-numbers"):
+        train_main([str(root), str(tmp_path / "no"), "--steps", "1", "--init", str(plain), "--ordered-numbers"])
+    assert not (tmp_path / "no").exists()
