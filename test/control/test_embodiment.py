@@ -18,7 +18,7 @@ ALOHA_FLIPS = np.array([1, -1, -1, 1, 1, 1, 1, 1, -1, -1, 1, 1, 1, 1], dtype=flo
 
 
 def test_shipped_profiles_load():
-    assert shipped_names() == ("absolute", "aloha", "droid")
+    assert shipped_names() == ("absolute", "aloha", "aloha_sim", "droid")
     droid, aloha = load_embodiment("droid"), load_embodiment("aloha")
     assert (droid.rate_hz, droid.horizon, droid.openpi_asset_ids) == (15.0, 15, ("droid",))
     assert (aloha.rate_hz, aloha.horizon, aloha.openpi_asset_ids) == (50.0, 50, ("trossen",))
@@ -161,6 +161,22 @@ def test_aloha_deltas_are_added_to_the_frame_state_and_the_grippers_converted_ab
     both = aloha.actions_to_robot(np.stack([model, model]), states).positions
     np.testing.assert_allclose(both[1, :, :6] - both[0, :, :6], 0.2)
     np.testing.assert_allclose(both[1, :, 6], both[0, :, 6])
+
+
+def test_aloha_sim_is_alohas_units_with_every_joint_absolute():
+    """openpi's pi0_aloha_sim: adapt_to_pi as in `aloha`, no delta: the joints are the flipped model values whatever
+    the frame's state, the grippers and the state in are `aloha`'s, and its request keys are `aloha`'s."""
+    aloha, sim = load_embodiment("aloha"), load_embodiment("aloha_sim")
+    state = np.array([0.1, 0.3, -0.3, 0.4, 0.5, 0.6, 0.5, -0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 1.0])
+    model = np.random.default_rng(0).uniform(-1, 1, (50, 14))
+    chunk = sim.actions_to_robot(model, state)
+    joints = [d for d in range(14) if d not in (6, 13)]
+    np.testing.assert_allclose(chunk.positions[:, joints], model[:, joints] * ALOHA_FLIPS[joints], atol=1e-12)
+    np.testing.assert_allclose(sim.actions_to_robot(model, state + 0.3).positions, chunk.positions)
+    np.testing.assert_allclose(chunk.positions[:, [6, 13]], aloha.actions_to_robot(model, state).positions[:, [6, 13]])
+    np.testing.assert_allclose(sim.actions_to_model(chunk.positions, state), model, atol=1e-12)
+    np.testing.assert_allclose(sim.state_to_model(state[None]), aloha.state_to_model(state[None]))
+    assert sim.openpi_keys == aloha.openpi_keys and (sim.rate_hz, sim.horizon) == (50.0, 50)
 
 
 def test_absolute_is_the_identity_on_any_width():
