@@ -54,7 +54,7 @@ from .processes import add_user_domain_argument, child_env
 from .sim_demo import contact_sheet, parameter_override
 from .train_tiny import ALOHA_CAMERA_KEYS, INFO_FILE, TOKENIZER_FILE, predict_chunks
 
-EMBODIMENT = "aloha"  # gym-aloha's ViperX pair: ALOHA's joints and units
+EMBODIMENTS = ("aloha", "aloha_sim")  # gym-aloha's ViperX pair: ALOHA's joints and units, delta or absolute joints
 PATHS = ("inproc", "ros", "serve")
 
 
@@ -65,12 +65,13 @@ class CheckpointPolicy:
         """`rtc`: sample chunks asked with a previous one (`chunk(..., previous=)`) with real-time chunking."""
         folder = Path(folder)
         loaded = load_checkpoint(folder)
-        if loaded.trained_on.embodiment not in (None, EMBODIMENT):
-            raise DataError(f"{folder}: trained in embodiment {loaded.trained_on.embodiment!r}, the sim is "
-                            f"{EMBODIMENT!r}")
+        trained = loaded.trained_on.embodiment or EMBODIMENTS[0]
+        if trained not in EMBODIMENTS:
+            raise DataError(f"{folder}: trained in embodiment {trained!r}, the sim is ALOHA "
+                            f"({' or '.join(map(repr, EMBODIMENTS))})")
         self.model, self.stats, self.seed = loaded.model, loaded.norm_stats, seed
         self.tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
-        self.embodiment = load_embodiment(EMBODIMENT)
+        self.embodiment = load_embodiment(trained)  # every path runs the checkpoint in the profile it learned
         info = json.loads((folder / INFO_FILE).read_text()) if (folder / INFO_FILE).is_file() else {}
         self.cameras = {cam: tuple(size) for cam, size in (info.get("cameras") or {"top": (240, 320)}).items()}
         unknown = [cam for cam in self.cameras if ALOHA_CAMERA_KEYS.get(cam) not in self.model.config.camera_names]
@@ -223,7 +224,7 @@ def evaluate_serve(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], 
     if list(policy.cameras) != ["top"]:
         raise DataError(f"the serve path sends openpi's ALOHA sim request (the top camera as cam_high); the "
                         f"checkpoint takes {list(policy.cameras)}")
-    server = serve.ServeChild(serve.serve_arguments(checkpoint), child_env(), out / "serve.log")
+    server = serve.ServeChild(serve.serve_arguments(checkpoint, policy.embodiment.name), child_env(), out / "serve.log")
     env = checkpoint_env(policy, max_steps)
     try:
         client = serve.TimedPolicy(WebsocketClientPolicy("127.0.0.1", server.wait_ready()))
@@ -249,8 +250,8 @@ def evaluate_ros(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], ar
     started = time.monotonic()
     policy_rate = args.policy_rate or 1.0 / (policy.model.config.action_horizon * DT)  # 0: each chunk runs whole
     run = ros.evaluate(checkpoint, seeds, list(policy.cameras), image_size(policy), args.blending, policy_rate,
-                       args.sim_rate, args.steps, out, args.policy_param, args.user_domain, args.policy,
-                       args.inject_delay)
+                       args.sim_rate, args.steps, out, [f"embodiment:={policy.embodiment.name}", *args.policy_param],
+                       args.user_domain, args.policy, args.inject_delay)
     summary = run["summary"]
     latency = summary["chunk_latency_steps"]
     result = {**summarize(run["episodes"]), "control_rate_hz": summary["step"] / summary["wall_s"],

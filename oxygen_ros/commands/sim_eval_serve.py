@@ -1,12 +1,12 @@
 """sim-eval's `serve` path: the checkpoint behind `oxygen-ros serve`, gym-aloha driven through openpi's protocol.
 
-`oxygen-ros serve --checkpoint CKPT --embodiment aloha --port 0` runs as a child process (as a user starts it);
-this process is the robot side of openpi's ALOHA sim example (`examples/aloha_sim`): openpi-client's
-`WebsocketClientPolicy` wrapped in its `ActionChunkBroker` (one request per chunk, the chunk's actions executed one
-per step, then the next request), stepping the sim at most 50 times a second, each request what that example
-sends: `state` (the 14 joints), `images` `{"cam_high": 3 x 224 x 224 uint8}` (the top camera resized with padding
-by openpi-client's `image_tools`, channel first) and `prompt` (the task text; the example relies on the server's
-default prompt instead). The sim renders the top camera at the size the checkpoint was trained on.
+`oxygen-ros serve --checkpoint CKPT --embodiment aloha --port 0` (or `aloha_sim`: the checkpoint's profile) runs as a
+child process (as a user starts it); this process is the robot side of openpi's ALOHA sim example
+(`examples/aloha_sim`): openpi-client's `WebsocketClientPolicy` wrapped in its `ActionChunkBroker` (one request per
+chunk, the chunk's actions executed one per step, then the next request), stepping the sim at most 50 times a
+second, each request what that example sends: `state` (the 14 joints), `images` `{"cam_high": 3 x 224 x 224 uint8}`
+(the top camera resized with padding by openpi-client's `image_tools`, channel first) and `prompt` (the task text;
+the example relies on the server's default prompt instead). The sim renders the top camera at the size the checkpoint was trained on.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def run_episode(env: AlohaSimEnv, broker, seed: int, max_hz: float = 1 / DT, fra
     return episode_record(env, seed, succeeded_at, diverged)
 
 
-def serve_arguments(checkpoint: str) -> list[str]:
-    """What a user gives `oxygen-ros serve` for a tiny checkpoint on a CPU: float32, one thread, no narration."""
-    return ["--checkpoint", str(checkpoint), "--embodiment", "aloha", "--device", "cpu", "-p", "model.dtype=float32",
+def serve_arguments(checkpoint: str, embodiment: str = "aloha") -> list[str]:
+    """What a user gives `oxygen-ros serve` for a tiny checkpoint on a CPU in `embodiment` (the one it was trained
+    in): float32, one thread, no narration."""
+    return ["--checkpoint", str(checkpoint), "--embodiment", embodiment, "--device", "cpu", "-p", "model.dtype=float32",
             "-p", "model.cpu_threads=1"]

@@ -94,3 +94,21 @@ def test_serve_path_speaks_openpis_aloha_request(checkpoint, tmp_path, monkeypat
     assert result["chunk_ms"]["count"] == 6  # one request per chunk of 8 actions, as openpi's ActionChunkBroker
     assert result["successes"] == sum(e["max_reward"] == 4 for e in result["episodes"])
     assert "sim-eval [serve]: " in printed and "openpi-client round trip" in printed
+
+
+def test_a_checkpoint_of_absolute_joints_runs_in_its_own_profile_on_every_path(checkpoint, tmp_path, monkeypatch,
+                                                                                capsys):
+    """Trained in `aloha_sim` (openpi's pi0_aloha_sim: absolute joints), the checkpoint is run in that profile by
+    the node (which refuses a profile its checkpoint was not trained in) and by `serve`, not in `aloha`'s deltas."""
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    ckpt, tried = checkpoint
+    data = ckpt.parent / "demos"
+    absolute = tmp_path / "absolute"
+    assert train_main([str(data), str(absolute), "--steps", "2", "--batch-size", "2", "--embodiment", "aloha_sim"]) == 0
+    for path in ("ros", "serve"):
+        result, printed = run_eval([str(absolute), "--path", path, "--episodes", "1", "--seed", "0", "--steps", "24",
+                                    "--out", str(tmp_path / path)], capsys)
+        assert result["episodes"][0]["steps"] == 24 and result["chunk_ms"]["count"] >= 2, path
+    policy_log = (tmp_path / "ros" / "policy.log").read_text()
+    assert "embodiment aloha_sim," in policy_log and "cannot start" not in policy_log
+    assert "embodiment aloha_sim," in (tmp_path / "serve" / "serve.log").read_text()
