@@ -6,7 +6,8 @@ child process (as a user starts it); this process is the robot side of openpi's 
 chunk, the chunk's actions executed one per step, then the next request), stepping the sim at most 50 times a
 second, each request what that example sends: `state` (the 14 joints), `images` `{"cam_high": 3 x 224 x 224 uint8}`
 (the top camera resized with padding by openpi-client's `image_tools`, channel first) and `prompt` (the task text;
-the example relies on the server's default prompt instead). The sim renders the top camera at the size the checkpoint was trained on.
+the example relies on the server's default prompt instead). The sim renders the top camera at the size the
+checkpoint was trained on.
 """
 
 from __future__ import annotations

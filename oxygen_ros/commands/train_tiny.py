@@ -563,7 +563,6 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
             model.load_state_dict(weights)
             log(f"resuming from step {progress.step} ({resume})")
 
-
         def save(state: Progress) -> None:
             resume.mkdir(exist_ok=True)
             shutil.copyfile(folder / TOKENIZER_FILE, resume / TOKENIZER_FILE)
