@@ -158,6 +158,7 @@ def order_number_embeddings(model: Pi05Model, tokenizer: Tokenizer, count: int =
     width = embedding.shape[1]
     pairs = width // 2
     periods = 2.0 * count ** (torch.arange(pairs, dtype=torch.float64) / max(1, pairs - 1))
+    scale = math.sqrt(2.0) * float(embedding.std())  # the random rows' size, before any row is replaced
     rows = 0
     with torch.no_grad():
         for number in range(count):
@@ -167,6 +168,6 @@ def order_number_embeddings(model: Pi05Model, tokenizer: Tokenizer, count: int =
             angle = 2.0 * math.pi * number / periods
             code = torch.zeros(width, dtype=torch.float64)
             code[: 2 * pairs] = torch.stack([angle.sin(), angle.cos()], dim=1).reshape(-1)
-            embedding[ids[0]] = (code * math.sqrt(2.0) * embedding.std()).to(embedding.dtype)
+            embedding[ids[0]] = (code * scale).to(embedding.dtype)
             rows += 1
     return rows
