@@ -158,7 +158,7 @@ def order_number_embeddings(model: Pi05Model, tokenizer: Tokenizer, count: int =
     width = embedding.shape[1]
     pairs = width // 2
     periods = 2.0 * count ** (torch.arange(pairs, dtype=torch.float64) / max(1, pairs - 1))
-    scale = math.sqrt(2.0) * float(embedding.std())  # the random rows' size, before any row is replaced
+    scale = math.sqrt(2.0) * float(embedding.detach().std())  # the random rows' size, before any row is replaced
     rows = 0
     with torch.no_grad():
         for number in range(count):
