@@ -79,24 +79,55 @@ def is_hold(msg) -> bool:
     return stamp_to_ns(msg.header.stamp) == 0
 
 
+# the state each transition leads to (lifecycle_msgs/Transition ids)
+TRANSITION_GOALS = {Transition.TRANSITION_CONFIGURE: "inactive", Transition.TRANSITION_CLEANUP: "unconfigured",
+                    Transition.TRANSITION_ACTIVATE: "active", Transition.TRANSITION_DEACTIVATE: "inactive"}
+TRANSITIONAL = {"configuring", "cleaningup", "activating", "deactivating", "shuttingdown", "errorprocessing"}
+
+
 class Lifecycle:
-    """The node's lifecycle services, called from the test's node (spun by the test's Spinner)."""
+    """The node's lifecycle services, called from the test's node (spun by the test's Spinner).
+
+    A service can be ready for the client before the server has matched the client's reply reader: the first
+    request is then served and its reply lost. Each call is therefore given a while and sent again if unanswered;
+    a transition is sent again only if the node is neither making it nor already in the state it leads to."""
+
+    ATTEMPT_S = 20.0
+    ATTEMPTS = 6
 
     def __init__(self, node, name: str = "vla_node"):
         self.change = node.create_client(ChangeState, f"{name}/change_state")
         self.get = node.create_client(GetState, f"{name}/get_state")
 
-    def _call(self, client, request):
+    def _ask(self, client, request):
+        """The reply to one request, or None if none came within ATTEMPT_S."""
         assert client.wait_for_service(timeout_sec=30)
         future = client.call_async(request)
-        assert wait_until(future.done, 120), "no answer from the lifecycle service"
-        return future.result()
+        if wait_until(future.done, self.ATTEMPT_S):
+            return future.result()
+        client.remove_pending_request(future)
+        return None
 
     def state(self) -> str:
-        return self._call(self.get, GetState.Request()).current_state.label
+        for _ in range(self.ATTEMPTS):
+            reply = self._ask(self.get, GetState.Request())
+            if reply is not None:
+                return reply.current_state.label
+        raise AssertionError("no answer from the lifecycle service")
 
     def transition(self, transition_id: int) -> bool:
-        return self._call(self.change, ChangeState.Request(transition=Transition(id=transition_id))).success
+        request = ChangeState.Request(transition=Transition(id=transition_id))
+        for _ in range(self.ATTEMPTS):
+            reply = self._ask(self.change, request)
+            if reply is not None:
+                return reply.success
+            state, deadline = self.state(), time.monotonic() + 120
+            while state in TRANSITIONAL and time.monotonic() < deadline:  # still making it: wait for its end
+                time.sleep(0.5)
+                state = self.state()
+            if state == TRANSITION_GOALS.get(transition_id):
+                return True  # the transition was made; its reply was lost
+        raise AssertionError("no answer from the lifecycle service")
 
 
 def holds_of(heard: Trajectories) -> dict[str, list]:
