@@ -527,6 +527,8 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
     with atomic_output(out) as folder:
         folder.mkdir()
         saved = _load_resume(resume, key, log)
+        if saved is None:  # what is there is another run's (state and snapshots): this run's saves replace it
+            shutil.rmtree(resume, ignore_errors=True)
         if saved is not None:
             shutil.copyfile(resume / TOKENIZER_FILE, folder / TOKENIZER_FILE)
         elif tokenizer_path:

@@ -318,6 +318,32 @@ def test_a_stopped_training_resumes_where_it_saved_and_ends_as_an_unbroken_one(t
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
 
 
+def test_a_run_with_other_settings_replaces_what_a_stopped_one_left(tmp_path, dataset, monkeypatch):
+    """A stopped run's state and snapshot do not resume a run of other settings into the same folder: it starts
+    afresh and its own saves replace them (the stale snapshot of the same step once stopped it at its first save)."""
+    from oxygen_ros.commands import train_tiny
+
+    _, episodes = dataset
+    out, real_evaluate, calls = tmp_path / "out", train_tiny.evaluate, []
+
+    def evaluate_then_stop(*args, **kwargs):  # the first run dies after its last step, its state saved at step 3
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_tiny, "evaluate", evaluate_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(episodes, out, TrainConfig(steps=6, batch_size=4, warmup_steps=2, save_every=3), log=lambda line: None)
+    assert snapshot_folder(out, 3).is_dir()
+    monkeypatch.setattr(train_tiny, "evaluate", real_evaluate)
+    lines = []
+    other = train(episodes, out, TrainConfig(steps=6, batch_size=4, warmup_steps=2, save_every=3, seed=1),
+                  log=lines.append)
+    assert other["resumed_from_step"] == 0 and any("starting afresh" in line for line in lines)
+    assert other["train_config"]["seed"] == 1 and load_checkpoint(out) is not None and not resume_folder(out).exists()
+
+
 def test_train_tiny_names_episodes_that_do_not_fit_together(tmp_path, dataset):
     _, episodes = dataset
     odd = synthetic_episode(seconds=0.5, fps=50, cameras=("cam_high",), task=TASK, motion="handover")
