@@ -5,8 +5,9 @@ end-effector task, the joints it reached replayed as joint targets in the joint-
 (`sim/demonstrations.py`, the way ACT made its simulated data). Only replays that reach the task's top reward stage
 are kept; the seeds go on until `--episodes` are kept or `--max-attempts` tried. An attempt whose physics diverges
 is one line and counted. It prints the scripted success rate and the SHA-256 of each file written; OUT also holds
-`meta/sim.json` (task, cameras, image size, each kept episode's seed and the attempts' outcomes), so an
-evaluation can keep its seeds apart from the training seeds. `oxygen-ros convert lerobot OUT BAG --episode i` makes
+`meta/sim.json` (task, cameras, image size, each kept episode's seed, the attempts' outcomes and `--perturb`), so
+an evaluation can keep its seeds apart from the training seeds. `--perturb RAD` executes the right arm off its
+targets (a seeded offset, `sim.demonstrations.right_arm_offsets`) while the targets are recorded as the actions. `oxygen-ros convert lerobot OUT BAG --episode i` makes
 a bag of episode i.
 """
 
@@ -34,11 +35,14 @@ def build_parser() -> CommandParser:
     parser.add_argument("--height", type=int, default=240, help="image height (px)")
     parser.add_argument("--width", type=int, default=320, help="image width (px)")
     parser.add_argument("--steps", type=int, default=EPISODE_STEPS, help="steps per episode (50 Hz)")
+    parser.add_argument("--perturb", type=float, default=0.0, metavar="RAD",
+                        help="execute the right arm off its targets by this standard deviation (rad), the targets "
+                             "recorded as the actions (DART; default 0: as planned)")
     return parser
 
 
 def record(out: str, episodes: int, seed: int, max_attempts: int, cameras: list[str], height: int, width: int,
-           steps: int, log=print) -> dict:
+           steps: int, log=print, perturb: float = 0.0) -> dict:
     """Record until `episodes` demonstrations succeed; writes the dataset and returns meta/sim.json's content."""
     env = AlohaSimEnv("transfer_cube", cameras=cameras, height=height, width=width, max_steps=steps)
     kept, outcomes = [], []
@@ -47,7 +51,7 @@ def record(out: str, episodes: int, seed: int, max_attempts: int, cameras: list[
             if len(kept) == episodes:
                 break
             try:
-                demo = demonstration(env, seed + attempt)
+                demo = demonstration(env, seed + attempt, perturb)
             except SimulationDiverged as err:
                 log(f"sim-record: seed {seed + attempt} dropped: {err}")
                 outcomes.append({"seed": seed + attempt, "max_reward": None, "diverged": True})
@@ -61,7 +65,7 @@ def record(out: str, episodes: int, seed: int, max_attempts: int, cameras: list[
         raise DataError(f"none of {len(outcomes)} scripted attempts succeeded; nothing written")
     info = {"task": "transfer_cube", "instruction": env.instruction, "cameras": list(cameras),
             "image_size": [height, width], "steps": steps, "success_reward": env.max_reward,
-            "seeds": [d.seed for d in kept], "attempts": outcomes}
+            "seeds": [d.seed for d in kept], "attempts": outcomes, "perturb": perturb}
     write_lerobot(out, [d.episode for d in kept], robot_type="aloha", extra_meta={SIM_META: info})
     return info
 
@@ -71,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes <= 0 or args.steps <= 0 or args.height <= 0 or args.width <= 0:
         raise UsageError("--episodes, --steps, --height and --width must be positive")
+    if not 0.0 <= args.perturb < 1.0:  # also refuses nan
+        raise UsageError(f"--perturb must be at least 0 and under 1 rad, got {args.perturb}")
     attempts = args.max_attempts if args.max_attempts is not None else 2 * args.episodes + 10
     if attempts < args.episodes:
         raise UsageError(f"--max-attempts {attempts} is fewer than --episodes {args.episodes}")
     started = time.monotonic()
     try:
         info = record(args.out, args.episodes, args.seed, attempts, args.cameras, args.height, args.width,
-                      args.steps)
+                      args.steps, perturb=args.perturb)
     except DataError as err:
         print(f"sim-record failed: {err}", file=sys.stderr)
         return 1

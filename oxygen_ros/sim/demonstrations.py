@@ -213,6 +213,28 @@ def end_effector_rollout(seed: int, steps: int = EPISODE_STEPS, held: np.ndarray
         physics.free()
 
 
+PERTURB_KNOTS = (50, 100, 150)  # a perturbed replay's right-arm offset takes a new value at each, held after the last
+
+
+def right_arm_offsets(seed: int, steps: int, scale: float) -> np.ndarray:
+    """[steps, 14] offsets a perturbed replay adds to the joint targets it executes while the recorded actions stay
+    the plan's (DART: the demonstrations then show the way back from states a policy's own errors lead to).
+
+    Only the right arm's six joints: zero at the start, a normal draw (standard deviation `scale` rad) at each of
+    PERTURB_KNOTS, linear in between, the last held to the end, so the cube reaches the meeting point off by as
+    much and the left grasp, aimed where the replay holds the cube, learns to go where the cube is. Seeded by the
+    episode seed."""
+    offsets = np.zeros((steps, 14))
+    if scale <= 0:
+        return offsets
+    knots = np.array([0, *PERTURB_KNOTS])
+    values = np.zeros((len(knots), 6))
+    values[1:] = np.random.default_rng([seed, 48]).normal(0.0, scale, (len(knots) - 1, 6))
+    for joint in range(6):
+        offsets[:, 7 + joint] = np.interp(np.arange(steps), knots, values[:, joint])
+    return offsets
+
+
 @dataclass
 class Demonstration:
     seed: int
@@ -221,35 +243,42 @@ class Demonstration:
     success: bool
 
 
-def replay(env, seed: int, targets: np.ndarray, task: str) -> Demonstration:
-    """Replay joint targets in `env` (an `AlohaSimEnv`) from `reset(seed)`, recording what its cameras see."""
+def replay(env, seed: int, targets: np.ndarray, task: str, offsets: np.ndarray | None = None) -> Demonstration:
+    """Replay joint targets in `env` (an `AlohaSimEnv`) from `reset(seed)`, recording what its cameras see; with
+    `offsets`, `targets + offsets` are executed and `targets` recorded as the actions."""
     recorder = EpisodeRecorder(env.cameras, task=task)
     observation = env.reset(seed)
-    for action in targets:
+    executed = targets if offsets is None else targets + offsets[: len(targets)]
+    for action, command in zip(targets, executed):
         recorder.add(observation.images, observation.qpos, observation.qvel, action, observation.env_state)
-        result = env.step(action)
+        result = env.step(command)
         recorder.add_reward(result.reward)
         observation = result.observation
     return Demonstration(seed, recorder.episode(max_reward=env.max_reward), env.episode_max_reward, env.success)
 
 
-def held_in_replay(env, seed: int, targets: np.ndarray) -> np.ndarray:
-    """Where the cube is at REPLAN_STEP when `targets` are replayed in `env` (the joint-space task; not rendered)."""
+def held_in_replay(env, seed: int, targets: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+    """Where the cube is at REPLAN_STEP when `targets` (+ `offsets`) are replayed in `env` (the joint-space task;
+    not rendered)."""
     env.reset(seed)
-    for action in targets[:REPLAN_STEP]:
+    executed = targets if offsets is None else targets + offsets[: len(targets)]
+    for action in executed[:REPLAN_STEP]:
         observation = env.step(action, render=False).observation
     return observation.env_state[:3].copy()
 
 
-def demonstration(env, seed: int) -> Demonstration:
+def demonstration(env, seed: int, perturb: float = 0.0) -> Demonstration:
     """Demonstration `seed`: the end-effector rollout, replayed and recorded in `env` (transfer_cube).
 
     The two tasks grasp differently (a welded gripper against joint position control): the cube can sit a few
     centimetres apart in the two right grippers, or lie on the table in one of them. So the rollout is made twice:
     the second aims the left grasp where the joint-space replay of the first holds the cube, and is the one kept.
+    `perturb` > 0: both replays execute the right arm off its targets (`right_arm_offsets`), the recording keeps
+    the targets as the actions.
     """
     if env.task != "transfer_cube":
         raise ValueError(f"scripted demonstrations exist for transfer_cube only, not {env.task!r}")
+    offsets = right_arm_offsets(seed, env.max_steps, perturb) if perturb > 0 else None
     first = end_effector_rollout(seed, env.max_steps)
-    targets = end_effector_rollout(seed, env.max_steps, held=held_in_replay(env, seed, first))
-    return replay(env, seed, targets, env.instruction)
+    targets = end_effector_rollout(seed, env.max_steps, held=held_in_replay(env, seed, first, offsets))
+    return replay(env, seed, targets, env.instruction, offsets)

@@ -21,6 +21,7 @@ from oxygen_ros.sim.demonstrations import (
     end_effector_rollout,
     held_in_replay,
     pick_rotation,
+    right_arm_offsets,
 )
 
 TRANSFERRED = REWARD_STAGES["transfer_cube"].index("cube transferred")
@@ -85,6 +86,34 @@ def test_the_left_grasp_is_aimed_where_the_joint_space_replay_holds_the_cube(env
     assert np.abs(again[REPLAN_STEP:, :6] - first[REPLAN_STEP:, :6]).max() > 0.1  # the left arm goes elsewhere
 
 
+def test_right_arm_offsets_are_seeded_smooth_and_held_after_the_last_knot():
+    offsets = right_arm_offsets(7, EPISODE_STEPS, 0.03)
+    assert offsets.shape == (EPISODE_STEPS, 14)
+    np.testing.assert_array_equal(offsets, right_arm_offsets(7, EPISODE_STEPS, 0.03))
+    assert np.abs(offsets - right_arm_offsets(8, EPISODE_STEPS, 0.03)).max() > 0.01
+    assert not offsets[:, :7].any() and not offsets[:, 13].any()  # the left arm and both grippers as planned
+    assert not offsets[0].any() and (offsets[150:] == offsets[150]).all() and np.abs(offsets[150]).max() > 0
+    assert np.abs(np.diff(offsets, axis=0)).max() < 0.01  # no jump: at most a few scales per 50 steps
+    assert not right_arm_offsets(7, EPISODE_STEPS, 0.0).any()
+
+
+def test_a_perturbed_demonstration_records_the_plan_it_did_not_quite_execute(env):
+    """DART: the right arm is driven off its targets, the recorded actions are the targets, so every frame shows
+    the way back; the left grasp is aimed where this replay, perturbed, holds the cube."""
+    seed, scale = 0, 0.03
+    demo = demonstration(env, seed, perturb=scale)
+    offsets = right_arm_offsets(seed, EPISODE_STEPS, scale)
+    first = end_effector_rollout(seed)
+    targets = end_effector_rollout(seed, held=held_in_replay(env, seed, first, offsets))
+    np.testing.assert_allclose(demo.episode.actions, targets, atol=1e-6)
+    executed = targets + offsets
+    right = slice(7, 13)
+    # the right arm follows what was executed, not the recorded actions
+    assert np.median(np.abs(demo.episode.state[1:, right] - executed[:-1, right])) < 0.01
+    assert np.median(np.abs(demo.episode.state[160:, right] - targets[159:-1, right])) > 0.01
+    assert not np.allclose(held_in_replay(env, seed, first, offsets), held_in_replay(env, seed, first), atol=0.01)
+
+
 def test_demonstration_i_is_reproducible_and_seeds_differ():
     first, again, other = end_effector_rollout(1), end_effector_rollout(1), end_effector_rollout(2)
     np.testing.assert_array_equal(first, again)
@@ -99,6 +128,7 @@ def test_sim_record_writes_a_dataset_the_reader_and_convert_take(env, tmp_path, 
     sim = json.loads((out / "meta" / "sim.json").read_text())
     tried = len(sim["attempts"])
     assert f"scripted success 2/{tried} " in printed and sim["seeds"][0] == 3 and len(sim["seeds"]) == 2
+    assert sim["perturb"] == 0.0
     assert all(a["max_reward"] == 4 for a in sim["attempts"] if a["seed"] in sim["seeds"])
     sums = dataset_checksums(out)
     for name in ("data/chunk-000/file-000.parquet", "meta/info.json", "*"):
@@ -127,3 +157,19 @@ def test_sim_record_refuses_a_bad_request_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--max-attempts 2 is fewer than --episodes 3" in err[0]
     assert not (tmp_path / "d").exists()
+    assert cli_main(["sim-record", str(tmp_path / "d"), "--perturb", "nan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--perturb must be at least 0" in err[0] and not (tmp_path / "d").exists()
+
+
+def test_sim_record_perturb_records_the_targets_of_a_perturbed_replay(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    out = tmp_path / "perturbed"
+    assert record_main([str(out), "--episodes", "1", "--seed", "0", "--height", "16", "--width", "16",
+                        "--perturb", "0.03"]) == 0
+    sim = json.loads((out / "meta" / "sim.json").read_text())
+    assert sim["perturb"] == 0.03 and sim["seeds"] == [0]
+    expected = demonstration(env, 0, perturb=0.03).episode
+    episode = read_lerobot(out, 0)
+    np.testing.assert_allclose(episode.actions, expected.actions, atol=1e-6)
+    np.testing.assert_allclose(episode.state, expected.state, atol=1e-5)
