@@ -7,8 +7,8 @@ are kept; the seeds go on until `--episodes` are kept or `--max-attempts` tried.
 is one line and counted. It prints the scripted success rate and the SHA-256 of each file written; OUT also holds
 `meta/sim.json` (task, cameras, image size, each kept episode's seed, the attempts' outcomes and `--perturb`), so
 an evaluation can keep its seeds apart from the training seeds. `--perturb RAD` executes the right arm off its
-targets (a seeded offset, `sim.demonstrations.right_arm_offsets`) while the targets are recorded as the actions. `oxygen-ros convert lerobot OUT BAG --episode i` makes
-a bag of episode i.
+targets (a seeded offset, `sim.demonstrations.right_arm_offsets`) while the targets are recorded as the actions.
+`oxygen-ros convert lerobot OUT BAG --episode i` makes a bag of episode i.
 """
 
 from __future__ import annotations

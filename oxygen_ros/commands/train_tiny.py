@@ -527,8 +527,6 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
     with atomic_output(out) as folder:
         folder.mkdir()
         saved = _load_resume(resume, key, log)
-        if saved is None:  # what is there is another run's (state and snapshots): this run's saves replace it
-            shutil.rmtree(resume, ignore_errors=True)
         if saved is not None:
             shutil.copyfile(resume / TOKENIZER_FILE, folder / TOKENIZER_FILE)
         elif tokenizer_path:
@@ -571,6 +569,7 @@ def _train(episodes: list[Episode], out: Path, config: TrainConfig, tokenizer_pa
             torch.save({"key": key, "progress": state, "model": model.state_dict()}, resume / "state.tmp")
             (resume / "state.tmp").replace(resume / "state.pt")
             snapshot = snapshot_folder(out, state.step)
+            shutil.rmtree(snapshot, ignore_errors=True)  # a stopped run's of the same step (another training's)
             with atomic_output(snapshot) as partial:
                 save_checkpoint(model, partial, stats, embodiment=embodiment.name)
                 shutil.copyfile(folder / TOKENIZER_FILE, partial / TOKENIZER_FILE)

@@ -278,6 +278,8 @@ def demonstration(env, seed: int, perturb: float = 0.0) -> Demonstration:
     """
     if env.task != "transfer_cube":
         raise ValueError(f"scripted demonstrations exist for transfer_cube only, not {env.task!r}")
+    if not 0.0 <= perturb < 1.0:  # also refuses nan
+        raise ValueError(f"perturb must be at least 0 and under 1 rad, got {perturb}")
     offsets = right_arm_offsets(seed, env.max_steps, perturb) if perturb > 0 else None
     first = end_effector_rollout(seed, env.max_steps)
     targets = end_effector_rollout(seed, env.max_steps, held=held_in_replay(env, seed, first, offsets))

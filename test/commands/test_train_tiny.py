@@ -341,7 +341,8 @@ def test_a_run_with_other_settings_replaces_what_a_stopped_one_left(tmp_path, da
     other = train(episodes, out, TrainConfig(steps=6, batch_size=4, warmup_steps=2, save_every=3, seed=1),
                   log=lines.append)
     assert other["resumed_from_step"] == 0 and any("starting afresh" in line for line in lines)
-    assert other["train_config"]["seed"] == 1 and load_checkpoint(out) is not None and not resume_folder(out).exists()
+    assert other["train_config"]["seed"] == 1 and not resume_folder(out).exists()
+    assert load_checkpoint(out).norm_stats
 
 
 def test_train_tiny_names_episodes_that_do_not_fit_together(tmp_path, dataset):

@@ -82,7 +82,6 @@ def is_hold(msg) -> bool:
 # the state each transition leads to (lifecycle_msgs/Transition ids)
 TRANSITION_GOALS = {Transition.TRANSITION_CONFIGURE: "inactive", Transition.TRANSITION_CLEANUP: "unconfigured",
                     Transition.TRANSITION_ACTIVATE: "active", Transition.TRANSITION_DEACTIVATE: "inactive"}
-TRANSITIONAL = {"configuring", "cleaningup", "activating", "deactivating", "shuttingdown", "errorprocessing"}
 
 
 class Lifecycle:
@@ -90,7 +89,8 @@ class Lifecycle:
 
     A service can be ready for the client before the server has matched the client's reply reader: the first
     request is then served and its reply lost. Each call is therefore given a while and sent again if unanswered;
-    a transition is sent again only if the node is neither making it nor already in the state it leads to."""
+    a transition is sent again only if the node is not in the state it leads to (asked once the first call ended:
+    the nodes' executors serve one call at a time)."""
 
     ATTEMPT_S = 20.0
     ATTEMPTS = 6
@@ -121,11 +121,7 @@ class Lifecycle:
             reply = self._ask(self.change, request)
             if reply is not None:
                 return reply.success
-            state, deadline = self.state(), time.monotonic() + 120
-            while state in TRANSITIONAL and time.monotonic() < deadline:  # still making it: wait for its end
-                time.sleep(0.5)
-                state = self.state()
-            if state == TRANSITION_GOALS.get(transition_id):
+            if self.state() == TRANSITION_GOALS.get(transition_id):  # the nodes serve one call at a time
                 return True  # the transition was made; its reply was lost
         raise AssertionError("no answer from the lifecycle service")
 
