@@ -20,7 +20,7 @@ from ..command_line import CommandParser, UsageError, progress
 from ..data.episode import DataError
 from ..data.lerobot import dataset_checksums, write_lerobot
 from ..sim.aloha_env import SIM_CAMERAS, AlohaSimEnv, SimulationDiverged
-from ..sim.demonstrations import EPISODE_STEPS, demonstration
+from ..sim.demonstrations import EPISODE_STEPS, check_perturb, demonstration
 
 SIM_META = "sim"  # meta/sim.json
 
@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes <= 0 or args.steps <= 0 or args.height <= 0 or args.width <= 0:
         raise UsageError("--episodes, --steps, --height and --width must be positive")
-    if not 0.0 <= args.perturb < 1.0:  # also refuses nan
-        raise UsageError(f"--perturb must be at least 0 and under 1 rad, got {args.perturb}")
+    try:
+        check_perturb(args.perturb)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     attempts = args.max_attempts if args.max_attempts is not None else 2 * args.episodes + 10
     if attempts < args.episodes:
         raise UsageError(f"--max-attempts {attempts} is fewer than --episodes {args.episodes}")

@@ -216,6 +216,17 @@ def end_effector_rollout(seed: int, steps: int = EPISODE_STEPS, held: np.ndarray
 PERTURB_KNOTS = (50, 100, 150)  # a perturbed replay's right-arm offset takes a new value at each, held after the last
 
 
+def check_perturb(scale: float) -> None:
+    """ValueError unless `scale` is a usable perturbation (rad): at least 0, under 1 (nan refused too)."""
+    if not 0.0 <= scale < 1.0:
+        raise ValueError(f"--perturb must be at least 0 and under 1 rad, got {scale}")
+
+
+def _executed(targets: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
+    """What a replay sends to the sim: the targets, plus the offsets of a perturbed one."""
+    return targets if offsets is None else targets + offsets[: len(targets)]
+
+
 def right_arm_offsets(seed: int, steps: int, scale: float) -> np.ndarray:
     """[steps, 14] offsets a perturbed replay adds to the joint targets it executes while the recorded actions stay
     the plan's (DART: the demonstrations then show the way back from states a policy's own errors lead to).
@@ -248,8 +259,7 @@ def replay(env, seed: int, targets: np.ndarray, task: str, offsets: np.ndarray |
     `offsets`, `targets + offsets` are executed and `targets` recorded as the actions."""
     recorder = EpisodeRecorder(env.cameras, task=task)
     observation = env.reset(seed)
-    executed = targets if offsets is None else targets + offsets[: len(targets)]
-    for action, command in zip(targets, executed):
+    for action, command in zip(targets, _executed(targets, offsets)):
         recorder.add(observation.images, observation.qpos, observation.qvel, action, observation.env_state)
         result = env.step(command)
         recorder.add_reward(result.reward)
@@ -261,8 +271,7 @@ def held_in_replay(env, seed: int, targets: np.ndarray, offsets: np.ndarray | No
     """Where the cube is at REPLAN_STEP when `targets` (+ `offsets`) are replayed in `env` (the joint-space task;
     not rendered)."""
     env.reset(seed)
-    executed = targets if offsets is None else targets + offsets[: len(targets)]
-    for action in executed[:REPLAN_STEP]:
+    for action in _executed(targets, offsets)[:REPLAN_STEP]:
         observation = env.step(action, render=False).observation
     return observation.env_state[:3].copy()
 
@@ -278,8 +287,7 @@ def demonstration(env, seed: int, perturb: float = 0.0) -> Demonstration:
     """
     if env.task != "transfer_cube":
         raise ValueError(f"scripted demonstrations exist for transfer_cube only, not {env.task!r}")
-    if not 0.0 <= perturb < 1.0:  # also refuses nan
-        raise ValueError(f"perturb must be at least 0 and under 1 rad, got {perturb}")
+    check_perturb(perturb)
     offsets = right_arm_offsets(seed, env.max_steps, perturb) if perturb > 0 else None
     first = end_effector_rollout(seed, env.max_steps)
     targets = end_effector_rollout(seed, env.max_steps, held=held_in_replay(env, seed, first, offsets))
