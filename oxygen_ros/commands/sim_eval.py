@@ -23,7 +23,10 @@ In process, with `--delay D` (control steps) and `--handover` the chunks arrive 
 executing (`sim/delayed_loop.py`): a new frame once the previous chunk arrived and `--execute` steps passed (0: as
 soon as it arrived), the hand-over `newest_wins`, `temporal_ensemble`, `rtc` (the post-hoc blend) or `rtc_guided`
 (each chunk sampled with real-time chunking's guidance toward the chunk being executed, `model/rtc.py`); the result
-adds the switch discontinuity and the jerk of the commands.
+adds the switch discontinuity and the jerk of the commands. The serve path takes `--handover` too (not
+`rtc_guided`, which samples with the model): the client then asks openpi-client for a chunk every `--execute` steps
+and hands the chunks over itself, as a robot running ACT's temporal ensemble on a remote policy would, instead of
+the example's `ActionChunkBroker`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 from ..command_line import CommandParser, UsageError, progress
 from ..control.chunk_executor import BLENDING_MODES
 from ..control.embodiment import load_embodiment
+from ..control.handover import RTC_GUIDED
 from ..data.aloha import read_aloha
 from ..data.episode import DataError
 from ..model.checkpoint import load_checkpoint
@@ -215,7 +219,7 @@ def evaluate_in_process(policy: CheckpointPolicy, seeds: list[int], execute: int
 
 
 def evaluate_serve(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], execute: int, max_steps: int,
-                   out: Path, examples: Examples) -> dict:
+                   out: Path, examples: Examples, delay: int = 0, handover: str | None = None) -> dict:
     from openpi_client.action_chunk_broker import ActionChunkBroker
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
@@ -229,9 +233,13 @@ def evaluate_serve(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], 
     try:
         client = serve.TimedPolicy(WebsocketClientPolicy("127.0.0.1", server.wait_ready()))
         broker = ActionChunkBroker(client, action_horizon=execute)
+        chunks = serve.ServedChunks(client)
         started = time.monotonic()
         episodes = []
         for seed in progress(seeds, desc="sim-eval serve"):
+            if handover is not None:
+                episodes.append(run_delayed_episode(env, chunks, seed, execute, delay, handover))
+                continue
             frames = [] if examples.wants() else None
             episodes.append(serve.run_episode(env, broker, seed, frames=frames))
             examples.offer(episodes[-1], frames)
@@ -241,7 +249,8 @@ def evaluate_serve(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], 
         server.close()
     return {**summarize(episodes), "control_rate_hz": sum(e["steps"] for e in episodes) / wall,
             "chunk_ms": {**percentiles_ms(client.seconds), "what": "openpi-client round trip"},
-            "execute": execute, "wall_seconds": wall}
+            "execute": execute, "wall_seconds": wall,
+            **({} if handover is None else smoothness(episodes, delay, handover))}
 
 
 def evaluate_ros(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], args, out: Path) -> dict:
@@ -313,10 +322,12 @@ def build_parser() -> CommandParser:
     parser.add_argument("--policy-param", nargs="*", default=[], type=parameter_override, metavar="NAME:=VALUE",
                         help="ros: more VLA node parameters (YAML values)")
     parser.add_argument("--delay", type=int, default=0,
-                        help="inproc: control steps between a frame and its chunk's arrival (with --handover)")
+                        help="inproc and serve: control steps between a frame and its chunk's arrival (with "
+                             "--handover)")
     parser.add_argument("--handover", choices=HANDOVERS,
-                        help="inproc: chunks arrive --delay steps late while the robot executes, handed over so "
-                             "(default: none, each chunk executed at once, open loop)")
+                        help="inproc and serve: a new frame every --execute steps, its chunk arriving --delay steps "
+                             "late while the robot executes, handed over so (default: none, each chunk executed at "
+                             "once, open loop; serve: openpi-client's ActionChunkBroker)")
     parser.add_argument("--rtc-method", choices=(GUIDANCE, PREFIX), default=GUIDANCE,
                         help="with --handover rtc_guided: guidance (inpainting, any checkpoint) or prefix (a "
                              "checkpoint trained with train-tiny --rtc-max-delay)")
@@ -333,8 +344,12 @@ def main(argv: list[str] | None = None) -> int:
                          "--inject-delay and --delay not negative")
     if args.delay and args.handover is None:
         raise UsageError("--delay needs --handover")
-    if args.handover is not None and args.path != "inproc":
-        raise UsageError("--delay and --handover delay the in-process path; the ros path takes --inject-delay and "
+    if args.handover == RTC_GUIDED and args.path == "serve":
+        raise UsageError("--handover rtc_guided samples with the model in this process; the serve path takes "
+                         "newest_wins, temporal_ensemble or rtc")
+    if args.handover is not None and args.path == "ros":
+        raise UsageError("--delay and --handover are for the in-process and serve paths; the ros path takes "
+                         "--inject-delay and "
                          "--blending")
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -352,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["rtc"] = {k: v for k, v in policy.guide.counts().items() if k != "rtc_delay_steps"}
                 result["rtc_method"] = args.rtc_method
         elif args.path == "serve":
-            result = evaluate_serve(args.checkpoint, policy, seeds, execute, args.steps, out, examples)
+            result = evaluate_serve(args.checkpoint, policy, seeds, execute, args.steps, out, examples, args.delay,
+                                    args.handover)
         else:
             result = evaluate_ros(args.checkpoint, policy, seeds, args, out)
         result.setdefault("contact_sheets", [str(p) for p in examples.write(out)])

@@ -80,6 +80,19 @@ class TimedPolicy:
         self.policy.reset()
 
 
+class ServedChunks:
+    """The served policy as the delayed loop asks it (`sim/delayed_loop.py`): one openpi request per frame, its
+    whole chunk [horizon, 14] of absolute joint targets back."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def chunk(self, images: dict[str, np.ndarray], qpos: np.ndarray, task: str, previous=None) -> np.ndarray:
+        del previous  # guidance needs the model; the served chunk is handed over by the client's executor
+        actions = self.client.infer(openpi_observation(images["top"], qpos, task))["actions"]
+        return np.asarray(actions, dtype=np.float64)
+
+
 def openpi_observation(image: np.ndarray, qpos: np.ndarray, prompt: str) -> dict:
     """The request openpi's ALOHA sim example builds from gym-aloha's observation, with the prompt."""
     from openpi_client import image_tools

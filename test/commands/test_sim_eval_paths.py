@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oxygen_ros.command_line import UsageError
 from oxygen_ros.commands.sim_eval import main as eval_main
 from oxygen_ros.commands.sim_record import main as record_main
 from oxygen_ros.commands.train_tiny import main as train_main
@@ -94,6 +95,23 @@ def test_serve_path_speaks_openpis_aloha_request(checkpoint, tmp_path, monkeypat
     assert result["chunk_ms"]["count"] == 6  # one request per chunk of 8 actions, as openpi's ActionChunkBroker
     assert result["successes"] == sum(e["max_reward"] == 4 for e in result["episodes"])
     assert "sim-eval [serve]: " in printed and "openpi-client round trip" in printed
+
+
+def test_serve_path_hands_chunks_over_on_the_client_side(checkpoint, tmp_path, monkeypatch, capsys):
+    """With --handover, the client asks openpi-client for a chunk every --execute steps and blends the chunks
+    itself (here ACT's temporal ensemble); rtc_guided, which samples with the model, is refused for serve."""
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    ckpt, tried = checkpoint
+    result, printed = run_eval([str(ckpt), "--path", "serve", "--episodes", "1", "--seed", "0", "--steps", "24",
+                                "--execute", "4", "--handover", "temporal_ensemble", "--out", str(tmp_path / "eval")],
+                               capsys)
+    assert result["seeds"] == evaluation_seeds(0, 1, tried) and result["episodes"][0]["steps"] == 24
+    assert result["chunk_ms"]["count"] == 6  # a request every 4 steps, each chunk 8 long: they overlap
+    assert result["handover"] == "temporal_ensemble" and result["held_steps"] == 0
+    assert result["chunks_rejected"] == 0 and result["discontinuity_mean"] is not None
+    assert "temporal_ensemble, delay 0: switch discontinuity" in printed
+    with pytest.raises(UsageError, match="rtc_guided samples with the model"):
+        eval_main([str(ckpt), "--path", "serve", "--handover", "rtc_guided"])
 
 
 def test_a_checkpoint_of_absolute_joints_runs_in_its_own_profile_on_every_path(checkpoint, tmp_path, monkeypatch,
