@@ -60,8 +60,9 @@ def run_delayed(env, observation, policy, delay: int, execute: int, handover: st
                 continue  # it takes effect at once: this very step
         result = env.step(executor.next_command())
         observation = result.observation
-        if result.success and success is None:
+        if result.success:  # ended there, as every path ends an episode at gym-aloha's top stage
             success = env.steps
+            break
         if result.truncated:
             break
     return DelayedEpisode(success, env.steps, executor.stats.summary())
