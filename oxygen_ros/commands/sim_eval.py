@@ -232,16 +232,15 @@ def evaluate_serve(checkpoint: str, policy: CheckpointPolicy, seeds: list[int], 
     env = checkpoint_env(policy, max_steps)
     try:
         client = serve.TimedPolicy(WebsocketClientPolicy("127.0.0.1", server.wait_ready()))
-        broker = ActionChunkBroker(client, action_horizon=execute)
+        # openpi's example executes each chunk's first `execute` actions; with a hand-over the client blends them
+        broker = ActionChunkBroker(client, action_horizon=execute) if handover is None else None
         chunks = serve.ServedChunks(client)
         started = time.monotonic()
         episodes = []
         for seed in progress(seeds, desc="sim-eval serve"):
-            if handover is not None:
-                episodes.append(run_delayed_episode(env, chunks, seed, execute, delay, handover))
-                continue
-            frames = [] if examples.wants() else None
-            episodes.append(serve.run_episode(env, broker, seed, frames=frames))
+            frames = [] if examples.wants() and handover is None else None
+            episodes.append(serve.run_episode(env, broker, seed, frames=frames) if handover is None else
+                            run_delayed_episode(env, chunks, seed, execute, delay, handover))
             examples.offer(episodes[-1], frames)
         wall = time.monotonic() - started
     finally:
@@ -349,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                          "newest_wins, temporal_ensemble or rtc")
     if args.handover is not None and args.path == "ros":
         raise UsageError("--delay and --handover are for the in-process and serve paths; the ros path takes "
-                         "--inject-delay and "
-                         "--blending")
+                         "--inject-delay and --blending")
     torch.set_num_threads(1)
     out = Path(args.out)
     try:

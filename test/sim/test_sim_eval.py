@@ -115,6 +115,7 @@ def test_a_delayed_chunk_takes_over_at_its_own_steps_while_the_robot_goes_on(mon
     finally:
         env.close()
     assert done.success_step is not None and done.stats["held_steps"] == 3
+    assert done.steps == done.success_step == len(commands)  # the episode ends at gym-aloha's top stage
     np.testing.assert_allclose(np.array(commands[3:]), targets[3:len(commands)], atol=1e-12)
     assert [step for step, _ in policy.asked[:4]] == [0, 3, 6, 9]
     expected = [None] + [(3, 3)] * 3 if handover == "rtc_guided" else [None] * 4
